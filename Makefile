@@ -1,0 +1,42 @@
+# make demo | make test | make bench — each sets up .venv by itself and is quick the second time.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.kvjudge-installed
+
+# llama-cpp-python builds from source. A -march=native build crashed with "Illegal instruction" on
+# some hosts, so build portable unless the user chose their own flags (e.g. -DGGML_CUDA=on on a GPU host).
+PORTABLE_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DLLAVA_BUILD=OFF
+CMAKE_ARGS ?= $(PORTABLE_CMAKE_ARGS)
+export CMAKE_ARGS
+
+.PHONY: demo test bench setup models clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@echo "setting up $(VENV) (the first time builds llama-cpp-python: ~10 min on 2 cores)"
+	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[test]'
+	$(PY) -m kvjudge models fetch
+	@touch $(STAMP)
+
+models: $(STAMP)
+	$(PY) -m kvjudge models fetch
+
+demo: $(STAMP)
+	$(PY) -m kvjudge demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+bench: $(STAMP)
+	@mkdir -p bench-out
+	@for script in benchmarks/*.py; do \
+		echo "== $$script"; \
+		$(PY) $$script --out bench-out || exit 1; \
+	done
+
+clean:
+	rm -rf $(VENV) bench-out .pytest_cache

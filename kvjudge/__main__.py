@@ -1,0 +1,3 @@
+from kvjudge.cli import main
+
+raise SystemExit(main())

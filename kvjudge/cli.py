@@ -1,0 +1,69 @@
+"""The command-line front door.
+
+Each subcommand lives in a module of :mod:`kvjudge.commands` that exposes ``register(subparsers)``;
+this file only assembles them, runs the chosen one, and turns a :class:`~kvjudge.errors.KvjudgeError`
+into one line on stderr and a non-zero exit (no traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from kvjudge import __version__
+from kvjudge.errors import KvjudgeError
+
+# Order here is the order of `kvjudge --help`.
+COMMAND_MODULES = (
+    "kvjudge.commands.probe",
+    "kvjudge.commands.budget",
+    "kvjudge.commands.runs",
+    "kvjudge.commands.tier",
+    "kvjudge.commands.judge",
+    "kvjudge.commands.demo",
+    "kvjudge.commands.models",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kvjudge",
+        description="Probe what fits, budget tokens, reduce and tier agent runs, and judge them on your own hardware.",
+    )
+    parser.add_argument("--version", action="version", version=f"kvjudge {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for module_name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name == module_name:  # a command not built yet
+                continue
+            raise
+        module.register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        result = args.func(args)
+    except KvjudgeError as exc:
+        message = " ".join(str(exc).split())  # one line, always
+        print(f"kvjudge: error: {message}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("kvjudge: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+    return int(result or 0)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

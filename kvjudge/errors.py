@@ -1,0 +1,67 @@
+"""One exception hierarchy for kvjudge.
+
+Every error carries a message a user can act on: what is wrong and what to do. The CLI prints
+``str(error)`` on one line, without a traceback, and exits with ``error.exit_code``.
+"""
+
+from __future__ import annotations
+
+
+class KvjudgeError(Exception):
+    """Base class of every error kvjudge raises on purpose."""
+
+    exit_code: int = 1
+
+
+class UsageError(KvjudgeError):
+    """Bad command-line or API input (a negative size, an unknown option value)."""
+
+    exit_code = 2
+
+
+class ConfigError(KvjudgeError):
+    """The config file is unreadable or holds a value of the wrong kind."""
+
+
+class ModelError(KvjudgeError):
+    """A model file is missing, not a GGUF, truncated, or fails its checksum."""
+
+
+class ProbeError(KvjudgeError):
+    """Device or model probing failed in a way that yields no honest figure."""
+
+
+class CacheError(KvjudgeError):
+    """The capability cache file cannot be read or written."""
+
+
+class CapabilityMissing(KvjudgeError):
+    """No probe figure exists for the model and device asked about (run ``kvjudge probe``)."""
+
+
+class NotesUnsupported(KvjudgeError):
+    """The memory provider keeps no persistent notes."""
+
+
+class StoreError(KvjudgeError):
+    """The run store is not a kvjudge store, is newer than this code, or is damaged."""
+
+
+class IngestError(KvjudgeError):
+    """A run to import is malformed (names the line and the field)."""
+
+
+class RunStateError(KvjudgeError):
+    """An operation is not allowed in the run's lifecycle state (e.g. reducing a run in Grading)."""
+
+
+class IntegrityError(KvjudgeError):
+    """Stored bytes do not hash to their ref, or the log does not explain a missing body."""
+
+
+class ColdStoreError(KvjudgeError):
+    """The cold store is unreachable or holds something other than what was written."""
+
+
+class JudgeError(KvjudgeError):
+    """The judge could not produce a verdict (backend failure, bad pair)."""

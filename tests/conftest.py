@@ -1,0 +1,39 @@
+"""Shared fixtures: the real bundled models, and an isolated cache/data dir for every test."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from kvjudge import models
+
+# Resolve the bundled models once, before any test isolates the cache dir.
+_MODELS_DIR = models.models_dir()
+os.environ.setdefault("KVJUDGE_MODELS_DIR", str(_MODELS_DIR))
+
+
+@pytest.fixture(autouse=True)
+def isolated_dirs(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Each test gets its own cache and data dir, so no test reads another's capability cache or store."""
+    root = tmp_path_factory.mktemp("kvjudge-home")
+    monkeypatch.setenv("KVJUDGE_CACHE_DIR", str(root / "cache"))
+    monkeypatch.setenv("KVJUDGE_DATA_DIR", str(root / "data"))
+    monkeypatch.setenv("KVJUDGE_MODELS_DIR", str(_MODELS_DIR))
+    monkeypatch.delenv("KVJUDGE_CONFIG", raising=False)
+    monkeypatch.delenv("KVJUDGE_FAULTS", raising=False)
+    monkeypatch.chdir(root)
+    return root
+
+
+@pytest.fixture(scope="session")
+def default_model() -> Path:
+    """The verified default model GGUF (Gemma 3 270M)."""
+    return models.default_model_path()
+
+
+@pytest.fixture(scope="session")
+def judge_model() -> Path:
+    """The verified default judge model GGUF (Qwen2.5-Coder-0.5B-Instruct)."""
+    return models.judge_model_path()
