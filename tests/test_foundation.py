@@ -1,0 +1,96 @@
+"""Config loading, the models memo, and the CLI's error contract (one line, no traceback, non-zero exit)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvjudge.config import cache_dir, data_dir, load_config
+from kvjudge.errors import ConfigError, ModelError
+from kvjudge.models import file_sha256, resolve_model
+
+
+def test_missing_implicit_config_means_defaults(tmp_path: Path) -> None:
+    config = load_config()
+    assert config.source is None
+    assert config.get("memory.context_tokens", int, 1234) == 1234
+
+
+def test_config_values_are_type_checked(tmp_path: Path) -> None:
+    path = tmp_path / "kvjudge.toml"
+    path.write_text('[memory]\ncontext_tokens = "lots"\nthreshold_pct = 0.5\n[retention.tenants.acme]\nceiling = 9000\n')
+    config = load_config(path)
+    assert config.get("memory.threshold_pct", float) == 0.5
+    assert config.get("retention.tenants.acme.ceiling", int) == 9000
+    with pytest.raises(ConfigError, match=r"context_tokens must be int, got 'lots'"):
+        config.get("memory.context_tokens", int)
+
+
+def test_bool_is_not_a_number(tmp_path: Path) -> None:
+    path = tmp_path / "kvjudge.toml"
+    path.write_text("[memory]\ncontext_tokens = true\n")
+    with pytest.raises(ConfigError, match="must be int"):
+        load_config(path).get("memory.context_tokens", int)
+
+
+def test_bad_config_files_are_errors(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.toml")
+    broken = tmp_path / "broken.toml"
+    broken.write_text("[memory\n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(broken)
+
+
+def test_dirs_follow_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KVJUDGE_CACHE_DIR", str(tmp_path / "c"))
+    monkeypatch.setenv("KVJUDGE_DATA_DIR", str(tmp_path / "d"))
+    assert cache_dir() == tmp_path / "c"
+    assert data_dir() == tmp_path / "d"
+
+
+def test_file_sha256_is_memoised_and_follows_changes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KVJUDGE_MODELS_DIR", str(tmp_path / "models"))
+    path = tmp_path / "f.bin"
+    path.write_bytes(b"abc")
+    first = file_sha256(path)
+    assert first == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+    assert (tmp_path / "models" / "sha256.json").read_text().count(first) == 1
+    path.write_bytes(b"abcd")
+    os.utime(path, ns=(1, 2))
+    assert file_sha256(path) != first
+    with pytest.raises(ModelError, match="does not exist"):
+        file_sha256(tmp_path / "missing")
+
+
+def test_resolve_model_rejects_missing_and_directories(tmp_path: Path) -> None:
+    with pytest.raises(ModelError, match="does not exist"):
+        resolve_model(tmp_path / "x.gguf")
+    with pytest.raises(ModelError, match="is a directory"):
+        resolve_model(tmp_path)
+
+
+def test_cli_prints_one_line_error_and_exits_non_zero() -> None:
+    # Any KvjudgeError raised by a subcommand reaches the user as one line on stderr.
+    result = subprocess.run(
+        [sys.executable, "-c",
+         "import sys; from kvjudge.cli import main; from kvjudge.errors import ConfigError\n"
+         "import kvjudge.commands.models as m\n"
+         "def boom(args): raise ConfigError('first line\\nsecond line')\n"
+         "m._path = boom\n"
+         "sys.exit(main(['models', 'path']))"],
+        capture_output=True, text=True,
+    )
+    assert result.returncode == 1
+    assert result.stderr == "kvjudge: error: first line second line\n"
+    assert "Traceback" not in result.stderr
+
+
+def test_cli_without_command_prints_help() -> None:
+    result = subprocess.run([sys.executable, "-m", "kvjudge"], capture_output=True, text=True)
+    assert result.returncode == 2
+    assert "usage: kvjudge" in result.stdout
