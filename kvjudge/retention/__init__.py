@@ -1,1 +1,36 @@
-"""kvjudge.retention"""
+"""Retention: the append-only run store, content-addressed blobs, the pure fold, and reduction.
+
+Public API (see docs/contracts.md, "retention → tiering, judge, demo")::
+
+    from kvjudge.retention import Store, fold, RunState, plan_reduction, apply_plan, verify
+"""
+
+from kvjudge.retention.blobs import BlobStore, ref_of
+from kvjudge.retention.events import (
+    EVENT_TYPES,
+    BranchOpened,
+    BranchReduced,
+    Dropped,
+    Event,
+    GradeRecorded,
+    Reduced,
+    Rehydrated,
+    RunStarted,
+    StateChanged,
+    TierStarted,
+    Tiered,
+    TransitionRecorded,
+    VerifierRecorded,
+    canonical_json,
+)
+from kvjudge.retention.faults import fault_point
+from kvjudge.retention.lifecycle import STATES, is_reducible
+from kvjudge.retention.state import BodyLocation, Branch, RunState, Transition, fold, fold_onto
+from kvjudge.retention.store import Explanation, Store
+
+__all__ = [
+    "EVENT_TYPES", "STATES", "BlobStore", "BodyLocation", "Branch", "BranchOpened", "BranchReduced", "Dropped",
+    "Event", "Explanation", "GradeRecorded", "Reduced", "Rehydrated", "RunStarted", "RunState", "StateChanged",
+    "Store", "TierStarted", "Tiered", "Transition", "TransitionRecorded", "VerifierRecorded", "canonical_json",
+    "fault_point", "fold", "fold_onto", "is_reducible", "ref_of",
+]

@@ -1,0 +1,173 @@
+"""The events of a run's log, and their canonical JSON form.
+
+An event is a frozen dataclass with a class-level ``kind``. Stored, it is one row of the append-only
+``events`` table: ``(lsn, run, kind, payload)`` where ``payload`` is :func:`canonical_json` of the
+event's fields. Events carry blob *refs* (``sha256:<hex>``), never bodies, so the fold never reads text.
+
+Kinds, in the order a run meets them:
+
+- ``RunStarted``, ``BranchOpened``, ``TransitionRecorded``, ``VerifierRecorded``, ``GradeRecorded`` —
+  the history of the run as ingested;
+- ``StateChanged`` — a lifecycle step (running → grading → graded | ungraded → archived);
+- ``Reduced`` / ``BranchReduced`` / ``Dropped`` — later facts about earlier records, written by reduction;
+- ``TierStarted`` / ``Tiered`` / ``Rehydrated`` — the move of bodies to cold storage and back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from kvjudge.errors import StoreError
+
+
+def canonical_json(value: Any) -> str:
+    """Sorted keys, compact separators, UTF-8 kept as is: one byte form per value."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+@dataclass(frozen=True)
+class Event:
+    """Base of every event: ``run`` is the run id the event belongs to."""
+
+    kind: ClassVar[str] = "Event"
+    run: str
+
+    def payload(self) -> dict[str, Any]:
+        """The event's fields as plain JSON values."""
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        """The canonical JSON stored in the log (its ``kind`` lives in its own column)."""
+        return canonical_json(self.payload())
+
+
+@dataclass(frozen=True)
+class RunStarted(Event):
+    kind: ClassVar[str] = "RunStarted"
+    tenant: str
+    task_id: str | None
+    task_prompt_ref: str | None
+
+
+@dataclass(frozen=True)
+class BranchOpened(Event):
+    kind: ClassVar[str] = "BranchOpened"
+    branch: str
+    status: str  # "live" | "dead"
+    parent: str | None
+    fork_at: int | None
+
+
+@dataclass(frozen=True)
+class TransitionRecorded(Event):
+    """One step of a branch. ``tool_call`` = {name, arguments_ref}; ``tool_output`` = {name, output_ref, exit_code}."""
+
+    kind: ClassVar[str] = "TransitionRecorded"
+    branch: str
+    seq: int
+    role: str
+    text_ref: str | None
+    tool_call: dict[str, Any] | None
+    tool_output: dict[str, Any] | None
+    usage: dict[str, Any] | None
+    context: dict[str, Any] | None
+
+
+@dataclass(frozen=True)
+class VerifierRecorded(Event):
+    kind: ClassVar[str] = "VerifierRecorded"
+    result: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class GradeRecorded(Event):
+    kind: ClassVar[str] = "GradeRecorded"
+    grade: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class StateChanged(Event):
+    kind: ClassVar[str] = "StateChanged"
+    state: str
+
+
+@dataclass(frozen=True)
+class Reduced(Event):
+    """``original``'s body is replaced, for every reader, by the summary blob ``summary``."""
+
+    kind: ClassVar[str] = "Reduced"
+    original: str
+    summary: str
+    counter: str
+    tokens_before: int
+    tokens_after: int
+
+
+@dataclass(frozen=True)
+class BranchReduced(Event):
+    """A dead branch's text is read as the one summary blob ``summary`` (its transitions stay)."""
+
+    kind: ClassVar[str] = "BranchReduced"
+    branch: str
+    summary: str
+    counter: str
+    tokens_before: int
+    tokens_after: int
+
+
+@dataclass(frozen=True)
+class Dropped(Event):
+    """``original``'s body is gone with nothing in its place (raw text on a dead branch)."""
+
+    kind: ClassVar[str] = "Dropped"
+    original: str
+
+
+@dataclass(frozen=True)
+class TierStarted(Event):
+    kind: ClassVar[str] = "TierStarted"
+    target: str
+    manifest_ref: str
+
+
+@dataclass(frozen=True)
+class Tiered(Event):
+    """The bodies of ``refs`` live at ``target`` (remote commit acknowledged); local copies may go."""
+
+    kind: ClassVar[str] = "Tiered"
+    target: str
+    manifest_ref: str
+    refs: list[str]
+
+
+@dataclass(frozen=True)
+class Rehydrated(Event):
+    """The bodies of ``refs`` are local again."""
+
+    kind: ClassVar[str] = "Rehydrated"
+    refs: list[str]
+
+
+EVENT_TYPES: dict[str, type[Event]] = {
+    cls.kind: cls
+    for cls in (RunStarted, BranchOpened, TransitionRecorded, VerifierRecorded, GradeRecorded, StateChanged,
+                Reduced, BranchReduced, Dropped, TierStarted, Tiered, Rehydrated)
+}
+
+#: Kinds that reduction appends; everything else in a run's log must be untouched by it.
+REDUCTION_KINDS = frozenset({"Reduced", "BranchReduced", "Dropped"})
+
+
+def event_from(kind: str, payload: str | dict[str, Any]) -> Event:
+    """Rebuild an event from its stored ``kind`` and JSON payload."""
+    cls = EVENT_TYPES.get(kind)
+    if cls is None:
+        raise StoreError(f"the log holds an event of unknown kind {kind!r}; upgrade kvjudge to read this store")
+    data = json.loads(payload) if isinstance(payload, str) else payload
+    try:
+        return cls(**data)
+    except TypeError as exc:
+        raise StoreError(f"a {kind} event in the log has unexpected fields ({exc}); the store is damaged") from exc

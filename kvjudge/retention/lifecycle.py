@@ -1,0 +1,52 @@
+"""The run lifecycle: Running → Grading → Graded | Ungraded → Archived.
+
+Only runs whose grading has terminated (Graded, Ungraded, Archived) may be reduced; everything else is
+refused with :class:`~kvjudge.errors.RunStateError`, never skipped.
+"""
+
+from __future__ import annotations
+
+from kvjudge.errors import RunStateError, UsageError
+
+RUNNING, GRADING, GRADED, UNGRADED, ARCHIVED = "running", "grading", "graded", "ungraded", "archived"
+STATES = (RUNNING, GRADING, GRADED, UNGRADED, ARCHIVED)
+
+#: state → the states a run may move to next.
+LEGAL_NEXT: dict[str, frozenset[str]] = {
+    RUNNING: frozenset({GRADING}),
+    GRADING: frozenset({GRADED, UNGRADED}),
+    GRADED: frozenset({ARCHIVED}),
+    UNGRADED: frozenset({ARCHIVED}),
+    ARCHIVED: frozenset(),
+}
+
+REDUCIBLE = frozenset({GRADED, UNGRADED, ARCHIVED})
+
+
+def is_reducible(state: str) -> bool:
+    """True only when grading has terminated: Graded, Ungraded or Archived."""
+    return state in REDUCIBLE
+
+
+def check_state_name(state: str) -> str:
+    """``state`` lower-cased, or a UsageError naming the valid states."""
+    name = state.strip().lower()
+    if name not in STATES:
+        raise UsageError(f"unknown run state {state!r}; use one of {', '.join(STATES)}")
+    return name
+
+
+def check_transition(run_id: str, current: str, new: str) -> None:
+    """Raise RunStateError unless ``current → new`` is a legal lifecycle step."""
+    if new not in LEGAL_NEXT.get(current, frozenset()):
+        allowed = ", ".join(sorted(LEGAL_NEXT.get(current, frozenset()))) or "nothing (it is final)"
+        raise RunStateError(f"run {run_id} is {current}; it cannot become {new} (from {current} it may become {allowed})")
+
+
+def check_path(states: list[str]) -> None:
+    """Check a whole lifecycle list (as ingested): it starts at running and every step is legal."""
+    if not states or states[0] != RUNNING:
+        raise RunStateError(f"a lifecycle must start with {RUNNING!r}, got {states[:1]!r}")
+    for current, new in zip(states, states[1:]):
+        if new not in LEGAL_NEXT[current]:
+            raise RunStateError(f"lifecycle step {current} → {new} is not allowed")

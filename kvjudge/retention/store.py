@@ -1,0 +1,477 @@
+"""The run store: one SQLite file holding the append-only event log, the blobs, and derived projections.
+
+Tables (schema version in ``PRAGMA user_version``, kvjudge's mark in ``PRAGMA application_id``):
+
+- ``events(lsn, run, kind, payload)`` — append-only; triggers RAISE on UPDATE and DELETE.
+- ``blobs(ref, size, body)`` — content-addressed; ``body`` NULL once deleted (the log says why).
+- ``blob_tokens(ref, counter, tokens)`` — a count is a fact about immutable bytes: stored once per
+  (blob, counter), never recounted.
+- ``runs`` and ``run_bodies`` — projections, derived only by folding the log; dropped tables are rebuilt
+  on open, and :meth:`Store.rebuild_projection` re-folds everything from LSN 0.
+- ``judgments(key, payload)`` — the judge's cache (not history, so not events).
+
+Every write is an explicit ``BEGIN IMMEDIATE`` transaction (WAL, ``synchronous=FULL``); each has a
+fault point ``<label>.txn`` just before COMMIT (see :mod:`kvjudge.retention.faults`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sqlite3
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kvjudge.config import data_dir
+from kvjudge.errors import IntegrityError, StoreError, UsageError
+from kvjudge.retention import events as ev
+from kvjudge.retention.blobs import BlobStore, short
+from kvjudge.retention.events import canonical_json, event_from
+from kvjudge.retention.faults import fault_point
+from kvjudge.retention.lifecycle import check_state_name, check_transition
+from kvjudge.retention.state import DROPPED, LOCAL, REDUCED, TIERED, BodyLocation, RunFolder, RunState, fold
+
+SCHEMA_VERSION = 1
+APPLICATION_ID = 0x6B766A64  # "kvjd"
+STORE_FILENAME = "store.sqlite"
+
+#: A reader for bodies that are not local (tiering plugs the cold store in): ref → bytes or None.
+FallbackReader = Callable[[str], "bytes | None"]
+
+_PROJECTION_SQL = """
+CREATE TABLE IF NOT EXISTS runs (
+    id TEXT PRIMARY KEY, tenant TEXT NOT NULL, state TEXT NOT NULL, reduced INTEGER NOT NULL,
+    last_lsn INTEGER NOT NULL, state_json BLOB NOT NULL);
+CREATE INDEX IF NOT EXISTS runs_tenant ON runs(tenant, id);
+CREATE TABLE IF NOT EXISTS run_bodies (
+    run TEXT NOT NULL, ref TEXT NOT NULL, status TEXT NOT NULL, summary_ref TEXT, lsn INTEGER NOT NULL,
+    target TEXT, manifest_ref TEXT, PRIMARY KEY (run, ref));
+CREATE INDEX IF NOT EXISTS run_bodies_ref ON run_bodies(ref, status);
+"""
+
+# Migration N brings a store from version N-1 to N. Never edit a published one; add the next.
+MIGRATIONS: dict[int, str] = {
+    1: """
+CREATE TABLE events (
+    lsn INTEGER PRIMARY KEY AUTOINCREMENT, run TEXT NOT NULL, kind TEXT NOT NULL, payload TEXT NOT NULL);
+CREATE INDEX events_run ON events(run, lsn);
+CREATE TRIGGER events_no_update BEFORE UPDATE ON events
+    BEGIN SELECT RAISE(ABORT, 'kvjudge events are append-only: UPDATE refused'); END;
+CREATE TRIGGER events_no_delete BEFORE DELETE ON events
+    BEGIN SELECT RAISE(ABORT, 'kvjudge events are append-only: DELETE refused'); END;
+CREATE TABLE blobs (ref TEXT PRIMARY KEY, size INTEGER NOT NULL, body BLOB);
+CREATE TABLE blob_tokens (
+    ref TEXT NOT NULL, counter TEXT NOT NULL, tokens INTEGER NOT NULL, PRIMARY KEY (ref, counter));
+CREATE TABLE judgments (key TEXT PRIMARY KEY, payload TEXT NOT NULL);
+""" + _PROJECTION_SQL,
+}
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """What the log says about a ref: whether its body is here and, if not, which event says why.
+
+    ``status`` is ``local`` when any run still reads the body here, else the status the log gives
+    (``reduced``, ``dropped``, ``tiered``), or ``unknown`` when no run names the ref.
+    """
+
+    ref: str
+    body_present: bool
+    status: str
+    summary_ref: str | None
+    run: str | None
+    lsn: int | None
+    event: str | None  # kind of the explaining event ("Reduced", "Dropped", "Tiered", …)
+    target: str | None
+    locations: tuple[tuple[str, BodyLocation], ...]
+
+    @property
+    def explained(self) -> bool:
+        """True when the body is here or the log says where it went."""
+        return self.body_present or self.status in (REDUCED, DROPPED, TIERED)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ref": self.ref, "body_present": self.body_present, "status": self.status,
+                "summary_ref": self.summary_ref, "run": self.run, "lsn": self.lsn, "event": self.event,
+                "target": self.target, "explained": self.explained}
+
+
+def default_store_path() -> Path:
+    return data_dir() / STORE_FILENAME
+
+
+class Store:
+    """A kvjudge run store. Open with :meth:`Store.open`; use as a context manager."""
+
+    def __init__(self, conn: sqlite3.Connection, path: Path, fallback: FallbackReader | None = None) -> None:
+        self._conn = conn
+        self.path = path
+        self.blobs = BlobStore(conn)
+        #: Reader for bodies that are not local (e.g. the cold store); set by tiering.
+        self.fallback = fallback
+        self._in_txn = False
+
+    # ----------------------------------------------------------------- opening
+    @classmethod
+    def open(cls, path: str | os.PathLike[str] | None = None, *, fallback: FallbackReader | None = None) -> Store:
+        """Open (creating when absent) the store at ``path`` (None: ``data_dir()/store.sqlite``)."""
+        target = Path(path).expanduser() if path is not None else default_store_path()
+        if target.is_dir():
+            raise StoreError(f"{target} is a directory; --store takes the path of a store file")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            conn = sqlite3.connect(str(target), isolation_level=None, timeout=30.0)
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot open store {target} ({exc}); check the path and its permissions") from exc
+        try:
+            store = cls(conn, target, fallback)
+            store._prepare()
+        except sqlite3.DatabaseError as exc:
+            conn.close()
+            raise StoreError(f"{target} is not a kvjudge store (SQLite says: {exc}); pass the right --store") from exc
+        except BaseException:
+            conn.close()
+            raise
+        return store
+
+    def _prepare(self) -> None:
+        conn = self._conn
+        # Reading the header first makes a non-SQLite file fail here, before anything is written.
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        app_id = conn.execute("PRAGMA application_id").fetchone()[0]
+        tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if version > SCHEMA_VERSION:
+            raise StoreError(f"store {self.path} has schema version {version}; this kvjudge reads up to "
+                             f"{SCHEMA_VERSION} — upgrade kvjudge")
+        if app_id not in (0, APPLICATION_ID) or (version == 0 and tables):
+            raise StoreError(f"{self.path} is an SQLite file but not a kvjudge store; pass another --store")
+        mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+        if str(mode).lower() != "wal":
+            raise StoreError(f"store {self.path} cannot use WAL journaling (got {mode}); put it on a local disk")
+        conn.execute("PRAGMA synchronous=FULL")
+        conn.execute("PRAGMA foreign_keys=ON")
+        if version < SCHEMA_VERSION:
+            self._migrate(version)
+        elif not {"runs", "run_bodies"} <= tables:
+            # Projections are derived: when someone dropped them, fold them back from the log.
+            self.rebuild_projection()
+
+    def _migrate(self, version: int) -> None:
+        with self.transaction("migrate"):
+            for target in range(version + 1, SCHEMA_VERSION + 1):
+                for statement in _statements(MIGRATIONS[target]):
+                    self._conn.execute(statement)
+                self._conn.execute(f"PRAGMA user_version = {int(target)}")
+            self._conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def connection(self) -> sqlite3.Connection:
+        """The underlying connection (for tiering and tests; write only inside :meth:`transaction`)."""
+        return self._conn
+
+    def schema_version(self) -> int:
+        return int(self._conn.execute("PRAGMA user_version").fetchone()[0])
+
+    # ------------------------------------------------------------- transactions
+    @contextlib.contextmanager
+    def transaction(self, label: str) -> Iterator[sqlite3.Connection]:
+        """``BEGIN IMMEDIATE`` … ``COMMIT`` (ROLLBACK on error); fault point ``<label>.txn`` before COMMIT.
+
+        Nested calls join the outer transaction.
+        """
+        if self._in_txn:
+            yield self._conn
+            return
+        self._conn.execute("BEGIN IMMEDIATE")
+        self._in_txn = True
+        try:
+            yield self._conn
+            fault_point(f"{label}.txn")
+            self._conn.execute("COMMIT")
+        except BaseException:
+            if self._conn.in_transaction:
+                self._conn.execute("ROLLBACK")
+            raise
+        finally:
+            self._in_txn = False
+
+    # --------------------------------------------------------------------- blobs
+    def put_blob(self, body: bytes, *, label: str = "put_blob") -> str:
+        """Put one body in its own transaction; returns its ref."""
+        with self.transaction(label):
+            return self.blobs.put(body)
+
+    def text(self, ref: str) -> str | None:
+        """The body of ``ref`` as text: local, else through :attr:`fallback` (cold store), else None."""
+        body = self.blobs.get(ref)
+        if body is None and self.fallback is not None:
+            body = self.fallback(ref)
+        return None if body is None else body.decode("utf-8")
+
+    def release_bodies(self, refs: Iterable[str], *, label: str = "delete_body") -> list[str]:
+        """Delete the local bodies of ``refs`` that no run still reads locally; returns those deleted.
+
+        A body shared by two runs stays as long as the log of either still says it is local there.
+        Call only after the event explaining the loss (Reduced, Dropped, Tiered) has committed.
+        """
+        deleted: list[str] = []
+        with self.transaction(label):
+            for ref in dict.fromkeys(refs):
+                still_needed = self._conn.execute(
+                    "SELECT 1 FROM run_bodies WHERE ref = ? AND status = ? LIMIT 1", (ref, LOCAL)).fetchone()
+                if still_needed is None and self.blobs.delete_body(ref):
+                    deleted.append(ref)
+        return deleted
+
+    # ------------------------------------------------------------ token counts
+    def cached_counts(self, refs: Iterable[str], counter: str) -> dict[str, int]:
+        """Stored counts of ``refs`` under ``counter`` (refs never counted are absent)."""
+        wanted = list(dict.fromkeys(refs))
+        found: dict[str, int] = {}
+        for start in range(0, len(wanted), 500):
+            chunk = wanted[start:start + 500]
+            marks = ",".join("?" * len(chunk))
+            for ref, tokens in self._conn.execute(
+                    f"SELECT ref, tokens FROM blob_tokens WHERE counter = ? AND ref IN ({marks})", (counter, *chunk)):
+                found[ref] = int(tokens)
+        return found
+
+    def put_counts(self, counter: str, counts: Mapping[str, int], *, label: str = "put_counts") -> None:
+        """Record counts (first write wins: a count of immutable bytes never changes)."""
+        if not counts:
+            return
+        with self.transaction(label):
+            self._conn.executemany("INSERT OR IGNORE INTO blob_tokens(ref, counter, tokens) VALUES (?, ?, ?)",
+                                   [(ref, counter, int(n)) for ref, n in counts.items()])
+
+    # --------------------------------------------------------------------- log
+    def append(self, run_id: str, event: ev.Event, *, label: str = "append") -> int:
+        """Append one event in its own transaction (checked against the run's state); returns its LSN."""
+        return self.append_many(run_id, [event], label=label)[0]
+
+    def append_many(self, run_id: str, events: Sequence[ev.Event], *, label: str = "append") -> list[int]:
+        """Append events of one run atomically, each checked against the state the ones before it left."""
+        with self.transaction(label):
+            current = self._projected(run_id)
+            folder = RunFolder.thaw(current) if current is not None else None
+            lsns: list[int] = []
+            for event in events:
+                if event.run != run_id:
+                    raise UsageError(f"event for run {event.run!r} appended to run {run_id!r}")
+                self._check_event(run_id, folder, event)
+                cursor = self._conn.execute("INSERT INTO events(run, kind, payload) VALUES (?, ?, ?)",
+                                            (run_id, event.kind, event.to_json()))
+                lsn = int(cursor.lastrowid)
+                lsns.append(lsn)
+                if folder is None:
+                    folder = RunFolder(id=run_id)
+                folder.apply(lsn, event)
+            if folder is not None and lsns:
+                self._project(folder.freeze(), lsns[-1])
+        return lsns
+
+    def _check_event(self, run_id: str, folder: RunFolder | None, event: ev.Event) -> None:
+        if isinstance(event, ev.RunStarted):
+            if folder is not None:
+                raise StoreError(f"run {run_id} already exists in the store")
+            return
+        if folder is None:
+            raise StoreError(f"no run {run_id!r} in the store; list runs with `kvjudge runs`")
+        if isinstance(event, ev.StateChanged):
+            check_transition(run_id, folder.state, event.state)
+        elif isinstance(event, ev.BranchOpened):
+            if event.branch in folder.branches:
+                raise StoreError(f"run {run_id} already has a branch {event.branch!r}")
+        elif isinstance(event, ev.TransitionRecorded):
+            if event.branch not in folder.branches:
+                raise StoreError(f"run {run_id} has no branch {event.branch!r}")
+        elif isinstance(event, ev.Reduced):
+            location = folder.bodies.get(event.original)
+            if location is None or location.status != LOCAL:
+                status = location.status if location else "not named by the run"
+                raise StoreError(f"run {run_id}: cannot reduce {short(event.original)}, it is {status}")
+            self._require_body(event.summary, "Reduced")
+        elif isinstance(event, ev.BranchReduced):
+            entry = folder.branches.get(event.branch)
+            if entry is None or entry["branch"].status != "dead":
+                raise StoreError(f"run {run_id}: only a dead branch can be summarised, not {event.branch!r}")
+            self._require_body(event.summary, "BranchReduced")
+        elif isinstance(event, ev.Dropped):
+            location = folder.bodies.get(event.original)
+            if location is None or location.status == DROPPED:
+                status = location.status if location else "not named by the run"
+                raise StoreError(f"run {run_id}: cannot drop {short(event.original)}, it is {status}")
+
+    def _require_body(self, ref: str, kind: str) -> None:
+        # The summary must be durable before the event that points readers at it.
+        if not self.blobs.has_body(ref):
+            raise IntegrityError(f"{kind} names summary {short(ref)} whose body is not stored; put it first")
+
+    def iter_events(self, run_id: str | None = None) -> Iterator[tuple[int, ev.Event]]:
+        """``(lsn, event)`` of one run (or all runs, grouped by run), in LSN order, streamed."""
+        if run_id is not None:
+            query = self._conn.execute("SELECT lsn, kind, payload FROM events WHERE run = ? ORDER BY lsn", (run_id,))
+            for lsn, kind, payload in query:
+                yield int(lsn), event_from(kind, payload)
+            return
+        for run in self._all_logged_runs():
+            yield from self.iter_events(run)
+
+    def _all_logged_runs(self) -> list[str]:
+        return [row[0] for row in self._conn.execute("SELECT DISTINCT run FROM events ORDER BY run")]
+
+    def event_kind(self, lsn: int) -> str | None:
+        row = self._conn.execute("SELECT kind FROM events WHERE lsn = ?", (lsn,)).fetchone()
+        return row[0] if row else None
+
+    # ----------------------------------------------------------- projections
+    def _projected(self, run_id: str) -> RunState | None:
+        row = self._conn.execute("SELECT state_json FROM runs WHERE id = ?", (run_id,)).fetchone()
+        return None if row is None else RunState.from_bytes(row[0])
+
+    def _project(self, state: RunState, last_lsn: int) -> None:
+        self._conn.execute(
+            "INSERT OR REPLACE INTO runs(id, tenant, state, reduced, last_lsn, state_json) VALUES (?, ?, ?, ?, ?, ?)",
+            (state.id, state.tenant, state.state, int(state.reduced), last_lsn, state.canonical_bytes()))
+        self._conn.execute("DELETE FROM run_bodies WHERE run = ?", (state.id,))
+        self._conn.executemany(
+            "INSERT INTO run_bodies(run, ref, status, summary_ref, lsn, target, manifest_ref) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            [(state.id, loc.ref, loc.status, loc.summary_ref, loc.lsn, loc.target, loc.manifest_ref)
+             for loc in state.bodies.values()])
+
+    def refold(self, run_id: str) -> RunState:
+        """Fold one run from LSN 0 straight from the log (ignoring projections)."""
+        states = fold(self.iter_events(run_id))
+        if run_id not in states:
+            raise StoreError(f"no run {run_id!r} in the store; list runs with `kvjudge runs`")
+        return states[run_id]
+
+    def rebuild_projection(self) -> int:
+        """Drop and re-create the projection tables, re-folding every run from LSN 0. Returns runs folded."""
+        with self.transaction("rebuild"):
+            self._conn.execute("DROP TABLE IF EXISTS runs")
+            self._conn.execute("DROP TABLE IF EXISTS run_bodies")
+            for statement in _statements(_PROJECTION_SQL):
+                self._conn.execute(statement)
+            count = 0
+            for run_id in self._all_logged_runs():
+                state = self.refold(run_id)
+                last = self._conn.execute("SELECT MAX(lsn) FROM events WHERE run = ?", (run_id,)).fetchone()[0]
+                self._project(state, int(last))
+                count += 1
+        return count
+
+    def projected_bytes(self, run_id: str) -> bytes | None:
+        """The projection's canonical bytes for ``run_id`` (what verify compares a re-fold against)."""
+        row = self._conn.execute("SELECT state_json FROM runs WHERE id = ?", (run_id,)).fetchone()
+        return None if row is None else bytes(row[0])
+
+    # ------------------------------------------------------------------ runs
+    def run(self, run_id: str) -> RunState:
+        """The folded state of ``run_id``; StoreError when the store has no such run."""
+        state = self._projected(run_id)
+        if state is None:
+            raise StoreError(f"no run {run_id!r} in the store {self.path}; list runs with `kvjudge runs`")
+        return state
+
+    def has_run(self, run_id: str) -> bool:
+        return self._conn.execute("SELECT 1 FROM runs WHERE id = ?", (run_id,)).fetchone() is not None
+
+    def run_ids(self, tenant: str | None = None) -> list[str]:
+        """Run ids, sorted (only ``tenant``'s when given)."""
+        if tenant is None:
+            return [row[0] for row in self._conn.execute("SELECT id FROM runs ORDER BY id")]
+        return [row[0] for row in self._conn.execute("SELECT id FROM runs WHERE tenant = ? ORDER BY id", (tenant,))]
+
+    def iter_runs(self, tenant: str | None = None) -> Iterator[RunState]:
+        """Folded states one at a time (never the whole store in memory)."""
+        for run_id in self.run_ids(tenant):
+            yield self.run(run_id)
+
+    def mark(self, run_id: str, state: str) -> RunState:
+        """Append a lifecycle step; RunStateError when it is not a legal one."""
+        new = check_state_name(state)
+        self.append(run_id, ev.StateChanged(run=run_id, state=new), label="mark")
+        return self.run(run_id)
+
+    def explain(self, ref: str) -> Explanation:
+        """Whether ``ref``'s body is here, and if not, which event of which run says where it went."""
+        rows = self._conn.execute(
+            "SELECT run, status, summary_ref, lsn, target, manifest_ref FROM run_bodies WHERE ref = ? ORDER BY lsn, run",
+            (ref,)).fetchall()
+        locations = tuple((run, BodyLocation(ref=ref, status=status, summary_ref=summary, lsn=int(lsn), target=target,
+                                             manifest_ref=manifest))
+                          for run, status, summary, lsn, target, manifest in rows)
+        present = self.blobs.has_body(ref)
+        if not locations:
+            return Explanation(ref, present, "unknown", None, None, None, None, None, ())
+        local = [item for item in locations if item[1].status == LOCAL]
+        # A body any run still reads here is "local"; otherwise the latest fact about it explains it.
+        run, loc = local[0] if local else locations[-1]
+        kind = None if loc.status == LOCAL else self.event_kind(loc.lsn)
+        return Explanation(ref=ref, body_present=present, status=loc.status, summary_ref=loc.summary_ref, run=run,
+                           lsn=loc.lsn, event=kind, target=loc.target, locations=locations)
+
+    # ---------------------------------------------------------------- ingest
+    def ingest_file(self, path: str | os.PathLike[str], tenant: str | None = None, fmt: str | None = None,
+                    progress: Callable[[int], None] | None = None) -> list[str]:
+        """Import a JSONL file (native or OpenAI chat format); returns the new run ids.
+
+        The whole file is checked first: a malformed line raises IngestError naming it and nothing of
+        the file is written. Then each run is written in its own transaction.
+        """
+        from kvjudge.retention.ingest import parse_file
+
+        parsed = parse_file(path, tenant=tenant, fmt=fmt, exists=self.has_run)
+        ids: list[str] = []
+        for run in parsed:
+            self.write_parsed(run)
+            ids.append(run.run_id)
+            if progress is not None:
+                progress(1)
+        return ids
+
+    def write_parsed(self, run: Any) -> None:
+        """Write one :class:`~kvjudge.retention.ingest.ParsedRun` (bodies and events) in one transaction."""
+        with self.transaction("ingest"):
+            for body in run.bodies:
+                self.blobs.put(body)
+            self.append_many(run.run_id, run.events)
+
+    # ------------------------------------------------------------- judgments
+    def get_judgment(self, key: str) -> dict[str, Any] | None:
+        """A cached judgment payload, or None."""
+        row = self._conn.execute("SELECT payload FROM judgments WHERE key = ?", (key,)).fetchone()
+        return None if row is None else json.loads(row[0])
+
+    def put_judgment(self, key: str, payload: dict[str, Any]) -> None:
+        """Cache a judgment payload under ``key`` (replaces an older one: a cache, not history)."""
+        with self.transaction("put_judgment"):
+            self._conn.execute("INSERT OR REPLACE INTO judgments(key, payload) VALUES (?, ?)",
+                               (key, canonical_json(payload)))
+
+
+def _statements(script: str) -> list[str]:
+    """Split a schema script into statements (triggers keep their inner ``;``)."""
+    statements: list[str] = []
+    buffer = ""
+    for line in script.strip().splitlines():
+        buffer += line + "\n"
+        if sqlite3.complete_statement(buffer):
+            statements.append(buffer.strip())
+            buffer = ""
+    if buffer.strip():
+        statements.append(buffer.strip())
+    return statements
