@@ -1,0 +1,422 @@
+"""Cold stores: where tiered bodies live once their run has left the local store.
+
+A cold store holds two kinds of objects:
+
+- **blobs**, content-addressed: the key is derived from the ref (``sha256:<hex>``), so writing a blob
+  twice writes identical bytes under the same key — a retry can never make a second, different copy;
+- **manifests**, one per tiering of a run: written last, conditionally (never overwritten with other
+  bytes), so their presence is the remote's commit of the whole move.
+
+Two implementations: :class:`LocalDirColdStore` (a directory, e.g. a mounted disk; the default) and
+:class:`S3ColdStore` (any S3-compatible object store through boto3 — AWS, or SeaweedFS, MinIO, …).
+:func:`open_cold_store` picks one from a ``file://`` or ``s3://`` URL.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import re
+import secrets
+import urllib.parse
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+from kvjudge.errors import ColdStoreError, IntegrityError, UsageError
+
+_REF_RE = re.compile(r"^sha256:([0-9a-f]{64})$")
+
+
+def ref_hex(ref: str) -> str:
+    """The hex digest of a ``sha256:<hex>`` ref (UsageError for anything else)."""
+    match = _REF_RE.match(ref)
+    if not match:
+        raise UsageError(f"{ref!r} is not a blob ref (expected sha256:<64 hex digits>)")
+    return match.group(1)
+
+
+def blob_key(ref: str) -> str:
+    """The object key of a blob, relative to the store root: ``objects/ab/cd/<hex>``.
+
+    Two levels of fan-out keep any one directory small on a local disk; S3 uses the same layout so one
+    store's objects can be copied to the other with a plain sync.
+    """
+    hexdigest = ref_hex(ref)
+    return f"objects/{hexdigest[:2]}/{hexdigest[2:4]}/{hexdigest}"
+
+
+def manifest_key(run_id: str, last_lsn: int) -> str:
+    """The object key of the manifest of ``run_id`` covering the log up to ``last_lsn``.
+
+    One key per tiering of a run (a run rehydrated and tiered again covers a longer log), so a manifest is
+    never replaced by another; the run id is percent-escaped to stay one path segment.
+    """
+    return f"manifests/{urllib.parse.quote(run_id, safe='-._')}/{last_lsn:012d}.json"
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    """What the cold store says about an object without reading its bytes.
+
+    ``sha256`` is the hex digest the store itself vouches for (S3's stored SHA-256 checksum), or ``None``
+    when the store keeps none (a local directory: checking it means reading it back).
+    """
+
+    key: str
+    size: int
+    sha256: str | None
+
+
+@dataclass(frozen=True)
+class ManifestWrite:
+    """Outcome of a conditional manifest write: ``created`` False means identical bytes were already there."""
+
+    key: str
+    created: bool
+
+
+@runtime_checkable
+class ColdStore(Protocol):
+    """The small interface every cold store implements.
+
+    ``url`` is the canonical target recorded in the log (``file:///abs/path`` or ``s3://bucket/prefix``).
+    Every method raises :class:`~kvjudge.errors.ColdStoreError` (one actionable line) when the store is
+    unreachable or refuses; none of them ever deletes anything.
+    """
+
+    url: str
+
+    def check(self) -> None:
+        """Raise ColdStoreError unless the store is reachable and writable-looking."""
+
+    def put_blob(self, ref: str, body: bytes) -> None:
+        """Store ``body`` under its ref's key; durable when this returns (the remote acknowledged)."""
+
+    def stat_blob(self, ref: str) -> ObjectInfo | None:
+        """Size (and the store's own checksum when it keeps one) of a blob, None when absent."""
+
+    def get_blob(self, ref: str) -> bytes | None:
+        """The blob's bytes, checked against the ref (IntegrityError on mismatch), None when absent."""
+
+    def put_manifest(self, key: str, data: bytes) -> ManifestWrite:
+        """Create the manifest at ``key`` unless it exists; if it does, it must hold exactly ``data``."""
+
+    def get_manifest(self, key: str) -> bytes | None:
+        """The manifest's bytes, None when absent."""
+
+
+def _checked(ref: str, body: bytes, where: str) -> bytes:
+    """``body`` if it hashes to ``ref``; a cold store must never hand back bytes that are not the ref."""
+    if hashlib.sha256(body).hexdigest() != ref_hex(ref):
+        raise IntegrityError(
+            f"cold store object {where} does not hash to {ref}: the remote copy was altered; "
+            "restore it from a backup or re-tier the run from a rehydrated copy"
+        )
+    return body
+
+
+# --------------------------------------------------------------------------------------------------
+# Local directory
+
+
+class LocalDirColdStore:
+    """A directory as cold store: content-addressed files, each written crash-safely.
+
+    Every object is written to a temporary name in its final directory, fsynced, then renamed into place
+    and the directory fsynced — so after a crash an object is either absent or complete, never torn.
+    Manifests are linked into place with ``os.link`` (fails if the name exists), the local equivalent of
+    S3's ``If-None-Match: *``.
+    """
+
+    def __init__(self, root: str | os.PathLike[str], *, create: bool = False) -> None:
+        self.root = Path(root).expanduser().resolve()
+        self.url = "file://" + urllib.parse.quote(str(self.root))
+        self._create = create
+
+    def __repr__(self) -> str:
+        return f"LocalDirColdStore({str(self.root)!r})"
+
+    def check(self) -> None:
+        if not self.root.is_dir():
+            if self._create:
+                try:
+                    self.root.mkdir(parents=True, exist_ok=True)
+                except OSError as exc:
+                    raise ColdStoreError(f"cannot create cold store directory {self.root}: {exc.strerror}") from exc
+            else:
+                raise ColdStoreError(
+                    f"cold store directory {self.root} does not exist; create it (or mount the disk) and retry"
+                )
+        if not os.access(self.root, os.W_OK | os.X_OK):
+            raise ColdStoreError(f"cold store directory {self.root} is not writable; fix its permissions")
+
+    def _path(self, key: str) -> Path:
+        return self.root / key
+
+    def _write_temp(self, final: Path, data: bytes) -> Path:
+        try:
+            final.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ColdStoreError(f"cannot create {final.parent} in the cold store: {exc.strerror}") from exc
+        temp = final.parent / f".tmp-{final.name}-{secrets.token_hex(6)}"
+        try:
+            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            try:
+                view = memoryview(data)
+                while view:
+                    written = os.write(fd, view)
+                    view = view[written:]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            temp.unlink(missing_ok=True)
+            raise ColdStoreError(f"cannot write {final} in the cold store: {exc.strerror}") from exc
+        return temp
+
+    @staticmethod
+    def _fsync_dir(directory: Path) -> None:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def put_blob(self, ref: str, body: bytes) -> None:
+        final = self._path(blob_key(ref))
+        temp = self._write_temp(final, body)
+        try:
+            # Content-addressed: replacing an existing object writes the same bytes (or repairs a bad copy).
+            os.replace(temp, final)
+            self._fsync_dir(final.parent)
+        except OSError as exc:
+            temp.unlink(missing_ok=True)
+            raise ColdStoreError(f"cannot store {final} in the cold store: {exc.strerror}") from exc
+
+    def stat_blob(self, ref: str) -> ObjectInfo | None:
+        key = blob_key(ref)
+        try:
+            size = self._path(key).stat().st_size
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise ColdStoreError(f"cannot stat {self._path(key)}: {exc.strerror}") from exc
+        return ObjectInfo(key=key, size=size, sha256=None)
+
+    def _read(self, key: str) -> bytes | None:
+        try:
+            return self._path(key).read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise ColdStoreError(f"cannot read {self._path(key)}: {exc.strerror}") from exc
+
+    def get_blob(self, ref: str) -> bytes | None:
+        key = blob_key(ref)
+        body = self._read(key)
+        return None if body is None else _checked(ref, body, str(self._path(key)))
+
+    def put_manifest(self, key: str, data: bytes) -> ManifestWrite:
+        final = self._path(key)
+        temp = self._write_temp(final, data)
+        try:
+            try:
+                os.link(temp, final)  # atomic create-if-absent: never replaces an existing manifest
+                created = True
+            except FileExistsError:
+                created = False
+            self._fsync_dir(final.parent)
+        except OSError as exc:
+            raise ColdStoreError(f"cannot store manifest {final}: {exc.strerror}") from exc
+        finally:
+            temp.unlink(missing_ok=True)
+        if not created:
+            _compare_manifest(key, data, self._read(key), str(final))
+        return ManifestWrite(key=key, created=created)
+
+    def get_manifest(self, key: str) -> bytes | None:
+        return self._read(key)
+
+
+def _compare_manifest(key: str, wanted: bytes, existing: bytes | None, where: str) -> None:
+    if existing != wanted:
+        raise ColdStoreError(
+            f"manifest {where} already exists with different content; the cold store holds another "
+            "tiering of this run — inspect it, or tier to another target with --to"
+        )
+
+
+# --------------------------------------------------------------------------------------------------
+# S3
+
+
+class S3ColdStore:
+    """An S3-compatible bucket (AWS, SeaweedFS, MinIO, …) as cold store, through boto3.
+
+    Blobs are uploaded with their SHA-256 as the S3 checksum (``ChecksumSHA256``), so the server refuses a
+    body that does not hash to its ref and keeps the checksum for a cheap read-back check (HEAD). Manifests
+    are written with ``If-None-Match: *``; if one exists it is read back and compared. Credentials, region
+    and (when ``endpoint_url`` is None) the endpoint come from boto3's usual sources: ``AWS_*`` environment
+    variables, ``~/.aws``, instance roles.
+    """
+
+    def __init__(self, bucket: str, prefix: str = "", *, endpoint_url: str | None = None,
+                 client: Any = None) -> None:
+        if not bucket:
+            raise UsageError("an s3:// target needs a bucket: s3://BUCKET[/PREFIX]")
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+        self.endpoint_url = endpoint_url
+        self.url = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
+        self._client = client if client is not None else _make_s3_client(endpoint_url)
+
+    def __repr__(self) -> str:
+        return f"S3ColdStore({self.url!r}, endpoint_url={self.endpoint_url!r})"
+
+    def _key(self, key: str) -> str:
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def _where(self) -> str:
+        return f"{self.url}" + (f" at {self.endpoint_url}" if self.endpoint_url else "")
+
+    def _fail(self, exc: Exception, action: str) -> ColdStoreError:
+        """One actionable line for any boto3/botocore failure."""
+        from botocore.exceptions import ClientError, NoCredentialsError, ParamValidationError
+
+        if isinstance(exc, NoCredentialsError):
+            return ColdStoreError(
+                f"no S3 credentials to {action} {self._where()}; set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"
+            )
+        if isinstance(exc, ClientError):
+            code = exc.response.get("Error", {}).get("Code", "?")
+            if code == "NoSuchBucket":
+                return ColdStoreError(f"bucket {self.bucket!r} does not exist at {self._where()}; create it first")
+            if code in {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch"}:
+                return ColdStoreError(f"S3 refused to {action} {self._where()} ({code}); check the credentials")
+            message = exc.response.get("Error", {}).get("Message", "")
+            return ColdStoreError(f"S3 failed to {action} {self._where()}: {code} {message}".strip())
+        if isinstance(exc, ParamValidationError):
+            return ColdStoreError(f"bad S3 request to {action} {self._where()}: {exc}")
+        return ColdStoreError(
+            f"cannot reach the cold store to {action} {self._where()} ({type(exc).__name__}: {exc}); "
+            "check --endpoint-url / AWS_ENDPOINT_URL and that the server is up"
+        )
+
+    @staticmethod
+    def _errors() -> tuple[type[Exception], ...]:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        return (BotoCoreError, ClientError)
+
+    @staticmethod
+    def _status(exc: Exception) -> int | None:
+        response = getattr(exc, "response", None) or {}
+        return response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+
+    def check(self) -> None:
+        try:
+            self._client.head_bucket(Bucket=self.bucket)
+        except self._errors() as exc:
+            if self._status(exc) == 404:
+                raise ColdStoreError(f"bucket {self.bucket!r} does not exist at {self._where()}; create it first") from exc
+            raise self._fail(exc, "reach") from exc
+
+    def put_blob(self, ref: str, body: bytes) -> None:
+        checksum = base64.b64encode(bytes.fromhex(ref_hex(ref))).decode()
+        try:
+            response = self._client.put_object(
+                Bucket=self.bucket, Key=self._key(blob_key(ref)), Body=body, ChecksumSHA256=checksum
+            )
+        except self._errors() as exc:
+            raise self._fail(exc, f"upload {ref} to") from exc
+        echoed = response.get("ChecksumSHA256")
+        if echoed is not None and echoed != checksum:
+            raise ColdStoreError(f"{self._where()} acknowledged {ref} with checksum {echoed}; refusing to trust it")
+
+    def stat_blob(self, ref: str) -> ObjectInfo | None:
+        key = blob_key(ref)
+        try:
+            head = self._client.head_object(Bucket=self.bucket, Key=self._key(key), ChecksumMode="ENABLED")
+        except self._errors() as exc:
+            if self._status(exc) == 404:
+                return None
+            raise self._fail(exc, f"stat {ref} in") from exc
+        checksum = head.get("ChecksumSHA256")
+        digest = base64.b64decode(checksum).hex() if checksum and "-" not in checksum else None
+        return ObjectInfo(key=key, size=int(head["ContentLength"]), sha256=digest)
+
+    def _get(self, key: str, what: str) -> bytes | None:
+        try:
+            response = self._client.get_object(Bucket=self.bucket, Key=self._key(key))
+            return response["Body"].read()
+        except self._errors() as exc:
+            if self._status(exc) == 404:
+                return None
+            raise self._fail(exc, f"read {what} from") from exc
+
+    def get_blob(self, ref: str) -> bytes | None:
+        body = self._get(blob_key(ref), ref)
+        return None if body is None else _checked(ref, body, f"{self.url}/{blob_key(ref)}")
+
+    def put_manifest(self, key: str, data: bytes) -> ManifestWrite:
+        checksum = base64.b64encode(hashlib.sha256(data).digest()).decode()
+        try:
+            self._client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data,
+                                    ChecksumSHA256=checksum, IfNoneMatch="*",
+                                    ContentType="application/json")
+            created = True
+        except self._errors() as exc:
+            # 412: it exists. 409: a concurrent conditional write is in flight (S3 ConditionalRequestConflict).
+            if self._status(exc) not in (412, 409):
+                raise self._fail(exc, f"write manifest {key} to") from exc
+            created = False
+        if not created:
+            _compare_manifest(key, data, self._get(key, "manifest"), f"{self.url}/{key}")
+        return ManifestWrite(key=key, created=created)
+
+    def get_manifest(self, key: str) -> bytes | None:
+        return self._get(key, "manifest")
+
+
+def _make_s3_client(endpoint_url: str | None) -> Any:
+    import boto3
+    from botocore.config import Config as BotoConfig
+
+    # Few retries and short timeouts: a cold store that is down must fail in seconds with a clear error,
+    # not hang a `kvjudge tier` for minutes. Path-style addressing works with every S3-compatible server.
+    config = BotoConfig(
+        retries={"max_attempts": 3, "mode": "standard"},
+        connect_timeout=5,
+        read_timeout=60,
+        s3={"addressing_style": "path"},
+        max_pool_connections=16,
+        request_checksum_calculation="when_required",
+        response_checksum_validation="when_required",
+    )
+    session = boto3.session.Session()
+    region = session.region_name or "us-east-1"
+    return session.client("s3", endpoint_url=endpoint_url, region_name=region, config=config)
+
+
+# --------------------------------------------------------------------------------------------------
+
+
+def open_cold_store(url: str, *, endpoint_url: str | None = None, create: bool = False) -> ColdStore:
+    """The cold store named by ``url``: ``file:///abs/path`` (or a plain path) or ``s3://bucket[/prefix]``.
+
+    ``endpoint_url`` applies to ``s3://`` only (None: boto3's own resolution, e.g. ``AWS_ENDPOINT_URL``).
+    ``create`` lets a local directory be created on first use (only for the built-in default target; an
+    explicit directory that is missing is more likely an unmounted disk than a wish to create it).
+    """
+    parsed = urllib.parse.urlparse(url)
+    if parsed.scheme == "s3":
+        return S3ColdStore(parsed.netloc, urllib.parse.unquote(parsed.path), endpoint_url=endpoint_url)
+    if parsed.scheme == "file":
+        if parsed.netloc not in ("", "localhost"):
+            raise UsageError(f"{url}: a file:// target must be local (file:///abs/path)")
+        return LocalDirColdStore(urllib.parse.unquote(parsed.path), create=create)
+    if parsed.scheme == "" and url:
+        return LocalDirColdStore(url, create=create)
+    raise UsageError(f"unsupported cold store {url!r}: use file:///path or s3://bucket/prefix")

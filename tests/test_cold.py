@@ -1,0 +1,150 @@
+"""Cold stores, both real: a local directory and SeaweedFS over S3 (the same tests run against each)."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+from seaweed import SeaweedServer, free_ports, s3_bucket, seaweed  # noqa: F401 (fixtures)
+
+from kvjudge.errors import ColdStoreError, IntegrityError, UsageError
+from kvjudge.retention.cold import (
+    ColdStore,
+    LocalDirColdStore,
+    S3ColdStore,
+    blob_key,
+    manifest_key,
+    open_cold_store,
+)
+
+
+def ref_of(body: bytes) -> str:
+    return "sha256:" + hashlib.sha256(body).hexdigest()
+
+
+@pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.s3)])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> ColdStore:
+    if request.param == "local":
+        (tmp_path / "cold").mkdir()
+        return open_cold_store(f"file://{tmp_path / 'cold'}")
+    bucket = request.getfixturevalue("s3_bucket")
+    server: SeaweedServer = request.getfixturevalue("seaweed")
+    return open_cold_store(f"s3://{bucket}/some/prefix", endpoint_url=server.endpoint)
+
+
+def tamper(store: ColdStore, key: str, data: bytes) -> None:
+    """Overwrite an object behind the store's back (a bit flip on disk, a stray upload)."""
+    if isinstance(store, LocalDirColdStore):
+        (store.root / key).write_bytes(data)
+    else:
+        assert isinstance(store, S3ColdStore)
+        store._client.put_object(Bucket=store.bucket, Key=store._key(key), Body=data)
+
+
+def test_blob_round_trip_and_idempotent_put(store: ColdStore) -> None:
+    body = "héllo cold world\n".encode() * 100
+    ref = ref_of(body)
+    store.check()
+    assert store.stat_blob(ref) is None
+    assert store.get_blob(ref) is None
+    store.put_blob(ref, body)
+    store.put_blob(ref, body)  # a retry writes the same bytes under the same key
+    info = store.stat_blob(ref)
+    assert info is not None and info.size == len(body) and info.key == blob_key(ref)
+    if isinstance(store, S3ColdStore):
+        assert info.sha256 == ref.removeprefix("sha256:")  # the server kept the checksum it verified
+    assert store.get_blob(ref) == body
+
+
+def test_tampered_blob_is_never_returned(store: ColdStore) -> None:
+    body = b"original body"
+    ref = ref_of(body)
+    store.put_blob(ref, body)
+    tamper(store, blob_key(ref), b"original bodY")
+    with pytest.raises(IntegrityError, match="does not hash to"):
+        store.get_blob(ref)
+
+
+def test_manifest_is_conditional(store: ColdStore) -> None:
+    key = manifest_key("run/1 ü", 42)
+    assert key == "manifests/run%2F1%20%C3%BC/000000000042.json"
+    assert store.get_manifest(key) is None
+    first = store.put_manifest(key, b'{"run": "run/1"}')
+    assert first.created
+    again = store.put_manifest(key, b'{"run": "run/1"}')
+    assert not again.created  # identical bytes already there: fine, nothing rewritten
+    with pytest.raises(ColdStoreError, match="already exists with different content"):
+        store.put_manifest(key, b'{"run": "other"}')
+    assert store.get_manifest(key) == b'{"run": "run/1"}'
+
+
+@pytest.mark.s3
+def test_s3_upload_with_wrong_checksum_is_refused(s3_bucket: str, seaweed: SeaweedServer) -> None:
+    store = open_cold_store(f"s3://{s3_bucket}", endpoint_url=seaweed.endpoint)
+    ref = ref_of(b"one body")
+    with pytest.raises(ColdStoreError, match="S3 failed to upload"):
+        store.put_blob(ref, b"another body")  # the server checks the bytes against the ref's SHA-256
+    assert store.stat_blob(ref) is None
+
+
+def test_local_layout_is_content_addressed_and_leaves_no_temp_files(tmp_path: Path) -> None:
+    store = LocalDirColdStore(tmp_path)
+    body = b"x" * 4096
+    ref = ref_of(body)
+    store.put_blob(ref, body)
+    hexdigest = ref.removeprefix("sha256:")
+    assert (tmp_path / "objects" / hexdigest[:2] / hexdigest[2:4] / hexdigest).read_bytes() == body
+    store.put_manifest("manifests/r/000000000001.json", b"{}")
+    names = [p.name for p in tmp_path.rglob("*")]
+    assert not [n for n in names if n.startswith(".tmp-")]
+
+
+def test_local_missing_directory_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(ColdStoreError, match="does not exist; create it"):
+        open_cold_store(str(tmp_path / "unmounted")).check()
+    created = open_cold_store(str(tmp_path / "default-cold"), create=True)
+    created.check()
+    assert (tmp_path / "default-cold").is_dir()
+
+
+def test_urls_parse_and_bad_ones_are_usage_errors(tmp_path: Path) -> None:
+    local = open_cold_store(f"file://{tmp_path}")
+    assert isinstance(local, LocalDirColdStore) and local.root == tmp_path.resolve()
+    assert local.url == f"file://{tmp_path.resolve()}"
+    s3 = open_cold_store("s3://bucket/a/b/", endpoint_url="http://127.0.0.1:1")
+    assert isinstance(s3, S3ColdStore) and (s3.bucket, s3.prefix, s3.url) == ("bucket", "a/b", "s3://bucket/a/b")
+    for bad in ("ftp://x/y", "file://remotehost/x", "s3:///nobucket"):
+        with pytest.raises(UsageError):
+            open_cold_store(bad)
+    with pytest.raises(UsageError, match="not a blob ref"):
+        blob_key("md5:abc")
+
+
+def test_s3_server_down_is_one_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "y")
+    (port,) = free_ports(1)  # nothing listens there
+    store = open_cold_store("s3://bucket/p", endpoint_url=f"http://127.0.0.1:{port}")
+    with pytest.raises(ColdStoreError, match="cannot reach the cold store") as caught:
+        store.check()
+    assert "\n" not in str(caught.value)
+    with pytest.raises(ColdStoreError, match="cannot reach the cold store"):
+        store.put_blob(ref_of(b"a"), b"a")
+
+
+@pytest.mark.s3
+def test_s3_missing_bucket_is_named(seaweed: SeaweedServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    for key, value in seaweed.env().items():
+        monkeypatch.setenv(key, value)
+    store = open_cold_store("s3://no-such-bucket-kvj/p", endpoint_url=seaweed.endpoint)
+    with pytest.raises(ColdStoreError, match="bucket 'no-such-bucket-kvj' does not exist"):
+        store.check()
+
+
+def test_local_put_failure_is_cold_store_error(tmp_path: Path) -> None:
+    # A file where the objects directory belongs: every write fails, as on a broken mount (works as root too).
+    (tmp_path / "objects").write_bytes(b"not a directory")
+    store = LocalDirColdStore(tmp_path)
+    with pytest.raises(ColdStoreError, match="cannot create"):
+        store.put_blob(ref_of(b"z"), b"z")
