@@ -1,0 +1,446 @@
+"""Reduction: shrink a run to a token target without rewriting a blob or editing the log.
+
+Loss order, fixed (stop as soon as the run fits):
+
+1. blob bodies → summary blobs (largest first: every body above a common cap is cut to that cap);
+2. dead-branch attempts → one summary blob per dead branch (largest first);
+3. drop the text on dead branches (its raw bodies and its summary), largest first.
+
+Transitions, context partitions, tool info, usage, verifier results and grades are never touched.
+
+:func:`plan_reduction` is pure: it reads the folded state, texts and counts, and returns a
+:class:`ReductionPlan` (the events to append, the summary blobs to put, the state they fold to) — the
+judge uses it to derive a further-reduced *view* without storing anything. :func:`apply_plan` executes a
+plan in three durable steps, each committed before the next starts:
+
+    put summary blobs → commit Reduced / BranchReduced / Dropped events → delete the original bodies
+
+A crash anywhere leaves either an unreferenced summary blob (harmless; the re-run puts the same bytes
+under the same ref) or a body the log already explains (the re-run deletes it). Never a missing body the
+log does not explain.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvjudge.errors import IntegrityError, RunStateError, UsageError
+from kvjudge.retention import events as ev
+from kvjudge.retention.blobs import ref_of, short
+from kvjudge.retention.faults import fault_point
+from kvjudge.retention.state import DROPPED, LOCAL, REDUCED, RunState, fold_onto
+from kvjudge.retention.summarize import summarize
+from kvjudge.tokens import TokenCounter
+
+TextOf = Callable[[str], "str | None"]
+CountFn = Callable[[str], int]
+
+# Bisection steps for the common cap; more than enough for any body under 2**40 tokens.
+_CAP_ROUNDS = 40
+# A summary must save at least this many tokens to be worth a blob and an event.
+_MIN_SAVING = 8
+
+
+# ----------------------------------------------------------------------- the view
+def resolve(state: RunState, ref: str) -> str | None:
+    """The ref a reader sees for ``ref``: itself, its summary (following chains), or None when dropped."""
+    seen = set()
+    current: str | None = ref
+    while current is not None:
+        location = state.bodies.get(current)
+        if location is None or location.status not in (REDUCED, DROPPED):
+            return current
+        if location.status == DROPPED or current in seen:
+            return None
+        seen.add(current)
+        current = location.summary_ref
+    return None
+
+
+def branch_view(state: RunState, branch_index: int) -> list[str]:
+    """Refs a reader sees for one branch (with repeats), in reading order."""
+    branch = state.branches[branch_index]
+    if branch.status == "dead" and branch.summary_ref is not None:
+        seen = resolve(state, branch.summary_ref)
+        return [seen] if seen else []
+    return [seen for ref in branch.refs() if (seen := resolve(state, ref)) is not None]
+
+
+def view_refs(state: RunState) -> list[str]:
+    """Every ref a reader of the run sees (task prompt, then each branch), with repeats."""
+    refs: list[str] = []
+    if state.task_prompt_ref:
+        seen = resolve(state, state.task_prompt_ref)
+        if seen:
+            refs.append(seen)
+    for index in range(len(state.branches)):
+        refs.extend(branch_view(state, index))
+    return refs
+
+
+def view_tokens(state: RunState, counts: Mapping[str, int]) -> int:
+    """Tokens of text a reader of the run sees (bodies only; markers of dropped text are not counted)."""
+    return sum(counts[ref] for ref in view_refs(state))
+
+
+# ------------------------------------------------------------------------ the plan
+@dataclass(frozen=True)
+class ReductionPlan:
+    """What reducing one run to ``target_tokens`` takes. Pure data: nothing is written by planning."""
+
+    run_id: str
+    counter: str
+    target_tokens: int
+    tokens_before: int
+    tokens_after: int
+    events: tuple[ev.Event, ...]
+    blobs: Mapping[str, str]  # ref → text of each new summary blob
+    new_counts: Mapping[str, int]  # counts made while planning (store them: never count a body twice)
+    state_after: RunState  # the state the events fold to (planned events carry LSN 0)
+    base_digest: str  # sha256 of the canonical state the plan was made from
+    steps: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def fits(self) -> bool:
+        return self.tokens_after <= self.target_tokens
+
+    @property
+    def noop(self) -> bool:
+        return not self.events
+
+    def text_of(self, ref: str, fallback: TextOf) -> str | None:
+        """Text of ``ref`` in the reduced view: a planned summary, else ``fallback(ref)``."""
+        return self.blobs[ref] if ref in self.blobs else fallback(ref)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"run": self.run_id, "counter": self.counter, "target_tokens": self.target_tokens,
+                "tokens_before": self.tokens_before, "tokens_after": self.tokens_after, "fits": self.fits,
+                "events": len(self.events), "steps": dict(self.steps)}
+
+
+def _state_digest(state: RunState) -> str:
+    return hashlib.sha256(state.canonical_bytes()).hexdigest()
+
+
+class _Planner:
+    """Working memory of one plan_reduction call."""
+
+    def __init__(self, state: RunState, text_of: TextOf, count: CountFn, counter: str,
+                 counts: Mapping[str, int]) -> None:
+        self.state = state
+        self.base = state
+        self.text_of_store = text_of
+        self.count_fn = count
+        self.counter = counter
+        self.counts: dict[str, int] = dict(counts)
+        self.new_counts: dict[str, int] = {}
+        self.blobs: dict[str, str] = {}
+        self.events: list[ev.Event] = []
+
+    def text(self, ref: str) -> str:
+        if ref in self.blobs:
+            return self.blobs[ref]
+        text = self.text_of_store(ref)
+        if text is None:
+            raise IntegrityError(f"run {self.state.id}: the body of {short(ref)} is missing but the log says it "
+                                 f"is {self.state.bodies[ref].status}; run `kvjudge verify`")
+        return text
+
+    def count(self, ref: str) -> int:
+        if ref not in self.counts:
+            self.counts[ref] = self.new_counts[ref] = self.count_fn(self.text(ref))
+        return self.counts[ref]
+
+    def count_text(self, text: str) -> int:
+        return self.count_fn(text) if text else 0
+
+    def tokens(self, state: RunState | None = None) -> int:
+        return sum(self.count(ref) for ref in view_refs(state or self.state))
+
+    def add_blob(self, text: str) -> tuple[str, int]:
+        ref = ref_of(text.encode("utf-8"))
+        if ref not in self.blobs:
+            self.blobs[ref] = text
+            self.counts[ref] = self.new_counts[ref] = self.count_fn(text)
+        return ref, self.counts[ref]
+
+    def commit(self, new_events: Iterable[ev.Event]) -> None:
+        batch = list(new_events)
+        self.events.extend(batch)
+        self.state = fold_onto(self.state, self.state.id, [(0, event) for event in batch])
+
+
+def plan_reduction(state: RunState, text_of: TextOf, count: TokenCounter | CountFn, target_tokens: int, *,
+                   counts: Mapping[str, int] | None = None, counter_name: str | None = None) -> ReductionPlan:
+    """Plan the reduction of ``state`` to at most ``target_tokens`` tokens of visible text. Pure.
+
+    ``text_of(ref)`` returns a body's text (or None); ``count`` is a TokenCounter or ``text → int``;
+    ``counts`` are already-known counts by ref under this counter (so no body is counted twice).
+    Refuses (RunStateError) a run whose grading has not terminated. ``plan.fits`` is False when even
+    the last loss step cannot reach the target (the plan then goes as far as the loss order allows).
+    """
+    if not state.is_reducible:
+        raise RunStateError(f"run {state.id} is {state.state}; only graded, ungraded or archived runs can be "
+                            f"reduced (finish grading first: `kvjudge mark {state.id} graded|ungraded`)")
+    if not isinstance(target_tokens, int) or isinstance(target_tokens, bool) or target_tokens <= 0:
+        raise UsageError(f"the reduction target must be a positive number of tokens, got {target_tokens!r}")
+    if isinstance(count, TokenCounter):
+        count_fn: CountFn = count.count
+        name = counter_name or count.name
+    else:
+        count_fn, name = count, counter_name or "custom"
+    planner = _Planner(state, text_of, count_fn, name, counts or {})
+    tokens_before = planner.tokens()
+    steps = {"bodies_reduced": 0, "branches_summarised": 0, "dropped": 0}
+    if tokens_before > target_tokens:
+        steps["bodies_reduced"] = _reduce_bodies(planner, target_tokens)
+    if planner.tokens() > target_tokens:
+        steps["branches_summarised"] = _summarise_dead_branches(planner, target_tokens)
+    if planner.tokens() > target_tokens:
+        steps["dropped"] = _drop_dead_text(planner, target_tokens)
+    return ReductionPlan(
+        run_id=state.id, counter=name, target_tokens=target_tokens, tokens_before=tokens_before,
+        tokens_after=planner.tokens(), events=tuple(planner.events), blobs=dict(planner.blobs),
+        new_counts=dict(planner.new_counts), state_after=planner.state, base_digest=_state_digest(state),
+        steps=steps)
+
+
+def _reduce_bodies(planner: _Planner, target: int) -> int:
+    """Step 1: cut every body above a common cap to that cap; the largest cap that fits wins."""
+    state = planner.state
+    view = Counter(view_refs(state))
+    candidates = sorted((ref for ref in view if state.bodies[ref].status == LOCAL),
+                        key=lambda ref: (-planner.count(ref), ref))
+    if not candidates:
+        return 0
+    probe_marker = summarize("x" * 64, short(candidates[0]), tokens=10**9, keep_tokens=0, count=lambda _t: 0)
+    marker_tokens = planner.count_text(probe_marker)
+    candidate_set = set(candidates)
+    fixed = sum(planner.count(ref) * n for ref, n in view.items() if ref not in candidate_set)
+
+    def estimated(cap: int) -> int:
+        total = fixed
+        for ref in candidates:
+            tokens = planner.count(ref)
+            reduced = cap + marker_tokens
+            total += view[ref] * (reduced if tokens - reduced >= _MIN_SAVING else tokens)
+        return total
+
+    # Largest cap whose estimate fits (bisection), then tighten while real summaries overshoot.
+    low, high = 0, max(planner.count(ref) for ref in candidates)
+    for _ in range(_CAP_ROUNDS):
+        if low >= high:
+            break
+        middle = (low + high + 1) // 2
+        if estimated(middle) <= target:
+            low = middle
+        else:
+            high = middle - 1
+    cap = low
+    best: tuple[list[ev.Event], dict[str, str]] | None = None
+    while True:
+        events, blobs, total = _summaries_at(planner, candidates, view, fixed, cap, marker_tokens)
+        best = (events, blobs)
+        if total <= target or cap == 0:
+            break
+        cap = max(0, min(cap - 1, int(cap * target / total)))
+    events, blobs = best
+    planner.blobs.update(blobs)
+    planner.commit(events)
+    return len(events)
+
+
+def _summaries_at(planner: _Planner, candidates: list[str], view: Counter, fixed: int, cap: int,
+                  marker_tokens: int) -> tuple[list[ev.Event], dict[str, str], int]:
+    events: list[ev.Event] = []
+    blobs: dict[str, str] = {}
+    total = fixed
+    for ref in candidates:
+        tokens = planner.count(ref)
+        if tokens - (cap + marker_tokens) < _MIN_SAVING:
+            total += view[ref] * tokens
+            continue
+        text = summarize(planner.text(ref), short(ref), tokens=tokens, keep_tokens=cap, count=planner.count_fn)
+        summary_ref = ref_of(text.encode("utf-8"))
+        after = planner.counts.get(summary_ref)
+        if after is None:
+            after = planner.count_text(text)
+        if after >= tokens:  # no saving: keep the original
+            total += view[ref] * tokens
+            continue
+        blobs[summary_ref] = text
+        planner.counts[summary_ref] = planner.new_counts[summary_ref] = after
+        events.append(ev.Reduced(run=planner.state.id, original=ref, summary=summary_ref, counter=planner.counter,
+                                 tokens_before=tokens, tokens_after=after))
+        total += view[ref] * after
+    return events, blobs, total
+
+
+def _dead_branches_by_size(planner: _Planner) -> list[int]:
+    state = planner.state
+    sizes = [(sum(planner.count(ref) for ref in branch_view(state, index)), index)
+             for index, branch in enumerate(state.branches) if branch.status == "dead"]
+    return [index for size, index in sorted(sizes, key=lambda item: (-item[0], state.branches[item[1]].id))
+            if size > 0]
+
+
+def _summarise_dead_branches(planner: _Planner, target: int) -> int:
+    """Step 2: each dead branch (largest first) is read as one short summary of its text."""
+    done = 0
+    for index in _dead_branches_by_size(planner):
+        if planner.tokens() <= target:
+            break
+        state = planner.state
+        branch = state.branches[index]
+        if branch.summary_ref is not None:
+            continue
+        refs = branch_view(state, index)
+        before = sum(planner.count(ref) for ref in refs)
+        body = "\n".join(planner.text(ref) for ref in refs)
+        keep = max(0, min(before // 4, target // (2 * max(1, len(state.branches)))))
+        label = f"dead branch {branch.id!r}"
+        text = summarize(body, label, tokens=before, keep_tokens=keep, count=planner.count_fn)
+        summary_ref, after = planner.add_blob(text)
+        if after >= before:
+            continue
+        planner.commit([ev.BranchReduced(run=state.id, branch=branch.id, summary=summary_ref, counter=planner.counter,
+                                         tokens_before=before, tokens_after=after)])
+        done += 1
+    return done
+
+
+def _drop_dead_text(planner: _Planner, target: int) -> int:
+    """Step 3: drop the text of dead branches (largest first); refs a live reader still sees are kept."""
+    dropped = 0
+    for index in _dead_branches_by_size(planner):
+        if planner.tokens() <= target:
+            break
+        state = planner.state
+        branch = state.branches[index]
+        elsewhere: set[str] = set()
+        if state.task_prompt_ref:
+            elsewhere.add(state.task_prompt_ref)
+        for other_index, other in enumerate(state.branches):
+            if other_index != index:
+                elsewhere.update(other.refs())
+                if other.summary_ref:
+                    elsewhere.add(other.summary_ref)
+        chain: list[str] = []
+        for ref in [*branch.refs(), *([branch.summary_ref] if branch.summary_ref else [])]:
+            current: str | None = ref
+            # The original and every summary standing in for it.
+            while current is not None and current not in chain:
+                chain.append(current)
+                location = state.bodies.get(current)
+                current = location.summary_ref if location is not None and location.status == REDUCED else None
+        protected = _closure(state, elsewhere)
+        batch = [ev.Dropped(run=state.id, original=ref) for ref in chain
+                 if ref not in protected and state.bodies[ref].status != DROPPED]
+        if batch:
+            planner.commit(batch)
+            dropped += len(batch)
+    return dropped
+
+
+def _closure(state: RunState, refs: Iterable[str]) -> set[str]:
+    """``refs`` plus every summary that stands in for one of them."""
+    found: set[str] = set()
+    for ref in refs:
+        current: str | None = ref
+        while current is not None and current not in found:
+            found.add(current)
+            location = state.bodies.get(current)
+            current = location.summary_ref if location is not None and location.status == REDUCED else None
+    return found
+
+
+# ----------------------------------------------------------------------- applying
+@dataclass(frozen=True)
+class ReductionResult:
+    """What :func:`apply_plan` did."""
+
+    plan: ReductionPlan
+    appended: int  # events committed
+    blobs_put: int
+    bodies_deleted: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.plan.to_dict(), "appended": self.appended, "blobs_put": self.blobs_put,
+                "bodies_deleted": self.bodies_deleted, "reduced": self.plan.state_after.reduced}
+
+
+def apply_plan(store: Any, plan: ReductionPlan) -> ReductionResult:
+    """Execute ``plan`` on ``store``: put summaries → commit events → delete bodies, each durable first.
+
+    Also finishes a crashed earlier reduction: a body the log already explains is deleted here.
+    Refuses a plan made from a state the run no longer has.
+    """
+    state = store.run(plan.run_id)
+    if not state.is_reducible:
+        raise RunStateError(f"run {state.id} is {state.state}; only graded, ungraded or archived runs can be reduced")
+    if _state_digest(state) != plan.base_digest:
+        raise RunStateError(f"run {plan.run_id} changed since this reduction was planned; plan it again")
+    put = 0
+    if plan.blobs or plan.new_counts:
+        with store.transaction("put_summary"):
+            for text in plan.blobs.values():
+                store.blobs.put(text.encode("utf-8"))
+                put += 1
+            store.put_counts(plan.counter, plan.new_counts)
+        if plan.blobs:
+            fault_point("after_put_summary")
+    appended = 0
+    if plan.events:
+        appended = len(store.append_many(plan.run_id, list(plan.events), label="commit_reduction"))
+        fault_point("after_commit_reduction")
+    deleted = finish_deletions(store, plan.run_id)
+    return ReductionResult(plan=plan, appended=appended, blobs_put=put, bodies_deleted=deleted)
+
+
+def finish_deletions(store: Any, run_id: str) -> int:
+    """Delete every local body the run's log says is reduced or dropped (and no other run reads). Idempotent."""
+    state = store.run(run_id)
+    pending = [ref for ref, loc in state.bodies.items()
+               if loc.status in (REDUCED, DROPPED) and store.blobs.has_body(ref)]
+    if not pending:
+        return 0
+    deleted = store.release_bodies(pending, label="delete_body")
+    fault_point("after_delete_body")
+    return len(deleted)
+
+
+def store_counter_view(store: Any, state: RunState, counter: TokenCounter) -> dict[str, int]:
+    """Stored counts of every ref ``state`` names (so planning recounts nothing already counted)."""
+    return store.cached_counts(state.bodies.keys(), counter.name)
+
+
+def reduce_run(store: Any, run_id: str, target_tokens: int, counter: TokenCounter) -> ReductionResult:
+    """Plan and apply the reduction of one run (a no-op when it already fits; resumes a crashed one)."""
+    state = store.run(run_id)
+    plan = plan_reduction(state, store.text, counter, target_tokens, counts=store_counter_view(store, state, counter))
+    return apply_plan(store, plan)
+
+
+def run_tokens(store: Any, state: RunState, counter: TokenCounter) -> int:
+    """Tokens of visible text in ``state`` under ``counter``, counting (and storing) only bodies never counted."""
+    known = store.cached_counts(state.bodies.keys(), counter.name)
+    fresh: dict[str, int] = {}
+    total = 0
+    for ref in view_refs(state):
+        if ref not in known and ref not in fresh:
+            text = store.text(ref)
+            if text is None:
+                raise IntegrityError(f"run {state.id}: the body of {short(ref)} is missing and no event explains it; "
+                                     f"run `kvjudge verify`")
+            fresh[ref] = counter.count(text)
+        total += known.get(ref, fresh.get(ref, 0))
+    store.put_counts(counter.name, fresh)
+    return total
+
+
+__all__ = ["ReductionPlan", "ReductionResult", "apply_plan", "branch_view", "finish_deletions", "plan_reduction",
+           "reduce_run", "resolve", "run_tokens", "view_refs", "view_tokens"]
