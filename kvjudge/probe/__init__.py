@@ -1,1 +1,30 @@
-"""kvjudge.probe"""
+"""kvjudge.probe: how much context a model really holds on this device.
+
+Devices (NVML, psutil + cgroups) + the GGUF header + llama.cpp's KV allocation rules give
+``max_context_tokens``; certification (real runs in child processes) gives ``max_ok_input`` and
+``safe_context``; the capability cache keeps them per fingerprint.
+"""
+
+from kvjudge.probe.cache import CapabilityCache, CapabilityEntry, default_cache_path
+from kvjudge.probe.certify import Certification, Trial
+from kvjudge.probe.core import (
+    Footprint,
+    Placement,
+    ProbeReport,
+    ensure_capability,
+    footprint,
+    lookup_capability,
+    max_context_tokens,
+    probe,
+)
+from kvjudge.probe.devices import Device, DeviceReport, discover_devices
+from kvjudge.probe.gguf_shape import ModelShape, read_model_shape
+from kvjudge.probe.kv_math import KvBreakdown, compute_buffer_bytes, kv_breakdown, kv_cache_bytes
+from kvjudge.probe.settings import KV_TYPE_NAMES, RuntimeSettings, format_size, parse_size
+
+__all__ = [
+    "KV_TYPE_NAMES", "CapabilityCache", "CapabilityEntry", "Certification", "Device", "DeviceReport", "Footprint",
+    "KvBreakdown", "ModelShape", "Placement", "ProbeReport", "RuntimeSettings", "Trial", "compute_buffer_bytes",
+    "default_cache_path", "discover_devices", "ensure_capability", "footprint", "format_size", "kv_breakdown",
+    "kv_cache_bytes", "lookup_capability", "max_context_tokens", "parse_size", "probe", "read_model_shape",
+]

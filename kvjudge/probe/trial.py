@@ -1,0 +1,218 @@
+"""One certification trial, run in a child process: ``python -m kvjudge.probe.trial SPEC_JSON RESULT_PATH``.
+
+The child loads the model at the candidate ``n_ctx``, reads what llama.cpp itself reports about its buffers
+(through ``llama_log_set``), stops early when those allocations already exceed the usable memory, evaluates a
+prompt of real text filling the context minus a small reserve, decodes a few tokens, and writes a JSON result.
+A watchdog thread ends the trial as over budget the moment the process's RSS exceeds the usable memory.
+An out-of-memory abort kills only the child; the parent reads the missing result as such.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import re
+import resource
+import sys
+import sysconfig
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+MIB = 1024 * 1024
+# Real text for the prompt: the standard library's own top-level modules, in sorted order (deterministic on
+# one Python version; the count of tokens that ran is what is recorded, not the text).
+FILL_MIN_BYTES = 512
+
+_KV_RE = re.compile(r"llama_kv_cache: size =\s*([\d.]+) MiB \(\s*(\d+) cells,\s*(\d+) layers")
+_BUF_RE = re.compile(r"(\S+) (model|KV|compute|output) buffer size =\s*([\d.]+) MiB")
+_OOM_RE = re.compile(r"out of memory|failed to allocate|cannot allocate|bad_alloc|cudaMalloc failed", re.I)
+
+
+def fill_text(min_chars: int) -> str:
+    """At least ``min_chars`` characters of Python standard library source, in a fixed order."""
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    parts: list[str] = []
+    total = 0
+    for source in sorted(stdlib.glob("*.py")):
+        try:
+            text = source.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue
+        parts.append(text)
+        total += len(text)
+        if total >= min_chars:
+            break
+    return "\n".join(parts)
+
+
+def parse_log(text: str) -> dict[str, Any]:
+    """The buffer sizes llama.cpp reported, in bytes (from its "… buffer size = X MiB" lines)."""
+    kv_caches = [{"mib": float(m.group(1)), "cells": int(m.group(2)), "layers": int(m.group(3))}
+                 for m in _KV_RE.finditer(text)]
+    buffers: dict[str, dict[str, float]] = {}
+    for match in _BUF_RE.finditer(text):
+        name, kind, mib = match.group(1), match.group(2), float(match.group(3))
+        buffers.setdefault(kind, {})
+        buffers[kind][name] = buffers[kind].get(name, 0.0) + mib
+
+    def total(kind: str) -> int | None:
+        return int(round(sum(buffers[kind].values()) * MIB)) if kind in buffers else None
+
+    return {
+        "kv_caches": kv_caches,
+        "kv_bytes": int(round(sum(c["mib"] for c in kv_caches) * MIB)) if kv_caches else None,
+        "model_bytes": total("model"),
+        "compute_bytes": total("compute"),
+        "output_bytes": total("output"),
+        "buffers_mib": buffers,
+        "oom_in_log": bool(_OOM_RE.search(text)),
+    }
+
+
+def _rss() -> int:
+    import psutil
+
+    return int(psutil.Process().memory_info().rss)
+
+
+def _peak_rss() -> int:
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # KiB on Linux
+
+
+def run(spec: dict[str, Any], result_path: Path) -> int:
+    started = time.monotonic()
+    log: list[str] = []
+
+    def write(outcome: str, **extra: Any) -> None:
+        parsed = parse_log("".join(log))
+        result = {"outcome": outcome, "n_ctx": spec["n_ctx"], "seconds": round(time.monotonic() - started, 3),
+                  "peak_rss_bytes": _peak_rss(), **parsed, **extra}
+        tmp = result_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(result))
+        os.replace(tmp, result_path)
+
+    import llama_cpp
+    from llama_cpp import _internals as internals
+
+    @llama_cpp.llama_log_callback
+    def on_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+        log.append(text.decode("utf-8", "replace"))
+
+    llama_cpp.llama_log_set(on_log, ctypes.c_void_p(0))
+    baseline_rss = _rss()
+    usable = spec.get("usable_bytes")
+    margin = int(spec["margin_bytes"])
+
+    model_params = llama_cpp.llama_model_default_params()
+    model_params.n_gpu_layers = int(spec["gpu_layers"])
+    try:
+        model = internals.LlamaModel(path_model=spec["model_path"], params=model_params, verbose=True)
+    except ValueError as exc:
+        write("oom" if parse_log("".join(log))["oom_in_log"] else "crashed", detail=f"model load failed: {exc}")
+        return 0
+    ctx_params = llama_cpp.llama_context_default_params()
+    n_ctx = int(spec["n_ctx"])
+    ubatch = int(spec["n_ubatch"])
+    ctx_params.n_ctx = n_ctx
+    ctx_params.n_batch = ubatch
+    ctx_params.n_ubatch = ubatch
+    ctx_params.n_seq_max = int(spec["n_seq"])
+    ctx_params.type_k = int(spec["type_k_id"])
+    ctx_params.type_v = int(spec["type_v_id"])
+    ctx_params.swa_full = bool(spec["swa_full"])
+    ctx_params.flash_attn_type = (llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if spec["flash_attn"]
+                                  else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED)
+    threads = int(spec.get("n_threads") or max(1, os.cpu_count() or 1))
+    ctx_params.n_threads = threads
+    ctx_params.n_threads_batch = threads
+    ctx_params.no_perf = True
+    try:
+        ctx = internals.LlamaContext(model=model, params=ctx_params, verbose=True)
+    except ValueError as exc:
+        write("oom" if parse_log("".join(log))["oom_in_log"] else "crashed",
+              detail=f"context creation failed: {exc}")
+        return 0
+
+    parsed = parse_log("".join(log))
+    allocated = sum(parsed[k] or 0 for k in ("model_bytes", "kv_bytes", "compute_bytes", "output_bytes"))
+    allocated_footprint = allocated + margin
+    if usable is not None and not spec.get("on_gpu") and allocated_footprint > usable:
+        # What llama.cpp has committed to already exceeds the budget: no need to run the prompt.
+        write("over_budget", prompt_tokens=0, allocated_footprint_bytes=allocated_footprint,
+              baseline_rss_bytes=baseline_rss, detail="llama.cpp's buffers exceed the usable memory")
+        return 0
+
+    over = threading.Event()
+    done = threading.Event()
+
+    def watchdog() -> None:
+        while not done.wait(0.05):
+            if usable is not None and not spec.get("on_gpu") and _rss() > usable:
+                over.set()
+                write("over_budget", prompt_tokens=int(spec.get("_ran", 0)),
+                      allocated_footprint_bytes=allocated_footprint, baseline_rss_bytes=baseline_rss,
+                      detail="resident memory exceeded the usable memory during the prompt")
+                os._exit(0)
+
+    threading.Thread(target=watchdog, daemon=True).start()
+
+    n_ctx_seq = n_ctx // int(spec["n_seq"])
+    n_decode = int(spec["n_decode"])
+    target = max(1, n_ctx_seq - int(spec["reserve"]))
+    from kvjudge.tokens import split_for_tokenizer
+
+    text = fill_text(max(FILL_MIN_BYTES, target * 6))
+    tokens: list[int] = []
+    for index, piece in enumerate(split_for_tokenizer(text)):
+        tokens.extend(model.tokenize(piece.encode("utf-8"), add_bos=index == 0, special=False))
+        if len(tokens) >= target:
+            break
+    tokens = tokens[:target]
+    batch = internals.LlamaBatch(n_tokens=ubatch, embd=0, n_seq_max=1)
+    ran = 0
+    try:
+        for start in range(0, len(tokens), ubatch):
+            chunk = tokens[start:start + ubatch]
+            batch.set_batch(chunk, n_past=start, logits_all=False)
+            ctx.decode(batch)
+            ran = start + len(chunk)
+            spec["_ran"] = ran
+        import numpy as np
+
+        n_vocab = model.n_vocab()
+        decoded: list[int] = []
+        for step in range(n_decode):
+            logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx.ctx, -1), shape=(n_vocab,))
+            token = int(logits.argmax())
+            decoded.append(token)
+            batch.set_batch([token], n_past=ran + step, logits_all=False)
+            ctx.decode(batch)
+    except RuntimeError as exc:
+        done.set()
+        outcome = "oom" if parse_log("".join(log))["oom_in_log"] else "crashed"
+        write(outcome, prompt_tokens=ran, allocated_footprint_bytes=allocated_footprint, detail=str(exc))
+        return 0
+    done.set()
+    if over.is_set():
+        return 0
+    peak = _peak_rss()
+    measured = max(peak, allocated_footprint)
+    outcome = "ok" if usable is None or spec.get("on_gpu") or measured <= usable else "over_budget"
+    write(outcome, prompt_tokens=ran, decoded_tokens=len(decoded), allocated_footprint_bytes=allocated_footprint,
+          baseline_rss_bytes=baseline_rss, footprint_bytes=measured)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2:
+        print("usage: python -m kvjudge.probe.trial SPEC_JSON RESULT_PATH", file=sys.stderr)
+        return 2
+    return run(json.loads(args[0]), Path(args[1]))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
