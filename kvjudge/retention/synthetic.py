@@ -1,0 +1,64 @@
+"""Synthetic runs in the native format, for tests, the benchmark and examples.
+
+:func:`make_run` builds one run dict (see ``kvjudge/schemas/run.schema.json``) from plain texts, so a caller
+controls exactly how big each body is and which branches are dead.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+
+def make_run(run_id: str, outputs: Sequence[str], *, tenant: str = "default", prompt: str | None = "Fix the bug.",
+             lifecycle: Sequence[str] = ("running", "grading", "graded"), dead: Sequence[Sequence[str]] = (),
+             passed: bool = True, final: str = "12 passed in 0.31s") -> dict[str, Any]:
+    """A run whose live branch calls a tool once per text in ``outputs`` (the texts are the tool outputs).
+
+    ``dead`` holds one list of tool outputs per dead branch (each forks from ``main`` at 1). The last live
+    tool output ends with ``final`` so a grader can read the outcome from the tail.
+    """
+    transitions: list[dict[str, Any]] = [{"role": "user", "text": prompt or "Do the task."}]
+    for index, output in enumerate(outputs):
+        transitions.append({"role": "assistant", "text": f"Step {index}: running the tool.",
+                            "tool_call": {"name": "bash", "arguments": f"step {index}"},
+                            "usage": {"input_tokens": 100 + index, "output_tokens": 10},
+                            "context": {"system": 20, "history": 60 + index, "tools": 20}})
+        body = output + ("\n" + final if index == len(outputs) - 1 else "")
+        transitions.append({"role": "tool", "tool_output": {"name": "bash", "output": body, "exit_code": 0}})
+    branches: list[dict[str, Any]] = [{"id": "main", "status": "live", "parent": None, "fork_at": None,
+                                       "transitions": transitions}]
+    for number, texts in enumerate(dead, start=1):
+        attempt = []
+        for index, output in enumerate(texts):
+            attempt.append({"role": "assistant", "text": f"Attempt {number}.{index}.",
+                            "tool_call": {"name": "bash", "arguments": f"attempt {number} {index}"}})
+            attempt.append({"role": "tool", "tool_output": {"name": "bash", "output": output, "exit_code": 1}})
+        branches.append({"id": f"attempt-{number}", "status": "dead", "parent": "main", "fork_at": 1,
+                         "transitions": attempt})
+    return {"id": run_id, "tenant": tenant, "task": {"id": "task-" + run_id, "prompt": prompt},
+            "lifecycle": list(lifecycle), "branches": branches,
+            "verifier": [{"name": "pytest", "passed": passed, "detail": final}],
+            "grades": [{"grader": "human", "score": 1.0 if passed else 0.0, "label": "pass" if passed else "fail"}]}
+
+
+def filler(seed: int, words: int) -> str:
+    """Deterministic prose-like text of about ``words`` words (distinct per seed)."""
+    vocabulary = ("the parser reads each field and quotes commas inside strings while tests check rows "
+                  "columns values errors retries cache buffer index merge split join token budget").split()
+    state = seed * 2654435761 % 2**32 or 1
+    out = []
+    for index in range(words):
+        state = (state * 1103515245 + 12345) % 2**31
+        out.append(vocabulary[state % len(vocabulary)])
+        if index % 13 == 12:
+            out.append(f"\nline {seed}-{index}:")
+    return " ".join(out)
+
+
+def write_jsonl(path: Any, runs: Iterable[dict[str, Any]]) -> None:
+    """Write runs one per line."""
+    with open(path, "w", encoding="utf-8") as handle:
+        for run in runs:
+            handle.write(json.dumps(run) + "\n")

@@ -1,0 +1,259 @@
+"""The run store: SQLite set-up, the append-only log, blobs, projections, explain, judgments, bad stores."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from kvjudge.errors import IntegrityError, RunStateError, StoreError
+from kvjudge.retention import (
+    EVENT_TYPES,
+    Dropped,
+    Reduced,
+    Rehydrated,
+    Store,
+    Tiered,
+    TierStarted,
+    fold,
+    ref_of,
+)
+from kvjudge.retention import events as ev
+from kvjudge.retention.state import RunState
+from kvjudge.retention.store import SCHEMA_VERSION, default_store_path
+from kvjudge.retention.synthetic import filler, make_run, write_jsonl
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Store:
+    with Store.open(tmp_path / "store.sqlite") as opened:
+        yield opened
+
+
+def ingest(store: Store, tmp_path: Path, *runs: dict) -> list[str]:
+    path = tmp_path / f"runs-{len(store.run_ids())}.jsonl"
+    write_jsonl(path, runs)
+    return store.ingest_file(path)
+
+
+def test_default_path_is_in_the_data_dir(isolated_dirs: Path) -> None:
+    with Store.open() as store:
+        assert store.path == default_store_path() == isolated_dirs / "data" / "store.sqlite"
+        assert store.path.exists()
+
+
+def test_pragmas_wal_full_sync_and_schema_version(store: Store) -> None:
+    conn = store.connection
+    assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+    assert store.schema_version() == SCHEMA_VERSION
+    tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    assert {"events", "blobs", "blob_tokens", "runs", "run_bodies", "judgments"} <= tables
+
+
+def test_events_refuse_update_and_delete(store: Store, tmp_path: Path) -> None:
+    ingest(store, tmp_path, make_run("r1", ["out"]))
+    before = list(store.iter_events("r1"))
+    with pytest.raises(sqlite3.IntegrityError, match="append-only"):
+        store.connection.execute("UPDATE events SET payload = '{}' WHERE lsn = 1")
+    with pytest.raises(sqlite3.IntegrityError, match="append-only"):
+        store.connection.execute("DELETE FROM events WHERE run = 'r1'")
+    assert list(store.iter_events("r1")) == before
+
+
+def test_blob_put_is_idempotent_and_never_rewrites(store: Store) -> None:
+    ref = store.put_blob(b"hello")
+    assert ref == ref_of(b"hello") and ref.startswith("sha256:") and len(ref) == 71
+    assert store.put_blob(b"hello") == ref
+    assert store.connection.execute("SELECT COUNT(*) FROM blobs").fetchone()[0] == 1
+    assert store.blobs.get(ref) == b"hello"
+    with pytest.raises(IntegrityError, match="does not hash"):
+        with store.transaction("t"):
+            store.blobs.put(b"other bytes", expected_ref=ref)
+    assert store.blobs.get(ref) == b"hello"
+    assert store.blobs.get("sha256:" + "0" * 64) is None
+
+
+def test_ingested_run_folds_from_refs_only(store: Store, tmp_path: Path) -> None:
+    run = make_run("r1", ["first output", "second output"], dead=[["dead output"]])
+    ingest(store, tmp_path, run)
+    state = store.run("r1")
+    assert state.state == "graded" and state.lifecycle == ("running", "grading", "graded")
+    assert [b.id for b in state.branches] == ["main", "attempt-1"]
+    assert state.branches[1].status == "dead"
+    assert len(state.branches[0].transitions) == 5
+    assert state.verifier[0]["passed"] is True and state.grades[0]["score"] == 1.0
+    # Events carry refs, never text.
+    for _lsn, event in store.iter_events("r1"):
+        assert "first output" not in event.to_json()
+    out_ref = state.branches[0].transitions[2].tool_output["output_ref"]
+    assert store.text(out_ref) == "first output"
+    assert all(loc.status == "local" for loc in state.bodies.values())
+
+
+def test_projection_dropped_is_rebuilt_byte_identical(store: Store, tmp_path: Path) -> None:
+    ingest(store, tmp_path, make_run("r1", ["a", "b"]), make_run("r2", ["c"], lifecycle=["running"]))
+    store.mark("r2", "grading")
+    before = {run_id: store.run(run_id).canonical_bytes() for run_id in store.run_ids()}
+    path = store.path
+    store.connection.execute("DROP TABLE runs")
+    store.connection.execute("DROP TABLE run_bodies")
+    store.close()
+    with Store.open(path) as reopened:
+        after = {run_id: reopened.run(run_id).canonical_bytes() for run_id in reopened.run_ids()}
+        assert after == before
+        assert reopened.rebuild_projection() == 2
+        assert {r: reopened.run(r).canonical_bytes() for r in reopened.run_ids()} == before
+
+
+def test_canonical_bytes_round_trip(store: Store, tmp_path: Path) -> None:
+    ingest(store, tmp_path, make_run("r1", ["x"], dead=[["y"]]))
+    state = store.run("r1")
+    assert RunState.from_bytes(state.canonical_bytes()) == state
+    assert RunState.from_bytes(state.canonical_bytes()).canonical_bytes() == state.canonical_bytes()
+
+
+def test_lifecycle_mark_legal_and_illegal(store: Store, tmp_path: Path) -> None:
+    ingest(store, tmp_path, make_run("r1", ["x"], lifecycle=["running"]))
+    with pytest.raises(RunStateError, match="running; it cannot become graded"):
+        store.mark("r1", "graded")
+    assert store.mark("r1", "grading").state == "grading"
+    assert store.mark("r1", "ungraded").state == "ungraded"
+    assert store.mark("r1", "archived").state == "archived"
+    with pytest.raises(RunStateError):
+        store.mark("r1", "running")
+    assert [e.state for _, e in store.iter_events("r1") if isinstance(e, ev.StateChanged)] == [
+        "grading", "ungraded", "archived"]
+
+
+def test_unknown_run_is_a_store_error(store: Store) -> None:
+    with pytest.raises(StoreError, match="no run 'nope'"):
+        store.run("nope")
+    with pytest.raises(StoreError, match="no run 'nope'"):
+        store.mark("nope", "grading")
+
+
+def test_reduced_needs_its_summary_stored_first(store: Store, tmp_path: Path) -> None:
+    ingest(store, tmp_path, make_run("r1", ["x" * 100]))
+    original = store.run("r1").branches[0].transitions[2].tool_output["output_ref"]
+    missing_summary = ref_of(b"summary never put")
+    with pytest.raises(IntegrityError, match="put it first"):
+        store.append("r1", Reduced(run="r1", original=original, summary=missing_summary, counter="c",
+                                   tokens_before=25, tokens_after=2))
+    assert store.run("r1").bodies[original].status == "local"
+    summary = store.put_blob(b"summary")
+    store.append("r1", Reduced(run="r1", original=original, summary=summary, counter="c", tokens_before=25,
+                               tokens_after=2))
+    with pytest.raises(StoreError, match="it is reduced"):
+        store.append("r1", Reduced(run="r1", original=original, summary=summary, counter="c", tokens_before=25,
+                                   tokens_after=2))
+
+
+def test_release_keeps_a_body_another_run_still_reads(store: Store, tmp_path: Path) -> None:
+    shared = filler(1, 200)
+    ingest(store, tmp_path, make_run("a", [shared]), make_run("b", [shared]))
+    ref = store.run("a").branches[0].transitions[2].tool_output["output_ref"]
+    assert ref == store.run("b").branches[0].transitions[2].tool_output["output_ref"]
+    store.append("a", Dropped(run="a", original=ref))
+    assert store.release_bodies([ref]) == []  # run b still reads it here
+    assert store.blobs.get(ref) is not None
+    store.append("b", Dropped(run="b", original=ref))
+    assert store.release_bodies([ref]) == [ref]
+    assert store.blobs.get(ref) is None
+    explanation = store.explain(ref)
+    assert explanation.status == "dropped" and explanation.event == "Dropped" and explanation.explained
+
+
+def test_explain_unknown_and_local(store: Store, tmp_path: Path) -> None:
+    ingest(store, tmp_path, make_run("r1", ["body"]))
+    ref = store.run("r1").task_prompt_ref
+    local = store.explain(ref)
+    assert local.status == "local" and local.body_present and local.event is None and local.run == "r1"
+    unknown = store.explain("sha256:" + "1" * 64)
+    assert unknown.status == "unknown" and not unknown.explained
+
+
+def test_fold_handles_every_event_kind_including_tiering(store: Store, tmp_path: Path) -> None:
+    ingest(store, tmp_path, make_run("r1", ["out"], dead=[["dead"]]))
+    state = store.run("r1")
+    out = state.branches[0].transitions[2].tool_output["output_ref"]
+    manifest = store.put_blob(b"manifest")
+    store.append("r1", TierStarted(run="r1", target="file:///cold", manifest_ref=manifest))
+    assert store.run("r1").tier["status"] == "started"
+    store.append("r1", Tiered(run="r1", target="file:///cold", manifest_ref=manifest, refs=[out]))
+    tiered = store.run("r1")
+    assert tiered.bodies[out].status == "tiered" and tiered.bodies[out].target == "file:///cold"
+    assert tiered.bodies[out].manifest_ref == manifest
+    pending = store.explain(out)  # the log says tiered; the body stays until tiering releases it
+    assert pending.status == "tiered" and pending.body_present
+    assert store.release_bodies([out]) == [out]
+    assert store.explain(out).status == "tiered" and store.explain(out).event == "Tiered"
+    store.append("r1", Rehydrated(run="r1", refs=[out]))
+    assert store.run("r1").bodies[out].status == "local" and store.run("r1").tier["status"] == "rehydrated"
+    kinds = {event.kind for _, event in store.iter_events("r1")}
+    assert {"TierStarted", "Tiered", "Rehydrated"} <= kinds
+    # every kind the log can hold has a fold rule (a missing one raises TypeError)
+    samples = {
+        "RunStarted": ev.RunStarted(run="z", tenant="t", task_id=None, task_prompt_ref=None),
+        "BranchOpened": ev.BranchOpened(run="z", branch="b", status="dead", parent=None, fork_at=None),
+        "TransitionRecorded": ev.TransitionRecorded(run="z", branch="b", seq=0, role="user", text_ref=out,
+                                                    tool_call=None, tool_output=None, usage=None, context=None),
+        "VerifierRecorded": ev.VerifierRecorded(run="z", result={"name": "v", "passed": True}),
+        "GradeRecorded": ev.GradeRecorded(run="z", grade={"grader": "g", "score": 0.5}),
+        "StateChanged": ev.StateChanged(run="z", state="grading"),
+        "Reduced": ev.Reduced(run="z", original=out, summary=manifest, counter="c", tokens_before=2, tokens_after=1),
+        "BranchReduced": ev.BranchReduced(run="z", branch="b", summary=manifest, counter="c", tokens_before=2,
+                                          tokens_after=1),
+        "Dropped": ev.Dropped(run="z", original=manifest),
+        "TierStarted": ev.TierStarted(run="z", target="t", manifest_ref=manifest),
+        "Tiered": ev.Tiered(run="z", target="t", manifest_ref=manifest, refs=[out]),
+        "Rehydrated": ev.Rehydrated(run="z", refs=[out]),
+    }
+    assert set(samples) == set(EVENT_TYPES)
+    folded = fold(enumerate(samples.values(), start=1))["z"]
+    assert folded.bodies[out].status == "reduced" and folded.bodies[manifest].status == "dropped"
+    assert folded.branches[0].summary_ref == manifest and folded.reduced
+
+
+def test_judgments_cache(store: Store) -> None:
+    assert store.get_judgment("k") is None
+    store.put_judgment("k", {"verdict": "A", "p": 0.7})
+    assert store.get_judgment("k") == {"verdict": "A", "p": 0.7}
+    store.put_judgment("k", {"verdict": "B"})
+    assert store.get_judgment("k") == {"verdict": "B"}
+    assert store.connection.execute("SELECT COUNT(*) FROM events").fetchone()[0] == 0
+
+
+def test_not_a_sqlite_file_is_a_one_line_store_error(tmp_path: Path) -> None:
+    bogus = tmp_path / "notes.txt"
+    bogus.write_text("this is not a database, just some text that is long enough to have a header" * 10)
+    with pytest.raises(StoreError, match="not a kvjudge store"):
+        Store.open(bogus)
+    assert bogus.read_text().startswith("this is not a database")
+
+
+def test_foreign_sqlite_file_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "other.sqlite"
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE people (name TEXT)")
+    conn.commit()
+    conn.close()
+    with pytest.raises(StoreError, match="not a kvjudge store"):
+        Store.open(path)
+
+
+def test_newer_schema_version_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "store.sqlite"
+    Store.open(path).close()
+    conn = sqlite3.connect(path)
+    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    conn.commit()
+    conn.close()
+    with pytest.raises(StoreError, match=f"schema version {SCHEMA_VERSION + 1}.*upgrade kvjudge"):
+        Store.open(path)
+
+
+def test_a_directory_is_not_a_store(tmp_path: Path) -> None:
+    with pytest.raises(StoreError, match="is a directory"):
+        Store.open(tmp_path)
