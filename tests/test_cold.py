@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from seaweed import SeaweedServer, free_ports, s3_bucket, seaweed  # noqa: F401 (fixtures)
+from tier_support import tamper
 
 from kvjudge.errors import ColdStoreError, IntegrityError, UsageError
 from kvjudge.retention.cold import (
@@ -31,15 +32,6 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> ColdStore:
     bucket = request.getfixturevalue("s3_bucket")
     server: SeaweedServer = request.getfixturevalue("seaweed")
     return open_cold_store(f"s3://{bucket}/some/prefix", endpoint_url=server.endpoint)
-
-
-def tamper(store: ColdStore, key: str, data: bytes) -> None:
-    """Overwrite an object behind the store's back (a bit flip on disk, a stray upload)."""
-    if isinstance(store, LocalDirColdStore):
-        (store.root / key).write_bytes(data)
-    else:
-        assert isinstance(store, S3ColdStore)
-        store._client.put_object(Bucket=store.bucket, Key=store._key(key), Body=data)
 
 
 def test_blob_round_trip_and_idempotent_put(store: ColdStore) -> None:

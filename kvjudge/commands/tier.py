@@ -1,0 +1,123 @@
+"""`kvjudge tier RUN | --all` and `kvjudge rehydrate RUN`: move run bodies to cold storage and back."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from kvjudge.commands._common import add_output_args, config_from, emit, info, print_table, progress
+from kvjudge.config import Config
+from kvjudge.errors import UsageError
+from kvjudge.retention.store import Store
+from kvjudge.retention.tier import (
+    ColdStores,
+    local_body_bytes,
+    plan_all,
+    recover,
+    rehydrate_run,
+    resolve_endpoint,
+    resolve_target,
+    tier_run,
+)
+
+
+def _store_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--store", metavar="PATH", help="run store file (default: [retention] store, else the "
+                                                        "data dir's store.sqlite)")
+    parser.add_argument("--endpoint-url", metavar="URL",
+                        help="S3 endpoint (default: [retention] endpoint_url, else AWS_ENDPOINT_URL / AWS config)")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    tier = subparsers.add_parser(
+        "tier", help="move the bodies of terminal runs to cold storage (a directory or S3)",
+        description="Move the local bodies of graded/ungraded/archived runs to a cold store: upload, write the "
+                    "manifest last, read back and check, record Tiered, then delete the local copies. "
+                    "Idempotent; a crashed move is finished first. Reading a tiered run fetches its bodies.")
+    tier.add_argument("run", nargs="?", metavar="RUN", help="run id to tier")
+    tier.add_argument("--all", action="store_true", help="every eligible run not tiered yet")
+    tier.add_argument("--to", metavar="URL",
+                      help="cold store: file:///path or s3://bucket/prefix (default: [retention] cold, else a "
+                           "'cold' directory in the data dir)")
+    tier.add_argument("--verify-remote", action="store_true",
+                      help="re-hash every uploaded body by downloading it (default: sizes and stored checksums)")
+    _store_args(tier)
+    add_output_args(tier)
+    tier.set_defaults(func=_tier)
+
+    rehydrate = subparsers.add_parser(
+        "rehydrate", help="bring a tiered run's bodies back into the local store",
+        description="Fetch the bodies of a tiered run from its cold store (checked against their refs), put them "
+                    "back locally and record Rehydrated. The cold copies stay.")
+    rehydrate.add_argument("run", metavar="RUN", help="run id to rehydrate")
+    _store_args(rehydrate)
+    add_output_args(rehydrate)
+    rehydrate.set_defaults(func=_rehydrate)
+
+
+def open_store(args: argparse.Namespace, config: Config) -> Store:
+    """The store from ``--store``, else ``[retention] store``, else the default location."""
+    return Store.open(args.store or config.get("retention.store", str, None))
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:.1f}"
+
+
+def _tier(args: argparse.Namespace) -> int:
+    if bool(args.run) == bool(args.all):
+        raise UsageError("name one RUN or pass --all (not both)")
+    config = config_from(args)
+    endpoint = resolve_endpoint(config, args.endpoint_url)
+    stores = ColdStores(endpoint)
+    cold = stores.get(resolve_target(config, args.to))
+    results: list[dict[str, Any]] = []
+    skipped: dict[str, str] = {}
+    with open_store(args, config) as store:
+        # Recovery first: a move a crash left half done is finished before anything new starts.
+        results.extend(r.to_dict() for r in recover(store, stores))
+        finished = {r["run"] for r in results}
+        if args.all:
+            plan = plan_all(store)
+            run_ids, skipped = plan.runs, plan.skipped
+        else:
+            run_ids = [args.run]
+        for run_id in run_ids:
+            if run_id in finished and store.run(run_id).tier["status"] == "tiered":
+                continue
+            total = local_body_bytes(store, run_id) if store.has_run(run_id) else None
+            with progress(f"tiering {run_id}", total) as advance:
+                result = tier_run(store, run_id, cold, stores=stores, verify_remote=args.verify_remote,
+                                  progress=lambda n: advance(n))
+            results.append(result.to_dict())
+    payload = {"target": cold.url, "runs": results, "skipped": skipped}
+
+    def human() -> None:
+        if results:
+            print_table(["run", "status", "bodies", "MB", "uploaded", "deleted", "recovered", "target"],
+                        [[r["run"], r["status"], r["refs"], _mb(r["bytes"]), r["uploaded"], r["deleted"],
+                          r["recovered"] or "", r["target"]] for r in results])
+        else:
+            info("no run to tier")
+        for run_id, reason in skipped.items():
+            info(f"skipped {run_id}: {reason}")
+
+    emit(args, payload, human)
+    return 0
+
+
+def _rehydrate(args: argparse.Namespace) -> int:
+    config = config_from(args)
+    stores = ColdStores(resolve_endpoint(config, args.endpoint_url))
+    with open_store(args, config) as store:
+        tiered = sum(1 for loc in store.run(args.run).bodies.values() if loc.status == "tiered")
+        with progress(f"rehydrating {args.run}", tiered) as advance:
+            result = rehydrate_run(store, args.run, stores, progress=lambda n: advance(n))
+    payload = result.to_dict()
+
+    def human() -> None:
+        print_table(["run", "status", "bodies", "MB", "from"],
+                    [[result.run, result.status, result.refs, _mb(result.bytes), result.target or ""]])
+
+    emit(args, payload, human)
+    return 0

@@ -1,0 +1,200 @@
+"""Tiering against both real cold stores (a local directory, SeaweedFS over S3): the move, reading through,
+rehydrating, idempotence, a store that is down, tampered remote bytes, and runs in the wrong state."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from seaweed import free_ports, s3_bucket, seaweed  # noqa: F401 (fixtures)
+from tier_support import (
+    GRADED,
+    cold_for,
+    event_kinds,
+    make_store,
+    read_remote,
+    remote_keys,
+    remove,
+    tamper,
+    target,  # noqa: F401 (fixture)
+    texts,
+    tiered_refs,
+)
+
+from kvjudge.errors import ColdStoreError, IntegrityError, RunStateError
+from kvjudge.retention import Store
+from kvjudge.retention.blobs import ref_of
+from kvjudge.retention.cold import blob_key
+from kvjudge.retention.tier import (
+    ColdStores,
+    Manifest,
+    attach_cold_reader,
+    prepare_verify,
+    rehydrate_run,
+    tier_run,
+)
+from kvjudge.retention.verify import verify
+
+
+def verify_all(store: Store, *, rehash: bool = False) -> list[str]:
+    _, checks = prepare_verify(store, rehash=rehash)
+    return [v.message for v in verify(store, extra_checks=checks).violations]
+
+
+def test_tier_read_through_rehydrate_and_idempotent(tmp_path: Path, target: str) -> None:
+    path = make_store(tmp_path / "store.sqlite")
+    cold = cold_for(target)
+    with Store.open(path) as store:
+        before = texts(store, "run-a")
+        local_refs = sorted(before)
+        kinds_before = event_kinds(store, "run-a")
+
+        result = tier_run(store, "run-a", cold)
+        assert (result.status, result.refs, result.uploaded) == ("tiered", len(local_refs), len(local_refs))
+        assert event_kinds(store, "run-a") == kinds_before + ["TierStarted", "Tiered"]
+        assert tiered_refs(store, "run-a") == local_refs
+        # Moved, not copied: run-a's own bodies are gone locally; those run-b still reads locally stay.
+        shared = set(local_refs) & set(store.run("run-b").refs())
+        assert ref_of(b"shared task prompt") in shared
+        gone = [ref for ref in local_refs if store.blobs.get(ref) is None]
+        assert sorted(gone) == sorted(set(local_refs) - shared)
+        assert all(store.blobs.get(ref) is not None for ref in shared)
+        # The remote holds exactly one object per ref, plus one manifest naming them all.
+        keys = remote_keys(cold)
+        assert sorted(k for k in keys if k.startswith("objects/")) == sorted(blob_key(r) for r in local_refs)
+        manifests = [k for k in keys if k.startswith("manifests/")]
+        assert len(manifests) == 1
+        manifest = Manifest.from_bytes(read_remote(cold, manifests[0]))
+        assert manifest.refs == local_refs and manifest.run == "run-a"
+        assert store.run("run-a").tier["manifest_ref"] == ref_of(read_remote(cold, manifests[0]))
+
+        # Without the cold reader a tiered body is simply not here; with it, every text reads as before.
+        assert store.text(gone[0]) is None
+        attach_cold_reader(store)
+        assert texts(store, "run-a") == before
+
+        # Idempotent: a second tier is a no-op (no events, no uploads).
+        again = tier_run(store, "run-a", cold)
+        assert again.status == "already_tiered"
+        assert event_kinds(store, "run-a") == kinds_before + ["TierStarted", "Tiered"]
+        assert remote_keys(cold) == keys
+        assert verify_all(store, rehash=True) == []
+
+        # Rehydrate: bodies back as a new fact; the cold copies stay.
+        back = rehydrate_run(store, "run-a", ColdStores())
+        assert (back.status, back.refs) == ("rehydrated", len(local_refs))
+        assert event_kinds(store, "run-a")[-1] == "Rehydrated"
+        assert tiered_refs(store, "run-a") == []
+        store.fallback = None
+        assert texts(store, "run-a") == before
+        assert remote_keys(cold) == keys
+        assert verify_all(store) == []
+
+        # Tier again after rehydrating: a second manifest (longer log), still one object per ref.
+        third = tier_run(store, "run-a", cold)
+        assert third.status == "tiered"
+        keys_after = remote_keys(cold)
+        assert [k for k in keys_after if k.startswith("objects/")] == [k for k in keys if k.startswith("objects/")]
+        assert len([k for k in keys_after if k.startswith("manifests/")]) == 2
+        assert verify_all(store) == []
+        # The fold is still a pure function of the log.
+        assert store.refold("run-a").canonical_bytes() == store.projected_bytes("run-a")
+
+
+def test_run_in_wrong_state_is_refused(tmp_path: Path, target: str) -> None:
+    path = make_store(tmp_path / "store.sqlite")
+    cold = cold_for(target)
+    with Store.open(path) as store:
+        kinds = event_kinds(store, "run-live")
+        with pytest.raises(RunStateError, match="run-live is running; only archived, graded, ungraded"):
+            tier_run(store, "run-live", cold)
+        assert event_kinds(store, "run-live") == kinds
+        assert all(store.blobs.get(ref) is not None for ref in store.run("run-live").refs())
+    assert remote_keys(cold) == []
+
+
+def test_cold_store_down_deletes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = make_store(tmp_path / "store.sqlite")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "y")
+    (port,) = free_ports(1)
+    for url, endpoint, message in (
+            (f"file://{tmp_path / 'unmounted'}", None, "does not exist; create it"),
+            ("s3://bucket/p", f"http://127.0.0.1:{port}", "cannot reach the cold store")):
+        stores = ColdStores(endpoint)
+        with Store.open(path) as store:
+            kinds = event_kinds(store, "run-a")
+            with pytest.raises(ColdStoreError, match=message):
+                tier_run(store, "run-a", stores.get(url), stores=stores)
+            assert event_kinds(store, "run-a") == kinds  # not even TierStarted
+            assert all(store.blobs.get(ref) is not None for ref in store.run("run-a").refs())
+
+
+def test_tampered_remote_bytes_are_caught(tmp_path: Path, target: str) -> None:
+    path = make_store(tmp_path / "store.sqlite")
+    cold = cold_for(target)
+    with Store.open(path) as store:
+        tier_run(store, "run-a", cold)
+        big = max(tiered_refs(store, "run-a"), key=lambda r: len(read_remote(cold, blob_key(r))))
+        original = read_remote(cold, blob_key(big))
+        assert verify_all(store, rehash=True) == []
+
+        # Same size, one byte flipped: only a re-hash (--verify-remote) can see it.
+        tamper(cold, blob_key(big), original[:-1] + bytes([original[-1] ^ 1]))
+        assert any("does not re-hash" in m for m in verify_all(store, rehash=True))
+        attach_cold_reader(store)
+        with pytest.raises(IntegrityError, match="does not hash to"):
+            store.text(big)
+
+        # Truncated: a plain verify (sizes) sees it too.
+        tamper(cold, blob_key(big), original[:100])
+        assert any("has 100 bytes, not" in m for m in verify_all(store))
+
+        # Gone: named as missing.
+        remove(cold, blob_key(big))
+        assert any("is missing" in m for m in verify_all(store))
+
+        # Put back as it was: clean again.
+        tamper(cold, blob_key(big), original)
+        assert verify_all(store, rehash=True) == []
+
+
+def test_tier_cli_json_and_usage(tmp_path: Path, target: str) -> None:
+    path = make_store(tmp_path / "store.sqlite")
+
+    def kvjudge(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "kvjudge", *args, "--store", str(path)],
+                              capture_output=True, text=True, timeout=120)
+
+    done = kvjudge("tier", "--all", "--to", target, "--json")
+    assert done.returncode == 0, done.stderr
+    payload = json.loads(done.stdout)
+    assert [r["run"] for r in payload["runs"]] == ["run-a", "run-b"]
+    assert {r["status"] for r in payload["runs"]} == {"tiered"}
+    assert payload["skipped"] == {"run-live": "running (not terminal)"}
+    again = json.loads(kvjudge("tier", "run-a", "--to", target, "--json").stdout)
+    assert again["runs"][0]["status"] == "already_tiered"
+    wrong = kvjudge("tier", "run-live", "--to", target)
+    assert wrong.returncode != 0 and wrong.stderr.count("\n") == 1 and "is running" in wrong.stderr
+    usage = kvjudge("tier", "--to", target)
+    assert usage.returncode == 2 and "name one RUN or pass --all" in usage.stderr
+    back = json.loads(kvjudge("rehydrate", "run-b", "--json").stdout)
+    assert back["status"] == "rehydrated" and back["refs"] > 0
+    with Store.open(path) as store:
+        assert tiered_refs(store, "run-b") == []
+        assert len(tiered_refs(store, "run-a")) > 0
+
+
+def test_default_target_comes_from_config(tmp_path: Path) -> None:
+    path = make_store(tmp_path / "store.sqlite", {"r1": GRADED})
+    cold_dir = tmp_path / "configured-cold"
+    cold_dir.mkdir()
+    (tmp_path / "kvjudge.toml").write_text(f'[retention]\ncold = "file://{cold_dir}"\nstore = "{path}"\n')
+    done = subprocess.run([sys.executable, "-m", "kvjudge", "tier", "r1", "--json", "--config",
+                           str(tmp_path / "kvjudge.toml")], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["target"] == f"file://{cold_dir}"
+    assert (cold_dir / "manifests" / "r1").is_dir()

@@ -1,0 +1,113 @@
+"""Helpers shared by the tiering tests: small real runs, both kinds of cold target, and remote inspection."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from seaweed import SeaweedServer
+
+from kvjudge.retention import Store
+from kvjudge.retention.cold import ColdStore, LocalDirColdStore, S3ColdStore, open_cold_store
+from kvjudge.retention.state import TIERED
+
+GRADED = ["running", "grading", "graded"]
+
+
+def run_line(run_id: str, lifecycle: list[str], *, shared: str = "shared task prompt", big: int = 20_000) -> str:
+    """One native JSONL run: a task prompt shared with other runs, a live and a dead branch, a large tool output."""
+    return json.dumps({
+        "id": run_id, "tenant": "acme", "lifecycle": lifecycle,
+        "task": {"id": "t1", "prompt": shared},
+        "branches": [
+            {"id": "main", "status": "live", "parent": None, "fork_at": None, "transitions": [
+                {"role": "user", "text": f"please fix it ({run_id})"},
+                {"role": "assistant", "text": f"running the tests for {run_id}",
+                 "tool_call": {"name": "bash", "arguments": "pytest -q"}},
+                {"role": "tool", "tool_output": {"name": "bash", "output": (f"{run_id} line\n" * big)[:big],
+                                                 "exit_code": 1}},
+            ]},
+            {"id": "attempt-1", "status": "dead", "parent": "main", "fork_at": 1, "transitions": [
+                {"role": "assistant", "text": f"a dead end of {run_id} ✗"},
+            ]},
+        ],
+        "grades": [{"grader": "human", "score": 1.0, "label": "pass"}] if "graded" in lifecycle else [],
+    })
+
+
+def make_store(path: Path, runs: dict[str, list[str]] | None = None) -> Path:
+    """A store file at ``path`` holding ``runs`` (id → lifecycle); default: two graded runs and a running one."""
+    runs = runs or {"run-a": GRADED, "run-b": GRADED, "run-live": ["running"]}
+    source = path.parent / f"{path.stem}-runs.jsonl"
+    source.write_text("".join(run_line(run_id, lifecycle) + "\n" for run_id, lifecycle in runs.items()))
+    with Store.open(path) as store:
+        store.ingest_file(source)
+    return path
+
+
+def texts(store: Store, run_id: str) -> dict[str, str | None]:
+    """Every ref the run names → its text as a reader sees it (local, or through the fallback)."""
+    return {ref: store.text(ref) for ref in store.run(run_id).refs()}
+
+
+def tiered_refs(store: Store, run_id: str) -> list[str]:
+    return sorted(ref for ref, loc in store.run(run_id).bodies.items() if loc.status == TIERED)
+
+
+def event_kinds(store: Store, run_id: str) -> list[str]:
+    return [event.kind for _, event in store.iter_events(run_id)]
+
+
+def remote_keys(cold: ColdStore) -> list[str]:
+    """Every object key the cold store holds (relative to its root/prefix), temp files included."""
+    if isinstance(cold, LocalDirColdStore):
+        return sorted(str(p.relative_to(cold.root)) for p in cold.root.rglob("*") if p.is_file())
+    assert isinstance(cold, S3ColdStore)
+    keys: list[str] = []
+    for page in cold._client.get_paginator("list_objects_v2").paginate(Bucket=cold.bucket, Prefix=cold.prefix):
+        keys.extend(item["Key"].removeprefix(cold.prefix + "/") for item in page.get("Contents", []))
+    return sorted(keys)
+
+
+def tamper(cold: ColdStore, key: str, data: bytes) -> None:
+    """Overwrite an object behind kvjudge's back (a bit flip on disk, a stray upload without checksum)."""
+    if isinstance(cold, LocalDirColdStore):
+        (cold.root / key).write_bytes(data)
+    else:
+        assert isinstance(cold, S3ColdStore)
+        cold._client.put_object(Bucket=cold.bucket, Key=cold._key(key), Body=data)
+
+
+def remove(cold: ColdStore, key: str) -> None:
+    if isinstance(cold, LocalDirColdStore):
+        (cold.root / key).unlink()
+    else:
+        assert isinstance(cold, S3ColdStore)
+        cold._client.delete_object(Bucket=cold.bucket, Key=cold._key(key))
+
+
+def read_remote(cold: ColdStore, key: str) -> bytes:
+    if isinstance(cold, LocalDirColdStore):
+        return (cold.root / key).read_bytes()
+    assert isinstance(cold, S3ColdStore)
+    return cold._client.get_object(Bucket=cold.bucket, Key=cold._key(key))["Body"].read()
+
+
+@pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.s3)])
+def target(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A cold target URL of each kind: an existing local directory, or a fresh SeaweedFS bucket (AWS_* set)."""
+    if request.param == "local":
+        (tmp_path / "cold").mkdir()
+        return f"file://{tmp_path / 'cold'}"
+    bucket = request.getfixturevalue("s3_bucket")
+    return f"s3://{bucket}/tiers"
+
+
+def cold_for(target_url: str) -> ColdStore:
+    """The cold store behind ``target_url`` (S3: the endpoint from AWS_ENDPOINT_URL, as the CLI would)."""
+    return open_cold_store(target_url)
+
+
+__all__ = ["GRADED", "SeaweedServer", "cold_for", "event_kinds", "make_store", "read_remote", "remote_keys", "remove",
+           "run_line", "tamper", "target", "texts", "tiered_refs"]
