@@ -97,6 +97,7 @@ class LlamaBackend:
     n_threads: int | None = None
     n_batch: int = 512
     model_sha256: str | None = None
+    n_ctx_source: str | None = None  # where n_ctx came from (capability cache, --n-ctx)
     tokens_evaluated: int = 0
     tokens_saved: int = 0
     calls: int = 0
@@ -137,8 +138,8 @@ class LlamaBackend:
         import llama_cpp
 
         return {"model_sha256": self.model_sha256, "model": self.model_path.name, "backend": "llama-cpp-python",
-                "backend_version": llama_cpp.__version__, "n_ctx": self.n_ctx, "threads": self.n_threads,
-                "n_batch": self.n_batch}
+                "backend_version": llama_cpp.__version__, "n_ctx": self.n_ctx, "n_ctx_source": self.n_ctx_source,
+                "threads": self.n_threads, "n_batch": self.n_batch}
 
     def tokenize(self, text: str, add_bos: bool = False) -> list[int]:
         """Token ids of one segment (long text in word-boundary pieces, as ModelTokenizer does)."""
@@ -221,6 +222,9 @@ class ServerBackend:
     model_path: Path | None = None
     top_logprobs: int = 20
     timeout_s: float = 600.0
+    # The prompt is sent as one string and tokenized by the server, which may merge tokens across the
+    # segment boundaries we counted separately: keep a little room.
+    slack_tokens: int = 16
     calls: int = 0
     tokens_saved: int = 0  # the server's own prompt cache may reuse KV; it does not tell us
     _info: dict[str, Any] = field(default_factory=dict, repr=False)
@@ -329,3 +333,81 @@ class ServerBackend:
     def close(self) -> None:
         self._tokenizer = None
 
+
+
+def capability_n_ctx(entry: Any) -> int | None:
+    """The n_ctx a capability entry vouches for: certified ``safe_context``, else ``max_ok_input`` rounded
+    down to 256 (None when the entry has neither)."""
+    if entry is None:
+        return None
+    if entry.certified and entry.safe_context:
+        return int(entry.safe_context)
+    if entry.max_ok_input:
+        return int(entry.max_ok_input) // 256 * 256 or None
+    return None
+
+
+@dataclass(frozen=True)
+class BackendChoice:
+    """How a backend was chosen (for the CLI's report): where n_ctx came from."""
+
+    n_ctx: int
+    n_ctx_source: str
+
+
+def resolve_n_ctx(model_path: Path, requested: int | None,
+                  progress: Any = None) -> BackendChoice:
+    """n_ctx for ``model_path`` on this device from the capability cache; ``requested`` may only lower it.
+
+    With no request and no certified entry the probe runs first (with progress) rather than guess.
+    With a request and no entry, the analytic bound (no model run) checks it is not beyond what fits.
+    """
+    from kvjudge.probe import ensure_capability, lookup_capability
+
+    if requested is not None and requested < 64:
+        raise JudgeError(f"--n-ctx {requested} is too small for a judge prompt; use at least 512")
+    entry = lookup_capability(model_path)
+    vouched = capability_n_ctx(entry)
+    if requested is None:
+        if vouched is None or entry.stale:
+            entry = ensure_capability(model_path, certify=True, progress=progress)
+            vouched = capability_n_ctx(entry)
+        if vouched is None:
+            raise JudgeError(f"the probe could not certify a context size for {model_path.name}; "
+                             f"run `kvjudge probe --model {model_path}` and see why, or pass --n-ctx N")
+        return BackendChoice(vouched, "capability cache (measured)")
+    if vouched is not None:
+        if requested > vouched:
+            raise JudgeError(f"--n-ctx {requested} is over the certified context {vouched} for {model_path.name} "
+                             f"on this device; use --n-ctx {vouched} or less")
+        return BackendChoice(requested, "--n-ctx (within the certified context)")
+    entry = ensure_capability(model_path, certify=False, progress=progress)
+    if requested > entry.max_context_tokens:
+        raise JudgeError(f"--n-ctx {requested} is over the {entry.max_context_tokens} tokens that fit "
+                         f"{model_path.name} on this device (estimated); use a smaller --n-ctx")
+    return BackendChoice(requested, "--n-ctx (within the estimated bound; not certified)")
+
+
+def open_backend(*, model: str | Path | None = None, server: str | None = None, n_ctx: int | None = None,
+                 threads: int | None = None, config: Any = None, progress: Any = None) -> Backend:
+    """The judge's backend from CLI-style choices and the config's ``[judge]`` section.
+
+    ``server`` (or ``[judge] server``) selects the OpenAI-compatible server; otherwise llama-cpp-python
+    loads ``model`` (or ``[judge] model``, else the default judge model) with n_ctx from the capability
+    cache (see :func:`resolve_n_ctx`).
+    """
+    from kvjudge.models import judge_model_path, resolve_model
+
+    def setting(key: str, kind: type, value: Any) -> Any:
+        if value is not None or config is None:
+            return value
+        return config.get(f"judge.{key}", kind)
+
+    server = setting("server", str, server)
+    model = setting("model", str, model)
+    threads = setting("threads", int, threads)
+    if server:
+        return ServerBackend(url=server, n_ctx=n_ctx, model_path=resolve_model(model) if model else None)
+    path = resolve_model(model) if model else judge_model_path()
+    choice = resolve_n_ctx(path, n_ctx, progress=progress)
+    return LlamaBackend(model_path=path, n_ctx=choice.n_ctx, n_threads=threads, n_ctx_source=choice.n_ctx_source)
