@@ -205,14 +205,37 @@ class ProbeReport:
 
 
 def _budget(memory_budget: int | str | None) -> int | None:
-    return None if memory_budget is None else parse_size(memory_budget)
+    """The budget given, else ``[probe] memory_budget`` from the config file, else None (no cap)."""
+    if memory_budget is not None:
+        return parse_size(memory_budget)
+    from kvjudge.config import load_config
+
+    configured = load_config().get("probe.memory_budget", (str, int), None)
+    return None if configured is None else parse_size(configured)
 
 
 def _staleness_days() -> float | None:
     from kvjudge.config import load_config
 
     value = load_config().get("probe.staleness_days", (int, float), None)
+    if value is not None and value <= 0:
+        from kvjudge.errors import ConfigError
+
+        raise ConfigError(f"[probe] staleness_days must be positive, got {value}; fix the config file")
     return None if value is None else float(value)
+
+
+def _find_entry(cache: CapabilityCache, ctx: _Context, budget_named: bool) -> CapabilityEntry | None:
+    """The entry under this fingerprint; when no budget was named anywhere, else the most recent entry that
+    matches in everything but the budget (so a later lookup finds what ``probe --memory-budget`` recorded)."""
+    exact = cache.get(ctx.fingerprint)
+    if exact is not None or budget_named:
+        return exact
+    rest = {k: v for k, v in ctx.components.items() if k != "memory_budget"}
+    matches = [e for e in cache.entries()
+               if {k: v for k, v in e.components.items() if k != "memory_budget"} == rest]
+    matches.sort(key=lambda e: (e.certified, e.age_reference() or ""), reverse=True)
+    return matches[0] if matches else None
 
 
 @dataclass(frozen=True)
@@ -244,7 +267,7 @@ def probe(model_path: str | os.PathLike[str] | None = None, *, settings: Runtime
           memory_budget: int | str | None = None, n_ctx: int | None = None, certify: bool = True,
           cache_path: str | os.PathLike[str] | None = None, refresh: bool = False,
           progress: ProgressFn | None = None, devices: DeviceReport | None = None,
-          trial_timeout_s: float | None = None) -> ProbeReport:
+          trial_timeout_s: float | None = None, staleness_days: float | None = None) -> ProbeReport:
     """Probe ``model_path`` (None: the default model) on this host and record the result in the cache.
 
     With ``certify`` the model really runs in child processes (see :mod:`kvjudge.probe.certify`); a fresh
@@ -259,7 +282,7 @@ def probe(model_path: str | os.PathLike[str] | None = None, *, settings: Runtime
         raise ProbeError(f"{shape.name or shape.arch} does not fit: even a {CTX_PAD}-token context needs "
                          f"{need.device_bytes / MIB:.0f} MiB but {placement.device.name} offers "
                          f"{placement.usable_bytes / MIB:.0f} MiB; raise --memory-budget or free memory")
-    cache = CapabilityCache(cache_path, staleness_days=_staleness_days())
+    cache = CapabilityCache(cache_path, staleness_days=staleness_days or _staleness_days())
     existing = cache.get(ctx.fingerprint)
     notes: list[str] = []
     cached = False
@@ -304,26 +327,44 @@ def probe(model_path: str | os.PathLike[str] | None = None, *, settings: Runtime
 
 
 def lookup_capability(model_path: str | os.PathLike[str] | None, *, cache_path: str | os.PathLike[str] | None = None,
-                      settings: RuntimeSettings = RuntimeSettings(),
-                      memory_budget: int | str | None = None) -> CapabilityEntry | None:
+                      settings: RuntimeSettings = RuntimeSettings(), memory_budget: int | str | None = None,
+                      staleness_days: float | None = None) -> CapabilityEntry | None:
     """The cached entry for this model on this device with these settings (``stale`` set), or None.
 
     Never probes. An entry recorded under another fingerprint (another file, device, version or settings)
-    is not returned.
+    is not returned. ``memory_budget`` None means ``[probe] memory_budget`` from the config; when neither
+    names one, the most recent entry recorded under any budget for the same model, device and settings.
     """
     ctx = _context(model_path, settings, memory_budget, None)
-    return CapabilityCache(cache_path, staleness_days=_staleness_days()).get(ctx.fingerprint)
+    cache = CapabilityCache(cache_path, staleness_days=staleness_days or _staleness_days())
+    return _find_entry(cache, ctx, budget_named=ctx.placement.memory_budget is not None)
 
 
 def ensure_capability(model_path: str | os.PathLike[str] | None, *,
                       cache_path: str | os.PathLike[str] | None = None,
                       settings: RuntimeSettings = RuntimeSettings(), memory_budget: int | str | None = None,
-                      certify: bool = True, progress: ProgressFn | None = None) -> CapabilityEntry:
+                      certify: bool = True, progress: ProgressFn | None = None,
+                      staleness_days: float | None = None) -> CapabilityEntry:
     """The cached entry, probing (and, with ``certify``, certifying) when it is missing, stale, or not
     certified while certification is asked for."""
-    entry = lookup_capability(model_path, cache_path=cache_path, settings=settings, memory_budget=memory_budget)
+    entry = lookup_capability(model_path, cache_path=cache_path, settings=settings, memory_budget=memory_budget,
+                              staleness_days=staleness_days)
     if entry is not None and not entry.stale and (entry.certified or not certify):
         return entry
+    if memory_budget is None and entry is not None:
+        memory_budget = entry.memory_budget  # re-probe under the budget the entry was recorded with
     report = probe(model_path, settings=settings, memory_budget=memory_budget, certify=certify,
-                   cache_path=cache_path, refresh=entry is not None and entry.stale, progress=progress)
+                   cache_path=cache_path, refresh=entry is not None and entry.stale, progress=progress,
+                   staleness_days=staleness_days)
     return report.entry
+
+
+def current_components(entry: CapabilityEntry, devices: DeviceReport | None = None) -> dict[str, Any]:
+    """The fingerprint components ``entry`` would have if probed now (raises ModelError when its file is gone).
+
+    An entry whose stored components differ (the file changed, another device, another llama-cpp-python)
+    needs a refresh.
+    """
+    settings = RuntimeSettings(**entry.settings)
+    ctx = _context(entry.model_path, settings, entry.memory_budget, devices)
+    return ctx.components

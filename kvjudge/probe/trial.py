@@ -27,7 +27,7 @@ MIB = 1024 * 1024
 FILL_MIN_BYTES = 512
 
 _KV_RE = re.compile(r"llama_kv_cache: size =\s*([\d.]+) MiB \(\s*(\d+) cells,\s*(\d+) layers")
-_BUF_RE = re.compile(r"(\S+) (model|KV|compute|output) buffer size =\s*([\d.]+) MiB")
+_BUF_RE = re.compile(r"(\S+)\s+(model|KV|compute|output) buffer size =\s*([\d.]+) MiB")
 _OOM_RE = re.compile(r"out of memory|failed to allocate|cannot allocate|bad_alloc|cudaMalloc failed", re.I)
 
 
