@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import hashlib
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -140,3 +143,22 @@ def test_local_put_failure_is_cold_store_error(tmp_path: Path) -> None:
     store = LocalDirColdStore(tmp_path)
     with pytest.raises(ColdStoreError, match="cannot create"):
         store.put_blob(ref_of(b"z"), b"z")
+
+
+def test_local_discard_partial_removes_only_dead_writers_temps(tmp_path: Path) -> None:
+    store = LocalDirColdStore(tmp_path)
+    body = b"partial"
+    ref = ref_of(body)
+    store.put_blob(ref, body)
+    directory = (tmp_path / blob_key(ref)).parent
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # its pid is no longer alive
+    host = store._host
+    dead_temp = directory / f".tmp-x-{host}-{dead.pid}-abc"
+    live_temp = directory / f".tmp-y-{host}-{os.getpid()}-abc"
+    other_host = directory / f".tmp-z-elsewhere-{dead.pid}-abc"
+    for temp in (dead_temp, live_temp, other_host):
+        temp.write_bytes(b"half")
+    assert store.discard_partial([blob_key(ref)]) == 1
+    assert not dead_temp.exists() and live_temp.exists() and other_host.exists()
+    assert store.get_blob(ref) == body

@@ -19,7 +19,9 @@ import hashlib
 import os
 import re
 import secrets
+import socket
 import urllib.parse
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -106,6 +108,13 @@ class ColdStore(Protocol):
     def get_manifest(self, key: str) -> bytes | None:
         """The manifest's bytes, None when absent."""
 
+    def discard_partial(self, keys: Iterable[str]) -> int:
+        """Remove what writes of ``keys`` killed mid-way left behind; returns how many objects went.
+
+        A local directory may hold temp files of a dead writer; S3 has nothing to discard (a PUT applies
+        whole or not at all).
+        """
+
 
 def _checked(ref: str, body: bytes, where: str) -> bytes:
     """``body`` if it hashes to ``ref``; a cold store must never hand back bytes that are not the ref."""
@@ -134,6 +143,7 @@ class LocalDirColdStore:
         self.root = Path(root).expanduser().resolve()
         self.url = "file://" + urllib.parse.quote(str(self.root))
         self._create = create
+        self._host = socket.gethostname().replace("-", "_")
 
     def __repr__(self) -> str:
         return f"LocalDirColdStore({str(self.root)!r})"
@@ -160,7 +170,8 @@ class LocalDirColdStore:
             final.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise ColdStoreError(f"cannot create {final.parent} in the cold store: {exc.strerror}") from exc
-        temp = final.parent / f".tmp-{final.name}-{secrets.token_hex(6)}"
+        # The writer's host and pid are in the name, so a later run can tell a dead writer's leftovers.
+        temp = final.parent / f".tmp-{final.name}-{self._host}-{os.getpid()}-{secrets.token_hex(6)}"
         try:
             fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             try:
@@ -238,6 +249,34 @@ class LocalDirColdStore:
 
     def get_manifest(self, key: str) -> bytes | None:
         return self._read(key)
+
+    def discard_partial(self, keys: Iterable[str]) -> int:
+        removed = 0
+        for directory in sorted({self._path(key).parent for key in keys}):
+            for temp in directory.glob(".tmp-*"):
+                host, pid = _temp_writer(temp.name)
+                if host == self._host and pid is not None and not _alive(pid):
+                    temp.unlink(missing_ok=True)
+                    removed += 1
+        return removed
+
+
+def _temp_writer(name: str) -> tuple[str | None, int | None]:
+    """(host, pid) of the writer that named a temp file ``.tmp-<final>-<host>-<pid>-<random>``."""
+    parts = name.rsplit("-", 3)
+    if len(parts) != 4 or not parts[2].isdigit():
+        return None, None
+    return parts[1], int(parts[2])
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _compare_manifest(key: str, wanted: bytes, existing: bytes | None, where: str) -> None:
@@ -378,6 +417,9 @@ class S3ColdStore:
 
     def get_manifest(self, key: str) -> bytes | None:
         return self._get(key, "manifest")
+
+    def discard_partial(self, keys: Iterable[str]) -> int:
+        return 0  # a PUT applies whole or not at all: nothing partial to discard
 
 
 def _make_s3_client(endpoint_url: str | None) -> Any:

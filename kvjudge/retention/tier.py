@@ -34,7 +34,7 @@ from kvjudge.config import Config, data_dir
 from kvjudge.errors import ColdStoreError, IntegrityError, RunStateError, StoreError
 from kvjudge.retention import events as ev
 from kvjudge.retention.blobs import ref_of, short
-from kvjudge.retention.cold import ColdStore, LocalDirColdStore, manifest_key, open_cold_store
+from kvjudge.retention.cold import ColdStore, LocalDirColdStore, blob_key, manifest_key, open_cold_store
 from kvjudge.retention.events import canonical_json
 from kvjudge.retention.faults import fault_point
 from kvjudge.retention.lifecycle import REDUCIBLE, is_reducible
@@ -416,6 +416,8 @@ def recover_run(store: Store, run_id: str, stores: ColdStores, *, verify_remote:
         manifest = _stored_manifest(store, tier["manifest_ref"])
         cold = stores.get(tier["target"])
         cold.check()
+        # A writer killed mid-object may have left a partial temp file: the move's own keys are swept.
+        cold.discard_partial([blob_key(ref) for ref in manifest.refs] + [manifest.key])
         return _finish_move(store, manifest, tier["manifest_ref"], cold, verify_remote=verify_remote,
                             progress=progress, skip_present=True, recovered="upload")
     if tier["status"] == "tiered":
