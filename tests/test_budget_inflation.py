@@ -1,0 +1,44 @@
+"""The inflation benchmark's bookkeeping on a real two-turn session (a smoke run, not a measurement)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARK = Path(__file__).resolve().parents[1] / "benchmarks" / "inflation.py"
+
+
+@pytest.mark.model
+def test_inflation_benchmark_figures_follow_their_definitions(tmp_path: Path, default_model: Path,
+                                                             capsys: pytest.CaptureFixture[str],
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = importlib.util.spec_from_file_location("inflation_benchmark", BENCHMARK)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    out = tmp_path / "out"
+    assert module.main(["--out", str(out), "--turns", "3", "--max-reply-tokens", "6", "--n-ctx", "2048",
+                        "--model", str(default_model)]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    data = json.loads((out / "inflation.json").read_text())
+    assert data["summary"] == summary
+    turns, texts = data["turns"], data["texts"]
+    assert [t["turn"] for t in turns] == [1, 2, 3]
+    legacy = 0
+    for turn, text in zip(turns, texts):
+        assert turn["real"] == turn["prompt_tokens"] + turn["completion_tokens"]
+        legacy += turn["prompt_tokens"] + turn["completion_tokens"]
+        assert turn["legacy"] == legacy  # no pruning at this budget: the sum over every turn so far
+        # anchored: the backend's report plus chars/4 of the reply, nothing from earlier turns again
+        assert turn["anchored"] == turn["prompt_tokens"] + math.ceil(len(text["reply"].encode()) / 4)
+    assert turns[1]["prompt_tokens"] > turns[0]["real"] - turns[0]["completion_tokens"]  # history really sent
+    assert summary["legacy_over_real_last"] > 1.5
+    assert summary["prunes"] == 0 and summary["spurious_prunes"] == 0
+    assert (out / "inflation.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    table = (out / "inflation.md").read_text()
+    assert "| 3 |" in table and "chars/4" in table and "model tokenizer" in table
