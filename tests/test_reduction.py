@@ -1,0 +1,420 @@
+"""The seed's integration test for reduction (Verify steps 1–7 and 9), in Python, plus no-op and counting rules.
+
+Every fault test kills a real child process (``python -m kvjudge reduce`` with ``KVJUDGE_FAULTS`` set).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvjudge.cli import main
+from kvjudge.errors import RunStateError
+from kvjudge.retention import Store
+from kvjudge.retention.events import REDUCTION_KINDS
+from kvjudge.retention.faults import REDUCTION_POINTS
+from kvjudge.retention.reduce import plan_reduction, reduce_run, resolve, run_tokens, view_refs
+from kvjudge.retention.state import LOCAL, RunState
+from kvjudge.retention.synthetic import filler, make_run, write_jsonl
+from kvjudge.retention.verify import verify
+from kvjudge.tokens import CharsPerToken, ModelTokenizer
+
+CHARS = CharsPerToken(4)
+
+
+class CountingCounter:
+    """A chars/4 counter that records how many texts it was asked to count."""
+
+    name = "chars/4"
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def count(self, text: str) -> int:
+        self.calls += 1
+        return CHARS.count(text)
+
+
+def big_run(run_id: str = "r1", *, lifecycle=("running", "grading", "graded"), passed: bool = True,
+            scale: int = 1) -> dict:
+    final = "12 passed in 0.31s" if passed else "3 failed, 9 passed in 0.40s"
+    return make_run(run_id, [filler(i + 10 * scale, 900 * scale) for i in range(4)], lifecycle=list(lifecycle),
+                    dead=[[filler(100 + i, 700 * scale) for i in range(2)], [filler(200, 300 * scale)]],
+                    passed=passed, final=final)
+
+
+def open_with(tmp_path: Path, *runs: dict, name: str = "store.sqlite") -> Store:
+    store = Store.open(tmp_path / name)
+    path = tmp_path / f"{name}.jsonl"
+    write_jsonl(path, runs)
+    store.ingest_file(path)
+    return store
+
+
+def grade(state: RunState, text_of) -> float:
+    """A deterministic stand-in for the judge: verifier pass rate × whether the last live tool output,
+    read through whatever the log says stands in for it, ends in a clean pytest summary."""
+    live = next(branch for branch in state.branches if branch.status == "live")
+    last = [t for t in live.transitions if t.tool_output][-1]
+    seen = resolve(state, last.tool_output["output_ref"])
+    assert seen is not None, "the live branch's last output must stay readable"
+    text = text_of(seen)
+    assert text is not None
+    clean = re.fullmatch(r"\d+ passed in [\d.]+s", text.strip().splitlines()[-1]) is not None
+    verifier = sum(1.0 for v in state.verifier if v["passed"]) / len(state.verifier)
+    return verifier * (1.0 if clean else 0.0)
+
+
+def assert_every_missing_body_explained(store: Store) -> None:
+    """No record points at a deleted body without an explaining event."""
+    for state in store.iter_runs():
+        for ref, location in state.bodies.items():
+            if store.blobs.get(ref) is None:
+                assert location.status != LOCAL, f"{ref} is missing and the log says it is local"
+                assert store.explain(ref).explained
+
+
+# ------------------------------------------------------------ steps 1–5
+def test_step1_transitions_intact_only_reduction_events_added(tmp_path: Path) -> None:
+    with open_with(tmp_path, big_run()) as store:
+        before_events = [(lsn, e.kind, e.to_json()) for lsn, e in store.iter_events("r1")]
+        before = store.run("r1")
+        assert run_tokens(store, before, CHARS) > 2000
+        result = reduce_run(store, "r1", 2000, CHARS)
+        assert result.plan.fits and result.plan.tokens_after <= 2000 and result.appended > 0
+        after_events = [(lsn, e.kind, e.to_json()) for lsn, e in store.iter_events("r1")]
+        assert after_events[:len(before_events)] == before_events  # none removed or altered
+        added = after_events[len(before_events):]
+        assert added and {kind for _, kind, _ in added} <= REDUCTION_KINDS
+        assert "Reduced" in {kind for _, kind, _ in added}
+        after = store.run("r1")
+        # The transition records themselves (refs included) are untouched: nothing was repointed.
+        assert [b.transitions for b in after.branches] == [b.transitions for b in before.branches]
+        assert after.verifier == before.verifier and after.grades == before.grades
+        assert run_tokens(store, after, CHARS) <= 2000
+
+
+def test_step2_reduced_episode_still_grades(tmp_path: Path) -> None:
+    with open_with(tmp_path, big_run("good"), big_run("bad", passed=False)) as store:
+        full = {r: grade(store.run(r), store.text) for r in ("good", "bad")}
+        assert full == {"good": 1.0, "bad": 0.0}
+        for run_id in ("good", "bad"):
+            reduce_run(store, run_id, 1500, CHARS)
+            reduced = store.run(run_id)
+            assert reduced.reduced
+            score = grade(reduced, store.text)
+            assert isinstance(score, float) and score == full[run_id]
+
+
+def test_step3_every_surviving_ref_rehashes(tmp_path: Path) -> None:
+    with open_with(tmp_path, big_run()) as store:
+        reduce_run(store, "r1", 1500, CHARS)
+        state = store.run("r1")
+        surviving = 0
+        for ref in state.refs():
+            body = store.blobs.get(ref)
+            if body is not None:
+                surviving += 1
+                assert "sha256:" + hashlib.sha256(body).hexdigest() == ref
+        assert surviving > 0
+        assert verify(store).ok
+        # A body rewritten under its ref still *resolves*; only re-hashing sees it.
+        victim = next(ref for ref in state.refs() if store.blobs.get(ref) is not None)
+        store.connection.execute("UPDATE blobs SET body = ? WHERE ref = ?", (b"rewritten", victim))
+        assert store.text(victim) == "rewritten"
+        report = verify(store)
+        assert not report.ok and [(v.check, v.ref) for v in report.violations] == [("rehash", victim)]
+
+
+def test_step4_drop_state_tables_and_refold_byte_identical(tmp_path: Path) -> None:
+    with open_with(tmp_path, big_run()) as store:
+        reduce_run(store, "r1", 800, CHARS)
+        reduced = store.run("r1")
+        assert reduced.reduced and any(loc.status == "reduced" for loc in reduced.bodies.values())
+        path = store.path
+        store.connection.execute("DROP TABLE runs")
+        store.connection.execute("DROP TABLE run_bodies")
+    with Store.open(path) as store:
+        assert store.run("r1").canonical_bytes() == reduced.canonical_bytes()
+        assert store.refold("r1").canonical_bytes() == reduced.canonical_bytes()
+        # The original → summary mapping survives because it lives in the log, not in a projection.
+        original = next(ref for ref, loc in reduced.bodies.items() if loc.status == "reduced")
+        assert store.explain(original).summary_ref == reduced.bodies[original].summary_ref
+
+
+def test_step5_get_original_is_none_and_the_fold_explains_it(tmp_path: Path) -> None:
+    with open_with(tmp_path, big_run()) as store:
+        reduce_run(store, "r1", 1500, CHARS)
+        state = store.run("r1")
+        reduced = [(ref, loc) for ref, loc in state.bodies.items() if loc.status == "reduced"]
+        assert reduced
+        for original, location in reduced:
+            assert store.blobs.get(original) is None
+            explanation = store.explain(original)
+            assert explanation.status == "reduced" and explanation.event == "Reduced"
+            assert explanation.summary_ref == location.summary_ref and not explanation.body_present
+            summary = store.text(location.summary_ref)
+            marker = re.search(r"\[… (\d+) tokens elided from (sha256:[0-9a-f]{12})… …\]", summary)
+            assert marker and original.startswith(marker.group(2)) and int(marker.group(1)) > 0
+
+
+# ------------------------------------------------------------ step 6: crashes in a killed child
+@pytest.fixture(scope="module")
+def capabilities(tmp_path_factory: pytest.TempPathFactory, judge_model: Path) -> dict[int, Path]:
+    """Real capability cache files (the probe's own format) for the judge model on this device, with
+    max_context_tokens set to a chosen figure."""
+    from kvjudge.probe import CapabilityCache, ensure_capability
+
+    root = tmp_path_factory.mktemp("caps")
+    real = ensure_capability(judge_model, cache_path=root / "real.json", certify=False)
+    files = {}
+    for figure in (160_000, 4_000):
+        path = root / f"cap-{figure}.json"
+        CapabilityCache(path).put(dataclasses.replace(real, max_context_tokens=figure))
+        files[figure] = path
+    return files
+
+
+def kvjudge_child(args: list[str], cwd: Path, faults: str | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ}
+    env.pop("KVJUDGE_FAULTS", None)
+    if faults:
+        env["KVJUDGE_FAULTS"] = faults
+    return subprocess.run([sys.executable, "-m", "kvjudge", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+def write_config(directory: Path, text: str = "") -> Path:
+    path = directory / "kvjudge.toml"
+    path.write_text('[retention]\ncounter = "chars"\n' + text)
+    return path
+
+
+@pytest.mark.parametrize("point", REDUCTION_POINTS)
+def test_step6_crash_at_every_point_leaves_no_unexplained_body_and_rerun_converges(
+        tmp_path: Path, capabilities: dict[int, Path], point: str) -> None:
+    config = write_config(tmp_path)
+    runs = [big_run("r1")]
+    args = ["reduce", "r1", "--ceiling", "1200", "--capabilities", str(capabilities[160_000]),
+            "--config", str(config), "--json"]
+    with open_with(tmp_path, *runs, name="control.sqlite") as control:
+        pass
+    ok = kvjudge_child([*args, "--store", str(tmp_path / "control.sqlite")], tmp_path)
+    assert ok.returncode == 0, ok.stderr
+    with Store.open(tmp_path / "control.sqlite") as control:
+        converged = control.run("r1").canonical_bytes()
+        assert control.run("r1").reduced
+
+    with open_with(tmp_path, *runs, name="crash.sqlite") as store:
+        before_events = list(store.iter_events("r1"))
+    crashed = kvjudge_child([*args, "--store", str(tmp_path / "crash.sqlite")], tmp_path, faults=point)
+    assert crashed.returncode == -9, f"{point}: child was not killed ({crashed.returncode}): {crashed.stderr}"
+
+    with Store.open(tmp_path / "crash.sqlite") as store:
+        assert_every_missing_body_explained(store)
+        report = verify(store)
+        assert report.ok, report.to_dict()
+        events = list(store.iter_events("r1"))
+        reduction_events = [e for _, e in events[len(before_events):]]
+        state = store.run("r1")
+        summaries = [loc.summary_ref for loc in state.bodies.values() if loc.summary_ref]
+        if point in ("put_summary.txn", "after_put_summary", "commit_reduction.txn"):
+            assert reduction_events == []  # nothing committed yet: no ref lost its body
+            assert all(store.blobs.get(ref) is not None for ref in state.refs())
+            orphans = store.connection.execute(
+                "SELECT COUNT(*) FROM blobs WHERE body IS NOT NULL AND ref NOT IN (SELECT ref FROM run_bodies)"
+            ).fetchone()[0]
+            assert orphans == (0 if point == "put_summary.txn" else len(ok_summaries(tmp_path)))
+        else:
+            assert reduction_events and all(store.blobs.get(ref) is not None for ref in summaries)
+            gone = [ref for ref, loc in state.bodies.items() if loc.status != LOCAL]
+            bodies_left = [ref for ref in gone if store.blobs.get(ref) is not None]
+            if point in ("after_commit_reduction", "delete_body.txn"):
+                assert bodies_left == gone  # explained by the log, deletion pending
+                assert any("still stored" in note for note in report.notes)
+            else:
+                assert bodies_left == []
+
+    rerun = kvjudge_child([*args, "--store", str(tmp_path / "crash.sqlite")], tmp_path)
+    assert rerun.returncode == 0, rerun.stderr
+    with Store.open(tmp_path / "crash.sqlite") as store:
+        assert store.run("r1").canonical_bytes() == converged
+        report = verify(store)
+        assert report.ok and not any("still stored" in n for n in report.notes)
+        assert all(store.blobs.get(ref) is None for ref, loc in store.run("r1").bodies.items() if loc.status != LOCAL)
+    again = kvjudge_child([*args, "--store", str(tmp_path / "crash.sqlite")], tmp_path)
+    assert json.loads(again.stdout)["runs"][0]["events"] == 0  # converged: a further run is a no-op
+
+
+def ok_summaries(tmp_path: Path) -> list[str]:
+    with Store.open(tmp_path / "control.sqlite") as control:
+        state = control.run("r1")
+        return sorted({loc.summary_ref for loc in state.bodies.values() if loc.summary_ref}
+                      | {b.summary_ref for b in state.branches if b.summary_ref})
+
+
+def test_the_invariant_check_fails_on_a_body_deleted_before_its_event(tmp_path: Path) -> None:
+    """The trap: deleting the original before Reduced commits. The checks above would see it."""
+    with open_with(tmp_path, big_run()) as store:
+        ref = store.run("r1").branches[0].transitions[2].tool_output["output_ref"]
+        with store.transaction("tamper"):
+            store.blobs.delete_body(ref)
+        with pytest.raises(AssertionError, match="log says it is local"):
+            assert_every_missing_body_explained(store)
+        report = verify(store)
+        assert [(v.check, v.ref) for v in report.violations] == [("explained", ref)]
+
+
+# ------------------------------------------------------------ step 7: the ceiling bound
+def test_step7_hardware_bound_wins_over_a_200k_ceiling(tmp_path: Path, capabilities: dict[int, Path],
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    config = write_config(tmp_path, "ceiling = 200000\n")
+    run = make_run("huge", [filler(i, 12_000) for i in range(8)])  # ~8 × 21k chars/4 tokens
+    with open_with(tmp_path, run) as store:
+        before = run_tokens(store, store.run("huge"), CHARS)
+    assert before > 120_000
+    code = main(["reduce", "huge", "--store", str(tmp_path / "store.sqlite"), "--config", str(config),
+                 "--capabilities", str(capabilities[160_000]), "--json"])
+    payload = json.loads(capsys.readouterr().out)
+    assert code == 0
+    bound = payload["ceilings"]["default"]
+    assert bound == {"configured": 200_000, "max_context_tokens": 160_000, "hardware_bound": 80_000,
+                     "effective": 80_000, "winner": "hardware"}
+    result = payload["runs"][0]
+    assert result["target_tokens"] == 80_000 and result["tokens_before"] == before
+    assert 70_000 < result["tokens_after"] <= 80_000  # reduced to the bound, not below it for no reason
+    with Store.open(tmp_path / "store.sqlite") as store:
+        assert run_tokens(store, store.run("huge"), CHARS) == result["tokens_after"]
+
+
+def test_step7_ceiling_flag_lowers_but_the_bound_still_applies(tmp_path: Path, capabilities: dict[int, Path],
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    config = write_config(tmp_path)
+    with open_with(tmp_path, big_run()):
+        pass
+    base = ["reduce", "r1", "--store", str(tmp_path / "store.sqlite"), "--config", str(config), "--dry-run", "--json"]
+    assert main([*base, "--capabilities", str(capabilities[4_000]), "--ceiling", "100000"]) == 0
+    assert json.loads(capsys.readouterr().out)["runs"][0]["target_tokens"] == 2_000  # 4000 // 2 wins
+    assert main([*base, "--capabilities", str(capabilities[160_000]), "--ceiling", "1500"]) == 0
+    assert json.loads(capsys.readouterr().out)["runs"][0]["target_tokens"] == 1_500
+
+
+def test_step7_no_probe_figure_means_no_reduction(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Never the configured ceiling alone: without max_context_tokens the command refuses."""
+    config = write_config(tmp_path)
+    with open_with(tmp_path, big_run()) as store:
+        before = len(list(store.iter_events()))
+    code = main(["reduce", "r1", "--store", str(tmp_path / "store.sqlite"), "--config", str(config),
+                 "--capabilities", str(tmp_path / "empty-cache.json")])
+    assert code != 0
+    assert "max_context_tokens" in capsys.readouterr().err
+    with Store.open(tmp_path / "store.sqlite") as store:
+        assert len(list(store.iter_events())) == before and not store.run("r1").reduced
+
+
+# ------------------------------------------------------------ step 9: grading is refused
+def test_step9_a_run_in_grading_is_refused(tmp_path: Path, capabilities: dict[int, Path],
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    config = write_config(tmp_path)
+    with open_with(tmp_path, big_run("g", lifecycle=["running", "grading"]), big_run("done")) as store:
+        events_before = len(list(store.iter_events("g")))
+        with pytest.raises(RunStateError, match="run g is grading"):
+            plan_reduction(store.run("g"), store.text, CHARS, 100)
+        with pytest.raises(RunStateError):
+            reduce_run(store, "g", 100, CHARS)
+    common = ["--store", str(tmp_path / "store.sqlite"), "--config", str(config),
+              "--capabilities", str(capabilities[160_000]), "--ceiling", "1000"]
+    assert main(["reduce", "g", *common]) == 1
+    assert "run g is grading" in capsys.readouterr().err
+    # --all reduces what may be reduced and names what it refused (never a silent skip).
+    assert main(["reduce", "--all", *common, "--json"]) == 0
+    payload = json.loads(capsys.readouterr().out)
+    assert [r["run"] for r in payload["runs"]] == ["done"]
+    assert payload["refused"] == [{"run": "g", "state": "grading",
+                                   "reason": "grading has not terminated (only graded, ungraded, archived reduce)"}]
+    with Store.open(tmp_path / "store.sqlite") as store:
+        assert len(list(store.iter_events("g"))) == events_before and not store.run("g").reduced
+
+
+# ------------------------------------------------------------ loss order, idempotence, counting
+def test_loss_order_bodies_then_dead_branches_then_dropped(tmp_path: Path) -> None:
+    with open_with(tmp_path, big_run()) as store:
+        state = store.run("r1")
+        total = run_tokens(store, state, CHARS)
+        mild = plan_reduction(state, store.text, CHARS, total - 500, counts={})
+        assert mild.steps == {"bodies_reduced": mild.steps["bodies_reduced"], "branches_summarised": 0, "dropped": 0}
+        assert mild.steps["bodies_reduced"] >= 1 and mild.fits
+        harsh = plan_reduction(state, store.text, CHARS, 60)
+        kinds = [event.kind for event in harsh.events]
+        # Fixed order: every Reduced before any BranchReduced, every BranchReduced before any Dropped.
+        assert kinds == sorted(kinds, key=["Reduced", "BranchReduced", "Dropped"].index)
+        assert {"Reduced", "BranchReduced", "Dropped"} <= set(kinds)
+        dead_refs = {ref for b in state.branches if b.status == "dead" for ref in b.refs()}
+        live_refs = {ref for b in state.branches if b.status == "live" for ref in b.refs()}
+        dropped = {event.original for event in harsh.events if event.kind == "Dropped"}
+        assert dropped and not (dropped & live_refs)  # only text on dead branches is ever dropped
+        assert dead_refs & dropped
+        # planning is pure: nothing was written
+        assert store.run("r1") == state and not state.reduced
+
+
+def test_planning_is_pure_and_gives_a_view(tmp_path: Path) -> None:
+    with open_with(tmp_path, big_run()) as store:
+        lsns = store.connection.execute("SELECT MAX(lsn) FROM events").fetchone()[0]
+        blobs = store.connection.execute("SELECT COUNT(*) FROM blobs").fetchone()[0]
+        plan = plan_reduction(store.run("r1"), store.text, CHARS, 900)
+        again = plan_reduction(store.run("r1"), store.text, CHARS, 900)
+        assert plan.events == again.events and dict(plan.blobs) == dict(again.blobs)  # deterministic
+        assert store.connection.execute("SELECT MAX(lsn) FROM events").fetchone()[0] == lsns
+        assert store.connection.execute("SELECT COUNT(*) FROM blobs").fetchone()[0] == blobs
+        view = plan.state_after
+        text = [plan.text_of(ref, store.text) for ref in view_refs(view)]
+        assert all(t is not None for t in text)
+        assert sum(CHARS.count(t) for t in text) == plan.tokens_after <= 900
+
+
+def test_second_reduction_is_a_no_op_without_recounting(tmp_path: Path) -> None:
+    with open_with(tmp_path, big_run()) as store:
+        counter = CountingCounter()
+        first = reduce_run(store, "r1", 1500, counter)
+        assert first.appended > 0 and counter.calls > 0
+        counter.calls = 0
+        second = reduce_run(store, "r1", 1500, counter)
+        assert second.appended == 0 and second.plan.noop and second.bodies_deleted == 0
+        assert counter.calls == 0  # every count came from blob_tokens
+        assert run_tokens(store, store.run("r1"), counter) == first.plan.tokens_after and counter.calls == 0
+
+
+def test_a_body_shared_with_another_run_is_kept_for_it(tmp_path: Path) -> None:
+    shared = filler(7, 3000)
+    a = make_run("a", [shared, filler(8, 3000)])
+    b = make_run("b", [shared, "tail"], lifecycle=["running"])
+    with open_with(tmp_path, a, b) as store:
+        ref = store.run("b").branches[0].transitions[2].tool_output["output_ref"]
+        reduce_run(store, "a", 300, CHARS)
+        assert store.run("a").bodies[ref].status == "reduced"
+        assert store.text(ref) is not None  # b still reads it
+        assert verify(store).ok
+
+
+@pytest.mark.model
+def test_reduction_with_the_model_tokenizer(tmp_path: Path, default_model: Path) -> None:
+    counter = ModelTokenizer(default_model)
+    with open_with(tmp_path, big_run()) as store:
+        before = run_tokens(store, store.run("r1"), counter)
+        result = reduce_run(store, "r1", 1000, counter)
+        state = store.run("r1")
+        assert before > 1000 and result.plan.fits and result.plan.counter == counter.name
+        # Recount what a reader sees with the model's own tokenizer, from the bodies themselves.
+        seen = sum(counter.count(store.text(ref)) for ref in view_refs(state))
+        assert seen == result.plan.tokens_after <= 1000
+        stored = store.cached_counts(state.refs(), counter.name)
+        assert all(stored[ref] == counter.count(store.text(ref)) for ref in set(view_refs(state)))
