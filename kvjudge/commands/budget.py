@@ -9,13 +9,16 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvjudge import models
 from kvjudge.budget import budget_from_config, configured_ceiling, effective_ceiling
 from kvjudge.commands._common import add_output_args, config_from, emit, info, print_table
 from kvjudge.config import Config
 from kvjudge.errors import CapabilityMissing, UsageError
+
+if TYPE_CHECKING:
+    from kvjudge.probe import CapabilityEntry
 
 # The figures of a capability entry worth showing (trials are the probe's business).
 _ENTRY_FIELDS = ("fingerprint", "model_sha256", "device", "max_context_tokens", "max_ok_input", "safe_context",
@@ -38,14 +41,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=_run)
 
 
-def lookup_entry(model_path: Path, cache_path: str | os.PathLike[str] | None = None) -> Any:
-    """The capability cache entry for ``model_path`` on this device, or None (imports the probe lazily)."""
+def lookup_entry(model_path: Path, cache_path: str | os.PathLike[str] | None = None,
+                 memory_budget: int | str | None = None) -> CapabilityEntry | None:
+    """The capability cache entry for ``model_path`` on this device, or None (never probes)."""
     from kvjudge.probe import lookup_capability
 
-    return lookup_capability(model_path, cache_path=cache_path)
+    return lookup_capability(model_path, cache_path=cache_path, memory_budget=memory_budget)
 
 
-def entry_summary(entry: Any) -> dict[str, Any] | None:
+def _lookup(args: argparse.Namespace, config: Config, model_path: Path) -> CapabilityEntry | None:
+    # The probe would read ./kvjudge.toml itself; pass the budget from the config this command was given.
+    return lookup_entry(model_path, args.capabilities, config.get("probe.memory_budget", (str, int), None))
+
+
+def entry_summary(entry: CapabilityEntry | None) -> dict[str, Any] | None:
     """The displayable figures of a capability entry (None stays None)."""
     if entry is None:
         return None
@@ -63,18 +72,18 @@ def _run(args: argparse.Namespace) -> int:
 
 def _budget(args: argparse.Namespace, config: Config) -> int:
     model_path = models.resolve_model(args.model)
-    entry = lookup_entry(model_path, args.capabilities)
+    entry = _lookup(args, config, model_path)
+    resolved = budget_from_config(
+        config,
+        max_ok_input=entry.max_ok_input if entry else None,
+        safe_context=entry.safe_context if entry else None,
+        model_path=model_path,
+    )
     if entry is None:
         info(f"no capability entry for {model_path} on this device; run `kvjudge probe --model {model_path}` "
              f"to derive the budget from what really runs")
-    elif getattr(entry, "stale", False):
+    elif entry.stale:
         info(f"the capability entry for {model_path} is stale; rerun `kvjudge probe --model {model_path}`")
-    resolved = budget_from_config(
-        config,
-        max_ok_input=getattr(entry, "max_ok_input", None),
-        safe_context=getattr(entry, "safe_context", None),
-        model_path=model_path,
-    )
     provider = resolved.provider()
     payload = {
         "model": str(model_path),
@@ -109,13 +118,13 @@ def _judge_model(args: argparse.Namespace, config: Config) -> Path:
 def _ceiling(args: argparse.Namespace, config: Config) -> int:
     model_path = _judge_model(args, config)
     configured = configured_ceiling(config, args.tenant)
-    entry = lookup_entry(model_path, args.capabilities)
+    entry = _lookup(args, config, model_path)
     if entry is None:
         # Never fall back to the configured value alone: it would promise more than the judge can read.
         raise CapabilityMissing(
             f"no probe figure for the judge model {model_path} on this device, so the ceiling cannot be "
             f"bounded; run `kvjudge probe --model {model_path}`")
-    if getattr(entry, "stale", False):
+    if entry.stale:
         info(f"the capability entry for {model_path} is stale; rerun `kvjudge probe --model {model_path}`")
     bound = effective_ceiling(configured, entry.max_context_tokens)
     payload = {
