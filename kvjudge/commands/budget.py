@@ -139,8 +139,9 @@ def _ceiling(args: argparse.Namespace, config: Config) -> int:
     }
 
     def human() -> None:
-        rows = [("configured", bound.configured, "[retention] ceiling" + (f" (tenant {args.tenant})"
-                                                                          if args.tenant else "")),
+        # No square brackets: the table renders rich markup.
+        source = f"retention.tenants.{args.tenant}.ceiling" if args.tenant else "retention.ceiling"
+        rows = [("configured", bound.configured, f"config {source} (or its default)"),
                 ("hardware bound", bound.hardware_bound, f"max_context_tokens {entry.max_context_tokens} // 2"),
                 ("effective", bound.effective, f"{bound.winner} wins")]
         print_table(("ceiling", "tokens", "from"), rows, title=f"retention ceiling for {model_path.name}")
