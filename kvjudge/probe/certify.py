@@ -72,12 +72,9 @@ def run_trial(model_path: str | os.PathLike[str], n_ctx: int, *, settings: Any, 
               margin_bytes: int, on_gpu: bool = False, timeout_s: float | None = None,
               reserve: int = PROMPT_RESERVE, n_decode: int = DECODE_TOKENS) -> Trial:
     """Run one trial in a child process (``python -m kvjudge.probe.trial``) and read its outcome."""
-    spec = {
-        "model_path": str(model_path), "n_ctx": n_ctx, "n_ubatch": settings.n_ubatch, "n_seq": settings.n_seq,
-        "type_k_id": ggml_type(settings.type_k)[0], "type_v_id": ggml_type(settings.type_v)[0],
-        "swa_full": settings.swa_full, "flash_attn": settings.flash_attn, "gpu_layers": settings.gpu_layers,
-        "usable_bytes": usable_bytes, "margin_bytes": margin_bytes, "on_gpu": on_gpu,
-        "reserve": reserve, "n_decode": n_decode,
+    spec = trial_spec(settings, n_ctx) | {
+        "model_path": str(model_path), "usable_bytes": usable_bytes, "margin_bytes": margin_bytes,
+        "on_gpu": on_gpu, "reserve": reserve, "n_decode": n_decode,
     }
     timeout = timeout_s if timeout_s is not None else default_timeout(n_ctx)
     started = time.monotonic()
@@ -107,6 +104,38 @@ def run_trial(model_path: str | os.PathLike[str], n_ctx: int, *, settings: Any, 
                  kv_bytes_measured=result.get("kv_bytes"), compute_bytes_measured=result.get("compute_bytes"),
                  model_bytes_measured=result.get("model_bytes"), peak_rss_bytes=result.get("peak_rss_bytes"),
                  footprint_bytes=footprint, seconds=seconds, detail=str(result.get("detail", "")))
+
+
+def trial_spec(settings: Any, n_ctx: int) -> dict[str, Any]:
+    """The child's view of one context: size and runtime settings, with ggml type ids."""
+    return {"n_ctx": n_ctx, "n_ubatch": settings.n_ubatch, "n_seq": settings.n_seq,
+            "type_k_id": ggml_type(settings.type_k)[0], "type_v_id": ggml_type(settings.type_v)[0],
+            "swa_full": settings.swa_full, "flash_attn": settings.flash_attn, "gpu_layers": settings.gpu_layers}
+
+
+def measure_allocations(model_path: str | os.PathLike[str], contexts: list[tuple[Any, int]], *,
+                        timeout_s: float = 600.0) -> list[dict[str, Any]]:
+    """What llama.cpp reports (KV caches, compute and output buffers) for each ``(settings, n_ctx)``.
+
+    One child process loads the model once and creates each context in turn without running a prompt.
+    Each result holds ``created`` and, from the log, ``kv_caches`` (MiB strings as printed), ``kv_bytes``,
+    ``compute_bytes``, ``model_bytes``, ``output_bytes``.
+    """
+    from kvjudge.errors import ProbeError
+
+    specs = [trial_spec(settings, n_ctx) for settings, n_ctx in contexts]
+    with tempfile.TemporaryDirectory(prefix="kvjudge-alloc-") as scratch:
+        result_path = Path(scratch) / "result.json"
+        command = [sys.executable, "-m", "kvjudge.probe.trial", "--allocations", str(model_path),
+                   json.dumps(specs), str(result_path)]
+        try:
+            proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
+        except subprocess.TimeoutExpired as exc:
+            raise ProbeError(f"measuring allocations of {model_path} took over {timeout_s:.0f} s") from exc
+        if not result_path.exists():
+            tail = (proc.stderr.strip().splitlines() or ["no output"])[-1][:200]
+            raise ProbeError(f"measuring allocations of {model_path} failed (exit {proc.returncode}: {tail})")
+        return json.loads(result_path.read_text())
 
 
 def _interpolate(trials: list[Trial], usable: int, kv_per_token: float) -> int | None:

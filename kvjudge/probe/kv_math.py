@@ -4,12 +4,13 @@ What llama.cpp does, learned from its source (llama-context.cpp, llama-kv-cache.
 and checked against its log on this machine:
 
 - the requested ``n_ctx`` is padded up to a multiple of 256; with ``n_seq`` sequences and a non-unified cache
-  (llama-cpp-python's default) there are ``n_seq`` streams of ``n_ctx / n_seq`` cells each;
+  (llama-cpp-python's default) there are ``n_seq`` streams of ``n_ctx_seq = pad256(n_ctx / n_seq)`` cells;
 - ``n_batch`` and ``n_ubatch`` are clamped to the requested ``n_ctx``;
 - models with sliding-window layers get two caches: the global layers get every cell, the windowed layers
-  ``min(n_ctx_seq, pad256(n_swa + n_ubatch))`` cells per stream, or every cell with ``swa_full``;
-- one layer's K row holds ``head_dim_k * n_head_kv`` values of ``type_k``, stored in blocks:
-  ``bytes = type_size * n / block_size`` (``ggml_row_size``); V likewise with ``type_v``;
+  ``pad256(min(n_ctx_seq, n_swa + n_ubatch))`` cells per stream, or every cell with ``swa_full``;
+- one layer's K row holds ``head_dim_k * n_head_kv(layer)`` values of ``type_k``, stored in blocks:
+  ``bytes = type_size * n / block_size`` (``ggml_row_size``); V likewise with ``type_v`` — except that without
+  flash attention V is stored transposed and every layer's V row is as wide as the widest layer's;
 - a quantized V cache needs flash attention, and a quantized type's block must divide the head size.
 
 Type sizes come from ``gguf.GGML_QUANT_SIZES`` (block size, bytes per block).
@@ -107,14 +108,14 @@ def kv_layout(shape: ModelShape, n_ctx: int, *, n_seq: int = 1, swa_full: bool =
         raise UsageError(f"n_ctx must be a positive number of tokens, got {n_ctx}")
     if n_seq < 1:
         raise UsageError(f"n_seq must be at least 1, got {n_seq}")
-    padded = pad(n_ctx)
-    n_ctx_seq = padded // n_seq
+    n_ctx_seq = pad(pad(n_ctx) // n_seq)
     ubatch = min(n_ubatch, n_ctx)  # llama.cpp clamps n_batch (and so n_ubatch) to the requested n_ctx
     if shape.uses_swa and not swa_full:
-        swa_cells = min(n_ctx_seq, pad(shape.n_swa + ubatch))
+        swa_cells = pad(min(n_ctx_seq, shape.n_swa + ubatch))
     else:
         swa_cells = n_ctx_seq
-    return KvLayout(n_ctx=padded, n_ctx_seq=n_ctx_seq, n_stream=n_seq, n_ubatch=ubatch, swa_cells=swa_cells)
+    return KvLayout(n_ctx=n_ctx_seq * n_seq, n_ctx_seq=n_ctx_seq, n_stream=n_seq, n_ubatch=ubatch,
+                    swa_cells=swa_cells)
 
 
 def kv_breakdown(shape: ModelShape, n_ctx: int, *, type_k: str = "f16", type_v: str = "f16", n_seq: int = 1,
@@ -124,11 +125,13 @@ def kv_breakdown(shape: ModelShape, n_ctx: int, *, type_k: str = "f16", type_v: 
     layout = kv_layout(shape, n_ctx, n_seq=n_seq, swa_full=swa_full, n_ubatch=n_ubatch)
     sums = {"kg": 0, "vg": 0, "ks": 0, "vs": 0}
     per_layer: list[int] = []
+    # Transposed V (no flash attention) is padded to the widest layer when layers differ.
+    v_widest = max(shape.n_embd_v_gqa(il) for il in range(shape.n_layer))
     for il in range(shape.n_layer):
         windowed = shape.uses_swa and shape.swa_layers[il]
         cells = (layout.swa_cells if windowed else layout.n_ctx_seq) * layout.n_stream
         k = row_bytes(type_k, shape.n_embd_k_gqa(il)) * cells
-        v = row_bytes(type_v, shape.n_embd_v_gqa(il)) * cells
+        v = row_bytes(type_v, shape.n_embd_v_gqa(il) if flash_attn else v_widest) * cells
         sums["ks" if windowed else "kg"] += k
         sums["vs" if windowed else "vg"] += v
         per_layer.append(k + v)

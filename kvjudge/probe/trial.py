@@ -26,7 +26,8 @@ MIB = 1024 * 1024
 # one Python version; the count of tokens that ran is what is recorded, not the text).
 FILL_MIN_BYTES = 512
 
-_KV_RE = re.compile(r"llama_kv_cache: size =\s*([\d.]+) MiB \(\s*(\d+) cells,\s*(\d+) layers")
+_KV_RE = re.compile(r"llama_kv_cache: size =\s*([\d.]+) MiB \(\s*(\d+) cells,\s*(\d+) layers,\s*(\d+)/(\d+) seqs\),"
+                    r"\s*K \((\w+)\):\s*([\d.]+) MiB,\s*V \((\w+)\):\s*([\d.]+) MiB")
 _BUF_RE = re.compile(r"(\S+)\s+(model|KV|compute|output) buffer size =\s*([\d.]+) MiB")
 _OOM_RE = re.compile(r"out of memory|failed to allocate|cannot allocate|bad_alloc|cudaMalloc failed", re.I)
 
@@ -50,7 +51,9 @@ def fill_text(min_chars: int) -> str:
 
 def parse_log(text: str) -> dict[str, Any]:
     """The buffer sizes llama.cpp reported, in bytes (from its "… buffer size = X MiB" lines)."""
-    kv_caches = [{"mib": float(m.group(1)), "cells": int(m.group(2)), "layers": int(m.group(3))}
+    # MiB figures stay the strings llama.cpp printed (two decimals) so they can be compared exactly.
+    kv_caches = [{"mib": m.group(1), "cells": int(m.group(2)), "layers": int(m.group(3)), "seqs": int(m.group(5)),
+                  "type_k": m.group(6), "k_mib": m.group(7), "type_v": m.group(8), "v_mib": m.group(9)}
                  for m in _KV_RE.finditer(text)]
     buffers: dict[str, dict[str, float]] = {}
     for match in _BUF_RE.finditer(text):
@@ -63,7 +66,7 @@ def parse_log(text: str) -> dict[str, Any]:
 
     return {
         "kv_caches": kv_caches,
-        "kv_bytes": int(round(sum(c["mib"] for c in kv_caches) * MIB)) if kv_caches else None,
+        "kv_bytes": int(round(sum(float(c["mib"]) for c in kv_caches) * MIB)) if kv_caches else None,
         "model_bytes": total("model"),
         "compute_bytes": total("compute"),
         "output_bytes": total("output"),
@@ -113,22 +116,9 @@ def run(spec: dict[str, Any], result_path: Path) -> int:
     except ValueError as exc:
         write("oom" if parse_log("".join(log))["oom_in_log"] else "crashed", detail=f"model load failed: {exc}")
         return 0
-    ctx_params = llama_cpp.llama_context_default_params()
     n_ctx = int(spec["n_ctx"])
     ubatch = int(spec["n_ubatch"])
-    ctx_params.n_ctx = n_ctx
-    ctx_params.n_batch = ubatch
-    ctx_params.n_ubatch = ubatch
-    ctx_params.n_seq_max = int(spec["n_seq"])
-    ctx_params.type_k = int(spec["type_k_id"])
-    ctx_params.type_v = int(spec["type_v_id"])
-    ctx_params.swa_full = bool(spec["swa_full"])
-    ctx_params.flash_attn_type = (llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if spec["flash_attn"]
-                                  else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED)
-    threads = int(spec.get("n_threads") or max(1, os.cpu_count() or 1))
-    ctx_params.n_threads = threads
-    ctx_params.n_threads_batch = threads
-    ctx_params.no_perf = True
+    ctx_params = _context_params(llama_cpp, spec)
     try:
         ctx = internals.LlamaContext(model=model, params=ctx_params, verbose=True)
     except ValueError as exc:
@@ -206,10 +196,64 @@ def run(spec: dict[str, Any], result_path: Path) -> int:
     return 0
 
 
+def _context_params(llama_cpp: Any, spec: dict[str, Any]) -> Any:
+    params = llama_cpp.llama_context_default_params()
+    ubatch = int(spec["n_ubatch"])
+    params.n_ctx = int(spec["n_ctx"])
+    params.n_batch = ubatch
+    params.n_ubatch = ubatch
+    params.n_seq_max = int(spec["n_seq"])
+    params.type_k = int(spec["type_k_id"])
+    params.type_v = int(spec["type_v_id"])
+    params.swa_full = bool(spec["swa_full"])
+    # Explicit: the library default is "auto", which would turn flash attention on behind our back.
+    params.flash_attn_type = (llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if spec["flash_attn"]
+                              else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED)
+    threads = int(spec.get("n_threads") or max(1, os.cpu_count() or 1))
+    params.n_threads = threads
+    params.n_threads_batch = threads
+    params.no_perf = True
+    return params
+
+
+def allocations(model_path: str, specs: list[dict[str, Any]], result_path: Path) -> int:
+    """Create (and free) one context per spec on one loaded model; record what llama.cpp reports for each.
+
+    No prompt runs: this measures allocations only (the KV-math check and the benchmark use it).
+    """
+    import llama_cpp
+    from llama_cpp import _internals as internals
+
+    log: list[str] = []
+
+    @llama_cpp.llama_log_callback
+    def on_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+        log.append(text.decode("utf-8", "replace"))
+
+    llama_cpp.llama_log_set(on_log, ctypes.c_void_p(0))
+    model_params = llama_cpp.llama_model_default_params()
+    model = internals.LlamaModel(path_model=model_path, params=model_params, verbose=True)
+    results = []
+    for spec in specs:
+        log.clear()
+        try:
+            ctx = internals.LlamaContext(model=model, params=_context_params(llama_cpp, spec), verbose=True)
+        except ValueError as exc:
+            results.append({"spec": spec, "created": False, "error": str(exc), **parse_log("".join(log))})
+            continue
+        results.append({"spec": spec, "created": True, **parse_log("".join(log))})
+        ctx.close()
+    result_path.write_text(json.dumps(results))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    if len(args) == 4 and args[0] == "--allocations":
+        return allocations(args[1], json.loads(args[2]), Path(args[3]))
     if len(args) != 2:
-        print("usage: python -m kvjudge.probe.trial SPEC_JSON RESULT_PATH", file=sys.stderr)
+        print("usage: python -m kvjudge.probe.trial SPEC_JSON RESULT_PATH\n"
+              "       python -m kvjudge.probe.trial --allocations MODEL SPECS_JSON RESULT_PATH", file=sys.stderr)
         return 2
     return run(json.loads(args[0]), Path(args[1]))
 
