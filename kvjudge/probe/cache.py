@@ -123,6 +123,10 @@ class CapabilityCache:
         for fingerprint, raw in data["entries"].items():
             if not isinstance(raw, dict):
                 raise self._unreadable(f"entry {fingerprint[:16]} is not an object")
+            try:
+                CapabilityEntry.from_json(raw)  # every entry, so a write never carries a damaged one along
+            except (TypeError, ValueError) as exc:
+                raise self._unreadable(f"entry {fingerprint[:16]}: {exc}") from exc
         return data["entries"]
 
     def _entry(self, raw: dict[str, Any], now: datetime | None = None) -> CapabilityEntry:

@@ -1,0 +1,160 @@
+"""The capability cache: ratchets, staleness, fingerprints, a corrupt file, and two processes writing at once."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+import textwrap
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+from gguf_factory import write_llama_gqa
+from kvjudge.errors import CacheError, CapabilityMissing
+from kvjudge.probe import CapabilityCache, CapabilityEntry, RuntimeSettings, lookup_capability, probe
+from kvjudge.probe.core import current_components
+
+
+def _entry(fingerprint: str = "f" * 64, *, max_ok_input: int | None = 3000, safe_context: int | None = 2700,
+           days_old: float = 0.0) -> CapabilityEntry:
+    when = (datetime.now(timezone.utc) - timedelta(days=days_old)).replace(microsecond=0).isoformat()
+    return CapabilityEntry(fingerprint=fingerprint, model_sha256="a" * 64, model_path="/m.gguf", device="host:x",
+                           max_context_tokens=4096, max_ok_input=max_ok_input, safe_context=safe_context,
+                           certified=max_ok_input is not None, certified_at=when if max_ok_input else None,
+                           method="measured" if max_ok_input else "estimated", trials=[], probed_at=when)
+
+
+def test_round_trip_and_default_path(tmp_path: Path, isolated_dirs: Path) -> None:
+    cache = CapabilityCache()
+    assert cache.path == isolated_dirs / "cache" / "capabilities.json"
+    stored = cache.put(_entry())
+    assert cache.get(stored.fingerprint) == stored and not stored.stale
+    assert json.loads(cache.path.read_text())["version"] == 1
+    assert cache.get("0" * 64) is None
+
+
+def test_a_prompt_that_ran_raises_max_ok_input_and_never_lowers_it(tmp_path: Path) -> None:
+    cache = CapabilityCache(tmp_path / "c.json")
+    fp = cache.put(_entry(max_ok_input=3000)).fingerprint
+    assert cache.record_prompt_ok(fp, 3500).max_ok_input == 3500
+    assert cache.record_prompt_ok(fp, 1000).max_ok_input == 3500
+    assert cache.get(fp).safe_context == 2700  # untouched
+
+
+def test_an_overflow_lowers_to_75_percent_and_never_raises(tmp_path: Path) -> None:
+    cache = CapabilityCache(tmp_path / "c.json")
+    fp = cache.put(_entry(max_ok_input=3000, safe_context=2700)).fingerprint
+    after = cache.record_overflow(fp, 3200)
+    assert (after.max_ok_input, after.safe_context) == (2400, 2400)
+    assert after.last_overflow == 3200
+    after = cache.record_overflow(fp, 100_000)  # an overflow far above never raises anything
+    assert (after.max_ok_input, after.safe_context, after.last_overflow) == (2400, 2400, 3200)
+    after = cache.record_overflow(fp, 2000)
+    assert (after.max_ok_input, after.safe_context) == (1500, 1500)
+
+
+def test_an_overflow_never_invents_a_measured_figure(tmp_path: Path) -> None:
+    cache = CapabilityCache(tmp_path / "c.json")
+    fp = cache.put(_entry(max_ok_input=None, safe_context=None)).fingerprint
+    after = cache.record_overflow(fp, 4000)
+    assert (after.max_ok_input, after.safe_context, after.last_overflow) == (None, None, 4000)
+
+
+def test_ratchets_need_an_entry(tmp_path: Path) -> None:
+    cache = CapabilityCache(tmp_path / "c.json")
+    with pytest.raises(CapabilityMissing, match="kvjudge probe"):
+        cache.record_prompt_ok("9" * 64, 10)
+    with pytest.raises(CapabilityMissing):
+        cache.record_overflow("9" * 64, 10)
+
+
+def test_staleness_follows_the_configured_limit(tmp_path: Path) -> None:
+    path = tmp_path / "c.json"
+    CapabilityCache(path).put(_entry(days_old=40))
+    assert CapabilityCache(path).get("f" * 64).stale               # default: 30 days
+    assert not CapabilityCache(path, staleness_days=60).get("f" * 64).stale
+    CapabilityCache(path).put(_entry(days_old=1))
+    assert not CapabilityCache(path).get("f" * 64).stale
+
+
+def _tiny_model(tmp_path: Path, seed: int = 0) -> Path:
+    return write_llama_gqa(tmp_path / "tiny.gguf", seed=seed)
+
+
+def test_lookup_follows_the_fingerprint(tmp_path: Path) -> None:
+    model = _tiny_model(tmp_path)
+    cache = tmp_path / "caps.json"
+    report = probe(model, certify=False, cache_path=cache, memory_budget="1GiB")
+    assert report.entry.method == "estimated" and not report.entry.certified
+    assert lookup_capability(model, cache_path=cache, memory_budget="1GiB") == report.entry
+    # Another budget, other settings: another fingerprint, so no entry.
+    assert lookup_capability(model, cache_path=cache, memory_budget="2GiB") is None
+    assert lookup_capability(model, cache_path=cache, memory_budget="1GiB",
+                             settings=RuntimeSettings(type_k="q8_0")) is None
+    # No budget named anywhere: the entry recorded under any budget for the same model and settings.
+    assert lookup_capability(model, cache_path=cache).fingerprint == report.entry.fingerprint
+    assert current_components(report.entry) == report.entry.components
+    # The file changes (same shape, other weights): its sha256 and so its fingerprint change.
+    _tiny_model(tmp_path, seed=7)
+    assert lookup_capability(model, cache_path=cache, memory_budget="1GiB") is None
+    assert current_components(report.entry) != report.entry.components
+
+
+def test_staleness_from_the_config_file(tmp_path: Path, isolated_dirs: Path) -> None:
+    model = _tiny_model(tmp_path)
+    cache_path = tmp_path / "caps.json"
+    entry = probe(model, certify=False, cache_path=cache_path, memory_budget="1GiB").entry
+    old = (datetime.now(timezone.utc) - timedelta(days=10)).isoformat()
+    CapabilityCache(cache_path).put(dataclasses.replace(entry, probed_at=old))
+    assert not lookup_capability(model, cache_path=cache_path, memory_budget="1GiB").stale
+    (isolated_dirs / "kvjudge.toml").write_text("[probe]\nstaleness_days = 7\n")
+    assert lookup_capability(model, cache_path=cache_path, memory_budget="1GiB").stale
+
+
+@pytest.mark.parametrize("content", ["{not json", "[]", '{"version": 99, "entries": {}}',
+                                     '{"version": 1, "entries": {"x": {"fingerprint": "x"}}}', "\xff\xfe"])
+def test_a_corrupt_file_is_an_error_and_is_never_replaced(tmp_path: Path, content: str) -> None:
+    path = tmp_path / "caps.json"
+    path.write_bytes(content.encode("latin-1"))
+    cache = CapabilityCache(path)
+    with pytest.raises(CacheError) as error:
+        cache.get("x")
+    message = str(error.value)
+    assert str(path) in message and "kvjudge cache clear" in message and "\n" not in message
+    with pytest.raises(CacheError):
+        cache.put(_entry())
+    with pytest.raises(CacheError):
+        probe(_tiny_model(tmp_path), certify=False, cache_path=path)
+    assert path.read_bytes() == content.encode("latin-1")
+    assert cache.clear() == -1 and not path.exists()
+
+
+_WRITER = textwrap.dedent("""
+    import sys
+    from kvjudge.probe import CapabilityCache, CapabilityEntry
+    path, worker, rounds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    cache = CapabilityCache(path)
+    for i in range(rounds):
+        cache.record_prompt_ok("s" * 64, worker * 1000 + i)
+        fp = f"{worker:02d}{i:062d}"
+        cache.put(CapabilityEntry(fingerprint=fp, model_sha256="b" * 64, model_path="/m", device="d",
+                                  max_context_tokens=i, max_ok_input=None, safe_context=None, certified=False,
+                                  certified_at=None, method="estimated", trials=[], probed_at="2026-01-01T00:00:00+00:00"))
+""")
+
+
+def test_processes_writing_at_once_lose_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "caps.json"
+    CapabilityCache(path).put(_entry("s" * 64, max_ok_input=1))
+    workers, rounds = 4, 15
+    procs = [subprocess.Popen([sys.executable, "-c", _WRITER, str(path), str(w), str(rounds)])
+             for w in range(workers)]
+    assert [p.wait(timeout=120) for p in procs] == [0] * workers
+    cache = CapabilityCache(path)
+    entries = {e.fingerprint: e for e in cache.entries()}
+    assert len(entries) == 1 + workers * rounds
+    assert entries["s" * 64].max_ok_input == (workers - 1) * 1000 + rounds - 1
+    assert not list(tmp_path.glob(".caps.json.*.tmp"))  # no stray temp files
