@@ -11,7 +11,9 @@ from pathlib import Path
 import numpy as np
 
 
-def _tensor(writer, rng, name: str, shape: tuple[int, ...]) -> None:
+def _tensor(writer, rng, name: str, shape: tuple[int, ...], omit: tuple[str, ...] = ()) -> None:
+    if name in omit:
+        return
     # gguf shapes are listed fastest-dimension first (ne0, ne1); numpy arrays are the reverse.
     writer.add_tensor(name, (rng.standard_normal(tuple(reversed(shape))) * 0.02).astype(np.float32))
 
@@ -29,8 +31,11 @@ def _vocab(writer, n_vocab: int) -> None:
 
 def write_llama_gqa(path: Path, *, n_layer: int = 4, n_embd: int = 64, n_head: int = 4, n_head_kv: int = 2,
                     head_dim: int = 32, n_ff: int = 128, n_vocab: int = 256, n_ctx_train: int = 4096,
-                    seed: int = 0) -> Path:
-    """A llama model with grouped-query attention and ``head_dim`` ≠ ``n_embd / n_head``."""
+                    seed: int = 0, omit: tuple[str, ...] = ()) -> Path:
+    """A llama model with grouped-query attention and ``head_dim`` ≠ ``n_embd / n_head``.
+
+    ``omit`` leaves tensors out: the header still reads, but llama.cpp refuses to load the model.
+    """
     import gguf
 
     rng = np.random.default_rng(seed)
@@ -48,19 +53,19 @@ def write_llama_gqa(path: Path, *, n_layer: int = 4, n_embd: int = 64, n_head: i
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
     _vocab(writer, n_vocab)
-    _tensor(writer, rng, "token_embd.weight", (n_embd, n_vocab))
-    _tensor(writer, rng, "output_norm.weight", (n_embd,))
-    _tensor(writer, rng, "output.weight", (n_embd, n_vocab))
+    _tensor(writer, rng, "token_embd.weight", (n_embd, n_vocab), omit)
+    _tensor(writer, rng, "output_norm.weight", (n_embd,), omit)
+    _tensor(writer, rng, "output.weight", (n_embd, n_vocab), omit)
     for i in range(n_layer):
-        _tensor(writer, rng, f"blk.{i}.attn_norm.weight", (n_embd,))
-        _tensor(writer, rng, f"blk.{i}.attn_q.weight", (n_embd, head_dim * n_head))
-        _tensor(writer, rng, f"blk.{i}.attn_k.weight", (n_embd, head_dim * n_head_kv))
-        _tensor(writer, rng, f"blk.{i}.attn_v.weight", (n_embd, head_dim * n_head_kv))
-        _tensor(writer, rng, f"blk.{i}.attn_output.weight", (head_dim * n_head, n_embd))
-        _tensor(writer, rng, f"blk.{i}.ffn_norm.weight", (n_embd,))
-        _tensor(writer, rng, f"blk.{i}.ffn_gate.weight", (n_embd, n_ff))
-        _tensor(writer, rng, f"blk.{i}.ffn_up.weight", (n_embd, n_ff))
-        _tensor(writer, rng, f"blk.{i}.ffn_down.weight", (n_ff, n_embd))
+        _tensor(writer, rng, f"blk.{i}.attn_norm.weight", (n_embd,), omit)
+        _tensor(writer, rng, f"blk.{i}.attn_q.weight", (n_embd, head_dim * n_head), omit)
+        _tensor(writer, rng, f"blk.{i}.attn_k.weight", (n_embd, head_dim * n_head_kv), omit)
+        _tensor(writer, rng, f"blk.{i}.attn_v.weight", (n_embd, head_dim * n_head_kv), omit)
+        _tensor(writer, rng, f"blk.{i}.attn_output.weight", (head_dim * n_head, n_embd), omit)
+        _tensor(writer, rng, f"blk.{i}.ffn_norm.weight", (n_embd,), omit)
+        _tensor(writer, rng, f"blk.{i}.ffn_gate.weight", (n_embd, n_ff), omit)
+        _tensor(writer, rng, f"blk.{i}.ffn_up.weight", (n_embd, n_ff), omit)
+        _tensor(writer, rng, f"blk.{i}.ffn_down.weight", (n_ff, n_embd), omit)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -70,11 +70,15 @@ def default_timeout(n_ctx: int) -> float:
 
 def run_trial(model_path: str | os.PathLike[str], n_ctx: int, *, settings: Any, usable_bytes: int | None,
               margin_bytes: int, on_gpu: bool = False, timeout_s: float | None = None,
-              reserve: int = PROMPT_RESERVE, n_decode: int = DECODE_TOKENS) -> Trial:
-    """Run one trial in a child process (``python -m kvjudge.probe.trial``) and read its outcome."""
+              reserve: int = PROMPT_RESERVE, n_decode: int = DECODE_TOKENS,
+              hard_limit_bytes: int | None = None) -> Trial:
+    """Run one trial in a child process (``python -m kvjudge.probe.trial``) and read its outcome.
+
+    ``hard_limit_bytes`` caps the child's private memory (RLIMIT_DATA), so allocations beyond it really fail.
+    """
     spec = trial_spec(settings, n_ctx) | {
         "model_path": str(model_path), "usable_bytes": usable_bytes, "margin_bytes": margin_bytes,
-        "on_gpu": on_gpu, "reserve": reserve, "n_decode": n_decode,
+        "on_gpu": on_gpu, "reserve": reserve, "n_decode": n_decode, "rlimit_data_bytes": hard_limit_bytes,
     }
     timeout = timeout_s if timeout_s is not None else default_timeout(n_ctx)
     started = time.monotonic()

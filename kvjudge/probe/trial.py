@@ -97,6 +97,12 @@ def run(spec: dict[str, Any], result_path: Path) -> int:
         tmp.write_text(json.dumps(result))
         os.replace(tmp, result_path)
 
+    if spec.get("rlimit_data_bytes"):
+        # A hard cap on private memory (heap and anonymous maps; the mapped model file is not counted): an
+        # allocation beyond it fails inside llama.cpp as it would on a host that is really out of memory.
+        limit = int(spec["rlimit_data_bytes"])
+        resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
+
     import llama_cpp
     from llama_cpp import _internals as internals
 

@@ -1,0 +1,99 @@
+"""Certification with the real model in child processes, under a small memory budget."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gguf_factory import write_llama_gqa
+from kvjudge.errors import ProbeError
+from kvjudge.probe import RuntimeSettings, ensure_capability, kv_cache_bytes, lookup_capability, probe, read_model_shape
+from kvjudge.probe.certify import certify, run_trial, safe_context_for
+from kvjudge.probe.core import HOST_RUNTIME_MARGIN, footprint, place
+from kvjudge.probe.devices import discover_devices
+
+MIB = 1024 * 1024
+
+
+def _budget_for(model: Path, n_ctx: int) -> int:
+    """A memory budget under which exactly ``n_ctx`` (a multiple of 256) is the analytic maximum."""
+    shape = read_model_shape(model)
+    placement = place(shape, discover_devices(), RuntimeSettings(), memory_budget=None)
+    need = footprint(shape, n_ctx, RuntimeSettings(), placement).device_bytes
+    step = footprint(shape, n_ctx + 256, RuntimeSettings(), placement).device_bytes - need
+    return need + step // 2
+
+
+@pytest.mark.model
+def test_certification_under_a_small_budget(default_model: Path, tmp_path: Path) -> None:
+    cache = tmp_path / "caps.json"
+    budget = _budget_for(default_model, 1024)
+    report = probe(default_model, memory_budget=budget, cache_path=cache)
+    data = report.as_dict()
+    assert data["max_context_tokens"] == 1024
+    assert data["certified"] is True and data["method"] == "measured" and data["cached"] is False
+    trials = data["trials"]
+    assert 2 <= len(trials) <= 3
+    ok = [t for t in trials if t["outcome"] == "ok"]
+    # The prediction was right: it ran, and the next size up did not fit.
+    assert [t["n_ctx"] for t in ok] == [1024]
+    assert any(t["n_ctx"] == 1280 and t["outcome"] == "over_budget" for t in trials)
+    # max_ok_input is a prompt that really ran; safe_context sits below the certified n_ctx by the headroom.
+    assert data["max_ok_input"] == ok[0]["prompt_tokens"] == 1024 - 16
+    assert data["safe_context"] == safe_context_for(1024) == 896
+    assert ok[0]["kv_bytes_measured"] == kv_cache_bytes(read_model_shape(default_model), 1024)
+    assert ok[0]["footprint_bytes"] <= budget
+    for trial in trials:
+        assert {"n_ctx", "prompt_tokens", "outcome", "kv_bytes_measured", "seconds"} <= trial.keys()
+    # The cache holds it; a lookup finds it and ensure_capability does not run the model again.
+    entry = lookup_capability(default_model, cache_path=cache, memory_budget=budget)
+    assert entry is not None and entry.certified and entry.max_ok_input == 1008
+    again = ensure_capability(default_model, cache_path=cache, memory_budget=budget)
+    assert again.certified_at == entry.certified_at and again.trials == entry.trials
+    cached = probe(default_model, memory_budget=budget, cache_path=cache)
+    assert cached.cached and cached.entry.certified_at == entry.certified_at
+
+
+@pytest.mark.model
+def test_a_wrong_prediction_is_corrected_from_the_measured_footprint(default_model: Path) -> None:
+    shape = read_model_shape(default_model)
+    settings = RuntimeSettings()
+    budget = _budget_for(default_model, 768)
+    placement = place(shape, discover_devices(), settings, memory_budget=budget)
+    result = certify(default_model, shape, settings, placement, start_n_ctx=1536)
+    outcomes = [(t.n_ctx, t.outcome) for t in result.trials]
+    assert outcomes[0] == (1536, "over_budget") and outcomes[0][1] != "ok"
+    assert result.certified and result.certified_n_ctx == 768
+    assert (768, "ok") in outcomes and (1024, "over_budget") in outcomes
+    assert len(result.trials) <= 3
+    # Over-budget trials stop before the prompt: only the trial that ran filled its context.
+    assert [t.prompt_tokens for t in result.trials if t.outcome == "over_budget"] == [0] * (len(outcomes) - 1)
+
+
+@pytest.mark.model
+def test_an_allocation_beyond_a_hard_limit_is_out_of_memory(default_model: Path) -> None:
+    trial = run_trial(default_model, 1024, settings=RuntimeSettings(), usable_bytes=None,
+                      margin_bytes=HOST_RUNTIME_MARGIN, hard_limit_bytes=300 * MIB)
+    assert trial.outcome == "oom" and trial.prompt_tokens == 0
+
+
+def test_a_trial_that_takes_too_long_is_timed_out(default_model: Path) -> None:
+    trial = run_trial(default_model, 1024, settings=RuntimeSettings(), usable_bytes=None,
+                      margin_bytes=HOST_RUNTIME_MARGIN, timeout_s=0.3)
+    assert trial.outcome == "timed_out" and "0 s" in trial.detail
+
+
+def test_a_model_llama_cpp_cannot_load_ends_uncertified(tmp_path: Path) -> None:
+    broken = write_llama_gqa(tmp_path / "broken.gguf", omit=("output_norm.weight",))
+    read_model_shape(broken)  # the header is fine
+    report = probe(broken, memory_budget="1GiB", cache_path=tmp_path / "caps.json")
+    assert not report.certified and report.entry.method == "estimated"
+    assert [t["outcome"] for t in report.entry.trials] == ["crashed"]
+    assert any("certification stopped" in note for note in report.notes)
+    assert report.entry.max_ok_input is None and report.entry.safe_context is None
+
+
+def test_a_model_that_does_not_fit_is_a_probe_error(default_model: Path, tmp_path: Path) -> None:
+    with pytest.raises(ProbeError, match="does not fit.*--memory-budget"):
+        probe(default_model, memory_budget="600MiB", certify=False, cache_path=tmp_path / "caps.json")
