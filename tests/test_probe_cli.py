@@ -1,0 +1,103 @@
+"""`kvjudge probe` and `kvjudge cache` as scripts use them: real subprocesses, JSON out, one-line errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+from kvjudge.models import file_sha256
+from kvjudge.probe import kv_cache_bytes, read_model_shape
+
+
+def kvjudge(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "kvjudge", *args], capture_output=True, text=True, timeout=300)
+
+
+def test_probe_json_carries_the_contract_fields(default_model: Path, isolated_dirs: Path) -> None:
+    done = kvjudge("probe", "--no-certify", "--memory-budget", "1GiB", "--n-ctx", "4096", "--no-swa-full", "--json")
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    assert isinstance(data["devices"], list) and any(d["kind"] == "host" for d in data["devices"])
+    model = data["model"]
+    assert model["path"] == str(default_model) and model["sha256"] == file_sha256(default_model)
+    assert (model["arch"], model["n_layer"], model["n_ctx_train"]) == ("gemma3", 18, 32768)
+    assert data["kv_bytes_per_token"] == 3 * 2 * 256 * 2  # windowed: only the 3 global layers grow
+    assert data["max_context_tokens"] > 0 and data["max_context_tokens"] % 256 == 0
+    assert (data["max_ok_input"], data["safe_context"], data["certified"], data["trials"]) == (None, None, False, [])
+    shape = read_model_shape(default_model)
+    assert data["kv_cache_bytes"] == kv_cache_bytes(shape, 4096, swa_full=False)
+    assert data["memory_budget"] == 1024**3
+    assert (isolated_dirs / "cache" / "capabilities.json").exists()
+
+
+def test_probe_human_output_is_a_table(default_model: Path) -> None:
+    done = kvjudge("probe", "--no-certify", "--memory-budget", "1GiB")
+    assert done.returncode == 0, done.stderr
+    assert "max_context_tokens" in done.stdout and "not certified" in done.stdout
+
+
+def test_the_config_names_the_budget(default_model: Path, isolated_dirs: Path) -> None:
+    (isolated_dirs / "kvjudge.toml").write_text('[probe]\nmemory_budget = "1GiB"\n')
+    data = json.loads(kvjudge("probe", "--no-certify", "--json").stdout)
+    assert data["memory_budget"] == 1024**3
+
+
+@pytest.mark.parametrize(("args", "code", "needle"), [
+    (["--memory-budget=-1GiB"], 2, "memory size must be positive"),
+    (["--memory-budget", "lots"], 2, "cannot read memory size"),
+    (["--model", "/nonexistent/model.gguf"], 1, "does not exist"),
+    (["--type-v", "q8_0"], 2, "--flash-attn"),
+    (["--type-k", "q3_k"], 2, "invalid choice"),
+    (["--n-seq", "0"], 2, "must be positive"),
+    (["--gpu-layers", "-5"], 2, "--gpu-layers"),
+    (["--memory-budget", "400MiB"], 1, "does not fit"),
+])
+def test_bad_input_is_one_clear_line(default_model: Path, args: list[str], code: int, needle: str) -> None:
+    done = kvjudge("probe", "--no-certify", *args)
+    assert done.returncode == code
+    assert needle in done.stderr and "Traceback" not in done.stderr
+    assert done.stdout == ""
+
+
+def test_not_a_gguf_is_a_model_error(tmp_path: Path) -> None:
+    fake = tmp_path / "fake.gguf"
+    fake.write_text("hello")
+    done = kvjudge("probe", "--no-certify", "--model", str(fake))
+    assert done.returncode == 1 and "not a GGUF" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_cache_show_refresh_clear(default_model: Path, isolated_dirs: Path) -> None:
+    cache = isolated_dirs / "cache" / "capabilities.json"
+    assert kvjudge("probe", "--no-certify", "--memory-budget", "1GiB").returncode == 0
+    shown = json.loads(kvjudge("cache", "show", "--json").stdout)
+    assert shown["path"] == str(cache) and [e["status"] for e in shown["entries"]] == ["fresh"]
+    nothing = json.loads(kvjudge("cache", "refresh", "--stale-only", "--json").stdout)
+    assert nothing["refreshed"] == []
+    # Age the entry past the staleness limit: show says so and refresh --stale-only probes it again.
+    raw = json.loads(cache.read_text())
+    (fingerprint, entry), = raw["entries"].items()
+    entry["probed_at"] = (datetime.now(timezone.utc) - timedelta(days=45)).isoformat()
+    cache.write_text(json.dumps(raw))
+    assert [e["status"] for e in json.loads(kvjudge("cache", "show", "--json").stdout)["entries"]] == ["stale"]
+    refreshed = json.loads(kvjudge("cache", "refresh", "--stale-only", "--json").stdout)["refreshed"]
+    assert [(r["fingerprint"], r["was"], r["result"]) for r in refreshed] == [(fingerprint, "stale", "estimated")]
+    assert [e["status"] for e in json.loads(kvjudge("cache", "show", "--json").stdout)["entries"]] == ["fresh"]
+    cleared = json.loads(kvjudge("cache", "clear", "--json").stdout)
+    assert cleared["removed_entries"] == 1 and not cache.exists()
+
+
+def test_a_corrupt_cache_is_named_and_left_alone_until_cleared(isolated_dirs: Path, default_model: Path) -> None:
+    cache = isolated_dirs / "cache" / "capabilities.json"
+    cache.parent.mkdir(parents=True)
+    cache.write_text("{oops")
+    for args in (["cache", "show"], ["probe", "--no-certify", "--memory-budget", "1GiB"]):
+        done = kvjudge(*args)
+        assert done.returncode == 1 and str(cache) in done.stderr and "kvjudge cache clear" in done.stderr
+    assert cache.read_text() == "{oops"
+    done = kvjudge("cache", "clear", "--json")
+    assert done.returncode == 0 and json.loads(done.stdout)["was_unreadable"] is True and not cache.exists()
