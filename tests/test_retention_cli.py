@@ -1,0 +1,136 @@
+"""The retention subcommands end to end through the CLI front door (in-process): JSON contracts,
+one-line errors, --store and [retention] store, show with elision markers, verify's exit code."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kvjudge.cli import main
+from kvjudge.retention import Store
+from kvjudge.retention.reduce import reduce_run, run_tokens
+from kvjudge.retention.synthetic import filler, make_run, write_jsonl
+from kvjudge.tokens import CharsPerToken
+from test_reduction import capabilities  # noqa: F401  (a real capability cache file, module-scoped)
+
+CHARS = CharsPerToken(4)
+
+
+@pytest.fixture
+def setup(tmp_path: Path) -> dict[str, Path]:
+    config = tmp_path / "kvjudge.toml"
+    store = tmp_path / "runs.sqlite"
+    config.write_text(f'[retention]\ncounter = "chars"\nstore = "{store}"\n')
+    runs = tmp_path / "runs.jsonl"
+    write_jsonl(runs, [make_run("a", [filler(1, 800), filler(2, 900)], dead=[[filler(3, 500)]]),
+                       make_run("b", ["short"], tenant="acme", lifecycle=["running"])])
+    return {"config": config, "store": store, "runs": runs}
+
+
+def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, object]:
+    code = main([*argv, "--json"])
+    out = capsys.readouterr().out
+    return code, json.loads(out) if out.strip() else None
+
+
+def test_ingest_then_runs_json(setup: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    code, payload = run_json(capsys, "ingest", str(setup["runs"]), "--config", str(setup["config"]))
+    assert code == 0 and payload["ingested"] == ["a", "b"] and payload["store"] == str(setup["store"])
+    code, rows = run_json(capsys, "runs", "--config", str(setup["config"]))
+    assert code == 0 and [r["id"] for r in rows] == ["a", "b"]
+    with Store.open(setup["store"]) as store:
+        expected = {r: run_tokens(store, store.run(r), CHARS) for r in ("a", "b")}
+    for row in rows:
+        assert {"id", "tenant", "state", "tokens", "reduced"} <= set(row)
+        assert row["tokens"] == expected[row["id"]] and row["reduced"] is False
+    assert {r["id"]: (r["tenant"], r["state"]) for r in rows} == {"a": ("default", "graded"), "b": ("acme", "running")}
+    code, rows = run_json(capsys, "runs", "--tenant", "acme", "--config", str(setup["config"]))
+    assert [r["id"] for r in rows] == ["b"]
+
+
+def test_store_flag_overrides_config(setup: dict[str, Path], tmp_path: Path, capsys) -> None:
+    other = tmp_path / "other.sqlite"
+    assert main(["ingest", str(setup["runs"]), "--store", str(other), "--config", str(setup["config"])]) == 0
+    capsys.readouterr()
+    assert other.exists() and not setup["store"].exists()
+
+
+def test_mark_and_its_refusal(setup: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    main(["ingest", str(setup["runs"]), "--config", str(setup["config"])])
+    capsys.readouterr()
+    code, payload = run_json(capsys, "mark", "b", "grading", "--config", str(setup["config"]))
+    assert code == 0 and payload == {"run": "b", "state": "grading", "lifecycle": ["running", "grading"]}
+    assert main(["mark", "b", "archived", "--config", str(setup["config"])]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "run b is grading; it cannot become archived" in err
+
+
+def test_malformed_ingest_is_one_line_and_writes_nothing(setup: dict[str, Path], tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps(make_run("ok", ["x"])) + "\n" + '{"id": 5, "branches": []}\n')
+    assert main(["ingest", str(bad), "--config", str(setup["config"])]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "bad.jsonl:2: run.id must be a non-empty string" in err
+    with Store.open(setup["store"]) as store:
+        assert store.run_ids() == []
+
+
+def test_show_renders_summaries_with_their_marker(setup: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    main(["ingest", str(setup["runs"]), "--config", str(setup["config"])])
+    capsys.readouterr()
+    with Store.open(setup["store"]) as store:
+        result = reduce_run(store, "a", 400, CHARS)
+        assert result.plan.steps["bodies_reduced"] > 0
+    code, shown = run_json(capsys, "show", "a", "--config", str(setup["config"]))
+    assert code == 0 and shown["state"] == "graded" and shown["reduced"] is True
+    outputs = [t["tool_output"]["output"] for t in shown["branches"][0]["transitions"] if "tool_output" in t]
+    reduced = [o for o in outputs if o["status"] == "reduced"]
+    assert reduced and all("tokens elided from sha256:" in o["text"] and o["summary_ref"] for o in reduced)
+    assert shown["verifier"][0]["name"] == "pytest" and shown["grades"][0]["score"] == 1.0
+    assert shown["branches"][0]["transitions"][1]["usage"] == {"input_tokens": 100, "output_tokens": 10}
+    assert main(["show", "a", "--config", str(setup["config"])]) == 0
+    human = capsys.readouterr().out
+    assert "tokens elided from sha256:" in human and "(summary sha256:" in human and "verifier pytest: passed" in human
+
+
+def test_verify_exit_codes(setup: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    main(["ingest", str(setup["runs"]), "--config", str(setup["config"])])
+    capsys.readouterr()
+    code, report = run_json(capsys, "verify", "--config", str(setup["config"]))
+    assert code == 0 and report["ok"] and report["runs"] == 2 and report["blobs_rehashed"] > 0
+    with Store.open(setup["store"]) as store:
+        ref = store.run("a").task_prompt_ref
+        store.connection.execute("UPDATE blobs SET body = ? WHERE ref = ?", (b"tampered", ref))
+    code, report = run_json(capsys, "verify", "--config", str(setup["config"]))
+    assert code == 1 and not report["ok"]
+    assert [(v["check"], v["ref"]) for v in report["violations"]] == [("rehash", ref)]
+    code, report = run_json(capsys, "verify", "a", "--config", str(setup["config"]))
+    assert code == 1 and report["violations"][0]["run"] == "a"
+    assert main(["verify", "nope", "--config", str(setup["config"])]) == 1
+    assert "no run 'nope'" in capsys.readouterr().err
+
+
+def test_reduce_dry_run_writes_nothing(setup: dict[str, Path], capabilities: dict[int, Path],  # noqa: F811
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    main(["ingest", str(setup["runs"]), "--config", str(setup["config"])])
+    capsys.readouterr()
+    with Store.open(setup["store"]) as store:
+        lsn = store.connection.execute("SELECT MAX(lsn) FROM events").fetchone()[0]
+    code, payload = run_json(capsys, "reduce", "a", "--dry-run", "--ceiling", "300", "--config", str(setup["config"]),
+                             "--capabilities", str(capabilities[160_000]))
+    assert code == 0 and payload["runs"][0]["dry_run"] and payload["runs"][0]["events"] > 0
+    assert payload["runs"][0]["tokens_after"] <= 300
+    with Store.open(setup["store"]) as store:
+        assert store.connection.execute("SELECT MAX(lsn) FROM events").fetchone()[0] == lsn
+        assert not store.run("a").reduced
+
+
+def test_not_a_store_is_a_one_line_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bogus = tmp_path / "bogus.sqlite"
+    bogus.write_bytes(b"\x00garbage" * 200)
+    assert main(["runs", "--store", str(bogus)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is not a kvjudge store" in err
