@@ -25,12 +25,25 @@ from kvjudge.retention.events import (
 )
 from kvjudge.retention.faults import fault_point
 from kvjudge.retention.lifecycle import STATES, is_reducible
+from kvjudge.retention.reduce import (
+    ReductionPlan,
+    ReductionResult,
+    apply_plan,
+    plan_reduction,
+    reduce_run,
+    run_tokens,
+    view_refs,
+)
 from kvjudge.retention.state import BodyLocation, Branch, RunState, Transition, fold, fold_onto
 from kvjudge.retention.store import Explanation, Store
+from kvjudge.retention.summarize import summarize
+from kvjudge.retention.verify import Violation, VerifyReport, verify
 
 __all__ = [
     "EVENT_TYPES", "STATES", "BlobStore", "BodyLocation", "Branch", "BranchOpened", "BranchReduced", "Dropped",
     "Event", "Explanation", "GradeRecorded", "Reduced", "Rehydrated", "RunStarted", "RunState", "StateChanged",
     "Store", "TierStarted", "Tiered", "Transition", "TransitionRecorded", "VerifierRecorded", "canonical_json",
     "fault_point", "fold", "fold_onto", "is_reducible", "ref_of",
+    "ReductionPlan", "ReductionResult", "Violation", "VerifyReport", "apply_plan", "plan_reduction", "reduce_run",
+    "run_tokens", "summarize", "verify", "view_refs",
 ]
