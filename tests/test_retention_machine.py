@@ -6,6 +6,7 @@ back as it would on a kill); tests/test_reduction.py kills real child processes 
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 from pathlib import Path
 from unittest import mock
@@ -50,6 +51,7 @@ class StoreMachine(RuleBasedStateMachine):
     def teardown(self) -> None:
         if hasattr(self, "store"):
             self.store.close()
+            shutil.rmtree(self.dir, ignore_errors=True)
 
     def _log(self) -> list[tuple[int, str]]:
         return [(lsn, event.to_json()) for lsn, event in self.store.iter_events()]
