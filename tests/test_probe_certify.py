@@ -97,3 +97,29 @@ def test_a_model_llama_cpp_cannot_load_ends_uncertified(tmp_path: Path) -> None:
 def test_a_model_that_does_not_fit_is_a_probe_error(default_model: Path, tmp_path: Path) -> None:
     with pytest.raises(ProbeError, match="does not fit.*--memory-budget"):
         probe(default_model, memory_budget="600MiB", certify=False, cache_path=tmp_path / "caps.json")
+
+
+def test_the_log_reader_splits_device_and_host_buffers() -> None:
+    from kvjudge.probe.trial import parse_log
+
+    log = "\n".join([
+        "load_tensors: offloaded 19/19 layers to GPU",
+        "load_tensors:        CUDA0 model buffer size =   235.16 MiB",
+        "load_tensors:   CPU_Mapped model buffer size =   160.00 MiB",
+        "llama_context:  CUDA_Host  output buffer size =     1.00 MiB",
+        "llama_kv_cache:      CUDA0 KV buffer size =    24.00 MiB",
+        "llama_kv_cache: size =   24.00 MiB (  8192 cells,   3 layers,  1/1 seqs), K (f16):   12.00 MiB, "
+        "V (f16):   12.00 MiB",
+        "sched_reserve:      CUDA0 compute buffer size =   514.50 MiB",
+        "sched_reserve:  CUDA_Host compute buffer size =    17.01 MiB",
+        "ggml_backend_cuda_buffer_type_alloc_buffer: allocating 120.00 MiB on device 0: cudaMalloc failed: "
+        "out of memory",
+    ])
+    parsed = parse_log(log)
+    assert parsed["device_bytes"] == round((235.16 + 24 + 514.5) * MIB)
+    assert parsed["model_bytes"] == round((235.16 + 160) * MIB)
+    assert parsed["compute_bytes"] == round((514.5 + 17.01) * MIB)
+    assert parsed["kv_caches"] == [{"mib": "24.00", "cells": 8192, "layers": 3, "seqs": 1, "type_k": "f16",
+                                    "k_mib": "12.00", "type_v": "f16", "v_mib": "12.00"}]
+    assert parsed["oom_in_log"] is True
+    assert parse_log("llama_kv_cache: size = 1.00 MiB")["oom_in_log"] is False

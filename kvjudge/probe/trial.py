@@ -29,6 +29,8 @@ FILL_MIN_BYTES = 512
 _KV_RE = re.compile(r"llama_kv_cache: size =\s*([\d.]+) MiB \(\s*(\d+) cells,\s*(\d+) layers,\s*(\d+)/(\d+) seqs\),"
                     r"\s*K \((\w+)\):\s*([\d.]+) MiB,\s*V \((\w+)\):\s*([\d.]+) MiB")
 _BUF_RE = re.compile(r"(\S+)\s+(model|KV|compute|output) buffer size =\s*([\d.]+) MiB")
+# Buffers that live in accelerator memory (CUDA0, ROCm0, Vulkan0, Metal, SYCL0); CUDA_Host and CPU* are host RAM.
+_DEVICE_BUFFER_RE = re.compile(r"^(CUDA|ROCm|Vulkan|SYCL|MUSA|CANN)\d+$|^Metal$")
 _OOM_RE = re.compile(r"out of memory|failed to allocate|cannot allocate|bad_alloc|cudaMalloc failed", re.I)
 
 
@@ -64,7 +66,9 @@ def parse_log(text: str) -> dict[str, Any]:
     def total(kind: str) -> int | None:
         return int(round(sum(buffers[kind].values()) * MIB)) if kind in buffers else None
 
+    device = sum(mib for names in buffers.values() for name, mib in names.items() if _DEVICE_BUFFER_RE.match(name))
     return {
+        "device_bytes": int(round(device * MIB)),
         "kv_caches": kv_caches,
         "kv_bytes": int(round(sum(float(c["mib"]) for c in kv_caches) * MIB)) if kv_caches else None,
         "model_bytes": total("model"),
@@ -133,9 +137,13 @@ def run(spec: dict[str, Any], result_path: Path) -> int:
         return 0
 
     parsed = parse_log("".join(log))
-    allocated = sum(parsed[k] or 0 for k in ("model_bytes", "kv_bytes", "compute_bytes", "output_bytes"))
+    if spec.get("on_gpu"):
+        # On a GPU the budget is the device's: what llama.cpp placed in accelerator buffers, plus the margin.
+        allocated = parsed["device_bytes"]
+    else:
+        allocated = sum(parsed[k] or 0 for k in ("model_bytes", "kv_bytes", "compute_bytes", "output_bytes"))
     allocated_footprint = allocated + margin
-    if usable is not None and not spec.get("on_gpu") and allocated_footprint > usable:
+    if usable is not None and allocated_footprint > usable:
         # What llama.cpp has committed to already exceeds the budget: no need to run the prompt.
         write("over_budget", prompt_tokens=0, allocated_footprint_bytes=allocated_footprint,
               baseline_rss_bytes=baseline_rss, detail="llama.cpp's buffers exceed the usable memory")
@@ -195,8 +203,9 @@ def run(spec: dict[str, Any], result_path: Path) -> int:
     if over.is_set():
         return 0
     peak = _peak_rss()
-    measured = max(peak, allocated_footprint)
-    outcome = "ok" if usable is None or spec.get("on_gpu") or measured <= usable else "over_budget"
+    # Host: resident memory counts too; GPU: the device buffers are the footprint (RSS is host memory).
+    measured = allocated_footprint if spec.get("on_gpu") else max(peak, allocated_footprint)
+    outcome = "ok" if usable is None or measured <= usable else "over_budget"
     write(outcome, prompt_tokens=ran, decoded_tokens=len(decoded), allocated_footprint_bytes=allocated_footprint,
           baseline_rss_bytes=baseline_rss, footprint_bytes=measured)
     return 0
