@@ -2,8 +2,9 @@
 
 Every subcommand takes ``--store PATH`` (else ``[retention] store``, else ``<data dir>/store.sqlite``).
 Tiering (``kvjudge.retention.tier``) may expose two hooks this module uses when present:
-``fallback_reader(config) -> (ref -> bytes | None) | None`` (read bodies that moved to cold storage) and
-``verify_checks(config) -> list[Check]`` (extra checks for ``kvjudge verify``).
+``fallback_reader(config, store, endpoint_url=None) -> ref -> bytes | None`` (read bodies that moved to cold
+storage) and ``verify_checks(config, store, rehash=, endpoint_url=) -> list[Check]`` (recovery, then extra
+checks for ``kvjudge verify``).
 """
 
 from __future__ import annotations
@@ -74,6 +75,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     check = subparsers.add_parser("verify", help="re-hash bodies, re-fold runs from LSN 0, check every missing "
                                                  "body is explained")
     check.add_argument("run", nargs="?", help="only this run (default: the whole store)")
+    check.add_argument("--verify-remote", action="store_true", help="also download and re-hash tiered bodies")
+    check.add_argument("--endpoint-url", metavar="URL", help="S3 endpoint of tiered runs (default: [retention] "
+                                                            "endpoint_url, else AWS_ENDPOINT_URL)")
     _common(check, _verify)
 
 
@@ -99,8 +103,11 @@ def _tier_hook(name: str) -> Any:
 def open_store(args: argparse.Namespace, config: Config) -> Store:
     """The store named by ``--store``, ``[retention] store`` or the default path (with tiering's reader)."""
     path = getattr(args, "store", None) or config.get("retention.store", str, None)
+    store = Store.open(path)
     hook = _tier_hook("fallback_reader")
-    return Store.open(path, fallback=hook(config) if hook is not None else None)
+    if hook is not None:  # the reader looks up where each tiered body went, so it needs the store
+        store.fallback = hook(config, store, endpoint_url=getattr(args, "endpoint_url", None))
+    return store
 
 
 def judge_model(args: argparse.Namespace, config: Config) -> Path:
@@ -346,8 +353,9 @@ def _reduce(args: argparse.Namespace) -> int:
 def _verify(args: argparse.Namespace) -> int:
     config = config_from(args)
     hook = _tier_hook("verify_checks")
-    checks = list(hook(config)) if hook is not None else []
     with open_store(args, config) as store:
+        # Tiering finishes crashed moves first (recovery), then adds its remote check.
+        checks = list(hook(config, store, rehash=args.verify_remote, endpoint_url=args.endpoint_url)) if hook else []
         if args.run is not None:
             store.run(args.run)  # StoreError for an unknown run
         total = 1 if args.run is not None else len(store.run_ids())
