@@ -31,16 +31,16 @@ from kvjudge.retention.cold import blob_key
 from kvjudge.retention.tier import (
     ColdStores,
     Manifest,
-    attach_cold_reader,
-    prepare_verify,
+    fallback_reader,
     rehydrate_run,
     tier_run,
+    verify_checks,
 )
 from kvjudge.retention.verify import verify
 
 
 def verify_all(store: Store, *, rehash: bool = False) -> list[str]:
-    _, checks = prepare_verify(store, rehash=rehash)
+    checks = verify_checks(None, store, rehash=rehash)
     return [v.message for v in verify(store, extra_checks=checks).violations]
 
 
@@ -73,7 +73,7 @@ def test_tier_read_through_rehydrate_and_idempotent(tmp_path: Path, target: str)
 
         # Without the cold reader a tiered body is simply not here; with it, every text reads as before.
         assert store.text(gone[0]) is None
-        attach_cold_reader(store)
+        store.fallback = fallback_reader(None, store)
         assert texts(store, "run-a") == before
 
         # Idempotent: a second tier is a no-op (no events, no uploads).
@@ -145,7 +145,7 @@ def test_tampered_remote_bytes_are_caught(tmp_path: Path, target: str) -> None:
         # Same size, one byte flipped: only a re-hash (--verify-remote) can see it.
         tamper(cold, blob_key(big), original[:-1] + bytes([original[-1] ^ 1]))
         assert any("does not re-hash" in m for m in verify_all(store, rehash=True))
-        attach_cold_reader(store)
+        store.fallback = fallback_reader(None, store)
         with pytest.raises(IntegrityError, match="does not hash to"):
             store.text(big)
 

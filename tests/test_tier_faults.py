@@ -3,6 +3,7 @@ then run it again: exactly one remote copy, no body lost at any moment, the move
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -15,7 +16,7 @@ from tier_support import cold_for, event_kinds, make_store, remote_keys, texts, 
 
 from kvjudge.retention import Store
 from kvjudge.retention.cold import blob_key
-from kvjudge.retention.tier import REHYDRATE_POINTS, TIER_POINTS, attach_cold_reader, prepare_verify
+from kvjudge.retention.tier import REHYDRATE_POINTS, TIER_POINTS, fallback_reader, verify_checks
 from kvjudge.retention.verify import verify
 
 #: The S3 variant runs the points where the remote matters most (keeps the SeaweedFS part short).
@@ -43,17 +44,17 @@ def assert_converged(path: Path, target: str, before: dict[str, str | None]) -> 
         assert len([k for k in keys if k.startswith("manifests/")]) == 1
         shared = set(refs) & set(store.run("run-b").refs())
         assert [r for r in refs if store.blobs.has_body(r)] == sorted(shared)
-        _, checks = prepare_verify(store, rehash=True)
+        checks = verify_checks(None, store, rehash=True)
         report = verify(store, extra_checks=checks)
         assert report.ok, report.violations
-        attach_cold_reader(store)
+        store.fallback = fallback_reader(None, store)
         assert texts(store, "run-a") == before
 
 
 def assert_nothing_lost(path: Path, before: dict[str, str | None]) -> None:
     """Right after a crash: every body is still readable — locally, or from the cold store the log names."""
     with Store.open(path) as store:
-        attach_cold_reader(store)
+        store.fallback = fallback_reader(None, store)
         assert texts(store, "run-a") == before
 
 
@@ -96,8 +97,9 @@ def test_verify_recovers_a_crashed_move(tmp_path: Path) -> None:
     assert crashed.returncode == -signal.SIGKILL
     with Store.open(path) as store:
         assert store.run("run-a").tier["status"] == "started"
-        recovered, _ = prepare_verify(store)
-        assert [(r.run, r.status, r.recovered) for r in recovered] == [("run-a", "tiered", "upload")]
+    checked = kvjudge("verify", "--store", str(path), "--verify-remote", "--json")
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert json.loads(checked.stdout)["ok"] is True
     assert_converged(path, target, before)
 
 
@@ -118,5 +120,5 @@ def test_kill_rehydrate_then_rerun(tmp_path: Path, point: str) -> None:
         assert event_kinds(store, "run-a").count("Rehydrated") == 1
         assert tiered_refs(store, "run-a") == []
         assert texts(store, "run-a") == before  # no fallback attached: every body is local again
-        _, checks = prepare_verify(store)
+        checks = verify_checks(None, store)
         assert verify(store, extra_checks=checks).ok

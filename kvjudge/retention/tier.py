@@ -19,7 +19,8 @@ manifest, skipping objects the remote already holds; ``Tiered`` with bodies stil
 therefore leaves at most a duplicate (remote and local), never a loss.
 
 Reading a tiered body goes through :class:`ColdReader`, the store's fallback reader
-(:func:`attach_cold_reader`); :func:`rehydrate_run` brings bodies back as a ``Rehydrated`` fact.
+(:func:`fallback_reader`); :func:`rehydrate_run` brings bodies back as a ``Rehydrated`` fact.
+:func:`verify_checks` recovers, then gives ``kvjudge verify`` the check that every tiered ref is at its target.
 """
 
 from __future__ import annotations
@@ -394,8 +395,9 @@ def check_remote(cold: ColdStore, manifest: Manifest, raw: bytes | None = None, 
 
 def _release(store: Store, run_id: str) -> int:
     """Step 6: delete the local bodies the log says are tiered (one transaction). Returns how many went."""
-    state = store.run(run_id)
-    tiered = [ref for ref, loc in state.bodies.items() if loc.status == TIERED and store.blobs.has_body(ref)]
+    tiered = [row[0] for row in store.connection.execute(
+        "SELECT r.ref FROM run_bodies AS r JOIN blobs AS b ON b.ref = r.ref "
+        "WHERE r.run = ? AND r.status = ? AND b.body IS NOT NULL", (run_id, TIERED))]
     if not tiered:
         return 0
     return len(store.release_bodies(tiered, label="tier_delete"))
@@ -478,14 +480,13 @@ class ColdReader:
         return None
 
 
-def attach_cold_reader(store: Store, *, endpoint_url: str | None = None, config: Config | None = None) -> Store:
-    """Make ``store.text(ref)`` fetch tiered bodies from their cold store; returns ``store``.
+def fallback_reader(config: Config | None, store: Store, *, endpoint_url: str | None = None) -> ColdReader:
+    """The reader ``kvjudge`` commands plug into ``store.fallback``, so reading a tiered run fetches its bodies.
 
-    Call it right after :meth:`Store.open` wherever tiered runs may be read (``show``, the judge).
+    The S3 endpoint is ``endpoint_url``, else ``[retention] endpoint_url``, else boto3's own resolution.
     """
     endpoint = resolve_endpoint(config, endpoint_url) if config is not None else endpoint_url
-    store.fallback = ColdReader(store, ColdStores(endpoint))
-    return store
+    return ColdReader(store, ColdStores(endpoint))
 
 
 @dataclass(frozen=True)
@@ -590,15 +591,15 @@ def tier_check(stores: ColdStores, *, rehash: bool = False) -> Check:
     return check
 
 
-def prepare_verify(store: Store, *, endpoint_url: str | None = None, config: Config | None = None,
-                   rehash: bool = False) -> tuple[list[TierResult], list[Check]]:
-    """What ``kvjudge verify`` calls first: finish crashed moves, then hand back the tier check to run.
+def verify_checks(config: Config | None, store: Store, *, rehash: bool = False,
+                  endpoint_url: str | None = None) -> list[Check]:
+    """What ``kvjudge verify`` calls first: finish crashed moves (recovery), then hand back the tier check.
 
     ``rehash`` is ``--verify-remote`` (download and re-hash every tiered body).
     """
     stores = ColdStores(resolve_endpoint(config, endpoint_url) if config is not None else endpoint_url)
-    recovered = recover(store, stores)
-    return recovered, [tier_check(stores, rehash=rehash)]
+    recover(store, stores)
+    return [tier_check(stores, rehash=rehash)]
 
 
 @dataclass

@@ -1,0 +1,249 @@
+"""Tiering throughput: the whole move against a plain copy of the same bytes to the same target, same run.
+
+A store is filled with ``--mb`` MiB of bodies (random text, sizes log-uniform between ``--min-kb`` and
+``--max-kb``, spread over graded runs). For each target — a local directory and SeaweedFS over S3 (a real
+``weed server`` started on 127.0.0.1) — it measures:
+
+- **plain copy**: the same bodies read from the same store and written to the same target by the simplest
+  means (local: one ``open/write/close`` per body, no fsync, like ``cp``; S3: ``put_object`` with the same
+  number of threads tiering uses, no checksum) — once before and once after tiering, the faster counts;
+- **tier**: ``tier_run`` over every run — hash-check, upload (temp + fsync + rename + dir fsync locally;
+  SHA-256 checksummed PUTs on S3), manifest, read-back check, ``Tiered`` event, local delete;
+- **recovery**: a fresh copy of the store is tiered by a child ``kvjudge tier --all`` that is SIGKILLed half
+  way (a third of a run's move time into the move of the run after the first half); then the time to finish the crashed move
+  (``recover``) and the time to converge (recover + tier the rest), checked with ``verify``.
+
+Ratio = tier MB/s ÷ plain-copy MB/s of the same run (target ≥ 0.7). Writes ``tier_throughput.json`` to
+``--out`` and prints it as one JSON line.
+
+    python benchmarks/tier_throughput.py --out /tmp/bench [--mb 1024]
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import concurrent.futures
+import json
+import math
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from kvjudge.retention import Store
+from kvjudge.retention import events as ev
+from kvjudge.retention.tier import ColdStores, recover, tier_run, verify_checks
+from kvjudge.retention.verify import verify
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from seaweed import SeaweedServer  # noqa: E402  (the same launcher the tests use)
+
+MIB = 1024 * 1024
+
+
+def build_store(path: Path, total_mb: int, min_kb: int, max_kb: int, runs: int, seed: int) -> dict[str, Any]:
+    """Fill a store with ``total_mb`` MiB of unique random-text bodies over ``runs`` graded runs."""
+    rng = random.Random(seed)
+    target = total_mb * MIB
+    written = count = 0
+    with Store.open(path) as store:
+        for index in range(runs):
+            run_id = f"bench-{index:03d}"
+            share = (target - written) // (runs - index)
+            with store.transaction("bench_ingest"):
+                prompt = store.blobs.put(f"task {run_id}".encode())
+                events: list[ev.Event] = [
+                    ev.RunStarted(run=run_id, tenant="bench", task_id="t", task_prompt_ref=prompt),
+                    ev.BranchOpened(run=run_id, branch="main", status="live", parent=None, fork_at=None)]
+                run_bytes = seq = 0
+                while run_bytes < share:
+                    size = int(math.exp(rng.uniform(math.log(min_kb * 1024), math.log(max_kb * 1024))))
+                    size = min(size, share - run_bytes) if share - run_bytes > min_kb * 1024 else size
+                    # Random bytes as base64 text: unique per body and incompressible, like real tool output is not
+                    # (no store or server can make this faster by compressing).
+                    body = base64.b64encode(rng.randbytes(size * 3 // 4 + 3))[:size]
+                    ref = store.blobs.put(body)
+                    events.append(ev.TransitionRecorded(run=run_id, branch="main", seq=seq, role="tool",
+                                                        text_ref=ref, tool_call=None, tool_output=None,
+                                                        usage=None, context=None))
+                    run_bytes += len(body)
+                    seq += 1
+                events += [ev.StateChanged(run=run_id, state="grading"), ev.StateChanged(run=run_id, state="graded")]
+                store.append_many(run_id, events)
+            written += run_bytes
+            count += seq
+        store.connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    return {"bytes": written, "bodies": count, "runs": runs}
+
+
+def plain_copy(store_path: Path, target: Any) -> tuple[int, float]:
+    """Read every body from the store and write it to ``target`` the simplest way; (bytes, seconds)."""
+    with Store.open(store_path) as store:
+        start = time.perf_counter()
+        total = 0
+        if isinstance(target, Path):
+            target.mkdir(parents=True, exist_ok=True)
+            for index, (_, body) in enumerate(store.blobs.iter_bodies()):
+                with open(target / f"{index:08d}", "wb") as handle:
+                    handle.write(body)
+                total += len(body)
+        else:
+            client, bucket, prefix = target
+            with concurrent.futures.ThreadPoolExecutor(max_workers=8) as pool:
+                futures = []
+                for index, (_, body) in enumerate(store.blobs.iter_bodies()):
+                    futures.append(pool.submit(client.put_object, Bucket=bucket, Key=f"{prefix}/{index:08d}",
+                                               Body=body))
+                    total += len(body)
+                    if len(futures) >= 16:
+                        done, pending = concurrent.futures.wait(
+                            futures, return_when=concurrent.futures.FIRST_COMPLETED)
+                        for future in done:
+                            future.result()
+                        futures = list(pending)
+                for future in futures:
+                    future.result()
+        return total, time.perf_counter() - start
+
+
+def tier_all(store_path: Path, target_url: str, endpoint: str | None) -> tuple[int, float]:
+    stores = ColdStores(endpoint)
+    cold = stores.get(target_url)
+    with Store.open(store_path) as store:
+        start = time.perf_counter()
+        total = 0
+        for run_id in store.run_ids():
+            total += tier_run(store, run_id, cold, stores=stores).bytes
+        return total, time.perf_counter() - start
+
+
+def kill_and_recover(store_path: Path, target_url: str, endpoint: str | None, run_s: float,
+                     env: dict[str, str]) -> dict[str, Any]:
+    """SIGKILL a child `kvjudge tier --all` a third of a run's move time after it started moving the run
+    after the first half (so it dies mid-upload), then time `recover` (finish the crashed move) and the full
+    convergence."""
+    child = subprocess.Popen([sys.executable, "-m", "kvjudge", "tier", "--all", "--to", target_url,
+                              "--store", str(store_path)] + (["--endpoint-url", endpoint] if endpoint else []),
+                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    with Store.open(store_path) as watcher:
+        half = len(watcher.run_ids()) // 2
+        while child.poll() is None:
+            started = watcher.connection.execute("SELECT COUNT(*) FROM events WHERE kind = 'TierStarted'").fetchone()[0]
+            if started > half:  # the move of the run after the first half has begun
+                break
+            time.sleep(0.01)
+    time.sleep(run_s / 3)
+    killed = child.poll() is None
+    if killed:
+        child.send_signal(signal.SIGKILL)
+    child.wait()
+    stores = ColdStores(endpoint)
+    with Store.open(store_path) as store:
+        before = {run_id: (store.run(run_id).tier or {}).get("status") for run_id in store.run_ids()}
+        start = time.perf_counter()
+        recovered = recover(store, stores)
+        recover_s = time.perf_counter() - start
+        cold = stores.get(target_url)
+        for run_id in store.run_ids():
+            tier_run(store, run_id, cold, stores=stores)
+        converge_s = time.perf_counter() - start
+        report = verify(store, extra_checks=verify_checks(None, store, endpoint_url=endpoint))
+        all_tiered = all((store.run(r).tier or {}).get("status") == "tiered" for r in store.run_ids())
+    return {"killed": killed, "runs_tiered_before_kill": sum(1 for s in before.values() if s == "tiered"),
+            "runs_mid_move_at_kill": sum(1 for s in before.values() if s == "started"),
+            "recovered": [{k: r.to_dict()[k] for k in ("run", "recovered", "refs", "uploaded", "deleted")}
+                          for r in recovered],
+            "recover_s": round(recover_s, 3), "converge_s": round(converge_s, 3), "all_tiered": all_tiered,
+            "verify_ok": report.ok, "violations": [v.message for v in report.violations][:5]}
+
+
+def measure(name: str, store_path: Path, work: Path, plain_target: Any, fresh_target: Any,
+            endpoint: str | None, env: dict[str, str]) -> dict[str, Any]:
+    """Plain copy, tier, plain copy again (the faster plain copy is the baseline), then kill + recover."""
+    spare = work / f"{name}-spare.sqlite"
+    shutil.copyfile(store_path, spare)  # the same store, untiered: second plain copy and the kill test
+    plain_runs = [plain_copy(store_path, plain_target("plain-1"))]
+    with Store.open(store_path) as store:
+        runs = len(store.run_ids())
+    tier_bytes, tier_s = tier_all(store_path, fresh_target("tier"), endpoint)
+    plain_runs.append(plain_copy(spare, plain_target("plain-2")))
+    plain_mbs = max(n / MIB / t for n, t in plain_runs)
+    tier_mbs = tier_bytes / MIB / tier_s
+    recovery = kill_and_recover(spare, fresh_target("kill"), endpoint, tier_s / runs, env)
+    spare.unlink()
+    return {"target": name, "bytes": tier_bytes,
+            "plain_copy_s": [round(t, 3) for _, t in plain_runs], "plain_copy_mb_s": round(plain_mbs, 1),
+            "tier_s": round(tier_s, 3), "tier_mb_s": round(tier_mbs, 1), "ratio": round(tier_mbs / plain_mbs, 3),
+            "recovery": recovery}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", required=True, help="directory for tier_throughput.json")
+    parser.add_argument("--mb", type=int, default=1024, help="MiB of bodies to tier (default 1024)")
+    parser.add_argument("--min-kb", type=int, default=64)
+    parser.add_argument("--max-kb", type=int, default=4096)
+    parser.add_argument("--runs", type=int, default=16)
+    parser.add_argument("--targets", default="local,s3", help="comma-separated: local, s3")
+    parser.add_argument("--workdir", help="scratch directory (default: a temp dir; needs ~4x --mb free)")
+    args = parser.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="kvjudge-tierbench-"))
+    work.mkdir(parents=True, exist_ok=True)
+    results: dict[str, Any] = {"benchmark": "tier_throughput", "mb": args.mb,
+                               "body_kb": [args.min_kb, args.max_kb], "targets": []}
+    try:
+        start = time.perf_counter()
+        results["store"] = build_store(work / "store.sqlite", args.mb, args.min_kb, args.max_kb, args.runs, seed=5)
+        results["store"]["build_s"] = round(time.perf_counter() - start, 1)
+        wanted = args.targets.split(",")
+        pristine = work / "pristine.sqlite"
+        if len(wanted) > 1:
+            shutil.copyfile(work / "store.sqlite", pristine)
+        for name in wanted:
+            if pristine.exists() and name != wanted[0]:
+                shutil.copyfile(pristine, work / "store.sqlite")
+            if name == "local":
+                def local_dir(tag: str) -> Path:
+                    # One directory per stage, the previous stage's removed first (disk stays ~2x --mb).
+                    for old in work.glob("local-*"):
+                        shutil.rmtree(old, ignore_errors=True)
+                    (work / f"local-{tag}").mkdir()
+                    return work / f"local-{tag}"
+
+                results["targets"].append(measure(
+                    "local", work / "store.sqlite", work, local_dir, lambda tag: f"file://{local_dir(tag)}",
+                    None, dict(os.environ)))
+                for old in work.glob("local-*"):
+                    shutil.rmtree(old, ignore_errors=True)
+            elif name == "s3":
+                with SeaweedServer(work / "weed") as server:
+                    os.environ.update(server.env())
+                    client = server.client()
+                    bucket = server.new_bucket()
+                    results["targets"].append(measure(
+                        "s3", work / "store.sqlite", work, lambda tag: (client, bucket, tag),
+                        lambda tag: f"s3://{bucket}/{tag}" if tag == "tier" else f"s3://{server.new_bucket()}/{tag}",
+                        server.endpoint, dict(os.environ)))
+                shutil.rmtree(work / "weed", ignore_errors=True)
+            else:
+                parser.error(f"unknown target {name!r}")
+    finally:
+        if not args.workdir:
+            shutil.rmtree(work, ignore_errors=True)
+    line = json.dumps(results)
+    (out / "tier_throughput.json").write_text(line + "\n")
+    print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
