@@ -18,6 +18,7 @@ from tier_support import (
     read_remote,
     remote_keys,
     remove,
+    run_line,
     tamper,
     target,  # noqa: F401 (fixture)
     texts,
@@ -133,6 +134,24 @@ def test_cold_store_down_deletes_nothing(tmp_path: Path, monkeypatch: pytest.Mon
             assert all(store.blobs.get(ref) is not None for ref in store.run("run-a").refs())
 
 
+def test_reading_a_tiered_run_while_the_cold_store_is_down(tmp_path: Path) -> None:
+    path = make_store(tmp_path / "store.sqlite")
+    (tmp_path / "cold").mkdir()
+    target = f"file://{tmp_path / 'cold'}"
+    with Store.open(path) as store:
+        tier_run(store, "run-a", cold_for(target))
+    (tmp_path / "cold").rename(tmp_path / "unmounted")
+    shown = subprocess.run([sys.executable, "-m", "kvjudge", "show", "run-a", "--store", str(path)],
+                           capture_output=True, text=True, timeout=120)
+    assert shown.returncode != 0
+    assert shown.stderr.startswith("kvjudge: error: cold store directory") and shown.stderr.count("\n") == 1
+    assert "does not exist" in shown.stderr
+    (tmp_path / "unmounted").rename(tmp_path / "cold")
+    with Store.open(path) as store:
+        store.fallback = fallback_reader(None, store)
+        assert all(text is not None for text in texts(store, "run-a").values())
+
+
 def test_tampered_remote_bytes_are_caught(tmp_path: Path, target: str) -> None:
     path = make_store(tmp_path / "store.sqlite")
     cold = cold_for(target)
@@ -175,6 +194,13 @@ def test_tier_cli_json_and_usage(tmp_path: Path, target: str) -> None:
     assert [r["run"] for r in payload["runs"]] == ["run-a", "run-b"]
     assert {r["status"] for r in payload["runs"]} == {"tiered"}
     assert payload["skipped"] == {"run-live": "running (not terminal)"}
+    # `kvjudge show` reads a tiered run through the cold store, transparently.
+    shown = kvjudge("show", "run-a", "--json")
+    assert shown.returncode == 0, shown.stderr
+    output = json.loads(shown.stdout)["branches"][0]["transitions"][2]["tool_output"]["output"]
+    assert output["status"] == "tiered"
+    assert output["text"] == json.loads(run_line("run-a", GRADED))["branches"][0]["transitions"][2][
+        "tool_output"]["output"]
     again = json.loads(kvjudge("tier", "run-a", "--to", target, "--json").stdout)
     assert again["runs"][0]["status"] == "already_tiered"
     wrong = kvjudge("tier", "run-live", "--to", target)

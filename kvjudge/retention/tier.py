@@ -467,11 +467,16 @@ class ColdReader:
     def __init__(self, store: Store, stores: ColdStores) -> None:
         self._store = store
         self._stores = stores
+        self._checked: set[str] = set()
 
     def __call__(self, ref: str) -> bytes | None:
         targets = [loc.target for _, loc in self._store.explain(ref).locations if loc.status == TIERED and loc.target]
         for target in dict.fromkeys(targets):
-            body = self._stores.get(target).get_blob(ref)
+            cold = self._stores.get(target)
+            if target not in self._checked:  # once per target: "down" must not read as "object missing"
+                cold.check()
+                self._checked.add(target)
+            body = cold.get_blob(ref)
             if body is not None:
                 return body
         if targets:
