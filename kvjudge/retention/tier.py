@@ -3,8 +3,9 @@
 The move, as events (seed 002 step 6; every step is durable before the next starts):
 
 1. only terminal runs (graded / ungraded / archived) are eligible; anything else is a RunStateError;
-2. the manifest (run, event range, every ref with its sha256 and size) is stored locally as a blob and
-   ``TierStarted{target, manifest_ref}`` is appended — the log now says a move is under way, and to where;
+2. ``TierStarted{target, manifest_ref}`` is appended — the log now says a move is under way, and to where.
+   The manifest (run, event range, every ref with its sha256 and size) is a pure function of the log before
+   that event and the blob sizes, so it is rebuilt from the log whenever needed and never stored locally;
 3. every local body of the run is uploaded (content-addressed keys: a retry rewrites identical bytes),
    then the manifest, last and conditionally — its presence is the remote's commit;
 4. what the remote holds is read back and checked (sizes, and the remote's own SHA-256 where it keeps
@@ -39,7 +40,7 @@ from kvjudge.retention.cold import ColdStore, LocalDirColdStore, blob_key, manif
 from kvjudge.retention.events import canonical_json
 from kvjudge.retention.faults import fault_point
 from kvjudge.retention.lifecycle import REDUCIBLE, is_reducible
-from kvjudge.retention.state import LOCAL, TIERED, RunState
+from kvjudge.retention.state import LOCAL, TIERED, RunState, fold
 from kvjudge.retention.store import Store
 from kvjudge.retention.verify import Check, Violation
 
@@ -47,7 +48,7 @@ MANIFEST_FORMAT = "kvjudge-tier-manifest/1"
 
 #: Every fault point of tiering, in the order a move meets them (tests kill a real process at each).
 TIER_POINTS = (
-    "tier_start.txn",               # inside the transaction that stores the manifest and appends TierStarted
+    "tier_start.txn",               # inside the transaction that appends TierStarted
     "tier.after_started",           # TierStarted committed, nothing uploaded
     "tier.blob_response_lost",      # a blob PUT applied remotely, its acknowledgement never processed
     "tier.after_blobs",             # every blob uploaded, manifest not yet written
@@ -165,28 +166,43 @@ def _event_range(store: Store, run_id: str) -> tuple[int, int]:
     return int(row[0]), int(row[1])
 
 
-def _build_manifest(store: Store, state: RunState, target: str) -> Manifest:
-    """The manifest of every body of ``state`` the log says is local (it must be here)."""
+def _build_manifest(store: Store, state: RunState, target: str, first_lsn: int, last_lsn: int, *,
+                    require_bodies: bool) -> Manifest:
+    """The manifest of every body of ``state`` the log says is local (sizes from the blob rows, which stay)."""
     refs = sorted(ref for ref, loc in state.bodies.items() if loc.status == LOCAL)
     entries = []
     for ref in refs:
         row = store.connection.execute("SELECT size, body IS NOT NULL FROM blobs WHERE ref = ?", (ref,)).fetchone()
-        if row is None or not row[1]:
+        if row is None or (require_bodies and not row[1]):
             raise IntegrityError(
                 f"run {state.id}: the log says {short(ref)} is local but its body is missing; "
                 "run `kvjudge verify` before tiering")
         entries.append(ManifestEntry(ref=ref, sha256=ref.removeprefix("sha256:"), size=int(row[0])))
-    first, last = _event_range(store, state.id)
-    return Manifest(run=state.id, tenant=state.tenant, first_lsn=first, last_lsn=last, target=target,
+    return Manifest(run=state.id, tenant=state.tenant, first_lsn=first_lsn, last_lsn=last_lsn, target=target,
                     entries=tuple(entries))
 
 
-def _stored_manifest(store: Store, manifest_ref: str) -> Manifest:
-    raw = store.blobs.get(manifest_ref)
-    if raw is None or ref_of(raw) != manifest_ref:
-        raise IntegrityError(f"the tier manifest {short(manifest_ref)} is missing from the local store; "
-                             "it was written before TierStarted — the store is damaged")
-    return Manifest.from_bytes(raw)
+def _logged_manifest(store: Store, run_id: str, manifest_ref: str) -> Manifest:
+    """The manifest a ``TierStarted`` recorded, rebuilt from the log alone (the events before it, folded).
+
+    The manifest is a function of the log, so it is never stored locally; its ref in the event proves the
+    rebuild is byte-identical to what was uploaded.
+    """
+    before: list[tuple[int, ev.Event]] = []
+    started: ev.TierStarted | None = None
+    for lsn, event in store.iter_events(run_id):
+        if isinstance(event, ev.TierStarted) and event.manifest_ref == manifest_ref:
+            started = event
+            break
+        before.append((lsn, event))
+    if started is None or not before:
+        raise IntegrityError(f"run {run_id}: no TierStarted names manifest {short(manifest_ref)}; the store is damaged")
+    state = fold(before)[run_id]
+    manifest = _build_manifest(store, state, started.target, before[0][0], before[-1][0], require_bodies=False)
+    if ref_of(manifest.to_bytes()) != manifest_ref:
+        raise IntegrityError(f"run {run_id}: the log no longer rebuilds manifest {short(manifest_ref)}; "
+                             "the store is damaged")
+    return manifest
 
 
 # --------------------------------------------------------------------------------------------------
@@ -251,7 +267,8 @@ def tier_run(store: Store, run_id: str, cold: ColdStore, *, stores: ColdStores |
         return TierResult(run_id, "already_tiered", state.tier["target"] if state.tier else None,
                           state.tier["manifest_ref"] if state.tier else None)
     cold.check()  # a store that is down fails here, before anything is written locally
-    manifest = _build_manifest(store, state, cold.url)
+    first_lsn, last_lsn = _event_range(store, run_id)
+    manifest = _build_manifest(store, state, cold.url, first_lsn, last_lsn, require_bodies=True)
     if not manifest.entries:
         return TierResult(run_id, "nothing_local", cold.url, None)
     raw = manifest.to_bytes()
@@ -263,7 +280,6 @@ def tier_run(store: Store, run_id: str, cold: ColdStore, *, stores: ColdStores |
             raise StoreError(f"run {run_id} is being tiered by another process; retry when it has finished")
         if _event_range(store, run_id)[1] != manifest.last_lsn:
             raise StoreError(f"run {run_id} changed while preparing its move; retry")
-        store.blobs.put(raw)
         store.append(run_id, ev.TierStarted(run=run_id, target=cold.url, manifest_ref=manifest_ref))
     fault_point("tier.after_started")
     return _finish_move(store, manifest, manifest_ref, cold, verify_remote=verify_remote, progress=progress,
@@ -288,9 +304,15 @@ def _finish_move(store: Store, manifest: Manifest, manifest_ref: str, cold: Cold
         progress(manifest.total_bytes)
     problems = check_remote(cold, manifest, raw, rehash=verify_remote)
     if problems:
+        # One repair pass (the local bodies are all still here): rewrite every body — same bytes, same keys —
+        # and the manifest, then check again. A remote that still disagrees is an error; nothing is deleted.
+        uploaded += _upload_blobs(store, manifest, cold, skip_present=False, progress=None)
+        cold.put_manifest(manifest.key, raw)
+        problems = check_remote(cold, manifest, raw, rehash=verify_remote)
+    if problems:
         raise ColdStoreError(f"run {manifest.run}: the cold store does not hold what was written "
                              f"({problems[0]}{'' if len(problems) == 1 else f'; and {len(problems) - 1} more'}); "
-                             "nothing was deleted locally — re-run `kvjudge tier` to rewrite it")
+                             "nothing was deleted locally — check the cold store and re-run `kvjudge tier`")
     fault_point("tier.after_verify")
     with store.transaction("tiered"):
         current = store.run(manifest.run)
@@ -415,7 +437,7 @@ def recover_run(store: Store, run_id: str, stores: ColdStores, *, verify_remote:
     if not tier:
         return None
     if tier["status"] == "started":
-        manifest = _stored_manifest(store, tier["manifest_ref"])
+        manifest = _logged_manifest(store, run_id, tier["manifest_ref"])
         cold = stores.get(tier["target"])
         cold.check()
         # A writer killed mid-object may have left a partial temp file: the move's own keys are swept.
@@ -574,7 +596,7 @@ def verify_tiered_run(store: Store, state: RunState, stores: ColdStores, *, reha
             violations.append(Violation("tiered", state.id, None, "a tiered ref names no manifest"))
             continue
         try:
-            manifest = _stored_manifest(store, manifest_ref)
+            manifest = _logged_manifest(store, state.id, manifest_ref)
         except IntegrityError as exc:
             violations.append(Violation("tiered", state.id, manifest_ref, str(exc)))
             continue
