@@ -224,3 +224,30 @@ def test_default_target_comes_from_config(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["target"] == f"file://{cold_dir}"
     assert (cold_dir / "manifests" / "r1").is_dir()
+
+
+def test_a_reduced_run_tiers_with_its_summaries(tmp_path: Path) -> None:
+    """Reduced, dropped and tiered bodies side by side: the log explains each, and the reduced view reads through."""
+    from kvjudge.retention.reduce import reduce_run, view_refs
+    from kvjudge.tokens import CharsPerToken
+
+    path = make_store(tmp_path / "store.sqlite")
+    (tmp_path / "cold").mkdir()
+    cold = cold_for(f"file://{tmp_path / 'cold'}")
+    with Store.open(path) as store:
+        reduce_run(store, "run-a", 500, CharsPerToken())
+        reduced = store.run("run-a")
+        assert {loc.status for loc in reduced.bodies.values()} >= {"reduced", "local"}
+        view = {ref: store.text(ref) for ref in view_refs(reduced)}
+        assert all(text is not None for text in view.values())
+        result = tier_run(store, "run-a", cold)
+        state = store.run("run-a")
+        # Only what was local moved; reduced/dropped refs keep their explanation (they have no body to move).
+        assert result.refs == sum(1 for loc in reduced.bodies.values() if loc.status == "local")
+        assert {ref for ref, loc in state.bodies.items() if loc.status == "tiered"} == {
+            ref for ref, loc in reduced.bodies.items() if loc.status == "local"}
+        assert all(state.bodies[ref].status == loc.status
+                   for ref, loc in reduced.bodies.items() if loc.status != "local")
+        store.fallback = fallback_reader(None, store)
+        assert {ref: store.text(ref) for ref in view_refs(state)} == view
+        assert verify_all(store, rehash=True) == []
