@@ -5,9 +5,10 @@ the Python standard library's sources, one file per tool output, over graded run
 each (every run also has a dead branch). Then, with the judge model's tokenizer (``--counter model``,
 the default; or ``tiktoken``):
 
-- **bare**: the counter alone over every body (the floor: reduction must at least count each body once);
-- **reduce**: ``reduce_run`` over every run to the effective ceiling (``--target``; default: the judge
-  model's real bound on this device, ``min(200k, max_context_tokens // 2)``), RSS sampled after each run;
+- **bare**: the counter alone over every body of a run (the floor: reduction must count each body once);
+- **reduce**: ``reduce_run`` on that run to the effective ceiling (``--target``; default: the judge
+  model's real bound on this device, ``min(200k, max_context_tokens // 2)``), RSS sampled after each run.
+  Bare and reduce alternate run by run so both see the same load on a shared machine;
 - **no-op**: the same reduction again — it must append nothing and count nothing (counts are stored
   per (blob, counter)).
 
@@ -109,16 +110,18 @@ def build_store(path: Path, total_tokens: int, run_tokens: int) -> dict[str, Any
     return {"runs": runs, "bodies": bodies, "chars": written, "build_rss_mb": [round(r / MIB, 1) for r in rss]}
 
 
-def bare_count(path: Path, counter: TokenCounter) -> tuple[int, float]:
-    """Tokens of every body and the seconds the counter alone took (reading time excluded)."""
+def bare_count(store: Store, run_id: str, counter: TokenCounter) -> tuple[int, float]:
+    """Tokens of every body of one run and the seconds the counter alone took (reading excluded)."""
     tokens = 0
     seconds = 0.0
-    with Store.open(path) as store:
-        for _ref, body in store.blobs.iter_bodies():
-            text = body.decode("utf-8")
-            start = time.perf_counter()
-            tokens += counter.count(text)
-            seconds += time.perf_counter() - start
+    for ref in store.run(run_id).refs():
+        body = store.blobs.get(ref)
+        if body is None:
+            continue
+        text = body.decode("utf-8")
+        start = time.perf_counter()
+        tokens += counter.count(text)
+        seconds += time.perf_counter() - start
     return tokens, seconds
 
 
@@ -152,22 +155,25 @@ def main() -> None:
         build_s = time.perf_counter() - start
         counter.count("warm up the tokenizer")  # model load is not throughput
 
-        bare_tokens, bare_s = bare_count(path, counter)
-
         tally = Tally(counter)
         rss_after_run: list[float] = []
-        tokens_before = tokens_after = events = deleted = 0
+        tokens_before = tokens_after = events = deleted = bare_tokens = 0
+        bare_s = reduce_s = 0.0
         with Store.open(path) as store:
             run_ids = store.run_ids()
-            start = time.perf_counter()
             for run_id in run_ids:
+                # Baseline and reduction alternate run by run, so both see the same load on a shared machine.
+                tokens, seconds = bare_count(store, run_id, counter)
+                bare_tokens += tokens
+                bare_s += seconds
+                start = time.perf_counter()
                 result = reduce_run(store, run_id, target, tally)
+                reduce_s += time.perf_counter() - start
                 tokens_before += result.plan.tokens_before
                 tokens_after += result.plan.tokens_after
                 events += result.appended
                 deleted += result.bodies_deleted
                 rss_after_run.append(psutil.Process().memory_info().rss / MIB)
-            reduce_s = time.perf_counter() - start
             first_calls = tally.calls
 
             tally.calls = 0
@@ -184,7 +190,7 @@ def main() -> None:
     result_json = {
         "benchmark": "reduce_throughput", "counter": counter.name, "target_tokens": target, "target": target_info,
         "requested_tokens": args.tokens, "runs": built["runs"], "bodies": built["bodies"],
-        "tokens_in_store": bare_tokens, "tokens_before": tokens_before, "tokens_after": tokens_after,
+        "tokens_bare": bare_tokens, "tokens_before": tokens_before, "tokens_after": tokens_after,
         "build_s": round(build_s, 2), "bare_s": round(bare_s, 2), "reduce_s": round(reduce_s, 2),
         "bare_tokens_per_s": round(bare_tps), "reduce_tokens_per_s": round(reduce_tps),
         "ratio": round(reduce_tps / bare_tps, 3), "ratio_target": 0.5,
