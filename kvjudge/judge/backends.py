@@ -143,6 +143,8 @@ class LlamaBackend:
 
     def tokenize(self, text: str, add_bos: bool = False) -> list[int]:
         """Token ids of one segment (long text in word-boundary pieces, as ModelTokenizer does)."""
+        if self._llama is None:
+            raise JudgeError("the judge backend is closed; open a new one")
         ids: list[int] = []
         for index, piece in enumerate(split_for_tokenizer(text)):
             ids.extend(self._llama.tokenize(piece.encode("utf-8"), add_bos=add_bos and index == 0, special=False))

@@ -38,12 +38,13 @@ class RunTokens:
     """Token counts of one run in a verdict (the model's own tokenizer).
 
     ``full``: the run with every original body (None when some originals are gone);
-    ``reduced``: the run as the store holds it (or as reduced for a still-grades check);
+    ``reduced``: the run as the store holds it (or as reduced for a still-grades check; None when the
+    backend failed before counting);
     ``view``: what the judge read (None on overflow); ``further_reduced``: the view was cut further to fit.
     """
 
     full: int | None
-    reduced: int
+    reduced: int | None
     view: int | None
     further_reduced: bool
 

@@ -43,7 +43,7 @@ QUESTION = "Which run accomplished the task better? Answer with one letter, A or
 # carries its own marker from kvjudge.retention.summarize: "[… N tokens elided from sha256:… …]".
 DROPPED_MARKER = "[text dropped by retention]"
 MISSING_MARKER = "[text unavailable]"
-ELIDED_MARKER = "[text elided to fit the judge's window]"
+ELIDED_MARKER = "[text elided]"
 
 _BRACKET_RUNS = re.compile(r"<{2,}|>{2,}")
 

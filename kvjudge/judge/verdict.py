@@ -151,8 +151,15 @@ class Judge:
         the "reduced" side of a still-grades check on runs not yet reduced in the store.
         """
         started = time.perf_counter()
-        view_a = self.pack(store, a, reduce_to=reduce_to)
-        view_b = self.pack(store, b, reduce_to=reduce_to)
+        try:
+            view_a = self.pack(store, a, reduce_to=reduce_to)
+            view_b = self.pack(store, b, reduce_to=reduce_to)
+        except JudgeError as exc:  # the backend failed while counting tokens: an outcome, not a crash
+            unknown = RunTokens(full=None, reduced=None, view=None, further_reduced=False)
+            return Verdict(a=a, b=b, outcome="error", p_a=None, p_a_by_order={o: None for o in ORDERS},
+                           tokens={"a": unknown, "b": unknown}, further_reduced=False,
+                           seconds=time.perf_counter() - started, manifest=self.manifest(), margin=self.margin,
+                           error=str(exc))
         return self.judge_views(store, view_a, view_b, started=started, on_call=on_call)
 
     def judge_views(self, store: Any, view_a: PackedView, view_b: PackedView, *, started: float | None = None,

@@ -1,0 +1,160 @@
+"""The judge on the real default model (Gemma 3 270M, in-process llama-cpp-python, n_ctx 512).
+
+These test mechanics, not judgment quality: the default model chooses by position (DESIGN.md), which
+is exactly what makes "identical runs are never decisive" and "inconsistent" worth asserting.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvjudge.judge import SCORED, Judge, LlamaBackend, judgment_key
+from kvjudge.judge.render import body_resolver, render_view
+from kvjudge.models import file_sha256
+from kvjudge.retention import Store
+from kvjudge.retention.reduce import reduce_run
+from kvjudge.retention.synthetic import filler, make_run, write_jsonl
+from kvjudge.tokens import ModelTokenizer
+
+pytestmark = pytest.mark.model
+N_CTX = 512  # small prompts: every call evaluates at most ~500 tokens on 2 shared cores
+
+
+@pytest.fixture(scope="module")
+def backend(default_model: Path):
+    loaded = LlamaBackend(model_path=default_model, n_ctx=N_CTX)
+    yield loaded
+    loaded.close()
+
+
+def _same_task(run: dict, task: str = "fix-csv") -> dict:
+    run["task"]["id"] = task
+    return run
+
+
+def _runs() -> list[dict]:
+    good = _same_task(make_run("good", ["collected 12 items\n12 passed"], passed=True))
+    bad = _same_task(make_run("bad", ["collected 12 items\nFAILED test_quote - AssertionError"], passed=False,
+                              final="1 failed, 11 passed"))
+    twin = _same_task(make_run("twin", ["collected 12 items\n12 passed"], passed=True))
+    twin2 = _same_task(make_run("twin2", ["collected 12 items\n12 passed"], passed=True))
+    long = _same_task(make_run("long", [filler(1, 1200)]))
+    steps = _same_task(make_run("steps", [f"out {i}" for i in range(80)]))
+    return [good, bad, twin, twin2, long, steps]
+
+
+@pytest.fixture
+def store(tmp_path: Path):
+    source = tmp_path / "runs.jsonl"
+    write_jsonl(source, _runs())
+    opened = Store.open(tmp_path / "store.sqlite")
+    opened.ingest_file(source)
+    yield opened
+    opened.close()
+
+
+def test_both_orders_run_with_prefix_reuse_and_a_manifest(backend: LlamaBackend, store: Store,
+                                                          default_model: Path) -> None:
+    calls, saved = backend.calls, backend.tokens_saved
+    verdict = Judge(backend).judge_pair(store, "good", "bad")
+    assert backend.calls - calls == 2 and not verdict.cached
+    assert [o.order for o in verdict.orders] == ["ab", "ba"]
+    assert all(0.0 < p < 1.0 for p in verdict.p_a_by_order.values())
+    assert verdict.p_a == pytest.approx(sum(verdict.p_a_by_order.values()) / 2)
+    assert verdict.outcome in SCORED
+    # The second call kept the instruction prefix's KV cache.
+    assert verdict.orders[1].reused_tokens > 50 and backend.tokens_saved > saved
+    manifest = verdict.manifest
+    assert manifest["model_sha256"] == file_sha256(default_model)
+    assert manifest["backend"] == "llama-cpp-python" and manifest["backend_version"]
+    assert (manifest["n_ctx"], manifest["n_batch"]) == (N_CTX, 512) and manifest["threads"] >= 1
+    assert manifest["template_version"]
+    # A re-run of the same pair is read from the store's judgment cache: no model call.
+    calls = backend.calls
+    again = Judge(backend).judge_pair(store, "good", "bad")
+    assert backend.calls == calls and again.cached
+    assert (again.outcome, again.p_a, again.p_a_by_order) == (verdict.outcome, verdict.p_a, verdict.p_a_by_order)
+
+
+def test_identical_runs_are_never_decisive(backend: LlamaBackend, store: Store) -> None:
+    verdict = Judge(backend, use_cache=False).judge_pair(store, "twin", "twin2")
+    assert verdict.outcome in ("tie", "inconsistent")
+    assert verdict.p_a == pytest.approx(0.5, abs=1e-9)
+
+
+def test_swapping_a_and_b_mirrors_p_a(backend: LlamaBackend, store: Store) -> None:
+    judge = Judge(backend, use_cache=False)
+    forward = judge.judge_pair(store, "good", "bad")
+    backward = judge.judge_pair(store, "bad", "good")
+    assert forward.p_a + backward.p_a == pytest.approx(1.0, abs=1e-9)
+    # The same prompt (good shown first) read from two verdicts: deterministic, whatever ran in between.
+    assert backward.p_a_by_order["ba"] == pytest.approx(1.0 - forward.p_a_by_order["ab"], abs=1e-12)
+    mirrored = {"a": "b", "b": "a"}.get(forward.outcome, forward.outcome)
+    assert backward.outcome == mirrored
+
+
+def test_a_pair_that_cannot_fit_is_overflow_never_a_score(backend: LlamaBackend, store: Store) -> None:
+    calls = backend.calls
+    verdict = Judge(backend).judge_pair(store, "good", "steps")
+    assert verdict.outcome == "overflow" and not verdict.scored
+    assert verdict.p_a is None and verdict.p_a_by_order == {"ab": None, "ba": None}
+    assert verdict.tokens["b"].view is None and "skeleton" in (verdict.error or "")
+    assert backend.calls == calls
+
+
+def test_a_backend_failure_is_error_and_is_not_cached(default_model: Path, store: Store) -> None:
+    broken = LlamaBackend(model_path=default_model, n_ctx=256)
+    judge = Judge(broken)
+    manifest = judge.manifest()
+    broken.close()  # the runtime is gone: every call fails
+    verdict = judge.judge_pair(store, "good", "bad")
+    assert verdict.outcome == "error" and verdict.p_a is None and not verdict.scored
+    assert "closed" in (verdict.error or "")
+    views = [render_view(store.run(r), body_resolver(store.run(r), store.text)) for r in ("good", "bad")]
+    assert store.get_judgment(judgment_key(manifest, *views)) is None
+
+
+def test_a_long_run_is_judged_from_a_further_reduced_view(backend: LlamaBackend, store: Store) -> None:
+    before = store.run("long").canonical_bytes()
+    judge = Judge(backend, use_cache=False)
+    verdict = judge.judge_pair(store, "good", "long")
+    assert verdict.scored and verdict.further_reduced
+    tokens = verdict.tokens["b"]
+    assert tokens.further_reduced and tokens.full == tokens.reduced > judge.allowance >= tokens.view
+    assert store.run("long").canonical_bytes() == before  # a view, never stored
+
+
+def test_a_run_reduced_through_retention_is_still_gradeable(backend: LlamaBackend, store: Store,
+                                                            default_model: Path) -> None:
+    # The seed's acceptance: a run over its ceiling reduces, and the reduced episode gets a real score.
+    counter = ModelTokenizer(default_model)
+    result = reduce_run(store, "long", 350, counter)
+    state = store.run("long")
+    assert result.bodies_deleted > 0 and state.reduced
+    verdict = Judge(backend, use_cache=False).judge_pair(store, "long", "good")
+    assert verdict.scored and verdict.p_a is not None and 0.0 < verdict.p_a < 1.0
+    assert verdict.tokens["a"].full is None  # the originals are gone, and the verdict does not pretend
+    assert verdict.tokens["a"].view is not None and verdict.tokens["a"].view <= Judge(backend).allowance
+
+
+def test_cli_judges_a_pair_as_json_then_reads_it_from_the_cache(store: Store, default_model: Path) -> None:
+    path = str(store.path)
+    store.close()
+    command = [sys.executable, "-m", "kvjudge", "judge", "good", "bad", "--json", "--store", path,
+               "--model", str(default_model), "--n-ctx", str(N_CTX)]
+    first = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0, first.stderr
+    pair, summary = [json.loads(line) for line in first.stdout.splitlines()]
+    for key in ("a", "b", "outcome", "p_a", "p_a_by_order", "tokens", "further_reduced", "seconds", "manifest"):
+        assert key in pair
+    assert (pair["a"], pair["b"]) == ("good", "bad") and pair["outcome"] in SCORED
+    assert set(pair["tokens"]["a"]) == {"full", "reduced", "view", "further_reduced"}
+    assert summary["summary"]["pairs"] == 1 and summary["summary"]["coverage"] == 1.0
+    second = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    again = json.loads(second.stdout.splitlines()[0])
+    assert again["cached"] and again["p_a"] == pair["p_a"]
