@@ -98,6 +98,7 @@ class LlamaBackend:
     n_batch: int = 512
     model_sha256: str | None = None
     n_ctx_source: str | None = None  # where n_ctx came from (capability cache, --n-ctx)
+    reuse_prefix: bool = True  # False: evaluate every prompt whole (the benchmark's no-reuse baseline)
     tokens_evaluated: int = 0
     tokens_saved: int = 0
     calls: int = 0
@@ -176,7 +177,7 @@ class LlamaBackend:
         # Reuse exactly the shared prefix, never "whatever matched last time": the rest is then always
         # evaluated from the same position in the same batches, so a verdict does not depend on the
         # previous call (llama.cpp's numerics vary slightly with batch composition).
-        keep = len(prefix) if (prefix and llama.n_tokens >= len(prefix)
+        keep = len(prefix) if (self.reuse_prefix and prefix and llama.n_tokens >= len(prefix)
                                and list(llama.input_ids[: len(prefix)]) == prefix) else 0
         try:
             if not llama._ctx.kv_cache_seq_rm(-1, keep, -1):
@@ -184,7 +185,7 @@ class LlamaBackend:
                 llama._ctx.kv_cache_seq_rm(-1, 0, -1)
                 keep = 0
             llama.n_tokens = keep
-            if keep == 0 and prefix:
+            if keep == 0 and prefix and self.reuse_prefix:
                 llama.eval(prefix)  # on its own, so the prefix KV is the same whoever computed it
                 llama.eval(tokens[len(prefix):])
             else:
