@@ -106,6 +106,9 @@ class Turn:
     kept_turns: int
     pruned: int  # turns the live TokenBudget dropped after this turn
     prune_required: bool  # the real context exceeded the budget
+    prune_needed: int | None  # fewest oldest turns whose exact token weight brings the real context within
+    #                           budget (None when the chat format's prompt cannot be rebuilt here)
+    exact_prompt: int | None  # the rebuilt prompt's token count (checks the rebuild against prompt_tokens)
 
 
 def _pct(estimate: float, real: float) -> float:
@@ -143,6 +146,53 @@ def _end_of_generation_ids(llm) -> list[int]:  # noqa: ANN001
     return [i for i in range(llm.n_vocab()) if llama_cpp.llama_vocab_is_eog(vocab, i)]
 
 
+class PromptCounter:
+    """Counts a message list's tokens exactly as the chat handler will: same template, same tokenizer.
+
+    Used only to judge prune decisions after the fact (how many turns the real context required dropping);
+    the budget itself never sees it.
+    """
+
+    def __init__(self, llm) -> None:  # noqa: ANN001 - llama_cpp.Llama
+        from llama_cpp import llama_chat_format
+
+        self._llm = llm
+        template = llm.metadata.get("tokenizer.chat_template")
+        if llm.chat_format == "chatml":
+            self._format = llama_chat_format.format_chatml
+        elif template and llm.chat_format == "chat_template.default":
+            def token_text(token: int) -> str:
+                return llm.detokenize([token], special=True).decode("utf-8", errors="ignore")
+
+            self._format = llama_chat_format.Jinja2ChatFormatter(
+                template=template, eos_token=token_text(llm.token_eos()), bos_token=token_text(llm.token_bos()))
+        else:
+            self._format = None
+
+    def count(self, messages: list[dict[str, str]]) -> int | None:
+        if self._format is None:
+            return None
+        result = self._format(messages=messages)
+        return len(self._llm.tokenize(result.prompt.encode("utf-8"), add_bos=not getattr(result, "added_special", False),
+                                      special=True))
+
+    def turns_needed(self, system: str, kept: tuple[ConversationTurn, ...], real: int, budget: int) -> int | None:
+        """Fewest oldest turns of ``kept`` to drop so ``real`` minus their exact weight fits ``budget``."""
+        def messages(turns: tuple[ConversationTurn, ...]) -> list[dict[str, str]]:
+            out = [{"role": "system", "content": system}]
+            for turn in turns:
+                out += [{"role": "user", "content": turn.user}, {"role": "assistant", "content": turn.assistant}]
+            return [m for m in out if m["content"].strip()]
+
+        full = self.count(messages(kept))
+        if full is None:
+            return None
+        for drop in range(len(kept) + 1):
+            if real - (full - self.count(messages(kept[drop:]))) <= budget:
+                return drop
+        return len(kept)
+
+
 def run_session(model: Path, turns: int, max_reply_tokens: int, n_ctx: int, budget_tokens: int,
                 threshold_pct: float, chat_format: str | None = None) -> tuple[list[Turn], list[dict], dict]:
     """Run the chat; return the per-turn figures, the raw texts and counts, and the session settings."""
@@ -150,6 +200,7 @@ def run_session(model: Path, turns: int, max_reply_tokens: int, n_ctx: int, budg
     # The default model is a base model: without this it often ends a reply before its first token.
     # Banning end-of-generation keeps every reply max_reply_tokens long (deterministic, greedy).
     no_stop = {token: -100.0 for token in _end_of_generation_ids(llm)}
+    counter = PromptCounter(llm)
     live = TokenBudget(budget_tokens, threshold_pct)  # drives the session: its history is what is sent
     blind = TokenBudget(budget_tokens, threshold_pct)  # same turns, never sees a report
     estimation = live.estimation
@@ -161,6 +212,7 @@ def run_session(model: Path, turns: int, max_reply_tokens: int, n_ctx: int, budg
         for index, user in enumerate(user_texts, start=1):
             predicted = live.fullness() + estimation.estimate(user) if live.anchor is not None else None
             messages = live.build_messages(SYSTEM_PROMPT, user)
+            exact_prompt = counter.count([m.to_dict() for m in messages])
             response = llm.create_chat_completion(
                 messages=[m.to_dict() for m in messages], max_tokens=max_reply_tokens, temperature=0.0,
                 seed=0, logit_bias=no_stop, repeat_penalty=1.3)
@@ -179,12 +231,15 @@ def run_session(model: Path, turns: int, max_reply_tokens: int, n_ctx: int, budg
             rows.append(Turn(turn=index, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
                              real=real, legacy=legacy, anchored=anchored, estimate_only=blind.fullness(),
                              predicted_prompt=predicted, kept_turns=len(live.history), pruned=dropped,
-                             prune_required=real > live.budget))
+                             prune_required=real > live.budget,
+                             prune_needed=counter.turns_needed(SYSTEM_PROMPT, kept, real, live.budget),
+                             exact_prompt=exact_prompt))
             texts.append({"user": user, "reply": reply, "prompt_text": "\n".join(m.content for m in messages),
                           "prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                           "pruned_before": sum(r.pruned for r in rows[:-1])})
             advance()
-    settings = {"model": str(model), "chat_format": llm.chat_format, "turns": turns, "max_reply_tokens": max_reply_tokens, "n_ctx": n_ctx,
+    settings = {"model": str(model), "chat_format": llm.chat_format, "turns": turns,
+                "max_reply_tokens": max_reply_tokens, "n_ctx": n_ctx,
                 "budget_tokens": budget_tokens, "threshold_pct": live.threshold_pct, "prune_above": live.budget,
                 "system_prompt_tokens": len(llm.tokenize(SYSTEM_PROMPT.encode(), add_bos=False)),
                 "estimation": estimation.name}
@@ -224,12 +279,17 @@ def decision_quality(rows: list[Turn], fractions: tuple[float, ...] = (0.1, 0.3,
     return result
 
 
-def summarise(rows: list[Turn], settings: dict, errors: dict, decisions: list[dict], seconds: float) -> dict:
+def summarise(rows: list[Turn], settings: dict, seconds: float) -> dict:
     last = rows[-1]
     anchored_errors = [_pct(r.anchored, r.real) for r in rows]
     predicted = [_pct(r.predicted_prompt, r.prompt_tokens) for r in rows if r.predicted_prompt is not None]
-    spurious_prunes = sum(1 for r in rows if r.pruned and not r.prune_required)
-    missed_prunes = sum(1 for r in rows if r.prune_required and not r.pruned)
+    exact = all(r.prune_needed is not None for r in rows)
+    if exact:  # in turns: dropped beyond what the exact weights required, and short of it
+        spurious_prunes = sum(max(0, r.pruned - r.prune_needed) for r in rows)
+        missed_prunes = sum(max(0, r.prune_needed - r.pruned) for r in rows)
+    else:  # in turns at which a prune happened that the real size did not require, and the reverse
+        spurious_prunes = sum(1 for r in rows if r.pruned and not r.prune_required)
+        missed_prunes = sum(1 for r in rows if r.prune_required and not r.pruned)
     return {
         "benchmark": "inflation",
         "model": Path(settings["model"]).name,
@@ -244,6 +304,9 @@ def summarise(rows: list[Turn], settings: dict, errors: dict, decisions: list[di
         "anchored_max_abs_err_pct": round(max(map(abs, anchored_errors)), 3),
         "predicted_prompt_max_abs_err_pct": round(max(map(abs, predicted)), 3) if predicted else None,
         "prunes": sum(r.pruned for r in rows),
+        "prunes_needed": sum(r.prune_needed for r in rows) if exact else None,
+        "prune_check": "exact turn weights" if exact else "per turn: real size over budget",
+        "rebuilt_prompt_matches_backend": all(r.exact_prompt == r.prompt_tokens for r in rows) if exact else None,
         "spurious_prunes": spurious_prunes,
         "missed_prunes": missed_prunes,
         "legacy_spurious_prunes_at_live_budget": sum(1 for r in rows if r.legacy > settings["prune_above"] >= r.real),
@@ -285,14 +348,17 @@ def write_png(rows: list[Turn], path: Path, settings: dict) -> None:
 
 
 def write_markdown(rows: list[Turn], summary: dict, errors: dict, decisions: list[dict], path: Path) -> None:
-    lines = ["real = the backend's prompt_tokens + completion_tokens of the turn (the context after it); "
+    lines = [f"{summary['model']}, {summary['turns']} turns; pruned turns: {summary['prunes']} "
+             f"(the real context needed {summary['prunes_needed']}; check: {summary['prune_check']}).", "",
+             "real = the backend's prompt_tokens + completion_tokens of the turn (the context after it); "
              "legacy = sum of input + output over the turns in history (the seed's bug); anchored = last report "
              "+ chars/4 since; estimate-only = sum of chars/4 per turn (no report, so no system prompt).", "",
-             "| turn | prompt | real | legacy | anchored | estimate-only | legacy/real | anchored err % | pruned |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| turn | prompt | real | legacy | anchored | estimate-only | legacy/real | anchored err % | pruned | needed |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(f"| {r.turn} | {r.prompt_tokens} | {r.real} | {r.legacy} | {r.anchored} | {r.estimate_only} | "
-                     f"{r.legacy / r.real:.2f}× | {_pct(r.anchored, r.real):+.2f} | {r.pruned} |")
+                     f"{r.legacy / r.real:.2f}× | {_pct(r.anchored, r.real):+.2f} | {r.pruned} | "
+                     f"{'?' if r.prune_needed is None else r.prune_needed} |")
     lines += ["", "Estimator error vs the backend's own count (median / worst, %):", "",
               "| estimator | reply vs completion_tokens | added between reports | message texts vs prompt_tokens |",
               "|---|---:|---:|---:|"]
@@ -336,7 +402,7 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
     errors = estimator_errors(model, texts)
     decisions = decision_quality(rows)
-    summary = summarise(rows, settings, errors, decisions, time.perf_counter() - started)
+    summary = summarise(rows, settings, time.perf_counter() - started)
     full = {"summary": summary, "settings": settings, "turns": [asdict(r) for r in rows],
             "estimator_errors": errors, "decisions": decisions, "texts": texts}
     (args.out / "inflation.json").write_text(json.dumps(full, indent=1, ensure_ascii=False) + "\n")

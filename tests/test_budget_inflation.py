@@ -39,6 +39,9 @@ def test_inflation_benchmark_figures_follow_their_definitions(tmp_path: Path, de
     assert turns[1]["prompt_tokens"] > turns[0]["real"] - turns[0]["completion_tokens"]  # history really sent
     assert summary["legacy_over_real_last"] > 1.5
     assert summary["prunes"] == 0 and summary["spurious_prunes"] == 0
+    # The prune check rebuilds each prompt with the chat template: it must count what the backend counted.
+    assert summary["rebuilt_prompt_matches_backend"] is True
+    assert all(turn["prune_needed"] == 0 for turn in turns)
     assert (out / "inflation.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     table = (out / "inflation.md").read_text()
     assert "| 3 |" in table and "chars/4" in table and "model tokenizer" in table
