@@ -248,7 +248,9 @@ def _show(args: argparse.Namespace) -> int:
             fork = f" (from {branch['parent']} at {branch['fork_at']})" if branch["parent"] else ""
             print(f"\n== branch {branch['id']} [{branch['status']}]{fork}")
             if branch["summary"] is not None:
-                print(f"   branch read as one summary: {_shown(branch['summary'], args.full)}")
+                summary = branch["summary"]
+                label = "branch text dropped" if summary.get("text") is None else "branch read as one summary"
+                print(f"   {label}: {_shown(summary, args.full)}")
             for t in branch["transitions"]:
                 line = f"-- #{t['seq']} {t['role']}"
                 if t["usage"]:
