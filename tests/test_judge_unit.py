@@ -6,6 +6,8 @@ Token counts here use the default model's own tokenizer (vocab only: no weights 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -199,3 +201,50 @@ def test_still_grades_summary_counts_agreement_flips_and_coverage() -> None:
 def test_still_grades_refuses_pairs_that_do_not_line_up() -> None:
     with pytest.raises(UsageError):
         still_grades([_verdict("r1", "r2", "a", 0.8)], [_verdict("r2", "r1", "a", 0.8)])
+
+
+# ----------------------------------------------------------------------- CLI
+@pytest.mark.parametrize(("content", "args", "fragment", "code"), [
+    ('{"a": "r1", "b": "r2"}\nnot json\n', ["--pairs", "pairs.jsonl"], "pairs.jsonl:2: not JSON", 2),
+    ('{"a": "r1"}\n', ["--pairs", "pairs.jsonl"], 'pairs.jsonl:1: needs string fields "a" and "b"', 2),
+    ("", ["r1", "nope"], "nope", 1),
+    ("", ["r1", "r1"], "names one run twice", 2),
+    ("", ["--task", "no-such-task"], "has 0 run(s)", 2),
+    ("", ["r1"], "two run ids", 2),
+])
+def test_cli_bad_input_is_one_line_before_any_model_loads(tmp_path: Path, content: str, args: list[str],
+                                                          fragment: str, code: int) -> None:
+    with _store(tmp_path, [make_run("r1", ["ok"]), make_run("r2", ["ok"])]) as store:
+        path = str(store.path)
+    (tmp_path / "pairs.jsonl").write_text(content)
+    result = subprocess.run([sys.executable, "-m", "kvjudge", "judge", *args, "--store", path,
+                             "--model", str(tmp_path / "missing.gguf")], capture_output=True, text=True,
+                            timeout=300, cwd=tmp_path)
+    assert result.returncode == code, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("kvjudge: error:") and fragment in lines[0]
+    assert "Traceback" not in result.stderr and result.stdout == ""
+
+
+# -------------------------------------------------------------- n_ctx source
+def test_n_ctx_comes_from_the_capability_cache_and_may_only_be_lowered(default_model: Path) -> None:
+    import dataclasses
+
+    from kvjudge.errors import JudgeError
+    from kvjudge.judge import resolve_n_ctx
+    from kvjudge.probe import CapabilityCache, probe
+
+    model = default_model
+    # No entry yet: an explicit --n-ctx is checked against the analytic bound (no model run) and says so.
+    choice = resolve_n_ctx(model, 1024)
+    assert choice.n_ctx == 1024 and "estimated" in choice.n_ctx_source
+    entry = probe(model, certify=False).entry
+    CapabilityCache().put(dataclasses.replace(entry, certified=True, safe_context=768, max_ok_input=1000,
+                                              method="measured"))
+    assert resolve_n_ctx(model, None).n_ctx == 768  # the certified safe_context, no probe run
+    assert resolve_n_ctx(model, 512).n_ctx == 512
+    with pytest.raises(JudgeError, match="over the certified context 768"):
+        resolve_n_ctx(model, 1024)
+    CapabilityCache().put(dataclasses.replace(entry, certified=False, safe_context=None, max_ok_input=1000))
+    assert resolve_n_ctx(model, None).n_ctx == 768  # max_ok_input rounded down to 256
+

@@ -153,8 +153,7 @@ def _judge(args: argparse.Namespace) -> int:
                 for a, b in pairs:
                     if args.still_grades:
                         target = targets[store.run(a).tenant]
-                        full = judge.judge_views(store, *(_packed(judge, store, r, full=True) for r in (a, b)),
-                                                 on_call=advance)
+                        full = judge.judge_pair(store, a, b, full=True, on_call=advance)
                         reduced = judge.judge_pair(store, a, b, reduce_to=target, on_call=advance)
                         results.append(StillGrades(full, reduced))
                         _emit_pair(args, results[-1].reduced, results[-1])
@@ -170,13 +169,6 @@ def _judge(args: argparse.Namespace) -> int:
             backend.close()
     emit(args, {"summary": summary}, lambda: _print_summary(summary, args.still_grades))
     return 0
-
-
-def _packed(judge: Judge, store: Any, run_id: str, *, full: bool) -> Any:
-    from kvjudge.judge import pack_run
-
-    return pack_run(store, store.run(run_id), judge.backend.count, judge.allowance, show_grades=judge.show_grades,
-                    full=full)
 
 
 def _emit_pair(args: argparse.Namespace, verdict: Verdict, still: StillGrades | None) -> None:

@@ -138,22 +138,23 @@ class Judge:
     def manifest(self) -> dict[str, Any]:
         return {**self.backend.manifest(), "template_version": TEMPLATE_VERSION}
 
-    def pack(self, store: Any, run_id: str, *, reduce_to: int | None = None) -> PackedView:
+    def pack(self, store: Any, run_id: str, *, reduce_to: int | None = None, full: bool = False) -> PackedView:
         """The view of one run that fits this judge's allowance (or says it cannot)."""
         return pack_run(store, store.run(run_id), self.backend.count, self.allowance,
-                        show_grades=self.show_grades, reduce_to=reduce_to)
+                        show_grades=self.show_grades, reduce_to=reduce_to, full=full)
 
-    def judge_pair(self, store: Any, a: str, b: str, *, reduce_to: int | None = None,
+    def judge_pair(self, store: Any, a: str, b: str, *, reduce_to: int | None = None, full: bool = False,
                    on_call: Callable[[], None] | None = None) -> Verdict:
         """Judge runs ``a`` and ``b`` from ``store`` in both orders.
 
         ``reduce_to`` judges views reduced to that many tokens (derived on the fly, never stored) —
-        the "reduced" side of a still-grades check on runs not yet reduced in the store.
+        the "reduced" side of a still-grades check on runs not yet reduced in the store. ``full`` starts
+        from the original bodies wherever the store can still read them (the "full" side).
         """
         started = time.perf_counter()
         try:
-            view_a = self.pack(store, a, reduce_to=reduce_to)
-            view_b = self.pack(store, b, reduce_to=reduce_to)
+            view_a = self.pack(store, a, reduce_to=reduce_to, full=full)
+            view_b = self.pack(store, b, reduce_to=reduce_to, full=full)
         except JudgeError as exc:  # the backend failed while counting tokens: an outcome, not a crash
             unknown = RunTokens(full=None, reduced=None, view=None, further_reduced=False)
             return Verdict(a=a, b=b, outcome="error", p_a=None, p_a_by_order={o: None for o in ORDERS},
