@@ -8,7 +8,8 @@ full prompt at the prediction, and one at +256 that stops as soon as llama.cpp's
 usable memory (before any prompt runs).
 
 Results: ``max_ok_input`` is the largest prompt (tokens) that really ran; ``safe_context`` is the largest
-certified ``n_ctx`` less a headroom of 10% (rounded down to a multiple of 64), a conservative size for planning.
+certified ``n_ctx`` (per sequence, with ``n_seq`` > 1) less a headroom of 10%, rounded down to a multiple of 64:
+a conservative size for planning.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from kvjudge.probe.gguf_shape import ModelShape
-from kvjudge.probe.kv_math import CTX_PAD, ggml_type
+from kvjudge.probe.kv_math import CTX_PAD, ggml_type, kv_layout
 
 SAFE_HEADROOM = 0.10
 PROMPT_RESERVE = 16      # tokens left free at the end of the context: room for the decoded tokens
@@ -217,5 +218,8 @@ def certify(model_path: str | os.PathLike[str], shape: ModelShape, settings: Any
             notes.append("no trial ran within the usable memory; the model does not fit as configured")
         return Certification(tuple(trials), False, None, None, None, tuple(notes))
     largest = max(t.n_ctx for t in ok_trials)
+    # With several sequences one conversation holds one stream's cells, so plan with that.
+    per_sequence = kv_layout(shape, largest, n_seq=settings.n_seq, swa_full=settings.swa_full,
+                             n_ubatch=settings.n_ubatch).n_ctx_seq
     return Certification(tuple(trials), True, largest, max(t.prompt_tokens for t in ok_trials),
-                         safe_context_for(largest), tuple(notes))
+                         safe_context_for(min(largest, per_sequence)), tuple(notes))

@@ -80,9 +80,11 @@ def format_size(n_bytes: int | None) -> str:
     """``1.50 GiB``-style text for a byte count (``-`` for None)."""
     if n_bytes is None:
         return "-"
+    if abs(n_bytes) < 1024:
+        return f"{n_bytes} B"
     value = float(n_bytes)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(value) < 1024 or unit == "GiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.2f} {unit}"
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
         value /= 1024
-    return f"{value:.2f} TiB"
+        if abs(value) < 1024 or unit == "TiB":
+            break
+    return f"{value:.2f} {unit}"
