@@ -137,3 +137,21 @@ def test_gpu_identity_enters_the_fingerprint(default_model: Path, tmp_path: Path
     assert first.entry.device == "GPU-1" and second.entry.device == "GPU-2"
     assert first.entry.fingerprint != second.entry.fingerprint
     assert first.as_dict()["devices"][0]["identity"] == "GPU-1"
+
+
+def test_partial_offload_splits_weights_and_kv_between_gpu_and_host(default_model: Path) -> None:
+    from kvjudge.probe import footprint, kv_breakdown, read_model_shape
+
+    shape = read_model_shape(default_model)
+    gpus, _ = nvml_devices(FakeNvml(gpus=[FakeGpu("NVIDIA L4", "GPU-l4", total=24 * GIB, used=0)]))
+    report = DeviceReport(devices=(*gpus, host_device()))
+    settings = RuntimeSettings(gpu_layers=6)
+    placement = place(shape, report, settings, memory_budget=None)
+    assert placement.offloaded_layers == 6
+    fp = footprint(shape, 4096, settings, placement)
+    kv = kv_breakdown(shape, 4096)
+    # llama.cpp offloads the last layers: their KV lives on the GPU, the rest on the host.
+    gpu_kv = sum(kv.layer_bytes[12:])
+    assert fp.device_bytes > gpu_kv and fp.host_bytes > kv.total - gpu_kv
+    whole = footprint(shape, 4096, RuntimeSettings(gpu_layers=-1), place(shape, report, RuntimeSettings(gpu_layers=-1), None))
+    assert fp.device_bytes < whole.device_bytes and whole.host_bytes < fp.host_bytes
