@@ -251,3 +251,20 @@ def test_a_reduced_run_tiers_with_its_summaries(tmp_path: Path) -> None:
         store.fallback = fallback_reader(None, store)
         assert {ref: store.text(ref) for ref in view_refs(state)} == view
         assert verify_all(store, rehash=True) == []
+
+
+def test_a_corrupt_local_body_is_never_uploaded(tmp_path: Path) -> None:
+    path = make_store(tmp_path / "store.sqlite")
+    (tmp_path / "cold").mkdir()
+    cold = cold_for(f"file://{tmp_path / 'cold'}")
+    with Store.open(path) as store:
+        victim = max(store.run("run-a").refs(), key=lambda r: len(store.blobs.get(r) or b""))
+        size = len(store.blobs.get(victim) or b"")
+        # Rewrite a body under its ref behind the store's back (the blobs table has no guard against it).
+        with store.transaction("test_corrupt"):
+            store.connection.execute("UPDATE blobs SET body = ? WHERE ref = ?", (b"x" * size, victim))
+        with pytest.raises(IntegrityError, match="does not hash to its ref; nothing was tiered"):
+            tier_run(store, "run-a", cold)
+        assert "Tiered" not in event_kinds(store, "run-a")
+        assert blob_key(victim) not in remote_keys(cold)
+        assert all(store.blobs.get(ref) is not None for ref in store.run("run-a").refs())  # nothing deleted

@@ -104,6 +104,25 @@ def test_recovery_repairs_a_remote_that_lost_an_object(tmp_path: Path) -> None:
     assert_converged(path, target, before)
 
 
+def test_cold_store_down_during_recovery_deletes_nothing(tmp_path: Path) -> None:
+    (tmp_path / "cold").mkdir()
+    target = f"file://{tmp_path / 'cold'}"
+    path = make_store(tmp_path / "store.sqlite")
+    with Store.open(path) as store:
+        before = texts(store, "run-a")
+    crashed = kvjudge("tier", "run-a", "--to", target, "--store", str(path), faults="tier.after_blobs")
+    assert crashed.returncode == -signal.SIGKILL
+    (tmp_path / "cold").rename(tmp_path / "unmounted")
+    down = kvjudge("tier", "run-a", "--to", target, "--store", str(path))
+    assert down.returncode != 0 and down.stderr.count("\n") == 1 and "does not exist" in down.stderr
+    with Store.open(path) as store:
+        assert store.run("run-a").tier["status"] == "started"
+        assert texts(store, "run-a") == before  # every body still local: no fallback attached
+    (tmp_path / "unmounted").rename(tmp_path / "cold")
+    assert kvjudge("tier", "run-a", "--to", target, "--store", str(path)).returncode == 0
+    assert_converged(path, target, before)
+
+
 def test_verify_recovers_a_crashed_move(tmp_path: Path) -> None:
     """Recovery also runs at the start of verify: TierStarted without Tiered is finished there."""
     (tmp_path / "cold").mkdir()

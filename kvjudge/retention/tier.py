@@ -338,10 +338,6 @@ def _iter_bodies(store: Store, manifest: Manifest, cold: ColdStore, skip_present
         if body is None:
             raise IntegrityError(f"run {manifest.run}: {short(entry.ref)} vanished locally during its move; "
                                  "run `kvjudge verify`")
-        # Never send bytes that are not the ref: a corrupt local body must not become the only copy.
-        if ref_of(body) != entry.ref:
-            raise IntegrityError(f"run {manifest.run}: the local body of {short(entry.ref)} does not hash to its "
-                                 "ref; nothing was tiered — run `kvjudge verify`")
         yield entry, body
 
 
@@ -372,7 +368,7 @@ def _upload_blobs(store: Store, manifest: Manifest, cold: ColdStore, *, skip_pre
                     if progress is not None:
                         progress(entry.size)
                     continue
-                in_flight[pool.submit(cold.put_blob, entry.ref, body)] = entry.size
+                in_flight[pool.submit(_put_checked, cold, manifest.run, entry.ref, body)] = entry.size
                 sent += 1
                 # Bound memory and queue length: a few writes per worker, at most 64 MiB of bodies held.
                 while in_flight and (len(in_flight) >= workers * 2
@@ -385,6 +381,15 @@ def _upload_blobs(store: Store, manifest: Manifest, cold: ColdStore, *, skip_pre
                 future.cancel()
             raise
     return sent
+
+
+def _put_checked(cold: ColdStore, run_id: str, ref: str, body: bytes) -> None:
+    """Upload ``body`` after checking it is the ref (on a worker thread: hashing runs beside the next read)."""
+    # Never send bytes that are not the ref: a corrupt local body must not become the only copy.
+    if ref_of(body) != ref:
+        raise IntegrityError(f"run {run_id}: the local body of {short(ref)} does not hash to its ref; nothing was "
+                             "tiered — run `kvjudge verify`")
+    cold.put_blob(ref, body)
 
 
 def check_remote(cold: ColdStore, manifest: Manifest, raw: bytes | None = None, *, rehash: bool = False
