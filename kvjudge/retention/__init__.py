@@ -3,9 +3,11 @@
 Public API (see docs/contracts.md, "retention → tiering, judge, demo")::
 
     from kvjudge.retention import Store, fold, RunState, plan_reduction, apply_plan, verify
+    from kvjudge.retention import open_cold_store, tier_run, rehydrate_run   # tiering
 """
 
 from kvjudge.retention.blobs import BlobStore, ref_of
+from kvjudge.retention.cold import ColdStore, LocalDirColdStore, S3ColdStore, open_cold_store
 from kvjudge.retention.events import (
     EVENT_TYPES,
     BranchOpened,
@@ -37,6 +39,16 @@ from kvjudge.retention.reduce import (
 from kvjudge.retention.state import BodyLocation, Branch, RunState, Transition, fold, fold_onto
 from kvjudge.retention.store import Explanation, Store
 from kvjudge.retention.summarize import summarize
+from kvjudge.retention.tier import (
+    ColdStores,
+    RehydrateResult,
+    TierResult,
+    fallback_reader,
+    recover,
+    rehydrate_run,
+    tier_run,
+    verify_checks,
+)
 from kvjudge.retention.verify import Violation, VerifyReport, verify
 
 __all__ = [
@@ -46,4 +58,6 @@ __all__ = [
     "fault_point", "fold", "fold_onto", "is_reducible", "ref_of",
     "ReductionPlan", "ReductionResult", "Violation", "VerifyReport", "apply_plan", "plan_reduction", "reduce_run",
     "run_tokens", "summarize", "verify", "view_refs",
+    "ColdStore", "ColdStores", "LocalDirColdStore", "RehydrateResult", "S3ColdStore", "TierResult",
+    "fallback_reader", "open_cold_store", "recover", "rehydrate_run", "tier_run", "verify_checks",
 ]
