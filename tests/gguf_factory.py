@@ -31,10 +31,12 @@ def _vocab(writer, n_vocab: int) -> None:
 
 def write_llama_gqa(path: Path, *, n_layer: int = 4, n_embd: int = 64, n_head: int = 4, n_head_kv: int = 2,
                     head_dim: int = 32, n_ff: int = 128, n_vocab: int = 256, n_ctx_train: int = 4096,
-                    seed: int = 0, omit: tuple[str, ...] = ()) -> Path:
+                    seed: int = 0, omit: tuple[str, ...] = (), sliding_window: int = 0,
+                    swa_pattern: list[bool] | int | None = None) -> Path:
     """A llama model with grouped-query attention and ``head_dim`` ≠ ``n_embd / n_head``.
 
     ``omit`` leaves tensors out: the header still reads, but llama.cpp refuses to load the model.
+    ``sliding_window`` / ``swa_pattern`` write the window keys (for header-reading tests only).
     """
     import gguf
 
@@ -52,6 +54,12 @@ def write_llama_gqa(path: Path, *, n_layer: int = 4, n_embd: int = 64, n_head: i
     writer.add_rope_dimension_count(head_dim)
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    if sliding_window:
+        writer.add_sliding_window(sliding_window)
+    if isinstance(swa_pattern, list):
+        writer.add_array("llama.attention.sliding_window_pattern", swa_pattern)
+    elif swa_pattern is not None:
+        writer.add_uint32("llama.attention.sliding_window_pattern", swa_pattern)
     _vocab(writer, n_vocab)
     _tensor(writer, rng, "token_embd.weight", (n_embd, n_vocab), omit)
     _tensor(writer, rng, "output_norm.weight", (n_embd,), omit)

@@ -72,3 +72,15 @@ def test_truncated_tensor_data(tmp_path: Path) -> None:
     cut.write_bytes(whole[:-4096])
     with pytest.raises(ModelError, match="truncated"):
         read_model_shape(cut)
+
+
+def test_sliding_window_layers_from_the_file_or_the_rule(tmp_path: Path) -> None:
+    listed = read_model_shape(write_llama_gqa(tmp_path / "a.gguf", sliding_window=128,
+                                              swa_pattern=[True, False, True, True]))
+    assert (listed.n_swa, listed.swa_layers, listed.swa_source) == (128, (True, False, True, True), "file")
+    every = read_model_shape(write_llama_gqa(tmp_path / "b.gguf", sliding_window=128, swa_pattern=2))
+    assert every.swa_layers == (True, False, True, False) and every.swa_source == "file:2"
+    unnamed = read_model_shape(write_llama_gqa(tmp_path / "c.gguf", sliding_window=128))
+    assert unnamed.swa_layers == (True,) * 4 and unnamed.swa_source == "rule:all"
+    none = read_model_shape(write_llama_gqa(tmp_path / "d.gguf"))
+    assert not none.uses_swa and none.swa_source == "none"
