@@ -1,0 +1,39 @@
+"""`kvjudge demo`: the main job end to end on the bundled models (see kvjudge.demo)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from kvjudge.commands._common import add_output_args, config_from, emit, info, progress
+from kvjudge.demo import DEFAULT_CONTEXT_TARGET, DEFAULT_JUDGE_N_CTX, DemoOptions, run_demo
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "demo", help="the whole story on the bundled models: probe, budget, ingest, judge, reduce, tier, verify",
+        description="Probe and certify the judge model, resolve budgets and the retention ceiling, ingest the "
+                    "sample runs, judge every same-task pair from the full and the reduced runs, tier them to a "
+                    "local cold directory, verify, and write report.json + report.png.")
+    parser.add_argument("--out", metavar="DIR", default="kvjudge-demo",
+                        help="output directory for the store, cold files and report (default: ./kvjudge-demo)")
+    parser.add_argument("--model", metavar="PATH", help="judge model GGUF (default: the bundled judge model)")
+    parser.add_argument("--runs", metavar="FILE", help="runs to use instead of the bundled sample (native JSONL)")
+    parser.add_argument("--context-target", type=int, default=DEFAULT_CONTEXT_TARGET, metavar="N",
+                        help="cap the probe's usable memory at what an N-token context needs "
+                             f"(default {DEFAULT_CONTEXT_TARGET}: certification stays quick on a CPU)")
+    parser.add_argument("--judge-n-ctx", type=int, default=DEFAULT_JUDGE_N_CTX, metavar="N",
+                        help=f"judge context, at most the certified one (default {DEFAULT_JUDGE_N_CTX})")
+    parser.add_argument("--ceiling", type=int, metavar="N", help="lower the configured retention ceiling to N")
+    add_output_args(parser)
+    parser.set_defaults(func=_demo)
+
+
+def _demo(args: argparse.Namespace) -> int:
+    options = DemoOptions(out_dir=Path(args.out).resolve(), model=Path(args.model) if args.model else None,
+                          context_target=args.context_target, judge_n_ctx=args.judge_n_ctx, ceiling=args.ceiling,
+                          runs_file=Path(args.runs) if args.runs else None, config=config_from(args))
+    report = run_demo(options, say=info, progress=progress)
+    out = options.out_dir
+    emit(args, report, lambda: print(f"report: {out / 'report.json'}\nchart:  {out / 'report.png'}"))
+    return 0
