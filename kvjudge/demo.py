@@ -31,7 +31,7 @@ from kvjudge.config import Config
 from kvjudge.errors import IntegrityError
 from kvjudge.judge import Judge, LlamaBackend, capability_n_ctx, still_grades
 from kvjudge.models import judge_model_path
-from kvjudge.probe import RuntimeSettings, lookup_capability, probe
+from kvjudge.probe import RuntimeSettings, lookup_capability, memory_needed, probe
 from kvjudge.retention import Store, verify
 from kvjudge.retention.cold import LocalDirColdStore
 from kvjudge.retention.reduce import reduce_run, run_tokens
@@ -92,7 +92,7 @@ def run_demo(options: DemoOptions, say: Say, progress: ProgressFactory) -> dict[
 
     # 1. probe and certify -------------------------------------------------------------------------
     with clock.step("probe"):
-        budget_bytes = _memory_needed(model, options.context_target, settings)
+        budget_bytes = memory_needed(model, options.context_target, settings=settings)
         known = lookup_capability(model, settings=settings, memory_budget=budget_bytes)
         reused = known is not None and known.certified and not known.stale
         say(f"[1/7] probe: {model.name}, memory budget {budget_bytes / 2**20:.0f} MiB "
@@ -204,16 +204,6 @@ def run_demo(options: DemoOptions, say: Say, progress: ProgressFactory) -> dict[
     if not checked.ok:
         raise IntegrityError(f"verify found {len(checked.violations)} violation(s); see {out / 'report.json'}")
     return report
-
-
-def _memory_needed(model: Path, n_ctx: int, settings: RuntimeSettings) -> int:
-    """Bytes the probe plans for an ``n_ctx``-token context of ``model`` on this host."""
-    from kvjudge.probe import discover_devices, footprint, read_model_shape
-    from kvjudge.probe.core import place
-
-    shape = read_model_shape(model)
-    placement = place(shape, discover_devices(), settings, None)
-    return footprint(shape, n_ctx, settings, placement).device_bytes
 
 
 def _plot(report: dict[str, Any], path: Path) -> None:

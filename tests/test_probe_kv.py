@@ -136,3 +136,14 @@ def _shape_cache(path: str):
     if path not in _SHAPES:
         _SHAPES[path] = read_model_shape(path)
     return _SHAPES[path]
+
+
+@pytest.mark.parametrize("n_ctx", [1024, 2048])
+def test_memory_needed_as_budget_makes_that_context_the_maximum(default_model: Path, n_ctx: int) -> None:
+    from kvjudge.probe import memory_needed, probe
+
+    budget = memory_needed(default_model, n_ctx)
+    assert probe(default_model, memory_budget=budget, certify=False).max_context_tokens == n_ctx
+    assert probe(default_model, memory_budget=budget - 1, certify=False).max_context_tokens < n_ctx
+    with pytest.raises(UsageError, match="positive"):
+        memory_needed(default_model, 0)

@@ -15,6 +15,7 @@ from kvjudge.probe.core import (
     footprint,
     lookup_capability,
     max_context_tokens,
+    memory_needed,
     probe,
 )
 from kvjudge.probe.devices import Device, DeviceReport, discover_devices
@@ -26,5 +27,5 @@ __all__ = [
     "KV_TYPE_NAMES", "CapabilityCache", "CapabilityEntry", "Certification", "Device", "DeviceReport", "Footprint",
     "KvBreakdown", "ModelShape", "Placement", "ProbeReport", "RuntimeSettings", "Trial", "compute_buffer_bytes",
     "default_cache_path", "discover_devices", "ensure_capability", "footprint", "format_size", "kv_breakdown",
-    "kv_cache_bytes", "lookup_capability", "max_context_tokens", "parse_size", "probe", "read_model_shape",
+    "kv_cache_bytes", "lookup_capability", "max_context_tokens", "memory_needed", "parse_size", "probe", "read_model_shape",
 ]

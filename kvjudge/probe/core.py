@@ -326,6 +326,21 @@ def probe(model_path: str | os.PathLike[str] | None = None, *, settings: Runtime
                        n_ctx=n_ctx, kv_cache_bytes=kv_at_n, notes=tuple(notes))
 
 
+def memory_needed(model_path: str | os.PathLike[str] | None, n_ctx: int, *,
+                  settings: RuntimeSettings = RuntimeSettings()) -> int:
+    """Bytes the probe plans for an ``n_ctx``-token context of ``model_path`` on the device it would use.
+
+    Passing this as ``memory_budget`` makes ``n_ctx`` the analytic ``max_context_tokens``: the demo uses it
+    to keep certification on a CPU to a small context.
+    """
+    if n_ctx <= 0:
+        from kvjudge.errors import UsageError
+
+        raise UsageError(f"n_ctx must be a positive number of tokens, got {n_ctx}")
+    ctx = _context(model_path, settings, None, None)
+    return footprint(ctx.shape, n_ctx, settings, ctx.placement).device_bytes
+
+
 def lookup_capability(model_path: str | os.PathLike[str] | None, *, cache_path: str | os.PathLike[str] | None = None,
                       settings: RuntimeSettings = RuntimeSettings(), memory_budget: int | str | None = None,
                       staleness_days: float | None = None) -> CapabilityEntry | None:
