@@ -47,7 +47,8 @@ class BlobStore:
         return None if row is None or row[0] is None else bytes(row[0])
 
     def has_body(self, ref: str) -> bool:
-        row = self._conn.execute("SELECT body IS NOT NULL FROM blobs WHERE ref = ?", (ref,)).fetchone()
+        # typeof() is answered from the row header; "body IS NOT NULL" makes SQLite read the whole body.
+        row = self._conn.execute("SELECT typeof(body) != 'null' FROM blobs WHERE ref = ?", (ref,)).fetchone()
         return bool(row and row[0])
 
     def known(self, ref: str) -> bool:
