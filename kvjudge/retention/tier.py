@@ -172,7 +172,9 @@ def _build_manifest(store: Store, state: RunState, target: str, first_lsn: int, 
     refs = sorted(ref for ref, loc in state.bodies.items() if loc.status == LOCAL)
     entries = []
     for ref in refs:
-        row = store.connection.execute("SELECT size, body IS NOT NULL FROM blobs WHERE ref = ?", (ref,)).fetchone()
+        # typeof(), not "body IS NOT NULL": SQLite answers it from the row header instead of reading the body.
+        row = store.connection.execute("SELECT size, typeof(body) != 'null' FROM blobs WHERE ref = ?",
+                                       (ref,)).fetchone()
         if row is None or (require_bodies and not row[1]):
             raise IntegrityError(
                 f"run {state.id}: the log says {short(ref)} is local but its body is missing; "
@@ -436,7 +438,7 @@ def _release(store: Store, run_id: str) -> int:
     """Step 6: delete the local bodies the log says are tiered (one transaction). Returns how many went."""
     tiered = [row[0] for row in store.connection.execute(
         "SELECT r.ref FROM run_bodies AS r JOIN blobs AS b ON b.ref = r.ref "
-        "WHERE r.run = ? AND r.status = ? AND b.body IS NOT NULL", (run_id, TIERED))]
+        "WHERE r.run = ? AND r.status = ? AND typeof(b.body) != 'null'", (run_id, TIERED))]
     if not tiered:
         return 0
     # This SQLite build zeroes freed pages (secure_delete=1), which writes every deleted body once more to the
@@ -492,7 +494,7 @@ def pending_runs(store: Store) -> list[str]:
     """Runs whose move is unfinished: TierStarted without Tiered, or Tiered with local bodies left."""
     rows = store.connection.execute(
         "SELECT DISTINCT b.run FROM run_bodies AS b JOIN blobs ON blobs.ref = b.ref "
-        "WHERE b.status = ? AND blobs.body IS NOT NULL ORDER BY b.run", (TIERED,)).fetchall()
+        "WHERE b.status = ? AND typeof(blobs.body) != 'null' ORDER BY b.run", (TIERED,)).fetchall()
     pending = {row[0] for row in rows}
     for run_id in store.run_ids():
         tier = store.run(run_id).tier
