@@ -430,8 +430,9 @@ def check_remote(cold: ColdStore, manifest: Manifest, raw: bytes | None = None, 
 
 
 def _workers(cold: ColdStore) -> int:
-    """Objects in flight at once: a local disk gains little past a few; a network store hides latency with more."""
-    return 4 if isinstance(cold, LocalDirColdStore) else 8
+    """Objects in flight at once. Network stores hide latency with more; so does a local disk, whose writes
+    wait on fsync (ext4 batches concurrent fsyncs into one journal commit: 8 beat 4 and 2 here)."""
+    return 8
 
 
 def _release(store: Store, run_id: str) -> int:
