@@ -38,12 +38,14 @@ def print_table(columns: Sequence[str], rows: Sequence[Sequence[Any]], title: st
     """A short table on stdout (rich, plain text when stdout is not a terminal)."""
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     table = Table(title=title, show_edge=False, header_style="bold")
     for column in columns:
         table.add_column(column)
     for row in rows:
-        table.add_row(*["" if cell is None else str(cell) for cell in row])
+        # Text(), not str: cells hold run text and refs, whose square brackets are not rich markup.
+        table.add_row(*[Text("" if cell is None else str(cell)) for cell in row])
     Console(soft_wrap=False, width=max(100, Console().width)).print(table)
 
 
