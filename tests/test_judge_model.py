@@ -142,19 +142,30 @@ def test_a_run_reduced_through_retention_is_still_gradeable(backend: LlamaBacken
     assert verdict.tokens["a"].view is not None and verdict.tokens["a"].view <= Judge(backend).allowance
 
 
-def test_cli_judges_a_pair_as_json_then_reads_it_from_the_cache(store: Store, default_model: Path) -> None:
+def test_cli_still_grades_then_a_plain_judge_reads_the_full_side_from_the_cache(store: Store,
+                                                                                 default_model: Path) -> None:
     path = str(store.path)
     store.close()
-    command = [sys.executable, "-m", "kvjudge", "judge", "good", "bad", "--json", "--store", path,
-               "--model", str(default_model), "--n-ctx", str(N_CTX)]
-    first = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    base = [sys.executable, "-m", "kvjudge", "judge", "good", "long", "--store", path,
+            "--model", str(default_model), "--n-ctx", str(N_CTX)]
+    first = subprocess.run([*base, "--still-grades", "--reduce-to", "100", "--json"], capture_output=True, text=True,
+                           timeout=900)
     assert first.returncode == 0, first.stderr
     pair, summary = [json.loads(line) for line in first.stdout.splitlines()]
     for key in ("a", "b", "outcome", "p_a", "p_a_by_order", "tokens", "further_reduced", "seconds", "manifest"):
-        assert key in pair
-    assert (pair["a"], pair["b"]) == ("good", "bad") and pair["outcome"] in SCORED
-    assert set(pair["tokens"]["a"]) == {"full", "reduced", "view", "further_reduced"}
-    assert summary["summary"]["pairs"] == 1 and summary["summary"]["coverage"] == 1.0
-    second = subprocess.run(command, capture_output=True, text=True, timeout=600)
+        assert key in pair and key in pair["full"]
+    assert (pair["a"], pair["b"]) == ("good", "long") and pair["outcome"] in SCORED
+    assert set(pair["tokens"]["b"]) == {"full", "reduced", "view", "further_reduced"}
+    # The reduced side read a view reduced to ~100 body tokens; the full side read the whole run (cut to fit).
+    assert pair["tokens"]["b"]["reduced"] < pair["full"]["tokens"]["b"]["reduced"]
+    assert pair["delta_p_a"] == pytest.approx(pair["p_a"] - pair["full"]["p_a"])
+    totals = summary["summary"]
+    assert totals["pairs"] == 1 and totals["coverage"] == {"full": 1.0, "reduced": 1.0}
+    assert {"agreement", "flips", "kappa", "position_consistency", "reduce_to"} <= set(totals)
+    # The plain judge of the stored runs reads the same views as the full side: a cache hit, same p_a.
+    second = subprocess.run([*base, "--json"], capture_output=True, text=True, timeout=900)
+    assert second.returncode == 0, second.stderr
     again = json.loads(second.stdout.splitlines()[0])
-    assert again["cached"] and again["p_a"] == pair["p_a"]
+    assert again["cached"] and again["p_a"] == pair["full"]["p_a"]
+    human = subprocess.run(base, capture_output=True, text=True, timeout=900)
+    assert human.returncode == 0 and "good vs long" in human.stdout and "summary" in human.stdout
