@@ -293,24 +293,30 @@ def _finish_move(store: Store, manifest: Manifest, manifest_ref: str, cold: Cold
     """Steps 3–6 for a move whose TierStarted is committed."""
     raw = manifest.to_bytes()
     remote = cold.get_manifest(manifest.key)
-    uploaded = 0
     if remote is None:
-        uploaded = _upload_blobs(store, manifest, cold, skip_present=skip_present, progress=progress)
+        # Each body is read back (stat, or a full re-hash with verify_remote) right after its own upload.
+        uploaded, problems = _upload_and_check(store, manifest, cold, skip_present=skip_present,
+                                               rehash=verify_remote, progress=progress)
         fault_point("tier.after_blobs")
         cold.put_manifest(manifest.key, raw)
         fault_point("tier.manifest_response_lost")
+        problems += _check_manifest(cold, manifest, raw)
     elif remote != raw:
         raise ColdStoreError(f"{cold.url}/{manifest.key} holds a different manifest than run {manifest.run}'s "
                              "move recorded; inspect the cold store before retrying")
-    elif progress is not None:
-        progress(manifest.total_bytes)
-    problems = check_remote(cold, manifest, raw, rehash=verify_remote)
+    else:
+        uploaded = 0
+        if progress is not None:
+            progress(manifest.total_bytes)
+        problems = check_remote(cold, manifest, raw, rehash=verify_remote)
     if problems:
         # One repair pass (the local bodies are all still here): rewrite every body — same bytes, same keys —
         # and the manifest, then check again. A remote that still disagrees is an error; nothing is deleted.
-        uploaded += _upload_blobs(store, manifest, cold, skip_present=False, progress=None)
+        rewritten, problems = _upload_and_check(store, manifest, cold, skip_present=False, rehash=verify_remote,
+                                                progress=None)
+        uploaded += rewritten
         cold.put_manifest(manifest.key, raw)
-        problems = check_remote(cold, manifest, raw, rehash=verify_remote)
+        problems += _check_manifest(cold, manifest, raw)
     if problems:
         raise ColdStoreError(f"run {manifest.run}: the cold store does not hold what was written "
                              f"({problems[0]}{'' if len(problems) == 1 else f'; and {len(problems) - 1} more'}); "
@@ -343,35 +349,42 @@ def _iter_bodies(store: Store, manifest: Manifest, cold: ColdStore, skip_present
         yield entry, body
 
 
-def _upload_blobs(store: Store, manifest: Manifest, cold: ColdStore, *, skip_present: bool,
-                  progress: ProgressFn | None) -> int:
-    """Upload the manifest's bodies (a few in flight at once); returns how many were sent."""
-    # Bodies are read on this thread (the SQLite connection is not shared); only the writes run in parallel.
+def _upload_and_check(store: Store, manifest: Manifest, cold: ColdStore, *, skip_present: bool, rehash: bool,
+                      progress: ProgressFn | None) -> tuple[int, list[str]]:
+    """Upload the manifest's bodies, each read back right after (several in flight at once).
+
+    Returns how many were sent and the problems the read-backs found. With ``skip_present`` (recovery) an
+    object the remote already holds with the right size (and checksum) is not sent again.
+    """
+    # Bodies are read on this thread (the SQLite connection is not shared); writes and checks run in parallel.
     workers = _workers(cold)
     sent = 0
+    problems: list[str] = []
     acknowledged_once = False
-    in_flight: dict[concurrent.futures.Future[None], int] = {}
+    in_flight: dict[concurrent.futures.Future[str | None], int] = {}
     with concurrent.futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kvjudge-tier") as pool:
         def wait_one() -> None:
             nonlocal acknowledged_once
             done, _ = concurrent.futures.wait(in_flight, return_when=concurrent.futures.FIRST_COMPLETED)
             for future in done:
                 size = in_flight.pop(future)
-                future.result()  # re-raises the first failure (ColdStoreError)
+                problem = future.result()  # re-raises the first failure (ColdStoreError, IntegrityError)
                 if not acknowledged_once:
                     acknowledged_once = True
                     fault_point("tier.blob_response_lost")
+                if problem is not None:
+                    problems.append(problem)
                 if progress is not None:
                     progress(size)
 
         try:
             for entry, body in _iter_bodies(store, manifest, cold, skip_present):
-                if body is None:
+                if body is None and not rehash:
                     if progress is not None:
-                        progress(entry.size)
+                        progress(entry.size)  # already there, and its stat was the check
                     continue
-                in_flight[pool.submit(_put_checked, cold, manifest.run, entry.ref, body)] = entry.size
-                sent += 1
+                in_flight[pool.submit(_move_one, cold, manifest.run, entry, body, rehash)] = entry.size
+                sent += body is not None
                 # Bound memory and queue length: a few writes per worker, at most 64 MiB of bodies held.
                 while in_flight and (len(in_flight) >= workers * 2
                                      or sum(in_flight.values()) >= _MAX_IN_FLIGHT_BYTES):
@@ -382,16 +395,43 @@ def _upload_blobs(store: Store, manifest: Manifest, cold: ColdStore, *, skip_pre
             for future in in_flight:
                 future.cancel()
             raise
-    return sent
+    return sent, problems
 
 
-def _put_checked(cold: ColdStore, run_id: str, ref: str, body: bytes) -> None:
-    """Upload ``body`` after checking it is the ref (on a worker thread: hashing runs beside the next read)."""
-    # Never send bytes that are not the ref: a corrupt local body must not become the only copy.
-    if ref_of(body) != ref:
-        raise IntegrityError(f"run {run_id}: the local body of {short(ref)} does not hash to its ref; nothing was "
-                             "tiered — run `kvjudge verify`")
-    cold.put_blob(ref, body)
+def _move_one(cold: ColdStore, run_id: str, entry: ManifestEntry, body: bytes | None, rehash: bool) -> str | None:
+    """Upload ``body`` (None: already there) after checking it is the ref, then read the object back.
+
+    Runs on a worker thread, so hashing and the read-back overlap the next body's read.
+    """
+    if body is not None:
+        # Never send bytes that are not the ref: a corrupt local body must not become the only copy.
+        if ref_of(body) != entry.ref:
+            raise IntegrityError(f"run {run_id}: the local body of {short(entry.ref)} does not hash to its ref; "
+                                 "nothing was tiered — run `kvjudge verify`")
+        cold.put_blob(entry.ref, body)
+    return _check_entry(cold, entry, rehash)
+
+
+def _check_entry(cold: ColdStore, entry: ManifestEntry, rehash: bool) -> str | None:
+    """What is wrong with the remote copy of ``entry`` (None: present, right size and checksum)."""
+    info = cold.stat_blob(entry.ref)
+    if info is None:
+        return f"{short(entry.ref)} is missing"
+    if info.size != entry.size:
+        return f"{short(entry.ref)} has {info.size} bytes, not {entry.size}"
+    if info.sha256 is not None and info.sha256 != entry.sha256:
+        return f"{short(entry.ref)} has checksum {info.sha256[:12]}…"
+    if rehash:
+        try:
+            cold.get_blob(entry.ref)
+        except IntegrityError:
+            return f"{short(entry.ref)} does not re-hash to its ref"
+    return None
+
+
+def _check_manifest(cold: ColdStore, manifest: Manifest, raw: bytes) -> list[str]:
+    remote = cold.get_manifest(manifest.key)
+    return [] if remote == raw else [f"manifest {manifest.key} is {'missing' if remote is None else 'different'}"]
 
 
 def check_remote(cold: ColdStore, manifest: Manifest, raw: bytes | None = None, *, rehash: bool = False
@@ -401,31 +441,12 @@ def check_remote(cold: ColdStore, manifest: Manifest, raw: bytes | None = None, 
     Checks the manifest's bytes (when ``raw`` is given), every blob's size, the store's own SHA-256 where
     it keeps one, and with ``rehash`` downloads and re-hashes every blob.
     """
-    problems: list[str] = []
-    if raw is not None:
-        remote = cold.get_manifest(manifest.key)
-        if remote != raw:
-            problems.append(f"manifest {manifest.key} is {'missing' if remote is None else 'different'}")
-
-    def check(entry: ManifestEntry) -> str | None:
-        info = cold.stat_blob(entry.ref)
-        if info is None:
-            return f"{short(entry.ref)} is missing"
-        if info.size != entry.size:
-            return f"{short(entry.ref)} has {info.size} bytes, not {entry.size}"
-        if info.sha256 is not None and info.sha256 != entry.sha256:
-            return f"{short(entry.ref)} has checksum {info.sha256[:12]}…"
-        if rehash:
-            try:
-                cold.get_blob(entry.ref)
-            except IntegrityError:
-                return f"{short(entry.ref)} does not re-hash to its ref"
-        return None
-
+    problems = _check_manifest(cold, manifest, raw) if raw is not None else []
     # One round trip per object: a few in flight at once (a HEAD is mostly latency).
     with concurrent.futures.ThreadPoolExecutor(max_workers=_workers(cold),
                                                thread_name_prefix="kvjudge-check") as pool:
-        problems.extend(problem for problem in pool.map(check, manifest.entries) if problem is not None)
+        problems.extend(problem for problem in pool.map(lambda e: _check_entry(cold, e, rehash), manifest.entries)
+                        if problem is not None)
     return problems
 
 
