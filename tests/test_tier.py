@@ -268,3 +268,28 @@ def test_a_corrupt_local_body_is_never_uploaded(tmp_path: Path) -> None:
         assert "Tiered" not in event_kinds(store, "run-a")
         assert blob_key(victim) not in remote_keys(cold)
         assert all(store.blobs.get(ref) is not None for ref in store.run("run-a").refs())  # nothing deleted
+
+
+def test_rehydrate_survives_a_concurrent_recovery(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A `tier` recovery running between rehydrate's puts and its event releases the bodies; the event still
+    commits only with every body here."""
+    import kvjudge.retention.tier as tier_module
+
+    path = make_store(tmp_path / "store.sqlite")
+    (tmp_path / "cold").mkdir()
+    with Store.open(path) as store:
+        before = texts(store, "run-a")
+        tier_run(store, "run-a", cold_for(f"file://{tmp_path / 'cold'}"))
+        real_fault_point = tier_module.fault_point
+
+        def interleave(name: str) -> None:
+            if name == "rehydrate.after_bodies":
+                with Store.open(path) as other:  # another process's view of the same store
+                    assert tier_module.recover(other, ColdStores())[0].recovered == "delete"
+            real_fault_point(name)
+
+        monkeypatch.setattr(tier_module, "fault_point", interleave)
+        assert rehydrate_run(store, "run-a", ColdStores()).status == "rehydrated"
+        assert tiered_refs(store, "run-a") == []
+        assert texts(store, "run-a") == before  # no fallback: every body is local
+        assert verify_all(store) == []

@@ -616,7 +616,13 @@ def rehydrate_run(store: Store, run_id: str, stores: ColdStores, *, progress: Pr
             progress(1)
     flush()
     fault_point("rehydrate.after_bodies")
-    store.append(run_id, ev.Rehydrated(run=run_id, refs=refs), label="rehydrated")
+    with store.transaction("rehydrated"):
+        # Under the write lock: a concurrent `tier` recovery may have released bodies put above (to it they
+        # were tiered bodies left behind); fetch those again so the event never names a body that is not here.
+        for ref in refs:
+            if not store.blobs.has_body(ref):
+                store.blobs.put(_fetch(stores, state.bodies[ref].target, ref))
+        store.append(run_id, ev.Rehydrated(run=run_id, refs=refs))
     return RehydrateResult(run_id, "rehydrated", refs=len(refs), bytes=total,
                            target=state.tier["target"] if state.tier else None)
 
