@@ -17,7 +17,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
-import re
 import secrets
 import socket
 import urllib.parse
@@ -27,16 +26,11 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from kvjudge.errors import ColdStoreError, IntegrityError, UsageError
-
-_REF_RE = re.compile(r"^sha256:([0-9a-f]{64})$")
-
+from kvjudge.retention.blobs import REF_PREFIX, check_ref, ref_of
 
 def ref_hex(ref: str) -> str:
     """The hex digest of a ``sha256:<hex>`` ref (UsageError for anything else)."""
-    match = _REF_RE.match(ref)
-    if not match:
-        raise UsageError(f"{ref!r} is not a blob ref (expected sha256:<64 hex digits>)")
-    return match.group(1)
+    return check_ref(ref).removeprefix(REF_PREFIX)
 
 
 def blob_key(ref: str) -> str:
@@ -85,7 +79,7 @@ class ColdStore(Protocol):
 
     ``url`` is the canonical target recorded in the log (``file:///abs/path`` or ``s3://bucket/prefix``).
     Every method raises :class:`~kvjudge.errors.ColdStoreError` (one actionable line) when the store is
-    unreachable or refuses; none of them ever deletes anything.
+    unreachable or refuses; none of them ever deletes a stored object.
     """
 
     url: str
@@ -118,7 +112,7 @@ class ColdStore(Protocol):
 
 def _checked(ref: str, body: bytes, where: str) -> bytes:
     """``body`` if it hashes to ``ref``; a cold store must never hand back bytes that are not the ref."""
-    if hashlib.sha256(body).hexdigest() != ref_hex(ref):
+    if ref_of(body) != ref:
         raise IntegrityError(
             f"cold store object {where} does not hash to {ref}: the remote copy was altered; "
             "restore it from a backup or re-tier the run from a rehydrated copy"
