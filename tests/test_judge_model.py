@@ -169,3 +169,12 @@ def test_cli_still_grades_then_a_plain_judge_reads_the_full_side_from_the_cache(
     assert again["cached"] and again["p_a"] == pair["full"]["p_a"]
     human = subprocess.run(base, capture_output=True, text=True, timeout=900)
     assert human.returncode == 0 and "good vs long" in human.stdout and "summary" in human.stdout
+    pairs = Path(path).with_name("pairs.jsonl")
+    pairs.write_text('{"a": "good", "b": "long"}\n{"a": "long", "b": "good"}\n')
+    batch = subprocess.run([*base[:4], "--pairs", str(pairs), *base[6:], "--json"], capture_output=True, text=True,
+                           timeout=900)
+    assert batch.returncode == 0, batch.stderr
+    *rows, tail = [json.loads(line) for line in batch.stdout.splitlines()]
+    assert [(r["a"], r["b"]) for r in rows] == [("good", "long"), ("long", "good")]
+    assert rows[1]["p_a"] == pytest.approx(1.0 - rows[0]["p_a"])  # both orders of both pairs: all cache hits
+    assert tail["summary"]["pairs"] == 2 and tail["summary"]["cached"] == 2
