@@ -406,7 +406,8 @@ def open_backend(*, model: str | Path | None = None, server: str | None = None, 
             return value
         return config.get(f"judge.{key}", kind)
 
-    server = setting("server", str, server)
+    # An explicit --model means in-process, even when the config names a server.
+    server = server if model is not None else setting("server", str, server)
     model = setting("model", str, model)
     threads = setting("threads", int, threads)
     if server:
