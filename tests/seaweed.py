@@ -50,6 +50,10 @@ def free_ports(count: int) -> list[int]:
             sock.close()
 
 
+class _PortTaken(Exception):
+    """weed exited because a port picked as free was taken before it could bind it."""
+
+
 class SeaweedServer:
     """One ``weed server`` with S3 on 127.0.0.1; ``endpoint`` is its S3 URL once :meth:`start` returned."""
 
@@ -73,7 +77,19 @@ class SeaweedServer:
                             aws_secret_access_key=SECRET_KEY, region_name="us-east-1",
                             config=Config(s3={"addressing_style": "path"}))
 
-    def start(self, timeout: float = 90.0) -> SeaweedServer:
+    def start(self, timeout: float = 90.0, attempts: int = 3) -> SeaweedServer:
+        """Start on fresh free ports; retried when another process took one of them meanwhile."""
+        for attempt in range(1, attempts + 1):
+            try:
+                return self._start_once(timeout)
+            except _PortTaken:
+                self.stop(keep_dir=True)
+                if attempt == attempts:
+                    raise RuntimeError(f"weed could not bind its ports in {attempts} attempts; "
+                                       f"see {self.workdir / 'weed.log'}") from None
+        raise AssertionError("unreachable")
+
+    def _start_once(self, timeout: float) -> SeaweedServer:
         data = self.workdir / "data"
         data.mkdir(parents=True, exist_ok=True)
         s3, s3_grpc, master, master_grpc, volume, volume_grpc, filer, filer_grpc = free_ports(8)
@@ -101,6 +117,9 @@ class SeaweedServer:
         probe = f"probe-{uuid.uuid4().hex[:12]}"
         while True:
             if self.process.poll() is not None:
+                # free_ports() closes its sockets before weed binds them: a concurrent process can win the race.
+                if b"address already in use" in (self.workdir / "weed.log").read_bytes():
+                    raise _PortTaken()
                 raise RuntimeError(f"weed exited ({self.process.returncode}); see {self.workdir / 'weed.log'}")
             try:
                 # Ready means a bucket can be created and written, not just that the port is open.
@@ -118,7 +137,7 @@ class SeaweedServer:
         self.client().create_bucket(Bucket=name)
         return name
 
-    def stop(self) -> None:
+    def stop(self, keep_dir: bool = False) -> None:
         process, self.process = self.process, None
         if process is not None and process.poll() is None:
             os.killpg(process.pid, signal.SIGTERM)
@@ -129,7 +148,7 @@ class SeaweedServer:
                 process.wait(timeout=10)
         for path in self._sockets:
             path.unlink(missing_ok=True)
-        if self._own_dir:
+        if self._own_dir and not keep_dir:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
     def __enter__(self) -> SeaweedServer:
