@@ -84,6 +84,7 @@ class SeaweedServer:
                 return self._start_once(timeout)
             except _PortTaken:
                 self.stop(keep_dir=True)
+                shutil.rmtree(self.workdir / "data", ignore_errors=True)  # no half-made cluster state
                 if attempt == attempts:
                     raise RuntimeError(f"weed could not bind its ports in {attempts} attempts; "
                                        f"see {self.workdir / 'weed.log'}") from None
