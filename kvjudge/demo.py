@@ -166,9 +166,18 @@ def run_demo(options: DemoOptions, say: Say, progress: ProgressFactory) -> dict[
         finally:
             backend.close()
         comparisons, summary = still_grades(full, reduced)
+        versus_grades = _agreement_with_grades(runs, pairs, full, reduced)
         report["judge"] = {"n_ctx": n_ctx, "allowance": judge.allowance, "manifest": judge.manifest(),
-                           "pairs": [c.to_json() for c in comparisons], "summary": summary}
-        say("      still grades: " + ", ".join(f"{k} {v}" for k, v in summary.items() if not isinstance(v, dict)))
+                           "pairs": [c.to_json() for c in comparisons], "summary": summary,
+                           "versus_grades": versus_grades}
+        kappa = "n/a (one category only)" if summary["kappa"] is None else f"{summary['kappa']:.2f}"
+        say(f"      still grades: {summary['comparable']} of {summary['pairs']} pairs scored both ways; verdict held "
+            f"in {round(summary['agreement'] * summary['comparable']) if summary['agreement'] is not None else 0}, "
+            f"flipped in {summary['flips']}; κ {kappa}; max |Δp_a| {summary['max_abs_delta_p_a'] or 0:.3f}")
+        say(f"      versus the hidden grades: the judge picked the better-graded run in "
+            f"{versus_grades['full']['matched']} of {versus_grades['graded_pairs']} pairs from the full runs and "
+            f"{versus_grades['reduced']['matched']} from the reduced runs (ties: {versus_grades['full']['ties']} "
+            f"and {versus_grades['reduced']['ties']})")
 
         # 6. tier and read one back -----------------------------------------------------------------
         with clock.step("tier"):
@@ -204,6 +213,26 @@ def run_demo(options: DemoOptions, say: Say, progress: ProgressFactory) -> dict[
     if not checked.ok:
         raise IntegrityError(f"verify found {len(checked.violations)} violation(s); see {out / 'report.json'}")
     return report
+
+
+def _agreement_with_grades(runs: dict[str, Any], pairs: list[tuple[str, str]], full: list[Any],
+                           reduced: list[Any]) -> dict[str, Any]:
+    """How often the judge's decisive winner is the run with the higher grade (grades were hidden from it).
+
+    This is the judge's own accuracy; still-grades agreement alone says nothing when every verdict is a tie.
+    """
+    def score(run_id: str) -> float:
+        return max((float(g.get("score", 0.0)) for g in runs[run_id].grades), default=0.0)
+
+    expected = {(a, b): ("a" if score(a) > score(b) else "b") for a, b in pairs if score(a) != score(b)}
+
+    def tally(verdicts: list[Any]) -> dict[str, int]:
+        judged = [v for v in verdicts if (v.a, v.b) in expected]
+        return {"matched": sum(1 for v in judged if v.outcome == expected[(v.a, v.b)]),
+                "ties": sum(1 for v in judged if v.outcome == "tie"),
+                "unscored": sum(1 for v in judged if not v.scored)}
+
+    return {"graded_pairs": len(expected), "full": tally(full), "reduced": tally(reduced)}
 
 
 def _plot(report: dict[str, Any], path: Path) -> None:
