@@ -137,9 +137,12 @@ class ModelTokenizer:
     def _model(self) -> Any:
         if self._llama is None:
             from llama_cpp import Llama
+            from llama_cpp._utils import suppress_stdout_stderr
 
             try:
-                self._llama = Llama(model_path=str(self.path), vocab_only=True, verbose=False)
+                # verbose=False still lets llama.cpp warn about the vocab-only context's n_ctx on stderr.
+                with suppress_stdout_stderr(disable=False):
+                    self._llama = Llama(model_path=str(self.path), vocab_only=True, verbose=False)
             except (ValueError, RuntimeError) as exc:
                 raise ModelError(f"cannot load the tokenizer of {self.path} ({exc}); is it a valid GGUF?") from exc
         return self._llama
