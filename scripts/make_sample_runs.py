@@ -83,7 +83,9 @@ class Recorder:
 
     def bash(self, thought: str, command: str) -> str:
         self._assistant(thought, {"name": "bash", "arguments": command})
-        env = {**os.environ, "PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1", "COLUMNS": "100",
+        # Commands say `python`; it resolves to this interpreter (which has pytest), so no local path is recorded.
+        path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+        env = {**os.environ, "PATH": path, "PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1", "COLUMNS": "100",
                "STDLIB": str(STDLIB)}
         result = subprocess.run(["bash", "-c", command], cwd=self.workdir, capture_output=True, text=True, env=env)
         output = _normalise(result.stdout + result.stderr, self.workdir)
@@ -102,6 +104,7 @@ class Recorder:
 
 def _normalise(output: str, workdir: Path) -> str:
     output = output.replace(str(workdir), "/repo").replace(str(STDLIB), "/usr/lib/python3")
+    output = output.replace(sys.prefix, "/opt/venv")  # the interpreter's own path, e.g. in pytest -vv headers
     # pytest prints wall-clock durations; fix them so re-running the script gives identical bytes.
     output = re.sub(r"in \d+\.\d+s", "in 0.05s", output)
     # Object reprs carry memory addresses that change from run to run.
@@ -124,7 +127,7 @@ def _verify(workdir: Path) -> dict:
     return {"name": "pytest", "passed": result.returncode == 0, "detail": summary}
 
 
-PYTEST = f"{sys.executable} -m pytest -p no:cacheprovider"
+PYTEST = "python -m pytest -p no:cacheprovider"
 
 # --------------------------------------------------------------------------------------------- the tasks
 
@@ -380,7 +383,7 @@ class LRUCache:
         return len(self._data)
 '''
 
-LRU_HALF_FIXED = LRU.files["lru.py"].replace("self.capacity + 1", "self.capacity")
+LRU_HALF_FIXED = textwrap.dedent(LRU.files["lru.py"]).lstrip().replace("self.capacity + 1", "self.capacity")
 
 SLUG_FIXED = '''
 import re
@@ -456,9 +459,9 @@ def run_csv_regex(r: Recorder, branches: list[dict]) -> None:
     r.write("A regular expression that matches either a quoted field or a plain one should be enough.",
             "splitter.py", CSV_REGEX_ATTEMPT)
     r.bash("Check the tests.", f"{PYTEST} -q")
-    r.say("I replaced the split with a regex that recognises quoted and plain fields. The quoted-comma test "
-          "passes now; doubled quotes are still not unescaped and the regex produces spurious empty matches, "
-          "so two tests fail. I am submitting what I have.")
+    r.say("I replaced the split with a regex that recognises quoted and plain fields. The regex also produces "
+          "spurious empty matches between fields and does not unescape doubled quotes, so all four tests still "
+          "fail. I am submitting what I have.")
 
 
 def run_csv_state_machine(r: Recorder) -> None:
@@ -504,7 +507,7 @@ def run_lru_half(r: Recorder) -> None:
 def run_slug_fixed(r: Recorder) -> None:
     r.bash("Look at the code and tests.", "cat slug.py tests/test_slug.py")
     r.bash("Check what unicodedata offers for accent stripping.",
-           f'{sys.executable} -c "import unicodedata; help(unicodedata.normalize)"')
+           'python -c "import unicodedata; help(unicodedata.normalize)"')
     r.write("NFKD splits accented letters into base letter plus combining mark; encoding to ASCII with 'ignore' "
             "drops the marks. Then keep runs of letters and digits.", "slug.py", SLUG_FIXED)
     r.bash("Run the tests.", f"{PYTEST} -q")
@@ -524,7 +527,7 @@ def run_dedupe_fixed(r: Recorder) -> None:
     r.bash("Run the tests.", f"{PYTEST} -q")
     r.write("A dict remembers insertion order, so dict.fromkeys keeps first appearances.", "dedupe.py", DEDUPE_FIXED)
     r.bash("Try it on a real file with many repeated lines.",
-           f'{sys.executable} dedupe.py < "$STDLIB/functools.py" > deduped.txt && wc -l deduped.txt && head -400 deduped.txt')
+           'python dedupe.py < "$STDLIB/functools.py" > deduped.txt && wc -l deduped.txt && head -400 deduped.txt')
     r.bash("Run the tests.", f"{PYTEST} -q")
     r.say("dedupe now uses dict.fromkeys, which keeps the first occurrence of each line in input order. Tests pass, "
           "and running it over functools.py keeps the file's line order.")
