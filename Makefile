@@ -7,6 +7,12 @@ STAMP  := $(VENV)/.kvjudge-installed
 # llama-cpp-python builds from source. A -march=native build crashed with "Illegal instruction" on
 # some hosts, so build portable unless the user chose their own flags (e.g. -DGGML_CUDA=on on a GPU host).
 PORTABLE_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DLLAVA_BUILD=OFF
+# Your own CMAKE_ARGS must really rebuild llama-cpp-python: pip would otherwise reuse a cached CPU wheel.
+ifeq ($(origin CMAKE_ARGS),undefined)
+PIP_CACHE :=
+else
+PIP_CACHE := --no-cache-dir
+endif
 CMAKE_ARGS ?= $(PORTABLE_CMAKE_ARGS)
 export CMAKE_ARGS
 
@@ -16,9 +22,9 @@ setup: $(STAMP)
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	@echo "setting up $(VENV) (the first time builds llama-cpp-python: ~10 min on 2 cores)"
+	@echo "setting up $(VENV) (the first time builds llama-cpp-python: ~5 min on 2 cores)"
 	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
-	$(PY) -m pip install -q --disable-pip-version-check -e '.[test]'
+	$(PY) -m pip install -q --disable-pip-version-check $(PIP_CACHE) -e '.[test]'
 	$(PY) -m kvjudge models fetch
 	@touch $(STAMP)
 
