@@ -178,3 +178,23 @@ def test_cli_still_grades_then_a_plain_judge_reads_the_full_side_from_the_cache(
     assert [(r["a"], r["b"]) for r in rows] == [("good", "long"), ("long", "good")]
     assert rows[1]["p_a"] == pytest.approx(1.0 - rows[0]["p_a"])  # both orders of both pairs: all cache hits
     assert tail["summary"]["pairs"] == 2 and tail["summary"]["cached"] == 2
+
+
+def test_cli_task_judges_every_pair_of_runs_on_that_task(store: Store, default_model: Path, tmp_path: Path) -> None:
+    solo = [_same_task(make_run(name, ["collected 3 items\n3 passed"], passed=True), task="solo")
+            for name in ("solo-1", "solo-2", "solo-3")]
+    write_jsonl(tmp_path / "solo.jsonl", solo)
+    store.ingest_file(tmp_path / "solo.jsonl")
+    path = str(store.path)
+    store.close()
+    result = subprocess.run([sys.executable, "-m", "kvjudge", "judge", "--task", "solo", "--store", path,
+                             "--model", str(default_model), "--n-ctx", str(N_CTX), "--json"],
+                            capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr
+    *rows, tail = [json.loads(line) for line in result.stdout.splitlines()]
+    assert sorted((r["a"], r["b"]) for r in rows) == [("solo-1", "solo-2"), ("solo-1", "solo-3"),
+                                                      ("solo-2", "solo-3")]
+    assert all(r["outcome"] in SCORED for r in rows) and tail["summary"]["pairs"] == 3
+    unknown = subprocess.run([sys.executable, "-m", "kvjudge", "judge", "--task", "nope", "--store", path,
+                              "--model", str(default_model), "--n-ctx", str(N_CTX)], capture_output=True, text=True)
+    assert unknown.returncode != 0 and unknown.stderr.count("\n") == 1
