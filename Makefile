@@ -24,7 +24,8 @@ $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@echo "setting up $(VENV) (the first time builds llama-cpp-python: ~5 min on 2 cores)"
 	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
-	$(PY) -m pip install -q --disable-pip-version-check $(PIP_CACHE) -e '.[test]'
+	@# setuptools warns at length about editable installs; nothing in it is actionable here.
+	PYTHONWARNINGS=ignore $(PY) -m pip install -q --disable-pip-version-check $(PIP_CACHE) -e '.[test]'
 	$(PY) -m kvjudge models fetch
 	@touch $(STAMP)
 
