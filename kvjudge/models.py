@@ -24,6 +24,7 @@ from pathlib import Path
 
 from filelock import FileLock
 
+from kvjudge.atomic import atomic_write
 from kvjudge.config import cache_dir
 from kvjudge.errors import ModelError
 
@@ -69,6 +70,15 @@ def _hash_file(path: Path) -> str:
     return digest.hexdigest()
 
 
+def _read_memo(cache_file: Path) -> dict[str, str]:
+    """The digest memo; a missing or damaged one is empty (it is only a memo: rebuilt, never trusted)."""
+    try:
+        known = json.loads(cache_file.read_text())
+    except (OSError, ValueError):
+        return {}
+    return known if isinstance(known, dict) else {}
+
+
 def file_sha256(path: str | os.PathLike[str]) -> str:
     """The sha256 of a file, cached by (resolved path, size, mtime_ns) in the cache dir."""
     resolved = Path(path).resolve()
@@ -79,42 +89,20 @@ def file_sha256(path: str | os.PathLike[str]) -> str:
     key = f"{resolved}|{stat.st_size}|{stat.st_mtime_ns}"
     cache_file = _sha256_cache_path()
     cache_file.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(cache_file) + ".lock"):
-        known: dict[str, str] = {}
-        if cache_file.exists():
-            try:
-                known = json.loads(cache_file.read_text())
-            except (OSError, ValueError):
-                # Only a memo of digests: a damaged one is rebuilt, never trusted.
-                known = {}
+    lock = FileLock(str(cache_file) + ".lock")
+    with lock:
+        known = _read_memo(cache_file)
         if key in known:
             return known[key]
     digest = _hash_file(resolved)
-    with FileLock(str(cache_file) + ".lock"):
-        known = {}
-        if cache_file.exists():
-            try:
-                known = json.loads(cache_file.read_text())
-            except (OSError, ValueError):
-                known = {}
+    with lock:
+        # Re-read under the lock: another process may have added entries while this one hashed.
+        known = _read_memo(cache_file)
         # Drop stale entries for the same path so the memo does not grow with every rebuild.
         known = {k: v for k, v in known.items() if not k.startswith(f"{resolved}|")}
         known[key] = digest
-        _atomic_write(cache_file, json.dumps(known, indent=0, sort_keys=True).encode())
+        atomic_write(cache_file, json.dumps(known, indent=0, sort_keys=True).encode())
     return digest
-
-
-def _atomic_write(path: Path, payload: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(payload)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _verified(path: Path, model: BundledModel) -> Path:

@@ -23,7 +23,7 @@ from filelock import FileLock, Timeout
 
 from kvjudge.config import cache_dir
 from kvjudge.errors import CacheError, CapabilityMissing
-from kvjudge.models import _atomic_write
+from kvjudge.atomic import atomic_write
 
 CACHE_FILENAME = "capabilities.json"
 CACHE_VERSION = 1
@@ -164,7 +164,7 @@ class CapabilityCache:
     def _write_raw(self, entries: dict[str, dict[str, Any]]) -> None:
         payload = json.dumps({"version": CACHE_VERSION, "entries": entries}, indent=1, sort_keys=True)
         try:
-            _atomic_write(self.path, payload.encode("utf-8"))
+            atomic_write(self.path, payload.encode("utf-8"))
         except OSError as exc:
             raise CacheError(f"cannot write capability cache {self.path}: {exc.strerror}; "
                              f"check the directory's permissions or pass --cache") from exc
