@@ -86,6 +86,23 @@ def build_store(path: Path, total_mb: int, min_kb: int, max_kb: int, runs: int, 
     return {"bytes": written, "bodies": count, "runs": runs}
 
 
+def _in_parallel(store: Store, write: Any, workers: int = 8, in_flight: int = 16) -> int:
+    """Call ``write(index, body)`` for every body on ``workers`` threads, at most ``in_flight`` queued; bytes."""
+    total = 0
+    with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
+        futures: set[concurrent.futures.Future[Any]] = set()
+        for index, (_, body) in enumerate(store.blobs.iter_bodies()):
+            futures.add(pool.submit(write, index, body))
+            total += len(body)
+            if len(futures) >= in_flight:
+                done, futures = concurrent.futures.wait(futures, return_when=concurrent.futures.FIRST_COMPLETED)
+                for future in done:
+                    future.result()
+        for future in futures:
+            future.result()
+    return total
+
+
 def plain_copy(store_path: Path, target: Any, *, fsync: bool = False) -> tuple[int, float]:
     """Read every body from the store and write it to ``target`` the simplest way; (bytes, seconds).
 
@@ -112,35 +129,11 @@ def plain_copy(store_path: Path, target: Any, *, fsync: bool = False) -> tuple[i
                     os.fsync(handle.fileno())
 
             # As many writes in flight as tiering uses: same durability, same parallelism.
-            with concurrent.futures.ThreadPoolExecutor(max_workers=8) as pool:
-                futures = []
-                for index, (_, body) in enumerate(store.blobs.iter_bodies()):
-                    futures.append(pool.submit(write_synced, index, body))
-                    total += len(body)
-                    if len(futures) >= 16:
-                        done, pending = concurrent.futures.wait(
-                            futures, return_when=concurrent.futures.FIRST_COMPLETED)
-                        for future in done:
-                            future.result()
-                        futures = list(pending)
-                for future in futures:
-                    future.result()
+            total = _in_parallel(store, write_synced)
         else:
             client, bucket, prefix = target
-            with concurrent.futures.ThreadPoolExecutor(max_workers=8) as pool:
-                futures = []
-                for index, (_, body) in enumerate(store.blobs.iter_bodies()):
-                    futures.append(pool.submit(client.put_object, Bucket=bucket, Key=f"{prefix}/{index:08d}",
-                                               Body=body))
-                    total += len(body)
-                    if len(futures) >= 16:
-                        done, pending = concurrent.futures.wait(
-                            futures, return_when=concurrent.futures.FIRST_COMPLETED)
-                        for future in done:
-                            future.result()
-                        futures = list(pending)
-                for future in futures:
-                    future.result()
+            total = _in_parallel(store, lambda index, body: client.put_object(
+                Bucket=bucket, Key=f"{prefix}/{index:08d}", Body=body))
         return total, time.perf_counter() - start
 
 
