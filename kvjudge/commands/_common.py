@@ -49,6 +49,21 @@ def print_table(columns: Sequence[str], rows: Sequence[Sequence[Any]], title: st
     Console(soft_wrap=False, width=max(100, Console().width)).print(table)
 
 
+def open_store(args: argparse.Namespace, config: Config, *, read_tiered: bool = True) -> Any:
+    """The store named by ``--store``, ``[retention] store`` or the default path.
+
+    With ``read_tiered`` the store reads tiered bodies from their cold store (``show``, the judge); tiering
+    itself moves local bodies and opens the store without that reader.
+    """
+    from kvjudge.retention import Store
+    from kvjudge.retention.tier import fallback_reader
+
+    store = Store.open(getattr(args, "store", None) or config.get("retention.store", str, None))
+    if read_tiered:  # the reader looks up where each tiered body went, so it needs the store
+        store.fallback = fallback_reader(config, store, endpoint_url=getattr(args, "endpoint_url", None))
+    return store
+
+
 def info(message: str) -> None:
     """A status line on stderr (keeps stdout clean for --json)."""
     print(message, file=sys.stderr, flush=True)

@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from kvjudge.commands._common import add_output_args, config_from, emit, info, print_table, progress
+from kvjudge.commands._common import add_output_args, config_from, emit, info, open_store, print_table, progress
 from kvjudge.config import Config
 from kvjudge.errors import UsageError
 from kvjudge.judge import (
@@ -130,7 +130,6 @@ def _reduce_target(args: argparse.Namespace, config: Config, store: Any, pairs: 
 
 
 def _judge(args: argparse.Namespace) -> int:
-    from kvjudge.commands.runs import open_store
 
     config = config_from(args)
     margin = args.margin if args.margin is not None else config.get("judge.margin", (int, float), DEFAULT_MARGIN)

@@ -10,13 +10,12 @@ checks for ``kvjudge verify``).
 from __future__ import annotations
 
 import argparse
-import importlib
 from pathlib import Path
 from typing import Any
 
 from kvjudge import models
 from kvjudge.budget import configured_ceiling, effective_ceiling
-from kvjudge.commands._common import add_output_args, config_from, emit, info, print_table, progress
+from kvjudge.commands._common import add_output_args, config_from, emit, info, open_store, print_table, progress
 from kvjudge.config import Config
 from kvjudge.errors import RunStateError, UsageError
 from kvjudge.retention.blobs import short
@@ -25,6 +24,7 @@ from kvjudge.retention.lifecycle import STATES
 from kvjudge.retention.reduce import apply_plan, plan_reduction, resolve, run_tokens, store_counter_view
 from kvjudge.retention.state import DROPPED, REDUCED, TIERED, RunState
 from kvjudge.retention.store import Store
+from kvjudge.retention.tier import verify_checks
 from kvjudge.retention.verify import verify
 from kvjudge.tokens import TokenCounter, make_counter
 
@@ -89,27 +89,6 @@ def _common(parser: argparse.ArgumentParser, func: Any) -> None:
 
 
 # ------------------------------------------------------------------- helpers
-def _tier_hook(name: str) -> Any:
-    """A hook function of the tiering module, or None while tiering does not provide it."""
-    try:
-        module = importlib.import_module("kvjudge.retention.tier")
-    except ModuleNotFoundError as exc:
-        if exc.name == "kvjudge.retention.tier":
-            return None
-        raise
-    return getattr(module, name, None)
-
-
-def open_store(args: argparse.Namespace, config: Config) -> Store:
-    """The store named by ``--store``, ``[retention] store`` or the default path (with tiering's reader)."""
-    path = getattr(args, "store", None) or config.get("retention.store", str, None)
-    store = Store.open(path)
-    hook = _tier_hook("fallback_reader")
-    if hook is not None:  # the reader looks up where each tiered body went, so it needs the store
-        store.fallback = hook(config, store, endpoint_url=getattr(args, "endpoint_url", None))
-    return store
-
-
 def judge_model(args: argparse.Namespace, config: Config) -> Path:
     """``--model``, else ``[judge] model``, else the default judge model."""
     chosen = getattr(args, "model", None) or config.get("judge.model", str, None)
@@ -354,10 +333,9 @@ def _reduce(args: argparse.Namespace) -> int:
 
 def _verify(args: argparse.Namespace) -> int:
     config = config_from(args)
-    hook = _tier_hook("verify_checks")
     with open_store(args, config) as store:
         # Tiering finishes crashed moves first (recovery), then adds its remote check.
-        checks = list(hook(config, store, rehash=args.verify_remote, endpoint_url=args.endpoint_url)) if hook else []
+        checks = verify_checks(config, store, rehash=args.verify_remote, endpoint_url=args.endpoint_url)
         if args.run is not None:
             store.run(args.run)  # StoreError for an unknown run
         total = 1 if args.run is not None else len(store.run_ids())

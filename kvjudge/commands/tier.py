@@ -5,10 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from kvjudge.commands._common import add_output_args, config_from, emit, info, print_table, progress
-from kvjudge.config import Config
+from kvjudge.commands._common import add_output_args, config_from, emit, info, open_store, print_table, progress
 from kvjudge.errors import UsageError
-from kvjudge.retention.store import Store
 from kvjudge.retention.tier import (
     ColdStores,
     local_body_bytes,
@@ -55,11 +53,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     rehydrate.set_defaults(func=_rehydrate)
 
 
-def open_store(args: argparse.Namespace, config: Config) -> Store:
-    """The store from ``--store``, else ``[retention] store``, else the default location."""
-    return Store.open(args.store or config.get("retention.store", str, None))
-
-
 def _mb(n: int) -> str:
     return f"{n / 1e6:.1f}"
 
@@ -73,7 +66,7 @@ def _tier(args: argparse.Namespace) -> int:
     cold = stores.get(resolve_target(config, args.to))
     results: list[dict[str, Any]] = []
     skipped: dict[str, str] = {}
-    with open_store(args, config) as store:
+    with open_store(args, config, read_tiered=False) as store:
         # Recovery first: a move a crash left half done is finished before anything new starts.
         results.extend(r.to_dict() for r in recover(store, stores))
         finished = {r["run"] for r in results}
@@ -109,7 +102,7 @@ def _tier(args: argparse.Namespace) -> int:
 def _rehydrate(args: argparse.Namespace) -> int:
     config = config_from(args)
     stores = ColdStores(resolve_endpoint(config, args.endpoint_url))
-    with open_store(args, config) as store:
+    with open_store(args, config, read_tiered=False) as store:
         tiered = sum(1 for loc in store.run(args.run).bodies.values() if loc.status == "tiered")
         with progress(f"rehydrating {args.run}", tiered) as advance:
             result = rehydrate_run(store, args.run, stores, progress=lambda n: advance(n))

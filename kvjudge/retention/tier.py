@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,7 +36,7 @@ from kvjudge.config import Config, data_dir
 from kvjudge.errors import ColdStoreError, IntegrityError, RunStateError, StoreError
 from kvjudge.retention import events as ev
 from kvjudge.retention.blobs import ref_of, short
-from kvjudge.retention.cold import ColdStore, LocalDirColdStore, blob_key, manifest_key, open_cold_store
+from kvjudge.retention.cold import ColdStore, blob_key, manifest_key, open_cold_store
 from kvjudge.retention.events import canonical_json
 from kvjudge.retention.faults import fault_point
 from kvjudge.retention.lifecycle import REDUCIBLE, is_reducible
