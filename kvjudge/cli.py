@@ -18,9 +18,16 @@ from kvjudge.errors import KvjudgeError
 # Order here is the order of `kvjudge --help`.
 COMMAND_MODULES = (
     "kvjudge.commands.probe",
+    "kvjudge.commands.cache",
     "kvjudge.commands.budget",
+    "kvjudge.commands.ingest",
     "kvjudge.commands.runs",
+    "kvjudge.commands.mark",
+    "kvjudge.commands.show",
+    "kvjudge.commands.reduce",
+    "kvjudge.commands.verify",
     "kvjudge.commands.tier",
+    "kvjudge.commands.rehydrate",
     "kvjudge.commands.judge",
     "kvjudge.commands.demo",
     "kvjudge.commands.models",
@@ -35,12 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"kvjudge {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module_name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            if exc.name == module_name:  # a command not built yet
-                continue
-            raise
+        # A command module that does not import is a broken install: fail loudly, never drop the command.
+        module = importlib.import_module(module_name)
         module.register(subparsers)
     return parser
 

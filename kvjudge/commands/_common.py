@@ -5,11 +5,22 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
+from kvjudge import models
 from kvjudge.config import Config, load_config
+
+if TYPE_CHECKING:
+    from kvjudge.probe import CapabilityEntry
+    from kvjudge.tokens import TokenCounter
+
+# The figures of a capability entry worth showing (trials are the probe's business).
+_ENTRY_FIELDS = ("fingerprint", "model_sha256", "device", "max_context_tokens", "max_ok_input", "safe_context",
+                 "certified", "certified_at", "method", "stale")
 
 
 def add_output_args(parser: argparse.ArgumentParser) -> None:
@@ -18,8 +29,75 @@ def add_output_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", metavar="PATH", help="config file (default: ./kvjudge.toml)")
 
 
+def add_store_args(parser: argparse.ArgumentParser) -> None:
+    """``--store PATH`` (every command that reads or writes the run store)."""
+    parser.add_argument("--store", metavar="PATH", help="store file (default: [retention] store, else "
+                                                        "<data dir>/store.sqlite)")
+
+
+def add_endpoint_args(parser: argparse.ArgumentParser) -> None:
+    """``--endpoint-url URL`` (commands that reach an S3 cold store)."""
+    parser.add_argument("--endpoint-url", metavar="URL",
+                        help="S3 endpoint (default: [retention] endpoint_url, else AWS_ENDPOINT_URL / AWS config)")
+
+
+def staleness_days(args: argparse.Namespace) -> float | None:
+    """``[probe] staleness_days`` of the command's config (None: the probe's default)."""
+    value = config_from(args).get("probe.staleness_days", (int, float), None)
+    return None if value is None else float(value)
+
+
+def format_mib(value: int | None) -> str:
+    """Bytes for a table, in the probe's units."""
+    from kvjudge.probe import format_size
+
+    return format_size(value)
+
+
+def megabytes(n_bytes: int) -> str:
+    """Bytes as decimal megabytes with one decimal (tables)."""
+    return f"{n_bytes / 1e6:.1f}"
+
+
 def config_from(args: argparse.Namespace) -> Config:
     return load_config(getattr(args, "config", None))
+
+
+def judge_model(args: argparse.Namespace, config: Config) -> Path:
+    """``--model``, else ``[judge] model``, else the default judge model."""
+    chosen = getattr(args, "model", None) or config.get("judge.model", str, None)
+    return models.resolve_model(chosen) if chosen else models.judge_model_path()
+
+
+def counter_for(args: argparse.Namespace, config: Config) -> TokenCounter:
+    """``[retention] counter``: ``model`` (the judge model's tokenizer, default), ``tiktoken`` or ``chars``."""
+    from kvjudge.tokens import make_counter
+
+    spec = config.get("retention.counter", str, "model")
+    if spec.partition(":")[0] == "model":
+        return make_counter(spec, judge_model(args, config))
+    return make_counter(spec)
+
+
+def lookup_entry(model_path: Path, cache_path: str | os.PathLike[str] | None = None,
+                 memory_budget: int | str | None = None) -> CapabilityEntry | None:
+    """The capability cache entry for ``model_path`` on this device, or None (never probes)."""
+    from kvjudge.probe import lookup_capability
+
+    return lookup_capability(model_path, cache_path=cache_path, memory_budget=memory_budget)
+
+
+def entry_summary(entry: CapabilityEntry | None) -> dict[str, Any] | None:
+    """The displayable figures of a capability entry (None stays None)."""
+    if entry is None:
+        return None
+    return {name: getattr(entry, name, None) for name in _ENTRY_FIELDS}
+
+
+def warn_if_stale(entry: CapabilityEntry | None, model_path: Path) -> None:
+    """One line on stderr when the capability entry is past its staleness limit."""
+    if entry is not None and getattr(entry, "stale", False):
+        info(f"the capability entry for {model_path} is stale; rerun `kvjudge probe --model {model_path}`")
 
 
 def emit(args: argparse.Namespace, payload: Any, human: Callable[[], None] | None = None) -> None:

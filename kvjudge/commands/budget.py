@@ -7,22 +7,27 @@ device and injects plain numbers into :mod:`kvjudge.budget`, which never imports
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from kvjudge import models
 from kvjudge.budget import budget_from_config, configured_ceiling, effective_ceiling
-from kvjudge.commands._common import add_output_args, config_from, emit, info, print_table
+from kvjudge.commands._common import (
+    add_output_args,
+    config_from,
+    emit,
+    entry_summary,
+    info,
+    judge_model,
+    lookup_entry,
+    print_table,
+    warn_if_stale,
+)
 from kvjudge.config import Config
 from kvjudge.errors import CapabilityMissing, UsageError
 
 if TYPE_CHECKING:
     from kvjudge.probe import CapabilityEntry
-
-# The figures of a capability entry worth showing (trials are the probe's business).
-_ENTRY_FIELDS = ("fingerprint", "model_sha256", "device", "max_context_tokens", "max_ok_input", "safe_context",
-                 "certified", "certified_at", "method", "stale")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -41,24 +46,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=_run)
 
 
-def lookup_entry(model_path: Path, cache_path: str | os.PathLike[str] | None = None,
-                 memory_budget: int | str | None = None) -> CapabilityEntry | None:
-    """The capability cache entry for ``model_path`` on this device, or None (never probes)."""
-    from kvjudge.probe import lookup_capability
-
-    return lookup_capability(model_path, cache_path=cache_path, memory_budget=memory_budget)
-
-
 def _lookup(args: argparse.Namespace, config: Config, model_path: Path) -> CapabilityEntry | None:
     # The probe would read ./kvjudge.toml itself; pass the budget from the config this command was given.
     return lookup_entry(model_path, args.capabilities, config.get("probe.memory_budget", (str, int), None))
-
-
-def entry_summary(entry: CapabilityEntry | None) -> dict[str, Any] | None:
-    """The displayable figures of a capability entry (None stays None)."""
-    if entry is None:
-        return None
-    return {name: getattr(entry, name, None) for name in _ENTRY_FIELDS}
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -82,8 +72,7 @@ def _budget(args: argparse.Namespace, config: Config) -> int:
     if entry is None:
         info(f"no capability entry for {model_path} on this device; run `kvjudge probe --model {model_path}` "
              f"to derive the budget from what really runs")
-    elif entry.stale:
-        info(f"the capability entry for {model_path} is stale; rerun `kvjudge probe --model {model_path}`")
+    warn_if_stale(entry, model_path)
     provider = resolved.provider()
     payload = {
         "model": str(model_path),
@@ -108,15 +97,8 @@ def _budget(args: argparse.Namespace, config: Config) -> int:
     return 0
 
 
-def _judge_model(args: argparse.Namespace, config: Config) -> Path:
-    if args.model is not None:
-        return models.resolve_model(args.model)
-    configured = config.get("judge.model", str, None)
-    return models.resolve_model(configured) if configured else models.judge_model_path()
-
-
 def _ceiling(args: argparse.Namespace, config: Config) -> int:
-    model_path = _judge_model(args, config)
+    model_path = judge_model(args, config)
     configured = configured_ceiling(config, args.tenant)
     entry = _lookup(args, config, model_path)
     if entry is None:
@@ -124,8 +106,7 @@ def _ceiling(args: argparse.Namespace, config: Config) -> int:
         raise CapabilityMissing(
             f"no probe figure for the judge model {model_path} on this device, so the ceiling cannot be "
             f"bounded; run `kvjudge probe --model {model_path}`")
-    if entry.stale:
-        info(f"the capability entry for {model_path} is stale; rerun `kvjudge probe --model {model_path}`")
+    warn_if_stale(entry, model_path)
     bound = effective_ceiling(configured, entry.max_context_tokens)
     payload = {
         "model": str(model_path),

@@ -15,7 +15,16 @@ import json
 from pathlib import Path
 from typing import Any
 
-from kvjudge.commands._common import add_output_args, config_from, emit, info, open_store, print_table, progress
+from kvjudge.commands._common import (
+    add_output_args,
+    add_store_args,
+    config_from,
+    emit,
+    info,
+    open_store,
+    print_table,
+    progress,
+)
 from kvjudge.config import Config
 from kvjudge.errors import UsageError
 from kvjudge.judge import (
@@ -59,8 +68,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--show-grades", action="store_true", help="show recorded grades to the judge "
                                                                    "(experiments only)")
     parser.add_argument("--no-cache", action="store_true", help="do not read or write cached judgments")
-    parser.add_argument("--store", metavar="PATH", help="store file (default: [retention] store, else "
-                                                        "<data dir>/store.sqlite)")
+    add_store_args(parser)
     add_output_args(parser)
     parser.set_defaults(func=_judge)
 

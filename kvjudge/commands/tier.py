@@ -1,29 +1,32 @@
-"""`kvjudge tier RUN | --all` and `kvjudge rehydrate RUN`: move run bodies to cold storage and back."""
+"""`kvjudge tier RUN | --all`: move the bodies of terminal runs to cold storage."""
 
 from __future__ import annotations
 
 import argparse
 from typing import Any
 
-from kvjudge.commands._common import add_output_args, config_from, emit, info, open_store, print_table, progress
+from kvjudge.commands._common import (
+    add_endpoint_args,
+    add_output_args,
+    add_store_args,
+    config_from,
+    emit,
+    info,
+    megabytes,
+    open_store,
+    print_table,
+    progress,
+)
 from kvjudge.errors import UsageError
 from kvjudge.retention.tier import (
     ColdStores,
     local_body_bytes,
     plan_all,
     recover,
-    rehydrate_run,
     resolve_endpoint,
     resolve_target,
     tier_run,
 )
-
-
-def _store_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--store", metavar="PATH", help="run store file (default: [retention] store, else the "
-                                                        "data dir's store.sqlite)")
-    parser.add_argument("--endpoint-url", metavar="URL",
-                        help="S3 endpoint (default: [retention] endpoint_url, else AWS_ENDPOINT_URL / AWS config)")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -39,22 +42,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                            "'cold' directory in the data dir)")
     tier.add_argument("--verify-remote", action="store_true",
                       help="re-hash every uploaded body by downloading it (default: sizes and stored checksums)")
-    _store_args(tier)
+    add_store_args(tier)
+    add_endpoint_args(tier)
     add_output_args(tier)
     tier.set_defaults(func=_tier)
-
-    rehydrate = subparsers.add_parser(
-        "rehydrate", help="bring a tiered run's bodies back into the local store",
-        description="Fetch the bodies of a tiered run from its cold store (checked against their refs), put them "
-                    "back locally and record Rehydrated. The cold copies stay.")
-    rehydrate.add_argument("run", metavar="RUN", help="run id to rehydrate")
-    _store_args(rehydrate)
-    add_output_args(rehydrate)
-    rehydrate.set_defaults(func=_rehydrate)
-
-
-def _mb(n: int) -> str:
-    return f"{n / 1e6:.1f}"
 
 
 def _tier(args: argparse.Namespace) -> int:
@@ -88,29 +79,12 @@ def _tier(args: argparse.Namespace) -> int:
     def human() -> None:
         if results:
             print_table(["run", "status", "bodies", "MB", "uploaded", "deleted", "recovered", "target"],
-                        [[r["run"], r["status"], r["refs"], _mb(r["bytes"]), r["uploaded"], r["deleted"],
+                        [[r["run"], r["status"], r["refs"], megabytes(r["bytes"]), r["uploaded"], r["deleted"],
                           r["recovered"] or "", r["target"]] for r in results])
         else:
             info("no run to tier")
         for run_id, reason in skipped.items():
             info(f"skipped {run_id}: {reason}")
-
-    emit(args, payload, human)
-    return 0
-
-
-def _rehydrate(args: argparse.Namespace) -> int:
-    config = config_from(args)
-    stores = ColdStores(resolve_endpoint(config, args.endpoint_url))
-    with open_store(args, config, read_tiered=False) as store:
-        tiered = sum(1 for loc in store.run(args.run).bodies.values() if loc.status == "tiered")
-        with progress(f"rehydrating {args.run}", tiered) as advance:
-            result = rehydrate_run(store, args.run, stores, progress=lambda n: advance(n))
-    payload = result.to_dict()
-
-    def human() -> None:
-        print_table(["run", "status", "bodies", "MB", "from"],
-                    [[result.run, result.status, result.refs, _mb(result.bytes), result.target or ""]])
 
     emit(args, payload, human)
     return 0

@@ -1,0 +1,126 @@
+"""`kvjudge cache show | refresh | clear`: the capability cache."""
+
+from __future__ import annotations
+
+import argparse
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from kvjudge.commands._common import add_output_args, emit, format_mib, info, print_table, progress, staleness_days
+from kvjudge.errors import KvjudgeError
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    cache = subparsers.add_parser("cache", help="show, refresh or clear the capability cache")
+    actions = cache.add_subparsers(dest="cache_action", metavar="ACTION", required=True)
+    show = actions.add_parser("show", help="list the cached capabilities (fresh, stale or mismatched)")
+    refresh = actions.add_parser("refresh", help="probe again what is cached (all, or --stale-only)")
+    refresh.add_argument("--stale-only", action="store_true",
+                         help="only entries past the staleness limit or whose fingerprint no longer matches")
+    clear = actions.add_parser("clear", help="delete the cache file (also an unreadable one)")
+    for sub, func in ((show, _cache_show), (refresh, _cache_refresh), (clear, _cache_clear)):
+        sub.add_argument("--cache", metavar="PATH", help="capability cache file (default: in the cache dir)")
+        add_output_args(sub)
+        sub.set_defaults(func=func)
+
+
+def _status(entry: Any) -> str:
+    from kvjudge.probe.core import current_components
+
+    if entry.stale:
+        return "stale"
+    try:
+        now = current_components(entry)
+    except KvjudgeError:
+        return "mismatch"
+    return "fresh" if now == entry.components else "mismatch"
+
+
+def _age(entry: Any) -> str:
+    reference = entry.age_reference()
+    if not reference:
+        return "-"
+    try:
+        then = datetime.fromisoformat(reference)
+    except ValueError:
+        return "-"
+    if then.tzinfo is None:
+        then = then.replace(tzinfo=timezone.utc)
+    days = (datetime.now(timezone.utc) - then).total_seconds() / 86400
+    return f"{days:.1f} d" if days >= 1 else f"{days * 24:.1f} h"
+
+
+def _cache(args: argparse.Namespace) -> Any:
+    from kvjudge.probe import CapabilityCache
+
+    return CapabilityCache(args.cache, staleness_days=staleness_days(args))
+
+
+def _cache_show(args: argparse.Namespace) -> int:
+    cache = _cache(args)
+    entries = cache.entries()
+    rows = []
+    for entry in entries:
+        rows.append(entry.to_json() | {"stale": entry.stale, "status": _status(entry)})
+    payload = {"path": str(cache.path), "staleness_days": cache.staleness_days, "entries": rows}
+
+    def human() -> None:
+        print_table(["fingerprint", "model", "budget", "max_context", "max_ok_input", "safe_context", "method",
+                     "age", "status"],
+                    [[r["fingerprint"][:12], Path(r["model_path"]).name, format_mib(r["memory_budget"]),
+                      r["max_context_tokens"], r["max_ok_input"], r["safe_context"], r["method"],
+                      _age(e), r["status"]] for r, e in zip(rows, entries)],
+                    title=f"capability cache {cache.path}")
+
+    emit(args, payload, human)
+    return 0
+
+
+def _cache_refresh(args: argparse.Namespace) -> int:
+    from kvjudge.probe import RuntimeSettings, probe
+
+    cache = _cache(args)
+    results = []
+    for entry in cache.entries():
+        status = _status(entry)
+        if args.stale_only and status == "fresh":
+            continue
+        if not Path(entry.model_path).is_file():
+            results.append({"fingerprint": entry.fingerprint, "model_path": entry.model_path,
+                            "result": "skipped: the model file is gone"})
+            continue
+        info(f"refreshing {Path(entry.model_path).name} ({status})…")
+        with progress("certifying", total=None) as advance:
+            report = probe(entry.model_path, settings=RuntimeSettings(**entry.settings),
+                           memory_budget=entry.memory_budget, certify=entry.certified or entry.method == "measured",
+                           cache_path=cache.path, refresh=True,
+                           progress=lambda message: advance(1, description=message),
+                           staleness_days=cache.staleness_days)
+        if report.entry.fingerprint != entry.fingerprint:
+            cache.remove(entry.fingerprint)  # superseded: the file, device or runtime changed
+        results.append({"fingerprint": entry.fingerprint, "model_path": entry.model_path, "was": status,
+                        "new_fingerprint": report.entry.fingerprint, "result": report.entry.method,
+                        "max_context_tokens": report.max_context_tokens, "max_ok_input": report.entry.max_ok_input,
+                        "safe_context": report.entry.safe_context})
+    payload = {"path": str(cache.path), "refreshed": results}
+
+    def human() -> None:
+        if not results:
+            print("nothing to refresh")
+            return
+        print_table(["fingerprint", "model", "was", "now", "max_context", "max_ok_input", "safe_context"],
+                    [[r["fingerprint"][:12], Path(r["model_path"]).name, r.get("was", "-"), r["result"],
+                      r.get("max_context_tokens"), r.get("max_ok_input"), r.get("safe_context")] for r in results])
+
+    emit(args, payload, human)
+    return 0
+
+
+def _cache_clear(args: argparse.Namespace) -> int:
+    cache = _cache(args)
+    count = cache.clear()
+    payload = {"path": str(cache.path), "removed_entries": count if count >= 0 else None,
+               "was_unreadable": count < 0}
+    emit(args, payload, lambda: print(f"removed {cache.path} ({'unreadable' if count < 0 else f'{count} entries'})"))
+    return 0

@@ -1,0 +1,47 @@
+"""`kvjudge rehydrate RUN`: bring a tiered run's bodies back into the local store."""
+
+from __future__ import annotations
+
+import argparse
+
+from kvjudge.commands._common import (
+    add_endpoint_args,
+    add_output_args,
+    add_store_args,
+    config_from,
+    emit,
+    megabytes,
+    open_store,
+    print_table,
+    progress,
+)
+from kvjudge.retention.tier import ColdStores, rehydrate_run, resolve_endpoint
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    rehydrate = subparsers.add_parser(
+        "rehydrate", help="bring a tiered run's bodies back into the local store",
+        description="Fetch the bodies of a tiered run from its cold store (checked against their refs), put them "
+                    "back locally and record Rehydrated. The cold copies stay.")
+    rehydrate.add_argument("run", metavar="RUN", help="run id to rehydrate")
+    add_store_args(rehydrate)
+    add_endpoint_args(rehydrate)
+    add_output_args(rehydrate)
+    rehydrate.set_defaults(func=_rehydrate)
+
+
+def _rehydrate(args: argparse.Namespace) -> int:
+    config = config_from(args)
+    stores = ColdStores(resolve_endpoint(config, args.endpoint_url))
+    with open_store(args, config, read_tiered=False) as store:
+        tiered = sum(1 for loc in store.run(args.run).bodies.values() if loc.status == "tiered")
+        with progress(f"rehydrating {args.run}", tiered) as advance:
+            result = rehydrate_run(store, args.run, stores, progress=lambda n: advance(n))
+    payload = result.to_dict()
+
+    def human() -> None:
+        print_table(["run", "status", "bodies", "MB", "from"],
+                    [[result.run, result.status, result.refs, megabytes(result.bytes), result.target or ""]])
+
+    emit(args, payload, human)
+    return 0

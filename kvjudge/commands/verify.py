@@ -1,0 +1,56 @@
+"""`kvjudge verify [RUN]`: re-hash bodies, re-fold from LSN 0, every missing body explained."""
+
+from __future__ import annotations
+
+import argparse
+
+from kvjudge.commands._common import (
+    add_endpoint_args,
+    add_output_args,
+    add_store_args,
+    config_from,
+    emit,
+    info,
+    open_store,
+    print_table,
+    progress,
+)
+from kvjudge.retention.blobs import short
+from kvjudge.retention.tier import verify_checks
+from kvjudge.retention.verify import verify
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("verify", help="re-hash bodies, re-fold runs from LSN 0, check every missing "
+                                                  "body is explained")
+    parser.add_argument("run", nargs="?", help="only this run (default: the whole store)")
+    parser.add_argument("--verify-remote", action="store_true", help="also download and re-hash tiered bodies")
+    add_store_args(parser)
+    add_endpoint_args(parser)
+    add_output_args(parser)
+    parser.set_defaults(func=_verify)
+
+
+def _verify(args: argparse.Namespace) -> int:
+    config = config_from(args)
+    with open_store(args, config) as store:
+        # Tiering finishes crashed moves first (recovery), then adds its remote check.
+        checks = verify_checks(config, store, rehash=args.verify_remote, endpoint_url=args.endpoint_url)
+        if args.run is not None:
+            store.run(args.run)  # StoreError for an unknown run
+        total = 1 if args.run is not None else len(store.run_ids())
+        with progress("verifying", total) as advance:
+            report = verify(store, [args.run] if args.run is not None else None, extra_checks=checks,
+                            progress=advance)
+    payload = report.to_dict()
+
+    def human() -> None:
+        print(f"{'OK' if report.ok else 'VIOLATIONS'}: {report.runs} run(s), {report.blobs_rehashed} bodies re-hashed")
+        if report.violations:
+            print_table(("check", "run", "ref", "problem"),
+                        [(v.check, v.run or "", short(v.ref) if v.ref else "", v.message) for v in report.violations])
+        for note in report.notes:
+            info(f"note: {note}")
+
+    emit(args, payload, human)
+    return 0 if report.ok else 1
