@@ -10,7 +10,8 @@ from gguf_factory import write_llama_gqa
 from kvjudge.errors import ProbeError
 from kvjudge.probe import RuntimeSettings, ensure_capability, kv_cache_bytes, lookup_capability, probe, read_model_shape
 from kvjudge.probe.certify import certify, run_trial, safe_context_for
-from kvjudge.probe.core import HOST_RUNTIME_MARGIN, footprint, place
+from kvjudge.probe.core import footprint, place
+from kvjudge.probe.kv_math import HOST_RUNTIME_MARGIN
 from kvjudge.probe.devices import discover_devices
 
 MIB = 1024 * 1024

@@ -26,7 +26,14 @@ from pathlib import Path
 from typing import Any
 
 from kvjudge.probe.gguf_shape import ModelShape
-from kvjudge.probe.kv_math import CTX_PAD, ggml_type, kv_layout
+from kvjudge.probe.kv_math import (
+    CTX_PAD,
+    GPU_RUNTIME_MARGIN,
+    HOST_RUNTIME_MARGIN,
+    ggml_type,
+    kv_bytes_per_token,
+    kv_layout,
+)
 
 SAFE_HEADROOM = 0.10
 PROMPT_RESERVE = 16      # tokens left free at the end of the context: room for the decoded tokens
@@ -168,8 +175,6 @@ def certify(model_path: str | os.PathLike[str], shape: ModelShape, settings: Any
             start_n_ctx: int, progress: Callable[[str], None] | None = None, timeout_s: float | None = None,
             max_trials: int = MAX_TRIALS) -> Certification:
     """Find the largest ``n_ctx`` that really runs within the usable memory, starting at ``start_n_ctx``."""
-    from kvjudge.probe.core import GPU_RUNTIME_MARGIN, HOST_RUNTIME_MARGIN
-    from kvjudge.probe.kv_math import kv_bytes_per_token
 
     usable = placement.usable_bytes
     margin = GPU_RUNTIME_MARGIN if placement.on_gpu else HOST_RUNTIME_MARGIN

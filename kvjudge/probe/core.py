@@ -16,10 +16,13 @@ from typing import Any
 
 from kvjudge.errors import ProbeError
 from kvjudge.probe.cache import CapabilityCache, CapabilityEntry, utc_now
+from kvjudge.probe.certify import certify as run_certification
 from kvjudge.probe.devices import Device, DeviceReport, discover_devices
 from kvjudge.probe.gguf_shape import ModelShape, read_model_shape
 from kvjudge.probe.kv_math import (
     CTX_PAD,
+    GPU_RUNTIME_MARGIN,
+    HOST_RUNTIME_MARGIN,
     MIB,
     check_kv_types,
     compute_buffer_bytes,
@@ -28,12 +31,6 @@ from kvjudge.probe.kv_math import (
     output_buffer_bytes,
 )
 from kvjudge.probe.settings import RuntimeSettings, parse_size
-
-# Memory outside llama.cpp's own buffers that a process running the model needs: the interpreter, the
-# libraries, the tokenizer and its token lists. A child with llama_cpp imported measures ~50 MiB RSS here;
-# 128 MiB is the stated allowance. On a GPU the CUDA context and cuBLAS workspace take a few hundred MiB.
-HOST_RUNTIME_MARGIN = 128 * MIB
-GPU_RUNTIME_MARGIN = 512 * MIB
 
 ProgressFn = Callable[[str], None]
 
@@ -291,7 +288,6 @@ def probe(model_path: str | os.PathLike[str] | None = None, *, settings: Runtime
         entry = cache.put(entry)
         cached = True
     elif certify:
-        from kvjudge.probe.certify import certify as run_certification
 
         result = run_certification(ctx.model_path, shape, settings, placement, start_n_ctx=best,
                                    progress=progress, timeout_s=trial_timeout_s)

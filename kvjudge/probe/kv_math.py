@@ -27,6 +27,12 @@ from kvjudge.probe.settings import KV_TYPE_NAMES, RuntimeSettings
 CTX_PAD = 256
 MIB = 1024 * 1024
 
+# Memory outside llama.cpp's own buffers that a process running the model needs: the interpreter, the
+# libraries, the tokenizer and its token lists. A child with llama_cpp imported measures ~50 MiB RSS here;
+# 128 MiB is the stated allowance. On a GPU the CUDA context and cuBLAS workspace take a few hundred MiB.
+HOST_RUNTIME_MARGIN = 128 * MIB
+GPU_RUNTIME_MARGIN = 512 * MIB
+
 
 def ggml_type(name: str) -> tuple[int, int, int]:
     """``(ggml type id, block size, bytes per block)`` of a KV type name such as ``q8_0``."""
