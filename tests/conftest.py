@@ -37,3 +37,4 @@ def default_model() -> Path:
 def judge_model() -> Path:
     """The verified default judge model GGUF (Qwen2.5-Coder-0.5B-Instruct)."""
     return models.judge_model_path()
+

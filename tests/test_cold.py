@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from seaweed import SeaweedServer, free_ports, s3_bucket, seaweed  # noqa: F401 (fixtures)
+from helpers import free_ports
+from seaweed import SeaweedServer, s3_bucket, seaweed  # noqa: F401 (fixtures)
 from tier_support import tamper
 
 from kvjudge.errors import ColdStoreError, IntegrityError, UsageError

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import store_from_runs
 
 from kvjudge.judge import SCORED, Judge, LlamaBackend, judgment_key
 from kvjudge.judge.render import body_resolver, render_view
@@ -50,10 +51,7 @@ def _runs() -> list[dict]:
 
 @pytest.fixture
 def store(tmp_path: Path):
-    source = tmp_path / "runs.jsonl"
-    write_jsonl(source, _runs())
-    opened = Store.open(tmp_path / "store.sqlite")
-    opened.ingest_file(source)
+    opened = store_from_runs(tmp_path / "store.sqlite", _runs())
     yield opened
     opened.close()
 

@@ -6,7 +6,6 @@ the server extras (fastapi, uvicorn, sse-starlette, starlette-context, pydantic-
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import time
@@ -15,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from helpers import free_ports
 
 from kvjudge.errors import JudgeError
 from kvjudge.judge import SCORED, Judge, ServerBackend
@@ -25,12 +25,6 @@ pytestmark = pytest.mark.model
 N_CTX = 1024  # what the judge may use of the server's 2048
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server(default_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, subprocess.Popen]]:
     try:
@@ -38,7 +32,7 @@ def server(default_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
     except ImportError:
         pytest.fail("llama-cpp-python's server extras are missing: pip install fastapi uvicorn sse-starlette "
                     "starlette-context pydantic-settings (the `test` extra)")
-    port = _free_port()
+    port = free_ports(1)[0]
     log_path = tmp_path_factory.mktemp("server") / "server.log"
     log = log_path.open("wb")
     process = subprocess.Popen([sys.executable, "-m", "llama_cpp.server", "--model", str(default_model),

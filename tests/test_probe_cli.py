@@ -3,19 +3,14 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
 
+from helpers import kvjudge
 from kvjudge.models import file_sha256
 from kvjudge.probe import kv_cache_bytes, read_model_shape
-
-
-def kvjudge(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "kvjudge", *args], capture_output=True, text=True, timeout=300)
 
 
 def test_probe_json_carries_the_contract_fields(default_model: Path, isolated_dirs: Path) -> None:

@@ -8,13 +8,11 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from helpers import kvjudge
 
 from kvjudge.cli import main
 from kvjudge.errors import RunStateError
@@ -183,15 +181,6 @@ def capabilities(tmp_path_factory: pytest.TempPathFactory, judge_model: Path) ->
     return files
 
 
-def kvjudge_child(args: list[str], cwd: Path, faults: str | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ}
-    env.pop("KVJUDGE_FAULTS", None)
-    if faults:
-        env["KVJUDGE_FAULTS"] = faults
-    return subprocess.run([sys.executable, "-m", "kvjudge", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=300)
-
-
 def write_config(directory: Path, text: str = "") -> Path:
     path = directory / "kvjudge.toml"
     path.write_text('[retention]\ncounter = "chars"\n' + text)
@@ -207,7 +196,7 @@ def test_step6_crash_at_every_point_leaves_no_unexplained_body_and_rerun_converg
             "--config", str(config), "--json"]
     with open_with(tmp_path, *runs, name="control.sqlite") as control:
         pass
-    ok = kvjudge_child([*args, "--store", str(tmp_path / "control.sqlite")], tmp_path)
+    ok = kvjudge(*args, "--store", str(tmp_path / "control.sqlite"), cwd=tmp_path)
     assert ok.returncode == 0, ok.stderr
     with Store.open(tmp_path / "control.sqlite") as control:
         converged = control.run("r1").canonical_bytes()
@@ -215,7 +204,7 @@ def test_step6_crash_at_every_point_leaves_no_unexplained_body_and_rerun_converg
 
     with open_with(tmp_path, *runs, name="crash.sqlite") as store:
         before_events = list(store.iter_events("r1"))
-    crashed = kvjudge_child([*args, "--store", str(tmp_path / "crash.sqlite")], tmp_path, faults=point)
+    crashed = kvjudge(*args, "--store", str(tmp_path / "crash.sqlite"), cwd=tmp_path, faults=point)
     assert crashed.returncode == -9, f"{point}: child was not killed ({crashed.returncode}): {crashed.stderr}"
 
     with Store.open(tmp_path / "crash.sqlite") as store:
@@ -243,14 +232,14 @@ def test_step6_crash_at_every_point_leaves_no_unexplained_body_and_rerun_converg
             else:
                 assert bodies_left == []
 
-    rerun = kvjudge_child([*args, "--store", str(tmp_path / "crash.sqlite")], tmp_path)
+    rerun = kvjudge(*args, "--store", str(tmp_path / "crash.sqlite"), cwd=tmp_path)
     assert rerun.returncode == 0, rerun.stderr
     with Store.open(tmp_path / "crash.sqlite") as store:
         assert store.run("r1").canonical_bytes() == converged
         report = verify(store)
         assert report.ok and not any("still stored" in n for n in report.notes)
         assert all(store.blobs.get(ref) is None for ref, loc in store.run("r1").bodies.items() if loc.status != LOCAL)
-    again = kvjudge_child([*args, "--store", str(tmp_path / "crash.sqlite")], tmp_path)
+    again = kvjudge(*args, "--store", str(tmp_path / "crash.sqlite"), cwd=tmp_path)
     assert json.loads(again.stdout)["runs"][0]["events"] == 0  # converged: a further run is a no-op
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import cli_json
 from kvjudge.cli import main
 from kvjudge.retention import Store
 from kvjudge.retention.reduce import reduce_run, run_tokens
@@ -29,16 +30,10 @@ def setup(tmp_path: Path) -> dict[str, Path]:
     return {"config": config, "store": store, "runs": runs}
 
 
-def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, object]:
-    code = main([*argv, "--json"])
-    out = capsys.readouterr().out
-    return code, json.loads(out) if out.strip() else None
-
-
 def test_ingest_then_runs_json(setup: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
-    code, payload = run_json(capsys, "ingest", str(setup["runs"]), "--config", str(setup["config"]))
+    code, payload = cli_json(capsys, "ingest", str(setup["runs"]), "--config", str(setup["config"]))
     assert code == 0 and payload["ingested"] == ["a", "b"] and payload["store"] == str(setup["store"])
-    code, rows = run_json(capsys, "runs", "--config", str(setup["config"]))
+    code, rows = cli_json(capsys, "runs", "--config", str(setup["config"]))
     assert code == 0 and [r["id"] for r in rows] == ["a", "b"]
     with Store.open(setup["store"]) as store:
         expected = {r: run_tokens(store, store.run(r), CHARS) for r in ("a", "b")}
@@ -46,7 +41,7 @@ def test_ingest_then_runs_json(setup: dict[str, Path], capsys: pytest.CaptureFix
         assert {"id", "tenant", "state", "tokens", "reduced"} <= set(row)
         assert row["tokens"] == expected[row["id"]] and row["reduced"] is False
     assert {r["id"]: (r["tenant"], r["state"]) for r in rows} == {"a": ("default", "graded"), "b": ("acme", "running")}
-    code, rows = run_json(capsys, "runs", "--tenant", "acme", "--config", str(setup["config"]))
+    code, rows = cli_json(capsys, "runs", "--tenant", "acme", "--config", str(setup["config"]))
     assert [r["id"] for r in rows] == ["b"]
 
 
@@ -60,7 +55,7 @@ def test_store_flag_overrides_config(setup: dict[str, Path], tmp_path: Path, cap
 def test_mark_and_its_refusal(setup: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
     main(["ingest", str(setup["runs"]), "--config", str(setup["config"])])
     capsys.readouterr()
-    code, payload = run_json(capsys, "mark", "b", "grading", "--config", str(setup["config"]))
+    code, payload = cli_json(capsys, "mark", "b", "grading", "--config", str(setup["config"]))
     assert code == 0 and payload == {"run": "b", "state": "grading", "lifecycle": ["running", "grading"]}
     assert main(["mark", "b", "archived", "--config", str(setup["config"])]) == 1
     err = capsys.readouterr().err
@@ -84,7 +79,7 @@ def test_show_renders_summaries_with_their_marker(setup: dict[str, Path], capsys
     with Store.open(setup["store"]) as store:
         result = reduce_run(store, "a", 400, CHARS)
         assert result.plan.steps["bodies_reduced"] > 0
-    code, shown = run_json(capsys, "show", "a", "--config", str(setup["config"]))
+    code, shown = cli_json(capsys, "show", "a", "--config", str(setup["config"]))
     assert code == 0 and shown["state"] == "graded" and shown["reduced"] is True
     outputs = [t["tool_output"]["output"] for t in shown["branches"][0]["transitions"] if "tool_output" in t]
     reduced = [o for o in outputs if o["status"] == "reduced"]
@@ -99,15 +94,15 @@ def test_show_renders_summaries_with_their_marker(setup: dict[str, Path], capsys
 def test_verify_exit_codes(setup: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
     main(["ingest", str(setup["runs"]), "--config", str(setup["config"])])
     capsys.readouterr()
-    code, report = run_json(capsys, "verify", "--config", str(setup["config"]))
+    code, report = cli_json(capsys, "verify", "--config", str(setup["config"]))
     assert code == 0 and report["ok"] and report["runs"] == 2 and report["blobs_rehashed"] > 0
     with Store.open(setup["store"]) as store:
         ref = store.run("a").task_prompt_ref
         store.connection.execute("UPDATE blobs SET body = ? WHERE ref = ?", (b"tampered", ref))
-    code, report = run_json(capsys, "verify", "--config", str(setup["config"]))
+    code, report = cli_json(capsys, "verify", "--config", str(setup["config"]))
     assert code == 1 and not report["ok"]
     assert [(v["check"], v["ref"]) for v in report["violations"]] == [("rehash", ref)]
-    code, report = run_json(capsys, "verify", "a", "--config", str(setup["config"]))
+    code, report = cli_json(capsys, "verify", "a", "--config", str(setup["config"]))
     assert code == 1 and report["violations"][0]["run"] == "a"
     assert main(["verify", "nope", "--config", str(setup["config"])]) == 1
     assert "no run 'nope'" in capsys.readouterr().err
@@ -119,7 +114,7 @@ def test_reduce_dry_run_writes_nothing(setup: dict[str, Path], capabilities: dic
     capsys.readouterr()
     with Store.open(setup["store"]) as store:
         lsn = store.connection.execute("SELECT MAX(lsn) FROM events").fetchone()[0]
-    code, payload = run_json(capsys, "reduce", "a", "--dry-run", "--ceiling", "300", "--config", str(setup["config"]),
+    code, payload = cli_json(capsys, "reduce", "a", "--dry-run", "--ceiling", "300", "--config", str(setup["config"]),
                              "--capabilities", str(capabilities[160_000]))
     assert code == 0 and payload["runs"][0]["dry_run"] and payload["runs"][0]["events"] > 0
     assert payload["runs"][0]["tokens_after"] <= 300

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import kvjudge as run_kvjudge
 from seaweed import free_ports, s3_bucket, seaweed  # noqa: F401 (fixtures)
 from tier_support import (
     GRADED,
@@ -185,8 +186,7 @@ def test_tier_cli_json_and_usage(tmp_path: Path, target: str) -> None:
     path = make_store(tmp_path / "store.sqlite")
 
     def kvjudge(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "kvjudge", *args, "--store", str(path)],
-                              capture_output=True, text=True, timeout=120)
+        return run_kvjudge(*args, "--store", str(path))
 
     done = kvjudge("tier", "--all", "--to", target, "--json")
     assert done.returncode == 0, done.stderr

@@ -4,13 +4,11 @@ then run it again: exactly one remote copy, no body lost at any moment, the move
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from helpers import kvjudge
 from seaweed import s3_bucket, seaweed  # noqa: F401 (fixtures)
 from tier_support import cold_for, event_kinds, make_store, remote_keys, texts, tiered_refs
 
@@ -21,14 +19,6 @@ from kvjudge.retention.verify import verify
 
 #: The S3 variant runs the points where the remote matters most (keeps the SeaweedFS part short).
 S3_POINTS = ("tier.blob_response_lost", "tier.manifest_response_lost", "tier.after_tiered")
-
-
-def kvjudge(*args: str, faults: str | None = None) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "KVJUDGE_FAULTS"}
-    if faults:
-        env["KVJUDGE_FAULTS"] = faults
-    return subprocess.run([sys.executable, "-m", "kvjudge", *args], capture_output=True, text=True, env=env,
-                          timeout=180)
 
 
 def assert_converged(path: Path, target: str, before: dict[str, str | None]) -> None:
