@@ -209,11 +209,13 @@ def test_fold_handles_every_event_kind_including_tiering(store: Store, tmp_path:
         "TierStarted": ev.TierStarted(run="z", target="t", manifest_ref=manifest),
         "Tiered": ev.Tiered(run="z", target="t", manifest_ref=manifest, refs=[out]),
         "Rehydrated": ev.Rehydrated(run="z", refs=[out]),
+        "TextRepaired": ev.TextRepaired(run="z", paths=["$.task.prompt"], refs=[out], code_units=1),
     }
     assert set(samples) == set(EVENT_TYPES)
     folded = fold(enumerate(samples.values(), start=1))["z"]
     assert folded.bodies[out].status == "reduced" and folded.bodies[manifest].status == "dropped"
     assert folded.branches[0].summary_ref == manifest and folded.reduced
+    assert folded.text_repairs == ({"lsn": 13, "paths": ["$.task.prompt"], "refs": [out], "code_units": 1},)
 
 
 def test_judgments_cache(store: Store) -> None:

@@ -10,6 +10,7 @@ from kvjudge.retention.blobs import short
 from kvjudge.retention.reduce import resolve
 from kvjudge.retention.state import REDUCED, TIERED, RunState
 from kvjudge.retention.store import Store
+from kvjudge.retention.text_check import describe_repair
 
 # Human output cuts each text here (``--json`` always carries the whole text).
 _SHOW_CHARS = 1200
@@ -74,7 +75,8 @@ def render_run(store: Store, state: RunState) -> dict[str, Any]:
     return {"id": state.id, "tenant": state.tenant, "state": state.state, "lifecycle": list(state.lifecycle),
             "reduced": state.reduced, "task": {"id": state.task_id,
                                                "prompt": _text_entry(store, state, state.task_prompt_ref)},
-            "branches": branches, "verifier": list(state.verifier), "grades": list(state.grades), "tier": state.tier}
+            "branches": branches, "verifier": list(state.verifier), "grades": list(state.grades), "tier": state.tier,
+            "text_repairs": [dict(note) for note in state.text_repairs]}
 
 
 def _shown(entry: dict[str, Any] | None, full: bool) -> str:
@@ -98,6 +100,8 @@ def _show(args: argparse.Namespace) -> int:
     def human() -> None:
         print(f"run {state.id}  tenant {state.tenant}  state {state.state}  lifecycle {' → '.join(state.lifecycle)}"
               f"  reduced {'yes' if state.reduced else 'no'}")
+        for note in state.text_repairs:
+            print(f"text repaired at ingest (LSN {note['lsn']}): {describe_repair(note)}")
         if state.task_id or state.task_prompt_ref:
             print(f"task {state.task_id or '-'}: {_shown(rendered['task']['prompt'], args.full)}")
         for branch in rendered["branches"]:

@@ -19,6 +19,7 @@ from kvjudge.retention.events import (
     Rehydrated,
     RunStarted,
     StateChanged,
+    TextRepaired,
     TierStarted,
     Tiered,
     TransitionRecorded,
@@ -39,6 +40,7 @@ from kvjudge.retention.reduce import (
 from kvjudge.retention.state import BodyLocation, Branch, RunState, Transition, fold, fold_onto
 from kvjudge.retention.store import Explanation, Store
 from kvjudge.retention.summarize import summarize
+from kvjudge.retention.text_check import TextError, parse_checked
 from kvjudge.retention.tier import (
     ColdStores,
     RehydrateResult,
@@ -54,8 +56,8 @@ from kvjudge.retention.verify import Violation, VerifyReport, verify
 __all__ = [
     "EVENT_TYPES", "STATES", "BlobStore", "BodyLocation", "Branch", "BranchOpened", "BranchReduced", "Dropped",
     "Event", "Explanation", "GradeRecorded", "Reduced", "Rehydrated", "RunStarted", "RunState", "StateChanged",
-    "Store", "TierStarted", "Tiered", "Transition", "TransitionRecorded", "VerifierRecorded", "canonical_json",
-    "fault_point", "fold", "fold_onto", "is_reducible", "ref_of",
+    "Store", "TextError", "TextRepaired", "TierStarted", "Tiered", "Transition", "TransitionRecorded", "VerifierRecorded", "canonical_json",
+    "fault_point", "fold", "fold_onto", "is_reducible", "parse_checked", "ref_of",
     "ReductionPlan", "ReductionResult", "Violation", "VerifyReport", "apply_plan", "plan_reduction", "reduce_run",
     "run_tokens", "summarize", "verify", "view_refs",
     "ColdStore", "ColdStores", "LocalDirColdStore", "RehydrateResult", "S3ColdStore", "TierResult",

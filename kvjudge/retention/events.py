@@ -10,7 +10,8 @@ Kinds, in the order a run meets them:
   the history of the run as ingested;
 - ``StateChanged`` — a lifecycle step (running → grading → graded | ungraded → archived);
 - ``Reduced`` / ``BranchReduced`` / ``Dropped`` — later facts about earlier records, written by reduction;
-- ``TierStarted`` / ``Tiered`` / ``Rehydrated`` — the move of bodies to cold storage and back.
+- ``TierStarted`` / ``Tiered`` / ``Rehydrated`` — the move of bodies to cold storage and back;
+- ``TextRepaired`` — ingest stored U+FFFD in place of text that was not Unicode (``--repair-text``).
 """
 
 from __future__ import annotations
@@ -151,10 +152,24 @@ class Rehydrated(Event):
     refs: list[str]
 
 
+@dataclass(frozen=True)
+class TextRepaired(Event):
+    """Ingest replaced ``code_units`` bad code units (lone surrogates, bytes not UTF-8) with U+FFFD.
+
+    ``paths`` are the JSON paths of the repaired strings in the source document; ``refs`` the bodies
+    that hold repaired text.
+    """
+
+    kind: ClassVar[str] = "TextRepaired"
+    paths: list[str]
+    refs: list[str]
+    code_units: int
+
+
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.kind: cls
     for cls in (RunStarted, BranchOpened, TransitionRecorded, VerifierRecorded, GradeRecorded, StateChanged,
-                Reduced, BranchReduced, Dropped, TierStarted, Tiered, Rehydrated)
+                Reduced, BranchReduced, Dropped, TierStarted, Tiered, Rehydrated, TextRepaired)
 }
 
 #: Kinds that reduction appends; everything else in a run's log must be untouched by it.

@@ -20,6 +20,7 @@ from kvjudge.retention import events as ev
 from kvjudge.retention.blobs import ref_of
 from kvjudge.retention.events import canonical_json
 from kvjudge.retention.lifecycle import GRADING, RUNNING, UNGRADED, check_path
+from kvjudge.retention.text_check import TextError, parse_checked
 
 FORMATS = ("native", "openai")
 DEFAULT_TENANT = "default"
@@ -213,7 +214,7 @@ def parse_openai(obj: Any, tenant: str | None, raw_line: str) -> ParsedRun:
     run_id = obj.get("id")
     if run_id is None:
         # Derived from the line's content so importing the same file twice names the same runs.
-        run_id = "chat-" + hashlib.sha256(raw_line.strip().encode("utf-8")).hexdigest()[:16]
+        run_id = "chat-" + hashlib.sha256(raw_line.strip().encode("utf-8", "surrogateescape")).hexdigest()[:16]
     _need(isinstance(run_id, str) and run_id.strip() != "", "id must be a non-empty string")
     run = ParsedRun(run_id=run_id, tenant=tenant or DEFAULT_TENANT)
     run.events.append(ev.RunStarted(run=run_id, tenant=run.tenant, task_id=None, task_prompt_ref=None))
@@ -262,8 +263,11 @@ def parse_openai(obj: Any, tenant: str | None, raw_line: str) -> ParsedRun:
 
 
 def iter_parsed(path: str | os.PathLike[str], tenant: str | None = None, fmt: str | None = None,
-                exists: Callable[[str], bool] | None = None) -> Iterator[ParsedRun]:
-    """Parse ``path`` line by line (streamed). ``exists(run_id)`` flags ids already in the store."""
+                exists: Callable[[str], bool] | None = None, repair_text: bool = False) -> Iterator[ParsedRun]:
+    """Parse ``path`` line by line (streamed). ``exists(run_id)`` flags ids already in the store.
+
+    Text that is not Unicode is refused, or with ``repair_text`` stored as U+FFFD (see text_check).
+    """
     source = Path(path)
     if fmt is not None and fmt not in FORMATS:
         raise IngestError(f"unknown format {fmt!r}; use one of {', '.join(FORMATS)} (or omit --format to detect)")
@@ -276,7 +280,11 @@ def iter_parsed(path: str | os.PathLike[str], tenant: str | None = None, fmt: st
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as exc:
-                raise IngestError(f"{source}:{number}: not UTF-8 ({exc.reason}); nothing of this line was written") from exc
+                if not repair_text:
+                    raise IngestError(f"{source}:{number}: not UTF-8 ({exc.reason} at byte {exc.start}; inside a "
+                                      f"string, --repair-text stores U+FFFD in its place); nothing of this line was "
+                                      f"written") from exc
+                line = raw.decode("utf-8", "surrogateescape")  # bad bytes → lone surrogates, repaired by text_check
             if not line.strip():
                 continue
             try:
@@ -284,25 +292,28 @@ def iter_parsed(path: str | os.PathLike[str], tenant: str | None = None, fmt: st
             except json.JSONDecodeError as exc:
                 raise IngestError(f"{source}:{number}: not valid JSON ({exc.msg} at column {exc.colno}); "
                                   f"nothing of this line was written") from exc
+            except (ValueError, RecursionError) as exc:  # an integer of > 4300 digits; nesting ~1000 deep
+                raise IngestError(f"{source}:{number}: not valid JSON for kvjudge ({str(exc).split(';')[0]}); "
+                                  f"nothing of this line was written") from None
             if chosen is None:
                 chosen = detect_format(obj)
             try:
                 if chosen == "openai":
                     _need(detect_format(obj) == "openai", "expected an OpenAI chat line with \"messages\"")
-                    run = parse_openai(obj, tenant, line)
+                    run = parse_checked(obj, lambda doc: parse_openai(doc, tenant, line), repair_text=repair_text)
                 else:
-                    run = parse_native(obj, tenant)
+                    run = parse_checked(obj, lambda doc: parse_native(doc, tenant), repair_text=repair_text)
                 _need(run.run_id not in ids, f"run id {run.run_id!r} appears twice in the file")
                 _need(exists is None or not exists(run.run_id), f"run {run.run_id!r} is already in the store")
-            except _LineError as exc:
+            except (_LineError, TextError) as exc:
                 raise IngestError(f"{source}:{number}: {exc} ({chosen} format); nothing of this line was written") from None
             ids.add(run.run_id)
             yield run
 
 
 def parse_file(path: str | os.PathLike[str], tenant: str | None = None, fmt: str | None = None,
-               exists: Callable[[str], bool] | None = None) -> Iterator[ParsedRun]:
+               exists: Callable[[str], bool] | None = None, repair_text: bool = False) -> Iterator[ParsedRun]:
     """Check the whole file first (IngestError on the first bad line), then stream its runs again."""
-    for _ in iter_parsed(path, tenant, fmt, exists):
+    for _ in iter_parsed(path, tenant, fmt, exists, repair_text):
         pass
-    return iter_parsed(path, tenant, fmt, exists)
+    return iter_parsed(path, tenant, fmt, exists, repair_text)

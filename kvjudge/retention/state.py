@@ -86,6 +86,8 @@ class RunState:
     bodies: Mapping[str, BodyLocation]
     reduced: bool = False
     tier: dict[str, Any] | None = None  # {"status": started|tiered|rehydrated, "target", "manifest_ref", "lsn"}
+    # One entry per TextRepaired event: {"lsn", "paths", "refs", "code_units"}.
+    text_repairs: tuple[dict[str, Any], ...] = ()
 
     @property
     def is_reducible(self) -> bool:
@@ -104,6 +106,9 @@ class RunState:
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data["bodies"] = {ref: dataclasses.asdict(loc) for ref, loc in sorted(self.bodies.items())}
+        for name, default in _ADDED_FIELDS.items():
+            if data[name] == default:
+                del data[name]
         return data
 
     def canonical_bytes(self) -> bytes:
@@ -124,7 +129,13 @@ class RunState:
             verifier=tuple(data["verifier"]), grades=tuple(data["grades"]),
             bodies={ref: BodyLocation(**loc) for ref, loc in data["bodies"].items()},
             reduced=data["reduced"], tier=data["tier"],
+            text_repairs=tuple(data.get("text_repairs", _ADDED_FIELDS["text_repairs"])),
         )
+
+
+# Fields added to RunState after schema version 1, with their defaults. A field at its default is left out
+# of the canonical bytes, so a state folded by an older kvjudge (projections, manifests) keeps its bytes.
+_ADDED_FIELDS: dict[str, Any] = {"text_repairs": ()}
 
 
 @dataclass
@@ -144,6 +155,7 @@ class RunFolder:
     bodies: dict[str, BodyLocation] = field(default_factory=dict)
     reduced: bool = False
     tier: dict[str, Any] | None = None
+    text_repairs: list[dict[str, Any]] = field(default_factory=list)
 
     @classmethod
     def thaw(cls, state: RunState) -> RunFolder:
@@ -153,6 +165,7 @@ class RunFolder:
             branches={b.id: {"branch": b, "transitions": list(b.transitions)} for b in state.branches},
             verifier=list(state.verifier), grades=list(state.grades), bodies=dict(state.bodies),
             reduced=state.reduced, tier=dict(state.tier) if state.tier else None,
+            text_repairs=list(state.text_repairs),
         )
 
     def freeze(self) -> RunState:
@@ -164,7 +177,7 @@ class RunFolder:
             id=self.id, tenant=self.tenant, task_id=self.task_id, task_prompt_ref=self.task_prompt_ref,
             state=self.state, lifecycle=tuple(self.lifecycle), branches=branches, verifier=tuple(self.verifier),
             grades=tuple(self.grades), bodies=dict(sorted(self.bodies.items())), reduced=self.reduced,
-            tier=self.tier,
+            tier=self.tier, text_repairs=tuple(self.text_repairs),
         )
 
     def _name(self, ref: str | None, lsn: int) -> None:
@@ -225,6 +238,9 @@ class RunFolder:
                 current = self.bodies.get(ref)
                 if current is not None and current.status == TIERED:
                     self.bodies[ref] = BodyLocation(ref=ref, status=LOCAL, summary_ref=None, lsn=lsn)
+        elif isinstance(event, ev.TextRepaired):
+            self.text_repairs.append({"lsn": lsn, "paths": list(event.paths), "refs": list(event.refs),
+                                      "code_units": event.code_units})
         else:  # pragma: no cover - EVENT_TYPES and this function are kept in step by test_fold_handles_every_kind
             raise TypeError(f"fold has no rule for {type(event).__name__}")
 

@@ -426,15 +426,16 @@ class Store:
 
     # ---------------------------------------------------------------- ingest
     def ingest_file(self, path: str | os.PathLike[str], tenant: str | None = None, fmt: str | None = None,
-                    progress: Callable[[int], None] | None = None) -> list[str]:
+                    progress: Callable[[int], None] | None = None, *, repair_text: bool = False) -> list[str]:
         """Import a JSONL file (native or OpenAI chat format); returns the new run ids.
 
         The whole file is checked first: a malformed line raises IngestError naming it and nothing of
-        the file is written. Then each run is written in its own transaction.
+        the file is written. Then each run is written in its own transaction. Text that is not Unicode
+        (lone surrogates) is malformed, unless ``repair_text``: then it is stored as U+FFFD and noted.
         """
         from kvjudge.retention.ingest import parse_file
 
-        parsed = parse_file(path, tenant=tenant, fmt=fmt, exists=self.has_run)
+        parsed = parse_file(path, tenant=tenant, fmt=fmt, exists=self.has_run, repair_text=repair_text)
         ids: list[str] = []
         for run in parsed:
             self.write_parsed(run)
