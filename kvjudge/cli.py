@@ -13,6 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from kvjudge import __version__
+from kvjudge.display import visible
 from kvjudge.errors import KvjudgeError
 
 # Order here is the order of `kvjudge --help`.
@@ -49,6 +50,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    for stream in (sys.stdout, sys.stderr):
+        # A terminal that cannot encode some run text shows an escape for it rather than a traceback.
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
@@ -57,8 +62,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         result = args.func(args)
     except KvjudgeError as exc:
-        message = " ".join(str(exc).split())  # one line, always
-        print(f"kvjudge: error: {message}", file=sys.stderr)
+        message = " ".join(str(exc).split())  # one line, always; it may quote run text, so shown visibly
+        print(f"kvjudge: error: {visible(message)}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("kvjudge: interrupted", file=sys.stderr)

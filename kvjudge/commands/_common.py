@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvjudge import models
 from kvjudge.config import Config, load_config
+from kvjudge.display import visible
 
 if TYPE_CHECKING:
     from kvjudge.probe import CapabilityEntry
@@ -24,8 +25,11 @@ _ENTRY_FIELDS = ("fingerprint", "model_sha256", "device", "max_context_tokens", 
 
 
 def add_output_args(parser: argparse.ArgumentParser) -> None:
-    """``--json`` and ``--config`` (every subcommand has both)."""
+    """``--json``, ``--raw`` and ``--config`` (every subcommand has all three)."""
     parser.add_argument("--json", action="store_true", help="print one JSON object for scripts")
+    parser.add_argument("--raw", action="store_true",
+                        help="print run text as stored, terminal escape sequences included (default: control "
+                             "characters shown visibly, e.g. ␛[31m)")
     parser.add_argument("--config", metavar="PATH", help="config file (default: ./kvjudge.toml)")
 
 
@@ -100,31 +104,57 @@ def warn_if_stale(entry: CapabilityEntry | None, model_path: Path) -> None:
         info(f"the capability entry for {model_path} is stale; rerun `kvjudge probe --model {model_path}`")
 
 
+class _HumanStdout:
+    """stdout while a command prints for people: run text goes through :func:`visible` unless ``--raw``."""
+
+    def __init__(self, stream: Any, raw: bool) -> None:
+        self.stream = stream
+        self.raw = raw
+
+    def write(self, text: str) -> int:
+        return self.stream.write(text if self.raw else visible(text))
+
+    def __getattr__(self, name: str) -> Any:  # flush, isatty, encoding, … of the real stream
+        return getattr(self.stream, name)
+
+
 def emit(args: argparse.Namespace, payload: Any, human: Callable[[], None] | None = None) -> None:
-    """Print ``payload`` as JSON with ``--json``, else call ``human`` (or pretty-print the payload)."""
+    """Print ``payload`` as JSON with ``--json``, else call ``human`` (or pretty-print the payload).
+
+    JSON escapes control characters itself; what ``human`` prints is shown visibly (:func:`visible`)
+    unless ``--raw``.
+    """
     if getattr(args, "json", False):
         json.dump(payload, sys.stdout, indent=None, sort_keys=False, default=str)
         sys.stdout.write("\n")
         sys.stdout.flush()
     elif human is not None:
-        human()
+        with contextlib.redirect_stdout(_HumanStdout(sys.stdout, getattr(args, "raw", False))):
+            human()
     else:
         print(json.dumps(payload, indent=2, default=str))
 
 
 def print_table(columns: Sequence[str], rows: Sequence[Sequence[Any]], title: str | None = None) -> None:
-    """A short table on stdout (rich, plain text when stdout is not a terminal)."""
+    """A short table on stdout (rich, plain text when stdout is not a terminal); cells shown visibly unless
+    the command runs with ``--raw``."""
     from rich.console import Console
     from rich.table import Table
     from rich.text import Text
 
-    table = Table(title=title, show_edge=False, header_style="bold")
+    out = sys.stdout
+    # rich's own styling must reach the terminal as it is, so the table renders its cells visibly itself
+    # and writes past the human-output wrapper.
+    raw = isinstance(out, _HumanStdout) and out.raw
+    stream = out.stream if isinstance(out, _HumanStdout) else out
+    shown: Callable[[str], str] = (lambda text: text) if raw else visible
+    table = Table(title=None if title is None else Text(shown(title)), show_edge=False, header_style="bold")
     for column in columns:
         table.add_column(column)
     for row in rows:
         # Text(), not str: cells hold run text and refs, whose square brackets are not rich markup.
-        table.add_row(*[Text("" if cell is None else str(cell)) for cell in row])
-    Console(soft_wrap=False, width=max(100, Console().width)).print(table)
+        table.add_row(*[Text(shown("" if cell is None else str(cell))) for cell in row])
+    Console(file=stream, soft_wrap=False, width=max(100, Console(file=stream).width)).print(table)
 
 
 def open_store(args: argparse.Namespace, config: Config, *, read_tiered: bool = True) -> Any:
@@ -143,8 +173,8 @@ def open_store(args: argparse.Namespace, config: Config, *, read_tiered: bool = 
 
 
 def info(message: str) -> None:
-    """A status line on stderr (keeps stdout clean for --json)."""
-    print(message, file=sys.stderr, flush=True)
+    """A status line on stderr (keeps stdout clean for --json); run text in it is shown visibly."""
+    print(visible(message), file=sys.stderr, flush=True)
 
 
 @contextlib.contextmanager
