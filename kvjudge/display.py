@@ -9,7 +9,9 @@ escapes control characters) and ``--raw`` skips it for a user who wants their co
 
 from __future__ import annotations
 
+import functools
 import re
+import sys
 import unicodedata
 
 # Every character outside printable ASCII, newline and tab, in runs: most runs are printable as a whole
@@ -20,6 +22,22 @@ _SUSPECT_RUN = re.compile(r"[^\t\n\x20-\x7e]+")
 # overrides and isolates, zero-width characters, the BOM, tag characters), lone surrogates, line and
 # paragraph separators. Unassigned (Cn), private-use (Co) and space (Zs) characters only print.
 _HIDDEN_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
+
+
+@functools.cache
+def invisible_class() -> str:
+    """A regex character class of the code points a reader may not see and a tokenizer may skip: controls
+    (C0 but tab and newline, DEL, C1) and format characters (Cf: bidi controls, zero-width characters, the
+    BOM, tag characters), from this Python's Unicode database. Built once per process (a scan of every
+    code point, a few tenths of a second), for code that must treat ``<\\x00<`` as ``<<``."""
+    ranges: list[list[int]] = []
+    for code in range(sys.maxunicode + 1):
+        if chr(code) not in "\t\n" and unicodedata.category(chr(code)) in ("Cc", "Cf"):
+            if ranges and ranges[-1][1] == code - 1:
+                ranges[-1][1] = code
+            else:
+                ranges.append([code, code])
+    return "[" + "".join(re.escape(chr(lo)) + ("" if lo == hi else "-" + re.escape(chr(hi))) for lo, hi in ranges) + "]"
 
 
 def _picture(char: str) -> str:

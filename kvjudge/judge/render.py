@@ -15,16 +15,18 @@ is the same token prefix in every call (the backend keeps its KV cache).
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from kvjudge.display import invisible_class
 from kvjudge.retention.reduce import resolve as seen_ref
 
 # Bump when the instructions, the view layout or the escaping change: it is part of the judgment cache
 # key and of every verdict's manifest.
-TEMPLATE_VERSION = "pairwise-v1"
+TEMPLATE_VERSION = "pairwise-v2"  # v2: brackets with only invisible code points between them count as a run
 
 # Positions in the prompt, not run ids: in the second order the pair's run b is shown as "A".
 POSITIONS: tuple[str, str] = ("A", "B")
@@ -45,16 +47,24 @@ DROPPED_MARKER = "[text dropped by retention]"
 MISSING_MARKER = "[text unavailable]"
 ELIDED_MARKER = "[text elided]"
 
-_BRACKET_RUNS = re.compile(r"<{2,}|>{2,}")
+@functools.cache
+def _bracket_runs() -> re.Pattern[str]:
+    # Brackets with only invisible code points between them (``<\x00<\u200b<``) are a run too: a tokenizer
+    # or a model that skips those would otherwise read a delimiter.
+    hidden = invisible_class()
+    return re.compile(f"<(?:{hidden}*<)+|>(?:{hidden}*>)+")
 
 
 def escape(text: str) -> str:
     """Quote run text so it cannot close or open a delimiter.
 
-    Every run of two or more ``<`` or ``>`` becomes the same number of ``‹`` / ``›``: the delimiters
-    need three in a row, so no escaped text contains one (nor anything one bracket away from one).
+    Every run of two or more ``<`` or ``>`` (invisible code points between them allowed) has its brackets
+    turned into ``‹`` / ``›``, one for one: the delimiters need three in a row, so no escaped text contains
+    one (nor anything one bracket away from one), even read without its control and format characters.
     """
-    return _BRACKET_RUNS.sub(lambda m: ("‹" if m.group()[0] == "<" else "›") * len(m.group()), text)
+    if "<" not in text and ">" not in text:
+        return text
+    return _bracket_runs().sub(lambda m: m.group().replace("<", "‹").replace(">", "›"), text)
 
 
 def opening(position: str) -> str:
