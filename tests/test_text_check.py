@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from helpers import cli_json_ok
 from kvjudge.cli import main
@@ -16,7 +18,7 @@ from kvjudge.retention.blobs import ref_of
 from kvjudge.retention.events import canonical_json
 from kvjudge.retention.state import RunState
 from kvjudge.retention.synthetic import make_run, write_jsonl
-from kvjudge.retention.text_check import MAX_DEPTH, repair, scan
+from kvjudge.retention.text_check import MAX_DEPTH, _clean, repair, scan
 
 LONE = "\ud800"
 
@@ -64,6 +66,24 @@ def test_scan_refuses_what_json_allows_but_the_store_cannot_hold() -> None:
     for _ in range(MAX_DEPTH - 2):
         fine = [fine]
     assert scan({"x": fine}, first_only=True) == []
+
+
+documents = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(st.characters(exclude_categories=()))),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(st.characters(exclude_categories=())), inner,
+                                                                max_size=3), max_leaves=20)
+
+
+@settings(max_examples=300, deadline=None)
+@given(documents, st.integers(0, MAX_DEPTH + 2))
+def test_the_fast_path_agrees_with_the_scan(document: object, depth: int) -> None:
+    for _ in range(depth if depth > MAX_DEPTH - 3 else 0):
+        document = [document]
+    try:
+        clean_by_scan = scan(document, first_only=False) == []
+    except TextError:
+        clean_by_scan = False
+    assert _clean(document) == clean_by_scan
 
 
 def test_repair_replaces_each_bad_code_unit_and_never_merges_keys() -> None:

@@ -107,6 +107,31 @@ def _shorten(path: str) -> str:
     return f"{path[:half]}…{path[-half:]}"
 
 
+def _clean(document: Any) -> bool:
+    """True when :func:`scan` would find nothing (the fast path: no paths built, scalars checked in place)."""
+    stack: list[tuple[Any, int]] = [([document], 0)]  # (container, depth); the document sits in a wrapper
+    while stack:
+        container, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            return False
+        if type(container) is dict:
+            if not all(key.isascii() or _bad_index(key) is None for key in container):
+                return False
+            values: Any = container.values()
+        else:
+            values = container
+        for value in values:
+            kind = type(value)
+            if kind is str:
+                if not value.isascii() and _bad_index(value) is not None:
+                    return False
+            elif kind is dict or kind is list:
+                stack.append((value, depth + 1))
+            elif kind is float and not math.isfinite(value):
+                return False
+    return True
+
+
 def scan(document: Any, *, first_only: bool) -> list[BadString]:
     """Every bad string of ``document`` in document order (only the first with ``first_only``).
 
@@ -205,7 +230,7 @@ def parse_checked(document: Any, parse: Callable[[Any], ParsedT], *, repair_text
     then each bad code unit is stored as U+FFFD and a ``TextRepaired`` event, appended to the run's
     events, names every repaired JSON path and the refs of the repaired bodies (the fold keeps it).
     """
-    bad = scan(document, first_only=not repair_text)
+    bad = [] if _clean(document) else scan(document, first_only=not repair_text)
     if not bad:
         return parse(document)
     if not repair_text:
