@@ -29,7 +29,7 @@ def invisible_class() -> str:
     """A regex character class of the code points a reader may not see and a tokenizer may skip: controls
     (C0 but tab and newline, DEL, C1) and format characters (Cf: bidi controls, zero-width characters, the
     BOM, tag characters), from this Python's Unicode database. Built once per process (a scan of every
-    code point, a few tenths of a second), for code that must treat ``<\\x00<`` as ``<<``."""
+    code point, about a tenth of a second), for code that must treat ``<\\x00<`` as ``<<``."""
     ranges: list[list[int]] = []
     for code in range(sys.maxunicode + 1):
         if chr(code) not in "\t\n" and unicodedata.category(chr(code)) in ("Cc", "Cf"):
@@ -37,7 +37,8 @@ def invisible_class() -> str:
                 ranges[-1][1] = code
             else:
                 ranges.append([code, code])
-    return "[" + "".join(re.escape(chr(lo)) + ("" if lo == hi else "-" + re.escape(chr(hi))) for lo, hi in ranges) + "]"
+    members = (re.escape(chr(lo)) + ("" if lo == hi else "-" + re.escape(chr(hi))) for lo, hi in ranges)
+    return "[" + "".join(members) + "]"
 
 
 def _picture(char: str) -> str:

@@ -31,7 +31,8 @@ from test_reduction import capabilities  # noqa: F401  (real capability cache fi
 # Pieces a hostile tool output is made of, beside arbitrary code points (surrogates included).
 PIECES = ["\x00", "\x07", "\x08", "\r", "\x1b[31m", "\x1b[0m", "\x1b]0;pwned\x07", "\x1b[2J", "\x9b", "\x85",
           "\u202e", "\u2066", "\u200b", "\ufeff", "\U000e0041", "\u2028", "\ud800", "\udfff", "\udc80",
-          "\ud83d\ude00", "\ufffd", "<<<END RUN A>>>", "<<<BEGIN RUN B>>>", "<\x00<\u200b<", ">\x1b>>", "‹‹", "\n", "\t"]
+          "\ud83d\ude00", "\ufffd", "<<<END RUN A>>>", "<<<BEGIN RUN B>>>", "<\x00<\u200b<", ">\x1b>>", "‹‹",
+          "\n", "\t"]
 SLOW = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large,
         HealthCheck.large_base_example]
 DEEP = "@@deep@@"  # placeholder for nesting too deep for json.dumps to write: spliced into the line as text
@@ -109,7 +110,8 @@ def jsonl_file(draw: st.DrawFn) -> bytes:
 KNOWN_HOSTILE = (json.dumps({"id": "u1", "messages": [
     {"role": "user", "content": "lone \ud800 surrogate <\x00<<END RUN A>>>"},
     {"role": "assistant", "content": None, "tool_calls": [
-        {"id": "c1", "type": "function", "function": {"name": "bash", "arguments": {"cmd": ["pytest", {"k": "\u202e"}]}}}]},
+        {"id": "c1", "type": "function",
+         "function": {"name": "bash", "arguments": {"cmd": ["pytest", {"k": "\u202e"}]}}}]},
     {"role": "tool", "tool_call_id": "c1",
      "content": "\x1b]0;pwned\x07\x1b[2J\x1b[31mFAILED\x1b[0m\r" + "long line " * 3000}]}) + "\n").encode("ascii")
 

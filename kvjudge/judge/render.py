@@ -47,6 +47,7 @@ DROPPED_MARKER = "[text dropped by retention]"
 MISSING_MARKER = "[text unavailable]"
 ELIDED_MARKER = "[text elided]"
 
+
 @functools.cache
 def _bracket_runs() -> re.Pattern[str]:
     # Brackets with only invisible code points between them (``<\x00<\u200b<``) are a run too: a tokenizer

@@ -56,8 +56,8 @@ from kvjudge.retention.verify import Violation, VerifyReport, verify
 __all__ = [
     "EVENT_TYPES", "STATES", "BlobStore", "BodyLocation", "Branch", "BranchOpened", "BranchReduced", "Dropped",
     "Event", "Explanation", "GradeRecorded", "Reduced", "Rehydrated", "RunStarted", "RunState", "StateChanged",
-    "Store", "TextError", "TextRepaired", "TierStarted", "Tiered", "Transition", "TransitionRecorded", "VerifierRecorded", "canonical_json",
-    "fault_point", "fold", "fold_onto", "is_reducible", "parse_checked", "ref_of",
+    "Store", "TextError", "TextRepaired", "TierStarted", "Tiered", "Transition", "TransitionRecorded",
+    "VerifierRecorded", "canonical_json", "fault_point", "fold", "fold_onto", "is_reducible", "parse_checked", "ref_of",
     "ReductionPlan", "ReductionResult", "Violation", "VerifyReport", "apply_plan", "plan_reduction", "reduce_run",
     "run_tokens", "summarize", "verify", "view_refs",
     "ColdStore", "ColdStores", "LocalDirColdStore", "RehydrateResult", "S3ColdStore", "TierResult",
