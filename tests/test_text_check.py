@@ -201,3 +201,21 @@ def test_states_without_repairs_keep_the_bytes_an_older_kvjudge_folded(store: St
     raw = store.projected_bytes("r1")
     assert b"text_repairs" not in raw
     assert RunState.from_bytes(raw).canonical_bytes() == raw == store.refold("r1").canonical_bytes()
+
+
+def test_a_name_that_is_not_unicode_names_no_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A stray byte on a command line reaches Python as a lone surrogate (\\xff → U+DCFF): one line, no traceback."""
+    path = tmp_path / "runs.jsonl"
+    write_jsonl(path, [make_run("r1", ["fine"])])
+    store = str(tmp_path / "s.sqlite")
+    assert main(["ingest", str(path), "--store", store]) == 0
+    capsys.readouterr()
+    assert main(["show", "\udcff", "--store", store]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no run '\\udcff' in the store" in err
+    assert cli_json_ok(capsys, "runs", "--tenant", "\udcff", "--store", store) == []
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text('{"a": "\\ud800", "b": "r1"}\n')
+    assert main(["judge", "--pairs", str(pairs), "--store", store]) == 1  # refused before any model is loaded
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no run '\\ud800' in the store" in err

@@ -338,6 +338,8 @@ class Store:
 
     # ----------------------------------------------------------- projections
     def _projected(self, run_id: str) -> RunState | None:
+        if not _storable(run_id):
+            return None
         row = self._conn.execute("SELECT state_json FROM runs WHERE id = ?", (run_id,)).fetchone()
         return None if row is None else RunState.from_bytes(row[0])
 
@@ -387,12 +389,16 @@ class Store:
         return state
 
     def has_run(self, run_id: str) -> bool:
+        if not _storable(run_id):
+            return False
         return self._conn.execute("SELECT 1 FROM runs WHERE id = ?", (run_id,)).fetchone() is not None
 
     def run_ids(self, tenant: str | None = None) -> list[str]:
         """Run ids, sorted (only ``tenant``'s when given)."""
         if tenant is None:
             return [row[0] for row in self._conn.execute("SELECT id FROM runs ORDER BY id")]
+        if not _storable(tenant):
+            return []
         return [row[0] for row in self._conn.execute("SELECT id FROM runs WHERE tenant = ? ORDER BY id", (tenant,))]
 
     def iter_runs(self, tenant: str | None = None) -> Iterator[RunState]:
@@ -462,6 +468,16 @@ class Store:
         with self.transaction("put_judgment"):
             self._conn.execute("INSERT OR REPLACE INTO judgments(key, payload) VALUES (?, ?)",
                                (key, canonical_json(payload)))
+
+
+def _storable(name: str) -> bool:
+    """False for a name SQLite cannot hold (not valid Unicode, e.g. a stray byte on a command line, which
+    Python hands over as a lone surrogate): it names no run, rather than raising UnicodeEncodeError."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _statements(script: str) -> list[str]:
