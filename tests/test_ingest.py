@@ -1,16 +1,21 @@
-"""Importing runs: the native format, OpenAI chat format, detection, and malformed lines."""
+"""Importing runs: the native format (checked by the shipped JSON Schema), OpenAI chat lines, files and
+directories, .gz, detection, bad input (one line, nothing written), and re-imports (#16)."""
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 
 import pytest
+from helpers import cli_json, kvjudge
 
 from kvjudge.errors import IngestError
 from kvjudge.retention import Store
-from kvjudge.retention.ingest import parse_native
+from kvjudge.retention import events as ev
+from kvjudge.retention.ingest import parse_native, schema, stored_content_hash
 from kvjudge.retention.synthetic import make_run, write_jsonl
+from kvjudge.retention.verify import verify
 
 CONTRACT_EXAMPLE = {
     "id": "run-1", "tenant": "default", "task": {"id": "fix-csv-quoting", "prompt": "Fix quoting."},
@@ -33,6 +38,14 @@ def store(tmp_path: Path) -> Store:
         yield opened
 
 
+def snapshot(store: Store) -> tuple:
+    """Everything an import may write: the log, the blobs, the projections."""
+    conn = store.connection
+    return (conn.execute("SELECT lsn, run, kind, payload FROM events ORDER BY lsn").fetchall(),
+            conn.execute("SELECT ref, size, body IS NULL FROM blobs ORDER BY ref").fetchall(),
+            conn.execute("SELECT id, state_json FROM runs ORDER BY id").fetchall())
+
+
 def events_count(store: Store) -> int:
     return store.connection.execute("SELECT COUNT(*) FROM events").fetchone()[0]
 
@@ -48,16 +61,67 @@ def test_contract_example_imports(store: Store, tmp_path: Path) -> None:
     assert state.branches[0].transitions[2].tool_output["exit_code"] == 1
     assert state.branches[1].fork_at == 2 and state.branches[1].parent == "main"
     assert store.text(state.task_prompt_ref) == "Fix quoting."
+    assert state.agent is None and state.metadata is None
 
 
-def test_schema_file_lists_the_fields_the_parser_accepts() -> None:
-    schema = json.loads((Path(__file__).parents[1] / "kvjudge" / "schemas" / "run.schema.json").read_text())
-    assert set(schema["properties"]) == set(CONTRACT_EXAMPLE)
-    transition = schema["$defs"]["transition"]["properties"]
-    assert set(transition) == {"role", "text", "tool_call", "tool_output", "usage", "context"}
+def test_agent_and_metadata_are_part_of_the_native_format(store: Store, tmp_path: Path) -> None:
+    assert {"agent", "metadata"} <= set(schema()["properties"])
+    run = dict(CONTRACT_EXAMPLE, id="run-2", agent="gpt-x",
+               metadata={"exit_status": "Submitted", "cost": 0.25, "api_calls": 7})
+    write_jsonl(tmp_path / "runs.jsonl", [run, dict(CONTRACT_EXAMPLE, id="run-3")])
+    report = store.ingest([tmp_path / "runs.jsonl"], agent=None)
+    assert report.imported == ["run-2", "run-3"]
+    state = store.run("run-2")
+    assert state.agent == "gpt-x" and state.metadata == {"exit_status": "Submitted", "cost": 0.25, "api_calls": 7}
+    # --agent names the agent of every run of the import.
+    write_jsonl(tmp_path / "other.jsonl", [dict(CONTRACT_EXAMPLE, id="run-4", agent="gpt-x")])
+    store.ingest([tmp_path / "other.jsonl"], agent="override")
+    assert store.run("run-4").agent == "override"
+    assert store.refold("run-2").canonical_bytes() == store.projected_bytes("run-2")
+
+
+def test_runs_without_the_new_fields_keep_their_old_bytes(store: Store, tmp_path: Path) -> None:
+    """A log written before agent/metadata existed re-folds to the projection it always had."""
+    write_jsonl(tmp_path / "runs.jsonl", [CONTRACT_EXAMPLE])
+    store.ingest_file(tmp_path / "runs.jsonl")
+    first = store.connection.execute("SELECT payload FROM events ORDER BY lsn LIMIT 1").fetchone()[0]
+    assert "agent" not in json.loads(first) and "metadata" not in json.loads(first)
+    state_json = json.loads(store.projected_bytes("run-1"))
+    assert "agent" not in state_json and "metadata" not in state_json
+    assert verify(store).ok
+
+
+def test_the_schema_is_what_the_parser_enforces(store: Store, tmp_path: Path) -> None:
     bad = dict(CONTRACT_EXAMPLE, colour="blue")
-    with pytest.raises(Exception, match="unknown field"):
-        parse_native(bad, None)
+    with pytest.raises(Exception, match=r"\$: has unknown field\(s\) colour"):
+        parse_native(bad)
+    transition_fields = set(schema()["$defs"]["transition"]["properties"])
+    assert transition_fields == {"role", "text", "tool_call", "tool_output", "usage", "context"}
+
+
+@pytest.mark.parametrize(("mutate", "message"), [
+    (lambda r: r.pop("id"), r"\$: is missing the required field id"),
+    (lambda r: r.update(id="  "), r"\$\.id: must not be blank"),
+    (lambda r: r.update(lifecycle=["running", "graded"]), r"\$\.lifecycle: lifecycle step running → graded"),
+    (lambda r: r["branches"][0]["transitions"][1].update(role="robot"),
+     r"\$\.branches\[0\]\.transitions\[1\]\.role: must be one of"),
+    (lambda r: r["branches"][0]["transitions"][1].update(usage={"input_tokens": -1}),
+     r"\$\.branches\[0\]\.transitions\[1\]\.usage\.input_tokens: must be at least 0"),
+    (lambda r: r["branches"][1].update(parent="nowhere"), r"\$\.branches\[1\]\.parent: 'nowhere' must name an earlier"),
+    (lambda r: r["grades"][0].update(score="high"), r"\$\.grades\[0\]\.score: must be a number"),
+    (lambda r: r["branches"][0].update(id="attempt-1"), r"\$\.branches\[1\]\.id: branch id 'attempt-1' is used twice"),
+    (lambda r: r.update(metadata={"cost": [1]}), r"\$\.metadata\.cost: must be a number or null"),
+])
+def test_bad_fields_name_line_and_field(store: Store, tmp_path: Path, mutate, message: str) -> None:
+    run = make_run("r2", ["out"], dead=[["d"]])
+    mutate(run)
+    path = tmp_path / "runs.jsonl"
+    write_jsonl(path, [make_run("r1", ["fine"]), run])
+    before = snapshot(store)
+    with pytest.raises(IngestError, match=f"runs.jsonl:2: {message}") as caught:
+        store.ingest_file(path)
+    assert "\n" not in str(caught.value) and "nothing was imported" in str(caught.value)
+    assert snapshot(store) == before and store.run_ids() == []
 
 
 def test_openai_chat_lines_land_as_ungraded_one_branch_runs(store: Store, tmp_path: Path) -> None:
@@ -87,12 +151,56 @@ def test_openai_chat_lines_land_as_ungraded_one_branch_runs(store: Store, tmp_pa
     assert tools[3].tool_output["name"] == "bash" and store.text(tools[3].tool_output["output_ref"]) == "a.py"
 
 
-def test_same_openai_file_twice_names_the_same_runs(store: Store, tmp_path: Path) -> None:
+def test_the_same_file_again_is_already_present(store: Store, tmp_path: Path) -> None:
     path = tmp_path / "chat.jsonl"
-    write_jsonl(path, [{"messages": [{"role": "user", "content": "hi"}]}])
-    store.ingest_file(path)
-    with pytest.raises(IngestError, match=r"chat.jsonl:1: run 'chat-[0-9a-f]{16}' is already in the store"):
+    write_jsonl(path, [{"messages": [{"role": "user", "content": "hi"}]}, make_run("n1", ["a"])])
+    first = store.ingest([path])
+    before = snapshot(store)
+    again = store.ingest([path])
+    assert len(first.imported) == 2 and first.imported == again.already_present and again.imported == []
+    assert again.runs == first.runs and snapshot(store) == before
+
+
+def test_same_id_other_content_is_refused_with_both_hashes(store: Store, tmp_path: Path) -> None:
+    write_jsonl(tmp_path / "a.jsonl", [make_run("same", ["one"])])
+    store.ingest_file(tmp_path / "a.jsonl")
+    stored = stored_content_hash(store, "same", 0)
+    write_jsonl(tmp_path / "b.jsonl", [make_run("fresh", ["x"]), make_run("same", ["two"])])
+    before = snapshot(store)
+    with pytest.raises(IngestError) as caught:
+        store.ingest([tmp_path / "b.jsonl"])
+    message = str(caught.value)
+    assert "b.jsonl:2:" in message and "'same'" in message and stored in message
+    assert len(set(part for part in message.split() if part.startswith("sha256:"))) == 2
+    assert snapshot(store) == before
+
+
+def test_duplicate_ids_in_one_import(store: Store, tmp_path: Path) -> None:
+    path = tmp_path / "runs.jsonl"
+    write_jsonl(path, [make_run("same", ["a"]), make_run("same", ["b"])])
+    with pytest.raises(IngestError, match=r"runs.jsonl:2: run 'same' appears twice with different content "
+                                          r"\(.*runs.jsonl:1: sha256:"):
         store.ingest_file(path)
+    assert events_count(store) == 0
+    # The same run twice (here: a file and its gzipped copy) is one run; the second is already present.
+    (tmp_path / "dir").mkdir()
+    write_jsonl(tmp_path / "dir" / "x.jsonl", [make_run("twice", ["a"])])
+    (tmp_path / "dir" / "y.jsonl.gz").write_bytes(gzip.compress((tmp_path / "dir" / "x.jsonl").read_bytes()))
+    report = store.ingest([tmp_path / "dir"])
+    assert report.imported == ["twice"] and report.already_present == ["twice"]
+
+
+def test_legacy_runs_without_a_recorded_hash_are_recognised(store: Store, tmp_path: Path) -> None:
+    """Runs imported before content hashes existed: the hash is computed over their logged events."""
+    run = parse_native(make_run("old", ["a", "b"]))
+    with store.transaction("ingest"):
+        store.blobs.put_hashed(run.bodies.items())
+        store.append_many("old", run.events)  # no settle(): RunStarted carries no content_hash
+    write_jsonl(tmp_path / "runs.jsonl", [make_run("old", ["a", "b"])])
+    assert store.ingest([tmp_path / "runs.jsonl"]).already_present == ["old"]
+    write_jsonl(tmp_path / "changed.jsonl", [make_run("old", ["a", "c"])])
+    with pytest.raises(IngestError, match="already in the store with other content"):
+        store.ingest([tmp_path / "changed.jsonl"])
 
 
 def test_malformed_json_names_the_line_and_writes_nothing(store: Store, tmp_path: Path) -> None:
@@ -103,32 +211,6 @@ def test_malformed_json_names_the_line_and_writes_nothing(store: Store, tmp_path
         store.ingest_file(path)
     assert events_count(store) == 0 and store.run_ids() == []
     assert store.connection.execute("SELECT COUNT(*) FROM blobs").fetchone()[0] == 0
-
-
-@pytest.mark.parametrize(("mutate", "message"), [
-    (lambda r: r.pop("id"), "run.id must be a non-empty string"),
-    (lambda r: r.update(lifecycle=["running", "graded"]), "lifecycle step running → graded"),
-    (lambda r: r["branches"][0]["transitions"][1].update(role="robot"), r"transitions\[1\].role must be one of"),
-    (lambda r: r["branches"][0]["transitions"][1].update(usage={"input_tokens": -1}), "non-negative integer"),
-    (lambda r: r["branches"][1].update(parent="nowhere"), "must name an earlier branch"),
-    (lambda r: r["grades"][0].update(score="high"), "numeric score"),
-    (lambda r: r["branches"][0].update(id="attempt-1"), "is used twice"),
-])
-def test_bad_fields_name_line_and_field(store: Store, tmp_path: Path, mutate, message: str) -> None:
-    run = make_run("r2", ["out"], dead=[["d"]])
-    mutate(run)
-    path = tmp_path / "runs.jsonl"
-    write_jsonl(path, [make_run("r1", ["fine"]), run])
-    with pytest.raises(IngestError, match=f"runs.jsonl:2: .*{message}"):
-        store.ingest_file(path)
-    assert store.run_ids() == [] and events_count(store) == 0
-
-
-def test_duplicate_ids_in_one_file(store: Store, tmp_path: Path) -> None:
-    path = tmp_path / "runs.jsonl"
-    write_jsonl(path, [make_run("same", ["a"]), make_run("same", ["b"])])
-    with pytest.raises(IngestError, match="runs.jsonl:2: run id 'same' appears twice"):
-        store.ingest_file(path)
 
 
 def test_format_detection_and_forcing(store: Store, tmp_path: Path) -> None:
@@ -150,17 +232,79 @@ def test_missing_file_and_bad_utf8(store: Store, tmp_path: Path) -> None:
         store.ingest_file(path)
 
 
-def test_a_crash_inside_the_ingest_transaction_leaves_nothing_of_that_run(tmp_path: Path) -> None:
-    import os
-    import subprocess
-    import sys
+def test_directories_are_walked_and_gzip_is_read(store: Store, tmp_path: Path) -> None:
+    root = tmp_path / "runs"
+    (root / "b" / "deeper").mkdir(parents=True)
+    write_jsonl(root / "a.jsonl", [make_run("a1", ["x"])])
+    with gzip.open(root / "b" / "deeper" / "c.jsonl.gz", "wt") as handle:
+        handle.write(json.dumps(make_run("c1", ["y"])) + "\n" + json.dumps(make_run("c2", ["z"])) + "\n")
+    (root / "b" / "notes.txt").write_text("not a run")
+    (root / "b" / "preds.json").write_text("{}")
+    write_jsonl(tmp_path / "loose.data", [make_run("loose", ["w"])])  # named directly: read whatever its name
+    report = store.ingest([root, tmp_path / "loose.data"])
+    assert report.imported == ["a1", "c1", "c2", "loose"] and report.ignored_files == 2 and report.files == 3
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "readme.md").write_text("hi")
+    with pytest.raises(IngestError, match=r"empty: no run files in this directory"):
+        store.ingest([empty])
 
+
+def test_a_truncated_gzip_file_is_named(store: Store, tmp_path: Path) -> None:
+    data = gzip.compress((json.dumps(make_run("a", ["x" * 5000])) + "\n").encode())
+    (tmp_path / "cut.jsonl.gz").write_bytes(data[: len(data) // 2])
+    with pytest.raises(IngestError, match=r"cut.jsonl.gz: cannot be read \(the compressed stream ends early\)"):
+        store.ingest([tmp_path / "cut.jsonl.gz"])
+    assert events_count(store) == 0
+
+
+def test_skip_bad_imports_the_rest_and_lists_the_skipped(store: Store, tmp_path: Path) -> None:
+    root = tmp_path / "runs"
+    root.mkdir()
+    write_jsonl(root / "1-good.jsonl", [make_run("g1", ["x"])])
+    (root / "2-bad.jsonl").write_text('{"id": "b1", "branches": [}\n')
+    write_jsonl(root / "3-good.jsonl", [make_run("g2", ["y"])])
+    before = snapshot(store)
+    with pytest.raises(IngestError, match=r"2-bad.jsonl:1: not valid JSON .*nothing was imported"):
+        store.ingest([root])
+    assert snapshot(store) == before
+    report = store.ingest([root], skip_bad=True)
+    assert report.imported == ["g1", "g2"] and [s["path"] for s in report.skipped] == [str(root / "2-bad.jsonl")]
+    assert "not valid JSON" in report.skipped[0]["error"]
+
+
+def test_cli_counts_and_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = tmp_path / "runs"
+    root.mkdir()
+    write_jsonl(root / "a.jsonl", [make_run("a1", ["x"]), make_run("a2", ["y"], lifecycle=("running",))])
+    (root / "z.jsonl").write_text("[1, 2]\n")
+    store_path = str(tmp_path / "store.sqlite")
+    code, out = cli_json(capsys, "ingest", str(root), "--store", store_path, "--skip-bad")
+    assert code == 0 and out["imported"] == 2 and out["already_present"] == 0 and out["skipped"] == 1
+    assert out["states"] == {"graded": 1, "running": 1} and out["ingested"] == ["a1", "a2"]
+    assert "is none of the formats" in out["skipped_files"][0]["error"]
+    code, out = cli_json(capsys, "ingest", str(root / "a.jsonl"), "--store", store_path)
+    assert code == 0 and (out["imported"], out["already_present"], out["skipped"]) == (0, 2, 0)
+    done = kvjudge("ingest", str(root / "z.jsonl"), "--store", store_path)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert done.stderr.strip().count("\n") == 0 and "z.jsonl:1: $: is none of the formats" in done.stderr
+    human = kvjudge("ingest", str(root / "a.jsonl"), "--store", store_path)
+    assert human.returncode == 0 and "imported 0 run(s), 2 already present, 0 file(s) skipped" in human.stdout
+
+
+def test_a_crash_inside_the_ingest_transaction_leaves_nothing_of_that_run(tmp_path: Path) -> None:
     path = tmp_path / "runs.jsonl"
     write_jsonl(path, [make_run("r1", ["one"])])
     store_path = tmp_path / "store.sqlite"
-    child = subprocess.run([sys.executable, "-m", "kvjudge", "ingest", str(path), "--store", str(store_path)],
-                           env={**os.environ, "KVJUDGE_FAULTS": "ingest.txn"}, capture_output=True, text=True)
+    child = kvjudge("ingest", str(path), "--store", str(store_path), faults="ingest.txn")
     assert child.returncode == -9  # SIGKILL
     with Store.open(store_path) as store:
         assert store.run_ids() == [] and events_count(store) == 0
         assert store.connection.execute("SELECT COUNT(*) FROM blobs").fetchone()[0] == 0
+
+
+def test_the_content_hash_is_recorded_and_covers_every_event(store: Store, tmp_path: Path) -> None:
+    write_jsonl(tmp_path / "runs.jsonl", [make_run("h", ["a"])])
+    store.ingest_file(tmp_path / "runs.jsonl")
+    logged = [event for _, event in store.iter_events("h")]
+    assert isinstance(logged[0], ev.RunStarted) and logged[0].content_hash == ev.content_hash(logged)

@@ -68,7 +68,7 @@ def test_malformed_ingest_is_one_line_and_writes_nothing(setup: dict[str, Path],
     bad.write_text(json.dumps(make_run("ok", ["x"])) + "\n" + '{"id": 5, "branches": []}\n')
     assert main(["ingest", str(bad), "--config", str(setup["config"])]) == 1
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "bad.jsonl:2: run.id must be a non-empty string" in err
+    assert err.count("\n") == 1 and "bad.jsonl:2: $.id: must be a string" in err
     with Store.open(setup["store"]) as store:
         assert store.run_ids() == []
 

@@ -1,22 +1,43 @@
-"""`kvjudge ingest FILE`: import runs into the store."""
+"""`kvjudge ingest PATH...`: import runs (files and directories) into the store."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 
-from kvjudge.commands._common import add_output_args, add_store_args, config_from, emit, open_store, progress
-from kvjudge.retention.ingest import FORMATS
-from kvjudge.retention.text_check import describe_repair
+from kvjudge.commands._common import (
+    add_output_args,
+    add_store_args,
+    config_from,
+    emit,
+    info,
+    megabytes,
+    open_store,
+    progress,
+)
+from kvjudge.retention.ingest import FORMATS, IngestReport, collect_sources, ingest_sources
+
+# The warning line lists this many unmatched results by name; the rest are counted.
+_LISTED = 10
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("ingest", help="import runs from a JSONL file (native or OpenAI chat format)")
-    parser.add_argument("file", help="JSONL file, one run per line")
+    parser = subparsers.add_parser(
+        "ingest", help="import runs: native or OpenAI JSONL, mini-swe-agent (*.traj.json) and SWE-agent (*.traj) "
+                       "trajectories; files or directories, .gz read transparently")
+    parser.add_argument("paths", nargs="+", metavar="PATH",
+                        help="run file or directory (walked for *.jsonl, *.traj.json, *.traj, each optionally .gz)")
+    parser.add_argument("--format", choices=FORMATS, default="auto",
+                        help="format of every document (default: auto, detected per document)")
     parser.add_argument("--tenant", metavar="NAME", help="tenant for runs that name none (default: default)")
-    parser.add_argument("--format", choices=FORMATS, help="file format (default: detected from the first line)")
-    parser.add_argument("--repair-text", action="store_true",
-                        help="store text that is not valid Unicode (lone surrogates, bytes not UTF-8) with U+FFFD "
-                             "in place of each bad code unit, and note it on the run (default: refuse the file)")
+    parser.add_argument("--agent", metavar="NAME",
+                        help="agent of every run, overriding the model named in the trajectory (run ids of "
+                             "trajectories are AGENT/INSTANCE_ID)")
+    parser.add_argument("--results", metavar="[AGENT=]FILE", action="append", default=[],
+                        help="SWE-bench evaluation results as held-out grades: a summary report or per-instance "
+                             "report.json files (a directory is searched); repeatable")
+    parser.add_argument("--skip-bad", action="store_true",
+                        help="import the other files when one is malformed, and list it at the end")
     add_store_args(parser)
     add_output_args(parser)
     parser.set_defaults(func=_ingest)
@@ -24,18 +45,39 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _ingest(args: argparse.Namespace) -> int:
     config = config_from(args)
-    with open_store(args, config) as store, progress("ingesting", None) as advance:
-        ids = store.ingest_file(args.file, tenant=args.tenant, fmt=args.format, progress=advance,
-                                repair_text=args.repair_text)
-        repaired = {run_id: store.run(run_id).text_repairs for run_id in ids}
-    payload = {"store": str(store.path), "ingested": ids, "count": len(ids),
-               "repaired": {run_id: [dict(note) for note in notes] for run_id, notes in repaired.items() if notes}}
-
-    def human() -> None:
-        print(f"ingested {len(ids)} run(s) into {store.path}")
-        for run_id, notes in payload["repaired"].items():
-            for note in notes:
-                print(f"repaired {run_id}: {describe_repair(note)}")
-
-    emit(args, payload, human)
+    sources, ignored = collect_sources(args.paths)
+    total = sum(source.size for source in sources)
+    if sys.stderr.isatty():
+        info(f"{len(sources)} file(s), {megabytes(total)} MB: checking every run, then importing")
+    # Each file is read twice (checked, then written): the bar counts both passes.
+    with open_store(args, config, read_tiered=False) as store, progress("ingesting", 2 * total) as advance:
+        report = ingest_sources(store, sources, ignored_files=ignored, fmt=args.format, tenant=args.tenant,
+                                agent=args.agent, results=args.results, skip_bad=args.skip_bad,
+                                progress=lambda n, description: advance(n, description=description))
+    if report.unmatched_results:
+        info("warning: " + _unmatched_line(report))
+    emit(args, report.to_dict(), lambda: _human(report))
     return 0
+
+
+def _unmatched_line(report: IngestReport) -> str:
+    names = [f"{item['instance']}" for item in report.unmatched_results[:_LISTED]]
+    more = len(report.unmatched_results) - len(names)
+    files = sorted({item["results"] for item in report.unmatched_results})
+    return (f"{len(report.unmatched_results)} result(s) name no run of this import: {', '.join(names)}"
+            f"{f' and {more} more' if more else ''} (from {', '.join(files)})")
+
+
+def _human(report: IngestReport) -> None:
+    print(f"imported {len(report.imported)} run(s), {len(report.already_present)} already present, "
+          f"{len(report.skipped)} file(s) skipped — {report.files} file(s), {megabytes(report.bytes)} MB, "
+          f"into {report.store}")
+    if report.states:
+        print("  states: " + ", ".join(f"{state} {count}" for state, count in sorted(report.states.items())))
+    if report.body_bytes:
+        print(f"  deduplication saved {megabytes(report.dedup_saved_bytes)} MB: {megabytes(report.stored_bytes)} MB "
+              f"stored for {megabytes(report.body_bytes)} MB of bodies")
+    if report.evaluation_errors:
+        print(f"  {report.evaluation_errors} result(s) were evaluation errors: those runs stay ungraded")
+    for skipped in report.skipped:
+        print(f"skipped {skipped['path']}: {skipped['error']}")

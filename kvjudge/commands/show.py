@@ -72,9 +72,9 @@ def render_run(store: Store, state: RunState) -> dict[str, Any]:
             transitions.append(item)
         branches.append({"id": branch.id, "status": branch.status, "parent": branch.parent, "fork_at": branch.fork_at,
                          "summary": _text_entry(store, state, branch.summary_ref), "transitions": transitions})
-    return {"id": state.id, "tenant": state.tenant, "state": state.state, "lifecycle": list(state.lifecycle),
-            "reduced": state.reduced, "task": {"id": state.task_id,
-                                               "prompt": _text_entry(store, state, state.task_prompt_ref)},
+    return {"id": state.id, "tenant": state.tenant, "agent": state.agent, "metadata": state.metadata,
+            "state": state.state, "lifecycle": list(state.lifecycle), "reduced": state.reduced,
+            "task": {"id": state.task_id, "prompt": _text_entry(store, state, state.task_prompt_ref)},
             "branches": branches, "verifier": list(state.verifier), "grades": list(state.grades), "tier": state.tier,
             "text_repairs": [dict(note) for note in state.text_repairs]}
 
@@ -100,6 +100,10 @@ def _show(args: argparse.Namespace) -> int:
     def human() -> None:
         print(f"run {state.id}  tenant {state.tenant}  state {state.state}  lifecycle {' → '.join(state.lifecycle)}"
               f"  reduced {'yes' if state.reduced else 'no'}")
+        if state.agent or state.metadata:
+            facts = [f"agent {state.agent}"] if state.agent else []
+            facts += [f"{key} {value}" for key, value in (state.metadata or {}).items()]
+            print("  ".join(facts))
         for note in state.text_repairs:
             print(f"text repaired at ingest (LSN {note['lsn']}): {describe_repair(note)}")
         if state.task_id or state.task_prompt_ref:

@@ -17,7 +17,10 @@ Kinds, in the order a run meets them:
 from __future__ import annotations
 
 import dataclasses
+import functools
+import hashlib
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -29,6 +32,11 @@ def canonical_json(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
+@functools.cache
+def _field_names(cls: type) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(cls))
+
+
 @dataclass(frozen=True)
 class Event:
     """Base of every event: ``run`` is the run id the event belongs to."""
@@ -37,20 +45,40 @@ class Event:
     run: str
 
     def payload(self) -> dict[str, Any]:
-        """The event's fields as plain JSON values."""
-        return dataclasses.asdict(self)
+        """The event's fields as plain JSON values (a new dict; the values are the event's own, not copies)."""
+        return {name: getattr(self, name) for name in _field_names(type(self))}
 
     def to_json(self) -> str:
         """The canonical JSON stored in the log (its ``kind`` lives in its own column)."""
+        return self._canonical
+
+    @functools.cached_property
+    def _canonical(self) -> str:
+        # Computed once per event (an import hashes it and writes it); events are frozen, so it cannot go stale.
         return canonical_json(self.payload())
 
 
 @dataclass(frozen=True)
 class RunStarted(Event):
+    """A run begins. ``agent`` (the model or harness that produced it), ``metadata`` (scalar facts the harness
+    recorded: exit status, cost, API calls, …) and ``content_hash`` (the hash of the run as imported, see
+    :func:`content_hash`) came later: they are optional, and left out of the payload when unset so that logs
+    written before them keep their exact bytes."""
+
     kind: ClassVar[str] = "RunStarted"
     tenant: str
     task_id: str | None
     task_prompt_ref: str | None
+    agent: str | None = None
+    metadata: dict[str, Any] | None = None
+    content_hash: str | None = None
+
+    def payload(self) -> dict[str, Any]:
+        data = super().payload()
+        for name in ("agent", "metadata", "content_hash"):
+            if data[name] is None:
+                del data[name]
+        return data
 
 
 @dataclass(frozen=True)
@@ -174,6 +202,42 @@ EVENT_TYPES: dict[str, type[Event]] = {
 
 #: Kinds that reduction appends; everything else in a run's log must be untouched by it.
 REDUCTION_KINDS = frozenset({"Reduced", "BranchReduced", "Dropped"})
+
+
+class ContentHasher:
+    """The hash of a run as imported: sha256 over each event's kind and canonical payload, in order.
+
+    ``RunStarted.content_hash`` itself is left out, so the hash can be recorded in the run's first event.
+    Events carry refs to bodies, never the bodies, so the hash covers every body through its ref.
+    Fed in parts (``update``), and ``copy`` lets one prefix be finished in more than one way.
+    """
+
+    def __init__(self) -> None:
+        self._digest = hashlib.sha256()
+
+    def update(self, events: Iterable[Event]) -> ContentHasher:
+        for event in events:
+            if isinstance(event, RunStarted):
+                data = event.payload()
+                data.pop("content_hash", None)
+                text = canonical_json(data)
+            else:
+                text = event.to_json()
+            self._digest.update(f"{event.kind} {text}\n".encode("utf-8"))
+        return self
+
+    def copy(self) -> ContentHasher:
+        other = ContentHasher()
+        other._digest = self._digest.copy()
+        return other
+
+    def hexdigest(self) -> str:
+        return "sha256:" + self._digest.hexdigest()
+
+
+def content_hash(events: Iterable[Event]) -> str:
+    """:class:`ContentHasher` over ``events``."""
+    return ContentHasher().update(events).hexdigest()
 
 
 def event_from(kind: str, payload: str | dict[str, Any]) -> Event:

@@ -88,6 +88,8 @@ class RunState:
     tier: dict[str, Any] | None = None  # {"status": started|tiered|rehydrated, "target", "manifest_ref", "lsn"}
     # One entry per TextRepaired event: {"lsn", "paths", "refs", "code_units"}.
     text_repairs: tuple[dict[str, Any], ...] = ()
+    agent: str | None = None  # the model or harness that produced the run (RunStarted.agent)
+    metadata: dict[str, Any] | None = None  # scalar facts the harness recorded: exit_status, cost, api_calls, …
 
     @property
     def is_reducible(self) -> bool:
@@ -104,8 +106,14 @@ class RunState:
         raise KeyError(branch_id)
 
     def to_dict(self) -> dict[str, Any]:
-        data = dataclasses.asdict(self)
-        data["bodies"] = {ref: dataclasses.asdict(loc) for ref, loc in sorted(self.bodies.items())}
+        # What dataclasses.asdict gives, built without its deep copies (this runs for every write of a run).
+        data = dict(vars(self))
+        data["lifecycle"] = list(self.lifecycle)
+        data["branches"] = [{**vars(branch), "transitions": [dict(vars(t)) for t in branch.transitions]}
+                            for branch in self.branches]
+        data["verifier"] = list(self.verifier)
+        data["grades"] = list(self.grades)
+        data["bodies"] = {ref: dict(vars(loc)) for ref, loc in sorted(self.bodies.items())}
         for name, default in _ADDED_FIELDS.items():
             if data[name] == default:
                 del data[name]
@@ -130,12 +138,13 @@ class RunState:
             bodies={ref: BodyLocation(**loc) for ref, loc in data["bodies"].items()},
             reduced=data["reduced"], tier=data["tier"],
             text_repairs=tuple(data.get("text_repairs", _ADDED_FIELDS["text_repairs"])),
+            agent=data.get("agent"), metadata=data.get("metadata"),
         )
 
 
 # Fields added to RunState after schema version 1, with their defaults. A field at its default is left out
 # of the canonical bytes, so a state folded by an older kvjudge (projections, manifests) keeps its bytes.
-_ADDED_FIELDS: dict[str, Any] = {"text_repairs": ()}
+_ADDED_FIELDS: dict[str, Any] = {"text_repairs": (), "agent": None, "metadata": None}
 
 
 @dataclass
@@ -156,6 +165,8 @@ class RunFolder:
     reduced: bool = False
     tier: dict[str, Any] | None = None
     text_repairs: list[dict[str, Any]] = field(default_factory=list)
+    agent: str | None = None
+    metadata: dict[str, Any] | None = None
 
     @classmethod
     def thaw(cls, state: RunState) -> RunFolder:
@@ -165,7 +176,8 @@ class RunFolder:
             branches={b.id: {"branch": b, "transitions": list(b.transitions)} for b in state.branches},
             verifier=list(state.verifier), grades=list(state.grades), bodies=dict(state.bodies),
             reduced=state.reduced, tier=dict(state.tier) if state.tier else None,
-            text_repairs=list(state.text_repairs),
+            text_repairs=list(state.text_repairs), agent=state.agent,
+            metadata=dict(state.metadata) if state.metadata is not None else None,
         )
 
     def freeze(self) -> RunState:
@@ -177,7 +189,7 @@ class RunFolder:
             id=self.id, tenant=self.tenant, task_id=self.task_id, task_prompt_ref=self.task_prompt_ref,
             state=self.state, lifecycle=tuple(self.lifecycle), branches=branches, verifier=tuple(self.verifier),
             grades=tuple(self.grades), bodies=dict(sorted(self.bodies.items())), reduced=self.reduced,
-            tier=self.tier, text_repairs=tuple(self.text_repairs),
+            tier=self.tier, text_repairs=tuple(self.text_repairs), agent=self.agent, metadata=self.metadata,
         )
 
     def _name(self, ref: str | None, lsn: int) -> None:
@@ -188,6 +200,7 @@ class RunFolder:
     def apply(self, lsn: int, event: ev.Event) -> None:
         if isinstance(event, ev.RunStarted):
             self.tenant, self.task_id, self.task_prompt_ref = event.tenant, event.task_id, event.task_prompt_ref
+            self.agent, self.metadata = event.agent, event.metadata
             self.state = RUNNING
             self.lifecycle = [RUNNING]
             self._name(event.task_prompt_ref, lsn)

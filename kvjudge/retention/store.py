@@ -23,7 +23,7 @@ import sqlite3
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvjudge.config import data_dir
 from kvjudge.errors import IntegrityError, StoreError, UsageError
@@ -33,6 +33,9 @@ from kvjudge.retention.events import canonical_json, event_from
 from kvjudge.retention.faults import fault_point
 from kvjudge.retention.lifecycle import check_state_name, check_transition
 from kvjudge.retention.state import DROPPED, LOCAL, REDUCED, TIERED, BodyLocation, RunFolder, RunState, fold
+
+if TYPE_CHECKING:
+    from kvjudge.retention.ingest import IngestReport, ParsedRun
 
 SCHEMA_VERSION = 1
 APPLICATION_ID = 0x6B766A64  # "kvjd"
@@ -266,21 +269,30 @@ class Store:
         with self.transaction(label):
             current = self._projected(run_id)
             folder = RunFolder.thaw(current) if current is not None else None
-            lsns: list[int] = []
-            for event in events:
+            # AUTOINCREMENT gives each new row one more than the largest LSN the table ever had, and this
+            # transaction holds the write lock: the LSNs are known before the rows go in, in one executemany.
+            first = self._next_lsn()
+            lsns = list(range(first, first + len(events)))
+            for lsn, event in zip(lsns, events):
                 if event.run != run_id:
                     raise UsageError(f"event for run {event.run!r} appended to run {run_id!r}")
                 self._check_event(run_id, folder, event)
-                cursor = self._conn.execute("INSERT INTO events(run, kind, payload) VALUES (?, ?, ?)",
-                                            (run_id, event.kind, event.to_json()))
-                lsn = int(cursor.lastrowid)
-                lsns.append(lsn)
                 if folder is None:
                     folder = RunFolder(id=run_id)
                 folder.apply(lsn, event)
+            self._conn.executemany("INSERT INTO events(run, kind, payload) VALUES (?, ?, ?)",
+                                   [(run_id, event.kind, event.to_json()) for event in events])
+            if lsns and self._next_lsn() != lsns[-1] + 1:
+                raise IntegrityError(f"the log of {self.path} assigned unexpected LSNs; nothing was appended")
             if folder is not None and lsns:
                 self._project(folder.freeze(), lsns[-1])
         return lsns
+
+    def _next_lsn(self) -> int:
+        row = self._conn.execute(
+            "SELECT max(coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'events'), 0), "
+            "coalesce((SELECT max(lsn) FROM events), 0))").fetchone()
+        return int(row[0]) + 1
 
     def _check_event(self, run_id: str, folder: RunFolder | None, event: ev.Event) -> None:
         if isinstance(event, ev.RunStarted):
@@ -431,31 +443,32 @@ class Store:
                            lsn=loc.lsn, event=kind, target=loc.target, locations=locations)
 
     # ---------------------------------------------------------------- ingest
-    def ingest_file(self, path: str | os.PathLike[str], tenant: str | None = None, fmt: str | None = None,
-                    progress: Callable[[int], None] | None = None, *, repair_text: bool = False) -> list[str]:
-        """Import a JSONL file (native or OpenAI chat format); returns the new run ids.
+    def ingest(self, paths: Iterable[str | os.PathLike[str]], **options: Any) -> IngestReport:
+        """Import run files and directories; see :func:`kvjudge.retention.ingest.ingest_sources` for ``options``
+        (``fmt``, ``tenant``, ``agent``, ``results``, ``skip_bad``, ``progress``).
 
-        The whole file is checked first: a malformed line raises IngestError naming it and nothing of
-        the file is written. Then each run is written in its own transaction. Text that is not Unicode
-        (lone surrogates) is malformed, unless ``repair_text``: then it is stored as U+FFFD and noted.
+        Every document is checked first: a malformed one raises IngestError naming the file, the line and the
+        JSON path, and nothing is written. Runs already stored with the same content count as already present.
         """
-        from kvjudge.retention.ingest import parse_file
+        from kvjudge.retention.ingest import ingest_paths
 
-        parsed = parse_file(path, tenant=tenant, fmt=fmt, exists=self.has_run, repair_text=repair_text)
-        ids: list[str] = []
-        for run in parsed:
-            self.write_parsed(run)
-            ids.append(run.run_id)
-            if progress is not None:
-                progress(1)
-        return ids
+        return ingest_paths(self, paths, **options)
 
-    def write_parsed(self, run: Any) -> None:
-        """Write one :class:`~kvjudge.retention.ingest.ParsedRun` (bodies and events) in one transaction."""
+    def ingest_file(self, path: str | os.PathLike[str], tenant: str | None = None, fmt: str | None = None,
+                    progress: Callable[[int, str], None] | None = None) -> list[str]:
+        """Import one file (native or OpenAI JSONL, or a trajectory); returns its run ids, in order — imported
+        now or already present with the same content."""
+        return self.ingest([path], tenant=tenant, fmt=fmt or "auto", progress=progress).runs
+
+    def write_parsed(self, run: ParsedRun) -> int:
+        """Write one :class:`~kvjudge.retention.ingest.ParsedRun` (bodies, then events) in one transaction
+        (joining the caller's). Returns the bytes of bodies it stored (the others were stored already)."""
+        if run.content_hash is None:
+            run.settle(None)
         with self.transaction("ingest"):
-            for body in run.bodies:
-                self.blobs.put(body)
+            stored = self.blobs.put_hashed(run.bodies.items())
             self.append_many(run.run_id, run.events)
+        return stored
 
     # ------------------------------------------------------------- judgments
     def get_judgment(self, key: str) -> dict[str, Any] | None:

@@ -1,0 +1,33 @@
+"""Getting runs in: kvjudge's native JSONL, OpenAI chat JSONL, mini-swe-agent and SWE-agent trajectories, with
+SWE-bench results as held-out grades.
+
+Public API::
+
+    from kvjudge.retention.ingest import ingest_paths, collect_sources, ingest_sources, IngestReport, FORMATS
+    report = ingest_paths(store, ["runs/", "more.jsonl.gz"], results=["model.run1.json"])  # or store.ingest(...)
+
+One module per job: :mod:`.sources` (files, directories, ``.gz``, documents), one parser per format
+(:mod:`.native`, :mod:`.openai`, :mod:`.mini_swe_agent`, :mod:`.swe_agent`), :mod:`.results` (SWE-bench
+reports), :mod:`.model` (the ParsedRun every parser builds) and :mod:`.importer` (check, then write in batches).
+"""
+
+from kvjudge.retention.ingest.importer import (
+    BATCH_BYTES,
+    BATCH_RUNS,
+    FORMATS,
+    IngestReport,
+    detect_format,
+    ingest_paths,
+    ingest_sources,
+    parse_document,
+    stored_content_hash,
+)
+from kvjudge.retention.ingest.model import DEFAULT_TENANT, DocumentError, ParseContext, ParsedRun
+from kvjudge.retention.ingest.native import parse_native, schema
+from kvjudge.retention.ingest.sources import RUN_SUFFIXES, Document, Source, collect_sources, iter_documents
+
+__all__ = [
+    "BATCH_BYTES", "BATCH_RUNS", "DEFAULT_TENANT", "FORMATS", "RUN_SUFFIXES", "Document", "DocumentError",
+    "IngestReport", "ParseContext", "ParsedRun", "Source", "collect_sources", "detect_format", "ingest_paths",
+    "ingest_sources", "iter_documents", "parse_document", "parse_native", "schema", "stored_content_hash",
+]

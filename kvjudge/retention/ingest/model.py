@@ -1,0 +1,246 @@
+"""What every format's parser builds: a :class:`ParsedRun` — bodies to put, events to append.
+
+Parsers are pure: one decoded JSON document in, one ParsedRun out, or a :class:`DocumentError` naming the JSON
+path of what is wrong. Text never enters an event; events carry ``sha256:`` refs (hashed once, here).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvjudge.retention import events as ev
+from kvjudge.retention.blobs import ref_of
+from kvjudge.retention.events import canonical_json, content_hash
+from kvjudge.retention.lifecycle import GRADED, GRADING, UNGRADED
+
+DEFAULT_TENANT = "default"
+ROLES = ("system", "developer", "user", "assistant", "tool")
+
+_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class DocumentError(Exception):
+    """A problem in one JSON document: ``path`` is its JSON path (``$.messages[3].content``)."""
+
+    def __init__(self, path: str, message: str) -> None:
+        super().__init__(f"{path}: {message}")
+        self.path = path
+        self.message = message
+
+
+def jpath(base: str, *keys: str | int) -> str:
+    """``base`` extended by object keys and array indexes: ``jpath("$", "messages", 3)`` → ``$.messages[3]``."""
+    for key in keys:
+        base += _segment(key)
+    return base
+
+
+@functools.lru_cache(maxsize=4096)
+def _segment(key: str | int) -> str:
+    if isinstance(key, int):
+        return f"[{key}]"
+    return f".{key}" if _IDENTIFIER.match(key) else f"[{canonical_json(key)}]"
+
+
+def need(cond: bool, path: str, message: str) -> None:
+    """Raise DocumentError(path, message) unless ``cond``."""
+    if not cond:
+        raise DocumentError(path, message)
+
+
+def get_field(obj: Any, key: str, path: str, kinds: type | tuple[type, ...], what: str, *,
+              required: bool = True) -> Any:
+    """``obj[key]`` checked against ``kinds`` (bool is never an int here); None when absent and not required."""
+    where = jpath(path, key)
+    if key not in obj or obj[key] is None:
+        need(not required, where, f"missing ({what} expected)")
+        return None
+    value = obj[key]
+    need(isinstance(value, kinds) and not (isinstance(value, bool) and bool not in _as_tuple(kinds)), where,
+         f"must be {what}, not {_kind(value)}")
+    return value
+
+
+def _as_tuple(kinds: type | tuple[type, ...]) -> tuple[type, ...]:
+    return kinds if isinstance(kinds, tuple) else (kinds,)
+
+
+def _kind(value: Any) -> str:
+    return {dict: "an object", list: "an array", str: "a string", bool: "a boolean", int: "a number",
+            float: "a number", type(None): "null"}.get(type(value), type(value).__name__)
+
+
+def dig(obj: Any, *keys: str) -> Any:
+    """``obj[k1][k2]…`` through nested objects, None where any level is missing or not an object."""
+    for key in keys:
+        if not isinstance(obj, dict):
+            return None
+        obj = obj.get(key)
+    return obj
+
+
+def scalars(values: dict[str, Any]) -> dict[str, Any]:
+    """The entries of ``values`` that are JSON scalars and not None (run metadata is a flat map)."""
+    return {k: v for k, v in values.items() if isinstance(v, str | int | float | bool) and v is not None}
+
+
+def with_marker(message: str, prompt: str | None, marker: str) -> str:
+    """``message`` with its first occurrence of ``prompt`` replaced by ``marker`` — reversibly.
+
+    The task prompt is stored once as the run's prompt; the message around it (the harness's instance
+    template) then reads the same in every run and is stored once. ``message`` is kept whole when the prompt
+    is not in it or the marker already is (the replacement could not be undone).
+    """
+    if not prompt or marker in message or prompt not in message:
+        return message
+    return message.replace(prompt, marker, 1)
+
+
+@dataclass
+class ParsedRun:
+    """One run ready to write: bodies (ref → bytes, put first) and events (appended in order).
+
+    ``grading_open``: the format does not say how the run was graded, so the importer settles it
+    (with a held-out grade from ``--results`` → graded, else ungraded). ``body_bytes`` counts every body
+    occurrence, so ``body_bytes`` minus the bytes a write really stored is what deduplication saved.
+    """
+
+    run_id: str
+    tenant: str
+    fmt: str
+    task_id: str | None = None
+    agent: str | None = None
+    bodies: dict[str, bytes] = field(default_factory=dict)
+    body_bytes: int = 0
+    events: list[ev.Event] = field(default_factory=list)
+    grading_open: bool = False
+    hashing: bool = True  # False: a check that only validates (no bodies kept, refs left empty)
+    grade: dict[str, Any] | None = None
+    content_hash: str | None = None
+    _seq: dict[str, int] = field(default_factory=dict)
+
+    def body_ref(self, text: str | None) -> str | None:
+        """Register ``text`` as a body and return its ref (None stays None)."""
+        if text is None:
+            return None
+        if not self.hashing:
+            return ""
+        raw = text.encode("utf-8")
+        ref = ref_of(raw)
+        self.bodies.setdefault(ref, raw)
+        self.body_bytes += len(raw)
+        return ref
+
+    def start(self, *, task_id: str | None, prompt: str | None, metadata: dict[str, Any] | None = None) -> None:
+        """The RunStarted event (first)."""
+        self.task_id = task_id
+        self.events.append(ev.RunStarted(run=self.run_id, tenant=self.tenant, task_id=task_id,
+                                         task_prompt_ref=self.body_ref(prompt), agent=self.agent,
+                                         metadata=metadata or None))
+
+    def branch(self, branch_id: str, status: str = "live", parent: str | None = None,
+               fork_at: int | None = None) -> str:
+        self._seq[branch_id] = 0
+        self.events.append(ev.BranchOpened(run=self.run_id, branch=branch_id, status=status, parent=parent,
+                                           fork_at=fork_at))
+        return branch_id
+
+    def step(self, branch_id: str, role: str, *, text: str | None = None,
+             call: tuple[str, Any] | None = None, output: tuple[str | None, str | None, int | None] | None = None,
+             usage: dict[str, int] | None = None, context: dict[str, int] | None = None) -> int:
+        """Append one transition: ``call`` = (tool name, arguments), ``output`` = (tool name, text, exit code).
+
+        Structured arguments are kept as their canonical JSON text. Returns the transition's seq.
+        """
+        seq = self._seq[branch_id]
+        self._seq[branch_id] = seq + 1
+        tool_call = None
+        if call is not None:
+            name, arguments = call
+            if arguments is not None and not isinstance(arguments, str):
+                arguments = canonical_json(arguments)
+            tool_call = {"name": name, "arguments_ref": self.body_ref(arguments)}
+        tool_output = None
+        if output is not None:
+            name, text_out, exit_code = output
+            tool_output = {"name": name, "output_ref": self.body_ref(text_out), "exit_code": exit_code}
+        self.events.append(ev.TransitionRecorded(
+            run=self.run_id, branch=branch_id, seq=seq, role=role, text_ref=self.body_ref(text),
+            tool_call=tool_call, tool_output=tool_output, usage=usage, context=context))
+        return seq
+
+    def settle(self, grade: dict[str, Any] | None) -> str:
+        """Append the settling events (see :func:`settle_events`) and record the content hash in RunStarted;
+        returns the hash."""
+        self.grade = grade if self.grading_open else None
+        self.events.extend(settle_events(self.run_id, self.grading_open, grade))
+        digest = content_hash(self.events)
+        self.content_hash = digest
+        self.events[0] = dataclasses.replace(self.events[0], content_hash=digest)
+        return digest
+
+
+def settle_events(run_id: str, grading_open: bool, grade: dict[str, Any] | None) -> list[ev.Event]:
+    """The events that finish a run whose grading is open: grading → graded (with ``grade``) or ungraded.
+    Nothing for a run whose document said its own lifecycle."""
+    if not grading_open:
+        return []
+    settled: list[ev.Event] = [ev.StateChanged(run=run_id, state=GRADING)]
+    if grade is not None:
+        settled.append(ev.GradeRecorded(run=run_id, grade=grade))
+    settled.append(ev.StateChanged(run=run_id, state=GRADED if grade is not None else UNGRADED))
+    return settled
+
+
+@dataclass(frozen=True)
+class ParseContext:
+    """What a parser knows beyond the document: overrides from the command line and the file's name."""
+
+    tenant: str | None = None
+    agent: str | None = None  # --agent: overrides the agent named by the document
+    default_instance: str | None = None  # from the file name (``<instance>.traj.json``) when the document has none
+    hashing: bool = True  # False: validate only (the import's check pass); see ParsedRun.hashing
+
+    def new_run(self, run_id: str, fmt: str, *, agent: str | None = None, tenant: str | None = None,
+                grading_open: bool = False) -> ParsedRun:
+        """An empty ParsedRun: ``--agent`` wins over ``agent``; ``tenant`` (the document's) over ``--tenant``."""
+        return ParsedRun(run_id=run_id, tenant=tenant or self.tenant or DEFAULT_TENANT, fmt=fmt,
+                         agent=self.agent or agent, grading_open=grading_open, hashing=self.hashing)
+
+
+def usage_of(response_usage: Any) -> dict[str, int] | None:
+    """Token usage of one model call (OpenAI chat or Responses API shape) as ``input_tokens``/``output_tokens``."""
+    if not isinstance(response_usage, dict):
+        return None
+    found = {}
+    for ours, theirs in (("input_tokens", ("prompt_tokens", "input_tokens")),
+                         ("output_tokens", ("completion_tokens", "output_tokens"))):
+        for key in theirs:
+            value = response_usage.get(key)
+            if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+                found[ours] = value
+                break
+    return found or None
+
+
+def content_text(content: Any, path: str) -> str | None:
+    """Message content as text: a string, null, or a list of parts (text parts joined; others named)."""
+    if content is None or isinstance(content, str):
+        return content
+    need(isinstance(content, list), path, f"must be a string, null or a list of content parts, not {_kind(content)}")
+    texts = []
+    for index, part in enumerate(content):
+        where = jpath(path, index)
+        need(isinstance(part, dict), where, f"must be a content part object, not {_kind(part)}")
+        kind = part.get("type")
+        if kind in ("text", "input_text", "output_text"):
+            need(isinstance(part.get("text"), str), jpath(where, "text"), f"a {kind} part needs a string text")
+            texts.append(part["text"])
+        else:
+            need(isinstance(kind, str), jpath(where, "type"), "a content part needs a string type")
+            texts.append(f"[{kind} part not imported]")
+    return "".join(texts)

@@ -1,0 +1,66 @@
+"""OpenAI chat format: ``{"messages": [...], "id"?: …, "agent"?: …}`` → a one-branch run that lands as ungraded."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from kvjudge.retention.ingest.model import (
+    ROLES,
+    DocumentError,
+    ParseContext,
+    ParsedRun,
+    content_text,
+    jpath,
+    need,
+)
+
+
+def parse_openai(obj: Any, context: ParseContext, raw: bytes) -> ParsedRun:
+    """One chat-format document → ParsedRun. Without an ``id``, the id derives from the document's bytes."""
+    need(isinstance(obj, dict), "$", "an OpenAI chat document must be a JSON object")
+    messages = obj.get("messages")
+    need(isinstance(messages, list) and len(messages) > 0, "$.messages",
+         'expected an OpenAI chat line with "messages" (a non-empty list)')
+    run_id = obj.get("id")
+    if run_id is None:
+        # Derived from the content so importing the same file twice names the same runs.
+        run_id = "chat-" + hashlib.sha256(raw.strip()).hexdigest()[:16]
+    need(isinstance(run_id, str) and run_id.strip() != "", "$.id", "must be a non-empty string")
+    agent = obj.get("agent")
+    need(agent is None or (isinstance(agent, str) and agent != ""), "$.agent", "must be a non-empty string")
+    run = context.new_run(run_id, "openai", agent=agent, grading_open=True)
+    run.start(task_id=None, prompt=None)
+    branch = run.branch("main")
+    call_names: dict[str, str] = {}
+    for index, message in enumerate(messages):
+        where = jpath("$.messages", index)
+        need(isinstance(message, dict), where, "must be an object")
+        role = message.get("role")
+        need(role in ROLES, jpath(where, "role"), f"must be one of {', '.join(ROLES)}")
+        text = content_text(message.get("content"), jpath(where, "content"))
+        if role == "tool":
+            name = message.get("name") or call_names.get(str(message.get("tool_call_id")))
+            run.step(branch, role, output=(name, text or "", None))
+            continue
+        calls = parse_tool_calls(message.get("tool_calls"), jpath(where, "tool_calls"), call_names)
+        # One transition per tool call; the message text rides on the first.
+        for c_index in range(max(1, len(calls))):
+            run.step(branch, role, text=text if c_index == 0 else None, call=calls[c_index] if calls else None)
+    return run
+
+
+def parse_tool_calls(calls: Any, path: str, call_names: dict[str, str] | None = None) -> list[tuple[str, Any]]:
+    """``tool_calls`` of a chat message → ``[(name, arguments)]``; records ``id → name`` in ``call_names``."""
+    if calls is None:
+        return []
+    need(isinstance(calls, list), path, "must be a list")
+    parsed = []
+    for index, call in enumerate(calls):
+        function = call.get("function") if isinstance(call, dict) else None
+        if not (isinstance(function, dict) and isinstance(function.get("name"), str)):
+            raise DocumentError(jpath(path, index, "function"), "needs a string name")
+        if call_names is not None and isinstance(call.get("id"), str):
+            call_names[call["id"]] = function["name"]
+        parsed.append((function["name"], function.get("arguments")))
+    return parsed
