@@ -18,14 +18,25 @@ from kvjudge.retention import Store
 from kvjudge.retention.synthetic import write_jsonl
 
 
-def kvjudge(*args: str, faults: str | None = None, cwd: Path | None = None, env: Mapping[str, str] | None = None,
-            timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    """``python -m kvjudge ARGS`` in a child process (a fault point armed with ``faults``)."""
+def _child_env(faults: str | None, env: Mapping[str, str] | None) -> dict[str, str]:
     child_env = {k: v for k, v in (env if env is not None else os.environ).items() if k != "KVJUDGE_FAULTS"}
     if faults:
         child_env["KVJUDGE_FAULTS"] = faults
-    return subprocess.run([sys.executable, "-m", "kvjudge", *args], cwd=cwd, env=child_env, capture_output=True,
-                          text=True, timeout=timeout)
+    return child_env
+
+
+def kvjudge(*args: str, faults: str | None = None, cwd: Path | None = None, env: Mapping[str, str] | None = None,
+            timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """``python -m kvjudge ARGS`` in a child process (a fault point armed with ``faults``)."""
+    return subprocess.run([sys.executable, "-m", "kvjudge", *args], cwd=cwd, env=_child_env(faults, env),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def start_kvjudge(*args: str, faults: str | None = None, cwd: Path | None = None,
+                  env: Mapping[str, str] | None = None) -> subprocess.Popen[str]:
+    """``python -m kvjudge ARGS`` started in a child process and not waited for (to kill it mid-way)."""
+    return subprocess.Popen([sys.executable, "-m", "kvjudge", *args], cwd=cwd, env=_child_env(faults, env),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def kvjudge_json(*args: str, **kwargs: Any) -> Any:

@@ -1,0 +1,92 @@
+"""An import killed at random moments is finished by running the same command again (#16).
+
+Real child processes, real SIGKILL, at moments drawn from a seeded generator over the time a clean import
+takes; then the same command to completion: exactly the runs of the input, each re-folded state
+byte-identical to a clean import of the same input, verify green — and a third run writes nothing.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import random
+import time
+from pathlib import Path
+
+from helpers import kvjudge, kvjudge_json, start_kvjudge
+
+from kvjudge.retention import Store
+from kvjudge.retention.ingest.synthetic import make_episode, mini_swe_agent_v1, mini_swe_agent_v2, swe_agent
+from kvjudge.retention.synthetic import make_run, write_jsonl
+from kvjudge.retention.verify import verify
+
+RUNS = 300
+
+
+def write_input(root: Path) -> None:
+    """300 runs in every format: trajectory files (plain and .gz) in folders, a native and an OpenAI JSONL."""
+    for index in range(200):
+        instance = f"proj{index % 7}__proj-{index}"
+        episode = make_episode(instance, index, target_bytes=6_000, model=f"model-{index % 3}")
+        folder = root / f"model-{index % 3}" / instance
+        folder.mkdir(parents=True)
+        if index % 4 == 0:
+            (folder / f"{instance}.traj").write_text(json.dumps(swe_agent(episode), indent=2))
+        elif index % 4 == 1:
+            data = json.dumps(mini_swe_agent_v1(episode), indent=2).encode()
+            (folder / f"{instance}.traj.json.gz").write_bytes(gzip.compress(data, compresslevel=1))
+        else:
+            (folder / f"{instance}.traj.json").write_text(json.dumps(mini_swe_agent_v2(episode), indent=2))
+    write_jsonl(root / "native.jsonl", [make_run(f"native-{i}", [f"output {i} " * 200, "done"]) for i in range(50)])
+    write_jsonl(root / "chat.jsonl", [{"id": f"chat-{i}", "messages": [
+        {"role": "user", "content": f"question {i} " * 50}, {"role": "assistant", "content": f"answer {i} " * 80}]}
+        for i in range(50)])
+
+
+def run_count(store_path: Path) -> int:
+    if not store_path.exists():
+        return 0
+    with Store.open(store_path) as store:
+        return len(store.run_ids())
+
+
+def test_killed_imports_finish_on_the_same_command(tmp_path: Path) -> None:
+    root = tmp_path / "runs"
+    write_input(root)
+    clean_path, killed_path = tmp_path / "clean.sqlite", tmp_path / "killed.sqlite"
+
+    started = time.monotonic()
+    clean = kvjudge_json("ingest", str(root), "--store", str(clean_path))
+    clean_seconds = time.monotonic() - started
+    assert clean["imported"] == RUNS
+
+    command = ("ingest", str(root), "--store", str(killed_path), "--json")
+    rng = random.Random(16)
+    partial_kills = 0
+    for _ in range(12):
+        child = start_kvjudge(*command)
+        time.sleep(rng.uniform(0.15, 1.0) * clean_seconds)
+        child.kill()
+        child.communicate()
+        count = run_count(killed_path)
+        partial_kills += child.returncode == -9 and 0 < count < RUNS
+        if partial_kills >= 3 or count == RUNS:
+            break
+    assert partial_kills >= 1, "no kill landed while runs were being written; the test exercised nothing"
+
+    finished = kvjudge(*command)
+    assert finished.returncode == 0, finished.stderr
+    report = json.loads(finished.stdout)
+    assert report["imported"] + report["already_present"] == RUNS and report["skipped"] == 0
+
+    with Store.open(clean_path) as reference, Store.open(killed_path) as store:
+        assert store.run_ids() == reference.run_ids() and len(store.run_ids()) == RUNS
+        for run_id in store.run_ids():
+            assert store.refold(run_id).canonical_bytes() == reference.refold(run_id).canonical_bytes(), run_id
+        assert verify(store).ok
+        events = store.connection.execute("SELECT COUNT(*) FROM events").fetchone()[0]
+
+    third = kvjudge_json(*command[:-1])
+    assert (third["imported"], third["already_present"]) == (0, RUNS)
+    with Store.open(killed_path) as store:
+        assert store.connection.execute("SELECT COUNT(*) FROM events").fetchone()[0] == events
