@@ -345,6 +345,9 @@ def test_summary_reports_grade_each_agent_by_file_name(store: Store, tmp_path: P
                       "--store", str(tmp_path / "s.sqlite"))
     assert out["imported"] == 6 and out["states"] == {"graded": 5, "ungraded": 1} and out["evaluation_errors"] == 1
     assert out["unmatched_results"] == [{"instance": "zz__zz-9", "results": str(claude)}]
+    assert out["results"] == [
+        {"results": str(gpt), "agent": "openai/gpt-4o", "agent_from": "file name", "graded": 2},
+        {"results": str(claude), "agent": "anthropic/claude-3-5", "agent_from": "file name", "graded": 3}]
     with Store.open(tmp_path / "s.sqlite") as opened:
         grade = {run_id: [g["label"] for g in opened.run(run_id).grades] for run_id in opened.run_ids()}
         assert grade == {"anthropic/claude-3-5/a__a-1": ["unresolved"], "anthropic/claude-3-5/b__b-2": ["resolved"],
@@ -362,6 +365,7 @@ def test_summary_reports_grade_each_agent_by_file_name(store: Store, tmp_path: P
     assert done.returncode == 0
     warning = [line for line in done.stderr.splitlines() if line.startswith("warning:")]
     assert len(warning) == 1 and "2 result(s) name no run of this import: q__q-1, r__r-2" in warning[0]
+    assert f"results {more}: graded 1 of openai/gpt-4o's runs (agent from the file name)" in done.stdout
 
 
 def test_per_instance_reports_agent_prefix_and_ambiguity(store: Store, tmp_path: Path) -> None:

@@ -77,6 +77,10 @@ def _human(report: IngestReport) -> None:
     if report.body_bytes:
         print(f"  deduplication saved {megabytes(report.dedup_saved_bytes)} MB: {megabytes(report.stored_bytes)} MB "
               f"stored for {megabytes(report.body_bytes)} MB of bodies")
+    for results in report.results:
+        whose = f"{results['agent']}'s runs" if results["agent"] else "runs of any agent"
+        print(f"  results {results['results']}: graded {results['graded']} of {whose}"
+              f"{' (agent from the ' + results['agent_from'] + ')' if results['agent_from'] == 'file name' else ''}")
     if report.evaluation_errors:
         print(f"  {report.evaluation_errors} result(s) were evaluation errors: those runs stay ungraded")
     for skipped in report.skipped:

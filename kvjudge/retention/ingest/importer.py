@@ -86,6 +86,7 @@ class IngestReport:
     already_present: list[str] = field(default_factory=list)
     skipped: list[dict[str, str]] = field(default_factory=list)  # {"path", "error"}
     states: Counter[str] = field(default_factory=Counter)  # lifecycle state of the imported runs
+    results: list[dict[str, Any]] = field(default_factory=list)  # {"results", "agent", "agent_from", "graded"}
     unmatched_results: list[dict[str, str]] = field(default_factory=list)  # {"instance", "results"}
     evaluation_errors: int = 0
     body_bytes: int = 0  # bytes of every body occurrence in the imported runs
@@ -101,7 +102,8 @@ class IngestReport:
                 "imported": len(self.imported), "already_present": len(self.already_present),
                 "skipped": len(self.skipped), "ingested": self.imported, "already_present_ids": self.already_present,
                 "skipped_files": self.skipped, "count": len(self.imported), "states": dict(sorted(self.states.items())),
-                "unmatched_results": self.unmatched_results, "evaluation_errors": self.evaluation_errors,
+                "results": self.results, "unmatched_results": self.unmatched_results,
+                "evaluation_errors": self.evaluation_errors,
                 "dedup": {"body_bytes": self.body_bytes, "stored_bytes": self.stored_bytes,
                           "saved_bytes": self.dedup_saved_bytes}}
 
@@ -187,6 +189,7 @@ class _Importer:
         self.report.unmatched_results = [{"instance": instance, "results": path}
                                          for instance, path in self.results.unmatched()]
         self.report.evaluation_errors = self.results.evaluation_errors()
+        self.report.results = self.results.bindings()
 
     def _hash_known_ids(self, planned: list[_PlannedSource]) -> None:
         """Content hashes of the runs whose ids the store holds or this import repeats (the rest are new)."""

@@ -158,6 +158,16 @@ class ResultsIndex:
         return [(instance, str(results.path)) for index, results in enumerate(self.files)
                 for instance in sorted(results.grades) if (index, instance) not in self._used]
 
+    def bindings(self) -> list[dict[str, Any]]:
+        """Per results file: whose runs it graded (``agent`` None: any agent's) and how many."""
+        out = []
+        for index, results in enumerate(self.files):
+            graded = sum(1 for (i, instance) in self._used if i == index and results.grades[instance] is not None)
+            out.append({"results": str(results.path), "agent": results.agent,
+                        "agent_from": "AGENT=" if results.named else ("file name" if results.agent else None),
+                        "graded": graded})
+        return out
+
     def evaluation_errors(self) -> int:
         """Results that are evaluation errors (their runs stay ungraded)."""
         return sum(1 for results in self.files for grade in results.grades.values() if grade is None)
