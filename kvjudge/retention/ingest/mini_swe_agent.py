@@ -30,12 +30,12 @@ from typing import Any
 from kvjudge.retention.ingest.model import (
     ROLES,
     DocumentError,
+    JsonPath,
     ParseContext,
     ParsedRun,
     content_text,
     dig,
     get_field,
-    jpath,
     need,
     scalars,
     usage_of,
@@ -91,13 +91,13 @@ def parse_mini_swe_agent(obj: Any, context: ParseContext) -> ParsedRun:
     acted = False  # the instance message is the first user message before any action
     last = len(messages) - 1
     for index, message in enumerate(messages):
-        where = jpath("$.messages", index)
+        where = ("$.messages", index)
         need(isinstance(message, dict), where, "must be an object")
         kind = _kind_of(message, where)
         acted = acted or kind == "assistant"
         if kind == "user" and prompt is None and not acted:
             text = content_text(get_field(message, "content", where, (str, list), "the message text"),
-                                jpath(where, "content"))
+                                (*where, "content"))
             prompt = _task_prompt(text or "")
             steps.append(("instance", {"text": with_marker(text or "", prompt, TASK_MARKER)}))
         elif kind == "exit" or (fmt == FORMAT_V1 and index == last and kind == "user" and info.get("exit_status")
@@ -117,7 +117,7 @@ def parse_mini_swe_agent(obj: Any, context: ParseContext) -> ParsedRun:
             run.step(branch, "tool", output=(TOOL, text, exit_code))
         else:
             message, where = data["message"], data["where"]
-            run.step(branch, kind, text=content_text(message.get("content"), jpath(where, "content")))
+            run.step(branch, kind, text=content_text(message.get("content"), (*where, "content")))
     if submission:
         run.step(branch, "assistant", call=("submit", submission))
     return run
@@ -133,19 +133,20 @@ def _action_patterns(*configured: Any) -> list[re.Pattern[str]]:
     return patterns
 
 
-def _kind_of(message: dict[str, Any], where: str) -> str:
+def _kind_of(message: dict[str, Any], where: JsonPath) -> str:
     """assistant | observation | exit | system | user | developer — from the message's shape."""
     if message.get("object") == "response":
         return "assistant"
     if message.get("type") == "function_call_output":
         return "observation"
     role = message.get("role")
-    need(isinstance(role, str), jpath(where, "role"), "missing (every message needs a role)")
+    need(isinstance(role, str), (*where, "role"), "missing (every message needs a role)")
     if role == "exit":
         return "exit"
     if role == "tool" or (role == "user" and _has_returncode(message)):
         return "observation"
-    need(role in ROLES, jpath(where, "role"), f"unknown role {role!r} (expected one of {', '.join(ROLES)}, exit)")
+    if role not in ROLES:
+        raise DocumentError((*where, "role"), f"unknown role {role!r} (expected one of {', '.join(ROLES)}, exit)")
     return role
 
 
@@ -168,7 +169,7 @@ def _task_prompt(text: str) -> str:
     return found.group(1) if found and found.group(1) else text
 
 
-def _assistant(run: ParsedRun, branch: str, message: dict[str, Any], where: str,
+def _assistant(run: ParsedRun, branch: str, message: dict[str, Any], where: JsonPath,
                action_res: list[re.Pattern[str]]) -> None:
     """One model response → one assistant transition per action (the text rides on the first)."""
     extra = message.get("extra") if isinstance(message.get("extra"), dict) else {}
@@ -178,10 +179,10 @@ def _assistant(run: ParsedRun, branch: str, message: dict[str, Any], where: str,
     else:
         need("content" in message or "tool_calls" in message, where,
              "an assistant message needs content (or tool_calls)")
-        text = content_text(message.get("content"), jpath(where, "content"))
+        text = content_text(message.get("content"), (*where, "content"))
         usage = usage_of(dig(extra, "response", "usage"))
     commands = _commands(extra, message, where)
-    if text is not None:  # text-based: the one fenced block is the action; the text keeps the THOUGHT
+    if text is not None and not message.get("tool_calls"):  # text-based: the one fenced block is the action
         for pattern in action_res:
             found = list(pattern.finditer(text))
             if len(found) == 1 and (commands is None or found[0].group(1).strip() in commands):
@@ -194,19 +195,19 @@ def _assistant(run: ParsedRun, branch: str, message: dict[str, Any], where: str,
                  call=(TOOL, commands[c_index]) if commands else None, usage=usage if c_index == 0 else None)
 
 
-def _commands(extra: dict[str, Any], message: dict[str, Any], where: str) -> list[str] | None:
+def _commands(extra: dict[str, Any], message: dict[str, Any], where: JsonPath) -> list[str] | None:
     """The parsed actions of a v2 message (``extra.actions``), else its tool calls' commands; None: neither."""
     actions = extra.get("actions")
     if actions is not None:
-        need(isinstance(actions, list), jpath(where, "extra", "actions"), "must be a list")
+        need(isinstance(actions, list), (*where, "extra", "actions"), "must be a list")
         commands = []
         for index, action in enumerate(actions):
             command = action.get("command") if isinstance(action, dict) else None
-            need(isinstance(command, str), jpath(where, "extra", "actions", index, "command"),
+            need(isinstance(command, str), (*where, "extra", "actions", index, "command"),
                  "missing (each action needs its command)")
             commands.append(command)
         return commands
-    calls = parse_tool_calls(message.get("tool_calls"), jpath(where, "tool_calls"))
+    calls = parse_tool_calls(message.get("tool_calls"), (*where, "tool_calls"))
     if not calls:
         return None
     return [_command_of(arguments) for _, arguments in calls]
@@ -224,27 +225,27 @@ def _command_of(arguments: Any) -> str:
     return arguments if isinstance(arguments, str) else json.dumps(arguments, sort_keys=True)
 
 
-def _response_text(message: dict[str, Any], where: str) -> str | None:
+def _response_text(message: dict[str, Any], where: JsonPath) -> str | None:
     """The text of a Responses-API response object: its message items' output text."""
     output = message.get("output")
-    need(isinstance(output, list), jpath(where, "output"), "a response object needs its output list")
+    need(isinstance(output, list), (*where, "output"), "a response object needs its output list")
     texts = []
     for index, item in enumerate(output):
         if isinstance(item, dict) and item.get("type") == "message":
-            texts.append(content_text(item.get("content"), jpath(where, "output", index, "content")) or "")
+            texts.append(content_text(item.get("content"), (*where, "output", index, "content")) or "")
     return "\n".join(texts) if texts else None
 
 
-def _observation(message: dict[str, Any], where: str) -> tuple[str, int | None]:
+def _observation(message: dict[str, Any], where: JsonPath) -> tuple[str, int | None]:
     """An observation → (output text, exit code): the ``<returncode>`` moves to the exit code, an
     ``<output>`` element that is all there is unwraps; warnings, heads and tails stay as the agent saw them."""
     if message.get("type") == "function_call_output":
         raw = message.get("output")
-        need(isinstance(raw, str), jpath(where, "output"), "missing (a function_call_output needs its output)")
+        need(isinstance(raw, str), (*where, "output"), "missing (a function_call_output needs its output)")
         text = raw
     else:
         need("content" in message, where, "an observation needs content")
-        text = content_text(message.get("content"), jpath(where, "content")) or ""
+        text = content_text(message.get("content"), (*where, "content")) or ""
     extra = message.get("extra") if isinstance(message.get("extra"), dict) else {}
     exit_code = extra.get("returncode")
     found = _RETURNCODE.search(text)
@@ -253,6 +254,6 @@ def _observation(message: dict[str, Any], where: str) -> tuple[str, int | None]:
             exit_code = int(found.group(1))
         text = text[:found.start()] + text[found.end():]
     if exit_code is not None and (not isinstance(exit_code, int) or isinstance(exit_code, bool)):
-        raise DocumentError(jpath(where, "extra", "returncode"), "must be an integer")
+        raise DocumentError((*where, "extra", "returncode"), "must be an integer")
     whole = _OUTPUT.fullmatch(text)
     return (whole.group(1) if whole else text), exit_code

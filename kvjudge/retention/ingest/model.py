@@ -23,20 +23,27 @@ ROLES = ("system", "developer", "user", "assistant", "tool")
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
+#: A JSON path: its text (``$.messages[3]``), or the parts to join into it only when an error needs it
+#: (``("$.messages", 3, "content")``) — parsers walk every message, and most documents are fine.
+JsonPath = str | tuple[str | int, ...]
+
+
 class DocumentError(Exception):
     """A problem in one JSON document: ``path`` is its JSON path (``$.messages[3].content``)."""
 
-    def __init__(self, path: str, message: str) -> None:
+    def __init__(self, path: JsonPath, message: str) -> None:
+        path = path if isinstance(path, str) else jpath(*path)
         super().__init__(f"{path}: {message}")
         self.path = path
         self.message = message
 
 
-def jpath(base: str, *keys: str | int) -> str:
+def jpath(base: str | int, *keys: str | int) -> str:
     """``base`` extended by object keys and array indexes: ``jpath("$", "messages", 3)`` → ``$.messages[3]``."""
+    out = str(base)
     for key in keys:
-        base += _segment(key)
-    return base
+        out += _segment(key)
+    return out
 
 
 @functools.lru_cache(maxsize=4096)
@@ -46,23 +53,28 @@ def _segment(key: str | int) -> str:
     return f".{key}" if _IDENTIFIER.match(key) else f"[{canonical_json(key)}]"
 
 
-def need(cond: bool, path: str, message: str) -> None:
+def need(cond: bool, path: JsonPath, message: str) -> None:
     """Raise DocumentError(path, message) unless ``cond``."""
     if not cond:
         raise DocumentError(path, message)
 
 
-def get_field(obj: Any, key: str, path: str, kinds: type | tuple[type, ...], what: str, *,
+def get_field(obj: Any, key: str, path: JsonPath, kinds: type | tuple[type, ...], what: str, *,
               required: bool = True) -> Any:
     """``obj[key]`` checked against ``kinds`` (bool is never an int here); None when absent and not required."""
-    where = jpath(path, key)
-    if key not in obj or obj[key] is None:
-        need(not required, where, f"missing ({what} expected)")
+    value = obj.get(key)
+    if value is None:
+        if required:
+            raise DocumentError(subpath(path, key), f"missing ({what} expected)")
         return None
-    value = obj[key]
-    need(isinstance(value, kinds) and not (isinstance(value, bool) and bool not in _as_tuple(kinds)), where,
-         f"must be {what}, not {_kind(value)}")
+    if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in _as_tuple(kinds)):
+        raise DocumentError(subpath(path, key), f"must be {what}, not {_kind(value)}")
     return value
+
+
+def subpath(path: JsonPath, *keys: str | int) -> JsonPath:
+    """``path`` extended by ``keys``, still unjoined (see :data:`JsonPath`)."""
+    return (path, *keys) if isinstance(path, str) else (*path, *keys)
 
 
 def _as_tuple(kinds: type | tuple[type, ...]) -> tuple[type, ...]:
@@ -227,20 +239,22 @@ def usage_of(response_usage: Any) -> dict[str, int] | None:
     return found or None
 
 
-def content_text(content: Any, path: str) -> str | None:
+def content_text(content: Any, path: JsonPath) -> str | None:
     """Message content as text: a string, null, or a list of parts (text parts joined; others named)."""
     if content is None or isinstance(content, str):
         return content
-    need(isinstance(content, list), path, f"must be a string, null or a list of content parts, not {_kind(content)}")
+    if not isinstance(content, list):
+        raise DocumentError(path, f"must be a string, null or a list of content parts, not {_kind(content)}")
     texts = []
     for index, part in enumerate(content):
-        where = jpath(path, index)
-        need(isinstance(part, dict), where, f"must be a content part object, not {_kind(part)}")
+        if not isinstance(part, dict):
+            raise DocumentError(subpath(path, index), f"must be a content part object, not {_kind(part)}")
         kind = part.get("type")
         if kind in ("text", "input_text", "output_text"):
-            need(isinstance(part.get("text"), str), jpath(where, "text"), f"a {kind} part needs a string text")
+            if not isinstance(part.get("text"), str):
+                raise DocumentError(subpath(path, index, "text"), f"a {kind} part needs a string text")
             texts.append(part["text"])
         else:
-            need(isinstance(kind, str), jpath(where, "type"), "a content part needs a string type")
+            need(isinstance(kind, str), subpath(path, index, "type"), "a content part needs a string type")
             texts.append(f"[{kind} part not imported]")
     return "".join(texts)

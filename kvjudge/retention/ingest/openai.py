@@ -8,11 +8,12 @@ from typing import Any
 from kvjudge.retention.ingest.model import (
     ROLES,
     DocumentError,
+    JsonPath,
     ParseContext,
     ParsedRun,
     content_text,
-    jpath,
     need,
+    subpath,
 )
 
 
@@ -34,23 +35,24 @@ def parse_openai(obj: Any, context: ParseContext, raw: bytes) -> ParsedRun:
     branch = run.branch("main")
     call_names: dict[str, str] = {}
     for index, message in enumerate(messages):
-        where = jpath("$.messages", index)
+        where = ("$.messages", index)
         need(isinstance(message, dict), where, "must be an object")
         role = message.get("role")
-        need(role in ROLES, jpath(where, "role"), f"must be one of {', '.join(ROLES)}")
-        text = content_text(message.get("content"), jpath(where, "content"))
+        if role not in ROLES:
+            raise DocumentError((*where, "role"), f"must be one of {', '.join(ROLES)}")
+        text = content_text(message.get("content"), (*where, "content"))
         if role == "tool":
             name = message.get("name") or call_names.get(str(message.get("tool_call_id")))
             run.step(branch, role, output=(name, text or "", None))
             continue
-        calls = parse_tool_calls(message.get("tool_calls"), jpath(where, "tool_calls"), call_names)
+        calls = parse_tool_calls(message.get("tool_calls"), (*where, "tool_calls"), call_names)
         # One transition per tool call; the message text rides on the first.
         for c_index in range(max(1, len(calls))):
             run.step(branch, role, text=text if c_index == 0 else None, call=calls[c_index] if calls else None)
     return run
 
 
-def parse_tool_calls(calls: Any, path: str, call_names: dict[str, str] | None = None) -> list[tuple[str, Any]]:
+def parse_tool_calls(calls: Any, path: JsonPath, call_names: dict[str, str] | None = None) -> list[tuple[str, Any]]:
     """``tool_calls`` of a chat message → ``[(name, arguments)]``; records ``id → name`` in ``call_names``."""
     if calls is None:
         return []
@@ -59,7 +61,7 @@ def parse_tool_calls(calls: Any, path: str, call_names: dict[str, str] | None = 
     for index, call in enumerate(calls):
         function = call.get("function") if isinstance(call, dict) else None
         if not (isinstance(function, dict) and isinstance(function.get("name"), str)):
-            raise DocumentError(jpath(path, index, "function"), "needs a string name")
+            raise DocumentError(subpath(path, index, "function"), "needs a string name")
         if call_names is not None and isinstance(call.get("id"), str):
             call_names[call["id"]] = function["name"]
         parsed.append((function["name"], function.get("arguments")))

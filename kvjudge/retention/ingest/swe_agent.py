@@ -122,13 +122,13 @@ def _prompt_prefix(history: list[Any], statement: str | None) -> tuple[list[tupl
     demo: list[str] = []
     instance_seen = False
     for index, item in enumerate(history):
-        where = jpath("$.history", index)
+        where = ("$.history", index)
         need(isinstance(item, dict), where, "must be an object")
         role = item.get("role")
-        need(isinstance(role, str), jpath(where, "role"), "missing (every message needs a role)")
+        need(isinstance(role, str), (*where, "role"), "missing (every message needs a role)")
         if role == "assistant" and not item.get("is_demo"):
             break
-        text = content_text(item.get("content"), jpath(where, "content")) or ""
+        text = content_text(item.get("content"), (*where, "content")) or ""
         if item.get("is_demo"):
             demo.append(text)
             continue
@@ -159,7 +159,7 @@ def _statement_in(text: str) -> str:
 
 def _steps(run: ParsedRun, branch: str, steps: list[Any], path: str) -> None:
     for index, step in enumerate(steps):
-        where = jpath(path, index)
+        where = (path, index)
         need(isinstance(step, dict), where, "must be an object")
         thought = get_field(step, "thought", where, str, "a string")
         action = get_field(step, "action", where, str, "a string")
