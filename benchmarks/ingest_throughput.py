@@ -37,9 +37,10 @@ from typing import Any
 from kvjudge.retention.ingest.synthetic import make_episode, mini_swe_agent_v1, mini_swe_agent_v2, swe_agent
 
 MODELS = ("anthropic/claude-sonnet-4-5-20250929", "openai/gpt-5-mini", "hosted_vllm/qwen3-coder-30b")
-# Bytes of tool output per byte of a written file, measured on make_episode's output: v2 stores each output
-# twice (the observation and extra.raw_output), SWE-agent too (trajectory and history); v1 cuts long outputs.
-_OUTPUT_SHARE = {"v2": 0.40, "v1": 0.82, "swe": 0.37}
+# Bytes of tool output per byte of a written file, measured on make_episode's output (so files average
+# --size-mb): v2 stores each output twice (the observation and extra.raw_output), SWE-agent too (trajectory and
+# history); v1 cuts long outputs to their head and tail.
+_OUTPUT_SHARE = {"v2": 0.66, "v1": 1.4, "swe": 0.63}
 
 
 def generate(directory: Path, n: int, size_mb: float, seed: int) -> dict[str, Any]:
