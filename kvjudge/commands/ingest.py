@@ -49,8 +49,8 @@ def _ingest(args: argparse.Namespace) -> int:
     total = sum(source.size for source in sources)
     if sys.stderr.isatty():
         info(f"{len(sources)} file(s), {megabytes(total)} MB: checking every run, then importing")
-    # Each file is read twice (checked, then written): the bar counts both passes.
-    with open_store(args, config, read_tiered=False) as store, progress("ingesting", 2 * total) as advance:
+    # Each file is read twice (checked, then written): the bar counts files in both passes.
+    with open_store(args, config, read_tiered=False) as store, progress("ingesting", 2 * len(sources)) as advance:
         report = ingest_sources(store, sources, ignored_files=ignored, fmt=args.format, tenant=args.tenant,
                                 agent=args.agent, results=args.results, skip_bad=args.skip_bad,
                                 progress=lambda n, description: advance(n, description=description))

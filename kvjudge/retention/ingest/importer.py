@@ -33,8 +33,8 @@ FORMATS = ("auto", "native", "openai", "mini-swe-agent", "swe-agent")
 BATCH_RUNS = 64
 BATCH_BYTES = 32 << 20
 
-#: ``progress(bytes_done, description)`` — the CLI's progress bar advance (bytes: twice each file's size, once
-#: per pass).
+#: ``progress(files_done, description)`` — the CLI's progress bar advance: each file counts twice (checked,
+#: then written); the description says files, MB and runs.
 Progress = Callable[[int, str], None]
 
 
@@ -142,6 +142,7 @@ class _Importer:
         self.progress = progress
         self.report = IngestReport(store=str(store.path))
         self.grades: dict[str, dict[str, Any]] = {}
+        self._total_bytes = 0
 
     def context(self, source: Source, *, hashing: bool = True) -> ParseContext:
         return ParseContext(tenant=self.tenant, agent=self.agent, default_instance=source.default_instance,
@@ -151,6 +152,8 @@ class _Importer:
     def check(self, sources: list[Source]) -> list[_PlannedSource]:
         planned: list[_PlannedSource] = []
         runs = 0
+        self._total_bytes = sum(source.size for source in sources)
+        done = 0
         for number, source in enumerate(sources, start=1):
             try:
                 entries = []
@@ -163,7 +166,8 @@ class _Importer:
                 runs += len(entries)
             except IngestError as exc:
                 self._bad(source, exc)
-            self._advance(source.size, f"checking {number}/{len(sources)} files, {runs} runs")
+            done += source.size
+            self._advance(1, f"checking {number}/{len(sources)} files, {self._mb(done)}, {runs} runs")
         self._join_results(planned)
         self._hash_known_ids(planned)
         return self._against_store(planned)
@@ -200,6 +204,7 @@ class _Importer:
             if not wanted:
                 continue
             source = planned_source.source
+            self._advance(0, f"comparing {len(wanted)} run(s) of {source.path.name} with the store")
             for index, document in enumerate(iter_documents(source)):
                 if index in wanted:
                     run = parse_document(document, self.fmt, self.context(source))
@@ -239,6 +244,10 @@ class _Importer:
     def write(self, planned: list[_PlannedSource]) -> None:
         batch: list[tuple[ParsedRun, str]] = []
         batch_bytes = 0
+        done = 0
+        skipped = len(self.report.skipped)  # files dropped by the check still count on the bar
+        if skipped:
+            self._advance(skipped, "importing")
         for number, planned_source in enumerate(planned, start=1):
             source = planned_source.source
             if all(run.present for run in planned_source.runs):
@@ -260,8 +269,9 @@ class _Importer:
                     if len(batch) >= BATCH_RUNS or batch_bytes >= BATCH_BYTES:
                         self._commit(batch)
                         batch, batch_bytes = [], 0
-            self._advance(source.size, f"importing {number}/{len(planned)} files, "
-                                       f"{len(self.report.imported) + len(batch)} runs")
+            done += source.size
+            self._advance(1, f"importing {number}/{len(planned)} files, {self._mb(done)}, "
+                             f"{len(self.report.imported) + len(batch)} runs")
         self._commit(batch)
 
     def _commit(self, batch: list[tuple[ParsedRun, str]]) -> None:
@@ -287,9 +297,12 @@ class _Importer:
             self.report.body_bytes += run.body_bytes
             self.report.states[_final_state(run)] += 1
 
-    def _advance(self, n_bytes: int, description: str) -> None:
+    def _advance(self, files: int, description: str) -> None:
         if self.progress is not None:
-            self.progress(n_bytes, description)
+            self.progress(files, description)
+
+    def _mb(self, done: int) -> str:
+        return f"{done / 1e6:.1f}/{self._total_bytes / 1e6:.1f} MB"
 
 
 def _final_state(run: ParsedRun) -> str:
