@@ -390,7 +390,7 @@ def test_results_are_part_of_a_runs_content(store: Store, tmp_path: Path) -> Non
     two_agents(tmp_path / "runs", ["a__a-1"])
     store.ingest([tmp_path / "runs"])
     results = summary(tmp_path / "openai__gpt-4o.e.json", ["a__a-1"], [])
-    with pytest.raises(IngestError, match="already in the store with other content .*grades from --results"):
+    with pytest.raises(IngestError, match="already in the store with other content .*--results grades"):
         store.ingest([tmp_path / "runs"], results=[str(results)])
     with pytest.raises(IngestError, match="neither a SWE-bench summary report"):
         store.ingest([tmp_path / "runs"], results=[str(tmp_path / "runs" / "openai__gpt-4o" / "a__a-1" /

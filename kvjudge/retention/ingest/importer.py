@@ -285,8 +285,9 @@ class _Importer:
                 # Decided on the committed state: another import may have written the run since the check.
                 stored = stored_content_hash(self.store, run.run_id, len(run.events))
                 if stored is not None:
-                    if stored != run.content_hash:
-                        raise _conflict(where, run.run_id, stored, run.content_hash or "")
+                    if stored != run.content_hash:  # written by another import since the check
+                        raise IngestError(f"{_conflict(where, run.run_id, stored, run.content_hash or '')}; "
+                                          f"nothing of this batch was written")
                     self.report.already_present.append(run.run_id)
                     continue
                 stored_bytes += self.store.write_parsed(run)
@@ -312,8 +313,8 @@ def _final_state(run: ParsedRun) -> str:
 
 def _conflict(where: str, run_id: str, stored: str, new: str) -> IngestError:
     return IngestError(f"{where}: run {run_id!r} is already in the store with other content (stored {stored}, "
-                       f"this input {new}); nothing was imported — a run's id must name one content (its grades "
-                       f"from --results, --agent and --tenant are part of it)")
+                       f"this input {new}) — a run id names one content, and --results grades, --agent and "
+                       f"--tenant are part of it")
 
 
 def _changed(source: Source) -> IngestError:
