@@ -31,7 +31,7 @@ from kvjudge.retention.ingest.swe_agent import is_swe_agent, parse_swe_agent
 
 FORMATS = ("auto", "native", "openai", "mini-swe-agent", "swe-agent")
 BATCH_RUNS = 64
-BATCH_BYTES = 32 << 20
+BATCH_BYTES = 8 << 20
 
 #: ``progress(files_done, description)`` — the CLI's progress bar advance: each file counts twice (checked,
 #: then written); the description says files, MB and runs.

@@ -33,6 +33,7 @@ from kvjudge.retention.ingest.model import (
     JsonPath,
     ParseContext,
     ParsedRun,
+    as_object,
     content_text,
     dig,
     get_field,
@@ -78,7 +79,7 @@ def parse_mini_swe_agent(obj: Any, context: ParseContext) -> ParsedRun:
     model = dig(info, "config", "model", "model_name")
     agent = context.agent or (model if isinstance(model, str) and model else "mini-swe-agent")
     submission = get_field(info, "submission", "$.info", str, "a string", required=False)
-    stats = dig(info, "model_stats") or {}
+    stats = as_object(info.get("model_stats"))
     version = info.get("mini_version")
     metadata = scalars({"format": fmt, "exit_status": info.get("exit_status"), "cost": stats.get("instance_cost"),
                         "api_calls": stats.get("api_calls"), "model": model,

@@ -95,6 +95,11 @@ def dig(obj: Any, *keys: str) -> Any:
     return obj
 
 
+def as_object(value: Any) -> dict[str, Any]:
+    """``value`` when it is a JSON object, else an empty one (for optional blocks such as ``model_stats``)."""
+    return value if isinstance(value, dict) else {}
+
+
 def scalars(values: dict[str, Any]) -> dict[str, Any]:
     """The entries of ``values`` that are JSON scalars and not None (run metadata is a flat map)."""
     return {k: v for k, v in values.items() if isinstance(v, str | int | float | bool) and v is not None}

@@ -28,6 +28,7 @@ from kvjudge.retention.ingest.model import (
     DocumentError,
     ParseContext,
     ParsedRun,
+    as_object,
     content_text,
     dig,
     get_field,
@@ -46,8 +47,8 @@ _PR = re.compile(r"<pr_description>\n(.*?)\n</pr_description>", re.DOTALL)
 
 def is_swe_agent(obj: dict[str, Any]) -> bool:
     """A SWE-agent trajectory: a ``trajectory`` list (or a retry agent's ``attempts``) beside ``info``/``history``."""
-    return isinstance(obj.get("trajectory"), list) and ("history" in obj or "info" in obj) or (
-        isinstance(obj.get("attempts"), list) and "info" in obj)
+    steps = isinstance(obj.get("trajectory"), list) and ("history" in obj or "info" in obj)
+    return steps or (isinstance(obj.get("attempts"), list) and "info" in obj)
 
 
 def parse_swe_agent(obj: Any, context: ParseContext) -> ParsedRun:
@@ -64,7 +65,7 @@ def parse_swe_agent(obj: Any, context: ParseContext) -> ParsedRun:
     model = dig(replay, "agent", "model", "name")
     agent = context.agent or (model if isinstance(model, str) and model else "swe-agent")
     submission = get_field(info, "submission", "$.info", str, "a string", required=False)
-    stats = _model_stats(info.get("model_stats"))
+    stats = as_object(info.get("model_stats"))
     version = info.get("swe_agent_version")
     metadata = scalars({"format": "swe-agent", "exit_status": info.get("exit_status"),
                         "cost": stats.get("instance_cost"), "api_calls": stats.get("api_calls"),
@@ -106,10 +107,6 @@ def _replay_config(value: Any) -> dict[str, Any]:
             raise DocumentError("$.replay_config", f"is not valid JSON ({exc})") from None
     need(isinstance(value, dict), "$.replay_config", "must be an object (or its JSON text)")
     return value
-
-
-def _model_stats(value: Any) -> dict[str, Any]:
-    return value if isinstance(value, dict) else {}
 
 
 def _prompt_prefix(history: list[Any], statement: str | None) -> tuple[list[tuple[str, str]], str | None]:
