@@ -55,7 +55,8 @@ MINI_V1 = {
                                       "shell to solve programming tasks.", "timestamp": 1752000000.1},
         {"role": "user", "content": INSTANCE, "timestamp": 1752000000.2},
         {"role": "assistant", "timestamp": 1752000003.5,
-         "content": "THOUGHT: Let me find the field.\n\n```bash\ngrep -n \"class TimeDelta\" src/marshmallow/fields.py\n```",
+         "content": "THOUGHT: Let me find the field.\n\n```bash\ngrep -n \"class TimeDelta\" "
+                    "src/marshmallow/fields.py\n```",
          "extra": {"response": {"id": "chatcmpl-1", "usage": {"prompt_tokens": 1510, "completion_tokens": 38,
                                                               "total_tokens": 1548}}}},
         {"role": "user", "content": "<returncode>0</returncode>\n<output>\n1428:class TimeDelta(Field):\n</output>",
@@ -68,11 +69,13 @@ MINI_V1 = {
             "different command that produces less output.\n</warning><output_head>\n" + LONG[:5000] +
             "\n</output_head>\n<elided_chars>\n" + str(len(LONG) - 10000) + " characters elided\n</elided_chars>\n"
             "<output_tail>\n" + LONG[-5000:] + "\n</output_tail>")},
-        {"role": "assistant", "content": "THOUGHT: I will fix it and run the tests at once.", "timestamp": 1752000009.0},
+        {"role": "assistant", "content": "THOUGHT: I will fix it and run the tests at once.",
+         "timestamp": 1752000009.0},
         {"role": "user", "content": "Please always provide EXACTLY ONE action in triple backticks, found 0 actions.",
          "timestamp": 1752000009.1},
         {"role": "assistant", "timestamp": 1752000012.0,
-         "content": "THOUGHT: Round instead of truncating.\n\n```bash\nsed -i 's/return int(value/return int(round(value/' "
+         "content": "THOUGHT: Round instead of truncating.\n\n```bash\n"
+                    "sed -i 's/return int(value/return int(round(value/' "
                     "src/marshmallow/fields.py && python -c \"print(1)\"\n```"},
         {"role": "user", "content": "<returncode>1</returncode>\n<output>\nTraceback (most recent call last):\n"
                                     "SyntaxError: '(' was never closed\n</output>", "timestamp": 1752000012.5},
@@ -89,10 +92,13 @@ MINI_V1 = {
 SWE_V07 = {
     "environment": "swe_main",
     "trajectory": [
-        {"action": "create reproduce.py\n", "observation": "[File: /pydicom__pydicom/reproduce.py (1 lines total)]\n1:\n",
+        {"action": "create reproduce.py\n",
+         "observation": "[File: /pydicom__pydicom/reproduce.py (1 lines total)]\n1:\n",
          "response": "First I'll reproduce the bug.\n\n```\ncreate reproduce.py\n```", "thought":
-         "First I'll reproduce the bug.\n\n", "state": "{\"open_file\": \"n/a\", \"working_dir\": \"/pydicom__pydicom\"}\n"},
-        {"action": "python reproduce.py\n", "observation": "Traceback (most recent call last):\r\n  File \"reproduce.py\"",
+         "First I'll reproduce the bug.\n\n",
+         "state": "{\"open_file\": \"n/a\", \"working_dir\": \"/pydicom__pydicom\"}\n"},
+        {"action": "python reproduce.py\n",
+         "observation": "Traceback (most recent call last):\r\n  File \"reproduce.py\"",
          "response": "Run it.\n\n```\npython reproduce.py\n```", "thought": "Run it.\n\n", "state": "{}"},
         {"action": "submit\n", "observation": "\ndiff --git a/pydicom/x.py b/pydicom/x.py\n",
          "response": "Done.\n\n```\nsubmit\n```", "thought": "Done.\n\n", "state": "{}"},
@@ -288,7 +294,8 @@ def test_swe_agent_07_and_retry_attempts(store: Store, tmp_path: Path) -> None:
     ("d.traj.json", [1, 2, 3], r"d.traj.json: \$: is none of the formats"),
     ("e.traj", dict(SWE_V07, info="done"), r"e.traj: \$\.info: must be an object, not a string"),
 ])
-def test_bad_trajectories_name_the_file_and_json_path(store: Store, tmp_path: Path, name: str, data, message: str) -> None:
+def test_bad_trajectories_name_the_file_and_json_path(store: Store, tmp_path: Path, name: str, data,
+                                                      message: str) -> None:
     write(tmp_path / "runs" / "good.traj.json", MINI_V1)
     write(tmp_path / "runs" / name, data)
     with pytest.raises(IngestError, match=message):

@@ -10,15 +10,16 @@ from __future__ import annotations
 import functools
 import json
 from importlib import resources
-from typing import Any
-
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import ValidationError, best_match
+from typing import TYPE_CHECKING, Any
 
 from kvjudge.errors import RunStateError
 from kvjudge.retention import events as ev
 from kvjudge.retention.ingest.model import DocumentError, ParseContext, ParsedRun, jpath, need
 from kvjudge.retention.lifecycle import GRADING, RUNNING, check_path
+
+if TYPE_CHECKING:
+    from jsonschema import Draft202012Validator
+    from jsonschema.exceptions import ValidationError
 
 _TYPE_NAMES = {"string": "a string", "integer": "an integer", "number": "a number", "boolean": "a boolean",
                "object": "an object", "array": "an array", "null": "null"}
@@ -32,6 +33,8 @@ def schema() -> dict[str, Any]:
 
 @functools.cache
 def _validator() -> Draft202012Validator:
+    from jsonschema import Draft202012Validator  # imported on first use: trajectories never need it
+
     return Draft202012Validator(schema())
 
 
@@ -64,6 +67,8 @@ def _described(error: ValidationError) -> DocumentError:
 
 def parse_native(obj: Any, context: ParseContext | None = None) -> ParsedRun:
     """A native run object → ParsedRun (raises DocumentError naming the JSON path)."""
+    from jsonschema.exceptions import best_match
+
     context = context or ParseContext()
     error = best_match(_validator().iter_errors(obj))
     if error is not None:

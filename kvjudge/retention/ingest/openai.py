@@ -1,4 +1,4 @@
-"""OpenAI chat format: ``{"messages": [...], "id"?: …, "agent"?: …}`` → a one-branch run that lands as ungraded."""
+"""OpenAI chat format: ``{"messages": [...], "id"?: …, "agent"?: …}`` → a one-branch run, landing ungraded."""
 
 from __future__ import annotations
 

@@ -150,7 +150,8 @@ class ResultsIndex:
             results = self.files[index]
             if len(agents) > 1 and results.agent is None:
                 out.append(f"--results {results.path}: instance {instance!r} matches runs of {len(agents)} agents "
-                           f"({', '.join(sorted(agents))}); say whose results these are: --results AGENT={results.path}")
+                           f"({', '.join(sorted(agents))}); say whose results these are: "
+                           f"--results AGENT={results.path}")
         return out
 
     def unmatched(self) -> list[tuple[str, str]]:

@@ -146,7 +146,8 @@ def _prompt_prefix(history: list[Any], statement: str | None) -> tuple[list[tupl
 
 
 def _statement_in(text: str) -> str:
-    """SWE-agent 0.x writes ``ISSUE:\\n…\\n\\nINSTRUCTIONS:``; 1.x templates ``<pr_description>``; else the whole text."""
+    """The problem statement in the instance message: SWE-agent 0.x writes ``ISSUE:\\n…\\n\\nINSTRUCTIONS:``, 1.x
+    templates ``<pr_description>``; else the whole text."""
     for pattern in (_ISSUE, _PR):
         found = pattern.search(text)
         if found and found.group(1):
