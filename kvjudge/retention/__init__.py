@@ -3,6 +3,7 @@
 Public API (see docs/contracts.md, "retention → tiering, judge, demo")::
 
     from kvjudge.retention import Store, fold, RunState, plan_reduction, apply_plan, verify
+    from kvjudge.retention import ingest_paths, IngestReport          # getting runs in (or store.ingest)
     from kvjudge.retention import open_cold_store, tier_run, rehydrate_run   # tiering
 """
 
@@ -27,6 +28,7 @@ from kvjudge.retention.events import (
     canonical_json,
 )
 from kvjudge.retention.faults import fault_point
+from kvjudge.retention.ingest import IngestReport, ingest_paths
 from kvjudge.retention.lifecycle import STATES, is_reducible
 from kvjudge.retention.reduce import (
     ReductionPlan,
@@ -57,7 +59,8 @@ __all__ = [
     "EVENT_TYPES", "STATES", "BlobStore", "BodyLocation", "Branch", "BranchOpened", "BranchReduced", "Dropped",
     "Event", "Explanation", "GradeRecorded", "Reduced", "Rehydrated", "RunStarted", "RunState", "StateChanged",
     "Store", "TextError", "TextRepaired", "TierStarted", "Tiered", "Transition", "TransitionRecorded",
-    "VerifierRecorded", "canonical_json", "fault_point", "fold", "fold_onto", "is_reducible", "parse_checked", "ref_of",
+    "VerifierRecorded", "canonical_json", "IngestReport", "fault_point", "fold", "fold_onto", "ingest_paths",
+    "is_reducible", "parse_checked", "ref_of",
     "ReductionPlan", "ReductionResult", "Violation", "VerifyReport", "apply_plan", "plan_reduction", "reduce_run",
     "run_tokens", "summarize", "verify", "view_refs",
     "ColdStore", "ColdStores", "LocalDirColdStore", "RehydrateResult", "S3ColdStore", "TierResult",
