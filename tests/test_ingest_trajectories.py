@@ -416,3 +416,29 @@ def test_show_displays_agent_and_metadata(tmp_path: Path, capsys: pytest.Capture
     assert "cost 0.0421" in human.stdout and "api_calls 5" in human.stdout
     assert main(["ingest", str(tmp_path / "m.traj.json"), "--store", store_path, "--format", "swe-agent"]) == 1
     assert "m.traj.json: $.trajectory: missing (a list of steps expected) (swe-agent format)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("fmt", ["mini-swe-agent", "swe-agent"])
+def test_text_that_is_not_unicode_in_a_trajectory(store: Store, tmp_path: Path, fmt: str) -> None:
+    """The untrusted-text check holds for the trajectory formats: refused naming the file and JSON path, or
+    repaired to U+FFFD and noted with --repair-text."""
+    if fmt == "mini-swe-agent":
+        data = copy.deepcopy(MINI_V1)
+        data["messages"][3]["content"] = "<returncode>0</returncode>\n<output>\ncut \ud800here\n</output>"
+        name, where = "m.traj.json", r"\$\.messages\[3\]\.content"
+    else:
+        data = copy.deepcopy(SWE_V07)
+        data["trajectory"][1]["observation"] = "cut \ud800here"
+        name, where = "s.traj", r"\$\.trajectory\[1\]\.observation"
+    path = tmp_path / name
+    path.write_text(json.dumps(data))  # json.dumps writes the lone surrogate as the escape \ud800
+    with pytest.raises(IngestError, match=rf"{name}: text at {where} is not valid Unicode: lone surrogate U\+D800"):
+        store.ingest([path])
+    assert store.run_ids() == []
+    report = store.ingest([path], repair_text=True)
+    [run_id] = report.imported
+    outputs = [store.text(t.tool_output["output_ref"]) for t in store.run(run_id).branches[0].transitions
+               if t.tool_output]
+    assert any(output.startswith("cut \ufffdhere") for output in outputs)
+    assert report.repaired[run_id][0]["code_units"] == 1 and verify(store).ok
+    assert store.ingest([path], repair_text=True).already_present == [run_id]

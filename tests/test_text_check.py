@@ -155,9 +155,10 @@ def test_bytes_that_are_not_utf8_are_repaired_too(store: Store, tmp_path: Path) 
     state = store.run(run_id)
     assert store.text(state.branches[0].transitions[0].text_ref) == "caf\ufffd \ufffd!"
     assert [(n["paths"], n["code_units"]) for n in state.text_repairs] == [(["$.messages[0].content"], 2)]
-    # The derived id hashes the line's bytes as they are: the same file names the same run again.
-    with pytest.raises(IngestError, match=f"run '{run_id}' is already in the store"):
-        store.ingest_file(path, repair_text=True)
+    # The derived id hashes the line's bytes as they are: the same file names the same run again, already present.
+    events = store.connection.execute("SELECT COUNT(*) FROM events").fetchone()[0]
+    assert store.ingest([path], repair_text=True).already_present == [run_id]
+    assert store.connection.execute("SELECT COUNT(*) FROM events").fetchone()[0] == events
 
 
 @pytest.mark.parametrize(("line", "message"), [

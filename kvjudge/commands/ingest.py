@@ -16,6 +16,7 @@ from kvjudge.commands._common import (
     progress,
 )
 from kvjudge.retention.ingest import FORMATS, IngestReport, collect_sources, ingest_sources
+from kvjudge.retention.text_check import describe_repair
 
 # The warning line lists this many unmatched results by name; the rest are counted.
 _LISTED = 10
@@ -38,6 +39,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "report.json files (a directory is searched); repeatable")
     parser.add_argument("--skip-bad", action="store_true",
                         help="import the other files when one is malformed, and list it at the end")
+    parser.add_argument("--repair-text", action="store_true",
+                        help="store text that is not valid Unicode (lone surrogates, bytes not UTF-8) with U+FFFD "
+                             "in place of each bad code unit, and note it on the run (default: refuse the file)")
     add_store_args(parser)
     add_output_args(parser)
     parser.set_defaults(func=_ingest)
@@ -53,6 +57,7 @@ def _ingest(args: argparse.Namespace) -> int:
     with open_store(args, config, read_tiered=False) as store, progress("ingesting", 2 * len(sources)) as advance:
         report = ingest_sources(store, sources, ignored_files=ignored, fmt=args.format, tenant=args.tenant,
                                 agent=args.agent, results=args.results, skip_bad=args.skip_bad,
+                                repair_text=args.repair_text,
                                 progress=lambda n, description: advance(n, description=description))
     if report.unmatched_results:
         info("warning: " + _unmatched_line(report))
@@ -83,5 +88,8 @@ def _human(report: IngestReport) -> None:
               f"{' (agent from the ' + results['agent_from'] + ')' if results['agent_from'] == 'file name' else ''}")
     if report.evaluation_errors:
         print(f"  {report.evaluation_errors} result(s) were evaluation errors: those runs stay ungraded")
+    for run_id, notes in report.repaired.items():
+        for note in notes:
+            print(f"repaired {run_id}: {describe_repair(note)}")
     for skipped in report.skipped:
         print(f"skipped {skipped['path']}: {skipped['error']}")

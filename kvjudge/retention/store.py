@@ -445,7 +445,7 @@ class Store:
     # ---------------------------------------------------------------- ingest
     def ingest(self, paths: Iterable[str | os.PathLike[str]], **options: Any) -> IngestReport:
         """Import run files and directories; see :func:`kvjudge.retention.ingest.ingest_sources` for ``options``
-        (``fmt``, ``tenant``, ``agent``, ``results``, ``skip_bad``, ``progress``).
+        (``fmt``, ``tenant``, ``agent``, ``results``, ``skip_bad``, ``repair_text``, ``progress``).
 
         Every document is checked first: a malformed one raises IngestError naming the file, the line and the
         JSON path, and nothing is written. Runs already stored with the same content count as already present.
@@ -455,10 +455,11 @@ class Store:
         return ingest_paths(self, paths, **options)
 
     def ingest_file(self, path: str | os.PathLike[str], tenant: str | None = None, fmt: str | None = None,
-                    progress: Callable[[int, str], None] | None = None) -> list[str]:
+                    progress: Callable[[int, str], None] | None = None, *, repair_text: bool = False) -> list[str]:
         """Import one file (native or OpenAI JSONL, or a trajectory); returns its run ids, in order — imported
-        now or already present with the same content."""
-        return self.ingest([path], tenant=tenant, fmt=fmt or "auto", progress=progress).runs
+        now or already present with the same content. Text that is not Unicode (lone surrogates) is malformed,
+        unless ``repair_text``: then it is stored as U+FFFD and noted."""
+        return self.ingest([path], tenant=tenant, fmt=fmt or "auto", progress=progress, repair_text=repair_text).runs
 
     def write_parsed(self, run: ParsedRun) -> int:
         """Write one :class:`~kvjudge.retention.ingest.ParsedRun` (bodies, then events) in one transaction

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
@@ -67,7 +67,7 @@ class BadString:
 
 class _Parsed(Protocol):
     run_id: str
-    bodies: list[bytes]
+    bodies: Mapping[str, bytes]  # ref → body, in the order the parser met them
     events: list[ev.Event]
 
 
@@ -215,9 +215,9 @@ def _repaired_refs(run: _Parsed, parse: Callable[[Any], _Parsed], document: Any)
     """
     try:
         marked = parse(repair(document, _MARKER)[0])
-        pairs = list(zip(run.bodies, marked.bodies, strict=True))
+        pairs = list(zip(run.bodies.values(), marked.bodies.values(), strict=True))
     except Exception:  # noqa: BLE001 - the fallback below is always safe
-        repaired = [body for body in run.bodies if REPLACEMENT.encode("utf-8") in body]
+        repaired = [body for body in run.bodies.values() if REPLACEMENT.encode("utf-8") in body]
     else:
         repaired = [body for body, other in pairs if body != other]
     return sorted({ref_of(body) for body in repaired})

@@ -28,6 +28,7 @@ from kvjudge.retention.ingest.openai import parse_openai
 from kvjudge.retention.ingest.results import ResultsIndex, load_results
 from kvjudge.retention.ingest.sources import Document, Source, collect_sources, iter_documents
 from kvjudge.retention.ingest.swe_agent import is_swe_agent, parse_swe_agent
+from kvjudge.retention.text_check import TextError, parse_checked
 
 FORMATS = ("auto", "native", "openai", "mini-swe-agent", "swe-agent")
 BATCH_RUNS = 64
@@ -54,23 +55,34 @@ def detect_format(obj: Any) -> str | None:
 
 
 def parse_document(document: Document, fmt: str, context: ParseContext) -> ParsedRun:
-    """One document → ParsedRun in ``fmt`` (``auto``: detected); IngestError naming the file, line and JSON path."""
-    obj = document.decode()
+    """One document → ParsedRun in ``fmt`` (``auto``: detected); IngestError naming the file, line and JSON path.
+
+    Its text is checked first (:func:`~kvjudge.retention.text_check.parse_checked`): text that is not Unicode
+    is refused, or with ``context.repair_text`` stored as U+FFFD and noted by a TextRepaired event.
+    """
+    obj = document.decode(repair_text=context.repair_text)
     chosen = detect_format(obj) if fmt == "auto" else fmt
+    suffix = f" ({chosen} format)" if chosen else ""
     try:
-        if chosen is None:
-            raise DocumentError("$", "is none of the formats kvjudge reads (native, openai, mini-swe-agent, "
-                                     "swe-agent); name one with --format")
-        if chosen == "native":
-            return parse_native(obj, context)
-        if chosen == "openai":
-            return parse_openai(obj, context, document.raw)
-        if chosen == "mini-swe-agent":
-            return parse_mini_swe_agent(obj, context)
-        return parse_swe_agent(obj, context)
+        return parse_checked(obj, lambda checked: _parse_as(chosen, checked, context, document),
+                             repair_text=context.repair_text)
     except DocumentError as exc:
-        suffix = f" ({chosen} format)" if chosen else ""
         raise IngestError(f"{document.where}: {exc.path}: {exc.message}{suffix}") from None
+    except TextError as exc:
+        raise IngestError(f"{document.where}: {exc}{suffix}") from None
+
+
+def _parse_as(fmt: str | None, obj: Any, context: ParseContext, document: Document) -> ParsedRun:
+    if fmt is None:
+        raise DocumentError("$", "is none of the formats kvjudge reads (native, openai, mini-swe-agent, swe-agent); "
+                                 "name one with --format")
+    if fmt == "native":
+        return parse_native(obj, context)
+    if fmt == "openai":
+        return parse_openai(obj, context, document.text)
+    if fmt == "mini-swe-agent":
+        return parse_mini_swe_agent(obj, context)
+    return parse_swe_agent(obj, context)
 
 
 @dataclass
@@ -87,6 +99,7 @@ class IngestReport:
     skipped: list[dict[str, str]] = field(default_factory=list)  # {"path", "error"}
     states: Counter[str] = field(default_factory=Counter)  # lifecycle state of the imported runs
     results: list[dict[str, Any]] = field(default_factory=list)  # {"results", "agent", "agent_from", "graded"}
+    repaired: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # run → its TextRepaired notes
     unmatched_results: list[dict[str, str]] = field(default_factory=list)  # {"instance", "results"}
     evaluation_errors: int = 0
     body_bytes: int = 0  # bytes of every body occurrence in the imported runs
@@ -103,7 +116,7 @@ class IngestReport:
                 "skipped": len(self.skipped), "ingested": self.imported, "already_present_ids": self.already_present,
                 "skipped_files": self.skipped, "count": len(self.imported), "states": dict(sorted(self.states.items())),
                 "results": self.results, "unmatched_results": self.unmatched_results,
-                "evaluation_errors": self.evaluation_errors,
+                "evaluation_errors": self.evaluation_errors, "repaired": self.repaired,
                 "dedup": {"body_bytes": self.body_bytes, "stored_bytes": self.stored_bytes,
                           "saved_bytes": self.dedup_saved_bytes}}
 
@@ -130,7 +143,7 @@ class _PlannedSource:
 
 class _Importer:
     def __init__(self, store: Any, *, fmt: str, tenant: str | None, agent: str | None, results: Sequence[str],
-                 skip_bad: bool, progress: Progress | None) -> None:
+                 skip_bad: bool, repair_text: bool, progress: Progress | None) -> None:
         if fmt not in FORMATS:
             raise IngestError(f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")
         self.store = store
@@ -139,6 +152,7 @@ class _Importer:
         self.agent = agent
         self.results = ResultsIndex(load_results(results))
         self.skip_bad = skip_bad
+        self.repair_text = repair_text
         self.progress = progress
         self.report = IngestReport(store=str(store.path))
         self.grades: dict[str, dict[str, Any]] = {}
@@ -146,7 +160,7 @@ class _Importer:
 
     def context(self, source: Source, *, hashing: bool = True) -> ParseContext:
         return ParseContext(tenant=self.tenant, agent=self.agent, default_instance=source.default_instance,
-                            hashing=hashing)
+                            hashing=hashing, repair_text=self.repair_text)
 
     # ------------------------------------------------------------------ check
     def check(self, sources: list[Source]) -> list[_PlannedSource]:
@@ -294,6 +308,8 @@ class _Importer:
                 written.append(run)
         self.report.stored_bytes += stored_bytes
         for run in written:
+            if any(isinstance(event, ev.TextRepaired) for event in run.events):
+                self.report.repaired[run.run_id] = [dict(note) for note in self.store.run(run.run_id).text_repairs]
             self.report.imported.append(run.run_id)
             self.report.body_bytes += run.body_bytes
             self.report.states[_final_state(run)] += 1
@@ -338,10 +354,14 @@ def stored_content_hash(store: Any, run_id: str, n_events: int) -> str | None:
 
 def ingest_sources(store: Any, sources: list[Source], *, ignored_files: int = 0, fmt: str = "auto",
                    tenant: str | None = None, agent: str | None = None, results: Sequence[str] = (),
-                   skip_bad: bool = False, progress: Progress | None = None) -> IngestReport:
-    """Import ``sources`` (see :func:`collect_sources`) into ``store``; the module docstring says how."""
+                   skip_bad: bool = False, repair_text: bool = False,
+                   progress: Progress | None = None) -> IngestReport:
+    """Import ``sources`` (see :func:`collect_sources`) into ``store``; the module docstring says how.
+
+    ``repair_text``: text that is not Unicode is stored as U+FFFD and noted on the run (else refused).
+    """
     importer = _Importer(store, fmt=fmt, tenant=tenant, agent=agent, results=results, skip_bad=skip_bad,
-                         progress=progress)
+                         repair_text=repair_text, progress=progress)
     planned = importer.check(sources)
     importer.write(planned)
     report = importer.report

@@ -221,6 +221,7 @@ class ParseContext:
     agent: str | None = None  # --agent: overrides the agent named by the document
     default_instance: str | None = None  # from the file name (``<instance>.traj.json``) when the document has none
     hashing: bool = True  # False: validate only (the import's check pass); see ParsedRun.hashing
+    repair_text: bool = False  # text that is not Unicode: stored as U+FFFD and noted (else refused)
 
     def new_run(self, run_id: str, fmt: str, *, agent: str | None = None, tenant: str | None = None,
                 grading_open: bool = False) -> ParsedRun:

@@ -17,8 +17,9 @@ from kvjudge.retention.ingest.model import (
 )
 
 
-def parse_openai(obj: Any, context: ParseContext, raw: bytes) -> ParsedRun:
-    """One chat-format document → ParsedRun. Without an ``id``, the id derives from the document's bytes."""
+def parse_openai(obj: Any, context: ParseContext, text: str) -> ParsedRun:
+    """One chat-format document → ParsedRun. Without an ``id``, the id derives from the document's ``text``
+    (its line, decoded with ``surrogateescape``: the same bytes name the same run, repaired or not)."""
     need(isinstance(obj, dict), "$", "an OpenAI chat document must be a JSON object")
     messages = obj.get("messages")
     need(isinstance(messages, list) and len(messages) > 0, "$.messages",
@@ -26,7 +27,7 @@ def parse_openai(obj: Any, context: ParseContext, raw: bytes) -> ParsedRun:
     run_id = obj.get("id")
     if run_id is None:
         # Derived from the content so importing the same file twice names the same runs.
-        run_id = "chat-" + hashlib.sha256(raw.strip()).hexdigest()[:16]
+        run_id = "chat-" + hashlib.sha256(text.strip().encode("utf-8", "surrogateescape")).hexdigest()[:16]
     need(isinstance(run_id, str) and run_id.strip() != "", "$.id", "must be a non-empty string")
     agent = obj.get("agent")
     need(agent is None or (isinstance(agent, str) and agent != ""), "$.agent", "must be a non-empty string")

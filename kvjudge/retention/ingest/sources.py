@@ -101,17 +101,31 @@ class Document:
     def where(self) -> str:
         return f"{self.source.path}:{self.line}" if self.line is not None else str(self.source.path)
 
-    def decode(self) -> Any:
-        """The decoded JSON value; IngestError (naming the file and line) when it is not UTF-8 JSON."""
+    @property
+    def text(self) -> str:
+        """The document as text; bytes that are not UTF-8 become lone surrogates (``surrogateescape``)."""
+        return self.raw.decode("utf-8", "surrogateescape")
+
+    def decode(self, *, repair_text: bool = False) -> Any:
+        """The decoded JSON value; IngestError (naming the file and line) when it is not UTF-8 JSON.
+
+        With ``repair_text``, bytes that are not UTF-8 pass as lone surrogates, for
+        :func:`~kvjudge.retention.text_check.parse_checked` to store as U+FFFD.
+        """
         try:
             text = self.raw.decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise IngestError(f"{self.where}: not UTF-8 ({exc.reason} at byte {exc.start})") from None
+            if not repair_text:
+                raise IngestError(f"{self.where}: not UTF-8 ({exc.reason} at byte {exc.start}; inside a string, "
+                                  f"--repair-text stores U+FFFD in its place)") from None
+            text = self.text
         try:
             return json.loads(text)
         except json.JSONDecodeError as exc:
             at = f"column {exc.colno}" if self.line is not None else f"line {exc.lineno} column {exc.colno}"
             raise IngestError(f"{self.where}: not valid JSON ({exc.msg} at {at})") from None
+        except (ValueError, RecursionError) as exc:  # an integer of > 4300 digits; nesting ~1000 deep
+            raise IngestError(f"{self.where}: not valid JSON for kvjudge ({str(exc).split(';')[0]})") from None
 
 
 def iter_documents(source: Source) -> Iterator[Document]:
