@@ -30,6 +30,8 @@ COMMAND_MODULES = (
     "kvjudge.commands.tier",
     "kvjudge.commands.rehydrate",
     "kvjudge.commands.judge",
+    "kvjudge.commands.eval",
+    "kvjudge.commands.rank",
     "kvjudge.commands.demo",
     "kvjudge.commands.models",
 )

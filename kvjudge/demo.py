@@ -3,8 +3,11 @@
 1. probe and certify the judge model on this device (or reuse a fresh cache entry, saying so);
 2. resolve the memory budget and the effective retention ceiling (and which bound won);
 3. ingest the sample runs and move them through their lifecycle to graded;
-4. judge every pair of runs on the same task from the full runs;
-5. reduce every run to the ceiling, and judge the same pairs again from the reduced runs (still grades?);
+4. judge, from the full runs, every same-task pair that a window up to the analytic ``max_context_tokens``
+   holds uncut (the others are reported as ``full_cut``: judging them cut would compare nothing);
+5. reduce every run to the ceiling, and judge the same pairs again from the reduced runs at the certified
+   context (still grades? over pairs whose views really differ), and score both sides against the hidden
+   grades beside the baselines;
 6. tier the reduced runs to a local cold directory and read one back through the store;
 7. verify the store (re-hash, re-fold from LSN 0, tiered refs present);
 8. write ``report.json`` and ``report.png`` to the output directory.
@@ -29,7 +32,8 @@ from typing import Any
 from kvjudge.budget import configured_ceiling, effective_ceiling, resolve_budget
 from kvjudge.config import Config
 from kvjudge.errors import IntegrityError
-from kvjudge.judge import Judge, LlamaBackend, capability_n_ctx, still_grades
+from kvjudge.judge import Judge, LlamaBackend, WindowPlanner, still_grades, window_tokens
+from kvjudge.judge.evaluate import evaluate
 from kvjudge.models import judge_model_path
 from kvjudge.probe import RuntimeSettings, lookup_capability, memory_needed, probe
 from kvjudge.retention import Store, verify
@@ -40,7 +44,6 @@ from kvjudge.tokens import ModelTokenizer
 
 SAMPLE_RUNS = "sample_runs.jsonl"
 DEFAULT_CONTEXT_TARGET = 2048
-DEFAULT_JUDGE_N_CTX = 1024
 
 Say = Callable[[str], None]
 ProgressFactory = Callable[[str, int | None], Any]
@@ -56,7 +59,6 @@ class DemoOptions:
     out_dir: Path
     model: Path | None = None                  # the judge model (default: the bundled judge model)
     context_target: int = DEFAULT_CONTEXT_TARGET
-    judge_n_ctx: int = DEFAULT_JUDGE_N_CTX      # lowered below the certified context to keep CPU judging quick
     ceiling: int | None = None                 # lowers the configured ceiling
     runs_file: Path | None = None
     config: Config = field(default_factory=Config)
@@ -140,15 +142,24 @@ def run_demo(options: DemoOptions, say: Say, progress: ProgressFactory) -> dict[
         pairs = [pair for _, group in itertools.groupby(sorted(run_ids, key=lambda r: (runs[r].task_id, r)),
                                                         key=lambda r: runs[r].task_id)
                  for pair in itertools.combinations(list(group), 2)]
-        n_ctx = min(options.judge_n_ctx, capability_n_ctx(entry) or options.judge_n_ctx)
-        backend = LlamaBackend(model_path=model, n_ctx=n_ctx, n_ctx_source="demo (within the certified context)")
-        judge = Judge(backend, margin=options.config.get("judge.margin", float, 0.05))
+        backend = LlamaBackend(model_path=model, model_sha256=entry.model_sha256)  # tokenizer now, weights per window
+        judge = Judge(backend, margin=options.config.get("judge.margin", float, 0.05),
+                      planner=WindowPlanner(backend, memory_budget=budget_bytes, say=lambda m: say(f"      {m}")))
         try:
-            # 4. judge the full runs ----------------------------------------------------------------
-            say(f"[4/7] judge: {len(pairs)} pairs on the same task, both orders, n_ctx {n_ctx} "
-                f"(each run's view gets {judge.allowance} tokens)")
-            with clock.step("judge_full"), progress("judging full runs", len(pairs) * 2) as advance:
-                full = [judge.judge_pair(store, a, b, on_call=advance) for a, b in pairs]
+            # 4. judge the full runs that a window up to the analytic bound holds uncut ---------------------
+            needed = {(a, b): window_tokens(judge.needed_tokens(judge.base(store, a, full=True),
+                                                                judge.base(store, b, full=True))) for a, b in pairs}
+            uncut = [pair for pair in pairs if needed[pair] <= entry.max_context_tokens]
+            cut = [pair for pair in pairs if pair not in uncut]
+            say(f"[4/7] judge: {len(pairs)} pairs on the same task; {len(uncut)} fit uncut in a window up to "
+                f"max_context_tokens {entry.max_context_tokens} — judged from the full runs, both orders, "
+                f"{judge.framing.name} framing, verifier results hidden")
+            if cut:
+                say("      full_cut (the full pair needs more; judging it cut would compare nothing): "
+                    + ", ".join(f"{a}/{b} needs n_ctx {needed[(a, b)]}" for a, b in cut))
+            with clock.step("judge_full"), progress("judging full runs", len(uncut) * 2) as advance:
+                full = judge.judge_pairs(store, uncut, full=True, bound="analytic", on_call=advance)
+            full_window = judge.window
 
             # 5. reduce, then judge the reduced runs -----------------------------------------------
             with clock.step("reduce"), progress("reducing", len(run_ids)) as advance:
@@ -161,23 +172,32 @@ def run_demo(options: DemoOptions, say: Say, progress: ProgressFactory) -> dict[
             reduced_count = sum(1 for s in runs.values() if s.reduced)
             say(f"[5/7] reduce: {reduced_count} of {len(run_ids)} runs reduced to ≤ {ceiling.effective} tokens; "
                 f"{sum(tokens_before.values())} → {sum(tokens_after.values())} tokens; transitions kept")
-            with clock.step("judge_reduced"), progress("judging reduced runs", len(pairs) * 2) as advance:
-                reduced = [judge.judge_pair(store, a, b, on_call=advance) for a, b in pairs]
+            with clock.step("judge_reduced"), progress("judging reduced runs", len(uncut) * 2) as advance:
+                reduced = judge.judge_pairs(store, uncut, on_call=advance)
+            reduced_window = judge.window
         finally:
             backend.close()
         comparisons, summary = still_grades(full, reduced)
-        versus_grades = _agreement_with_grades(runs, pairs, full, reduced)
-        report["judge"] = {"n_ctx": n_ctx, "allowance": judge.allowance, "manifest": judge.manifest(),
+        versus_grades = {"full": evaluate(store, full), "reduced": evaluate(store, reduced)}
+        report["judge"] = {"manifest": judge.manifest(), "full_window": _window_json(full_window),
+                           "reduced_window": _window_json(reduced_window),
+                           "full_cut_unjudged": [{"a": a, "b": b, "needs_n_ctx": needed[(a, b)]} for a, b in cut],
                            "pairs": [c.to_json() for c in comparisons], "summary": summary,
                            "versus_grades": versus_grades}
+        for c in comparisons:
+            tokens = c.view_tokens()
+            say(f"      {c.full.a} vs {c.full.b}: views {tokens['full']['a']}+{tokens['full']['b']} tokens full "
+                f"(n_ctx {full_window.n_ctx if full_window else '-'}) → {tokens['reduced']['a']}+"
+                f"{tokens['reduced']['b']} reduced (n_ctx {reduced_window.n_ctx if reduced_window else '-'}); "
+                f"p_a {_p(c.full.p_a)} → {_p(c.reduced.p_a)}, {c.full.outcome} → {c.reduced.outcome}"
+                + ("" if c.compared else " (left out: " + ("full side cut" if c.full_cut else "same views") + ")"))
         kappa = "n/a (one category only)" if summary["kappa"] is None else f"{summary['kappa']:.2f}"
-        say(f"      still grades: {summary['comparable']} of {summary['pairs']} pairs scored both ways; verdict held "
-            f"in {round(summary['agreement'] * summary['comparable']) if summary['agreement'] is not None else 0}, "
-            f"flipped in {summary['flips']}; κ {kappa}; max |Δp_a| {summary['max_abs_delta_p_a'] or 0:.3f}")
-        say(f"      versus the hidden grades: the judge picked the better-graded run in "
-            f"{versus_grades['full']['matched']} of {versus_grades['graded_pairs']} pairs from the full runs and "
-            f"{versus_grades['reduced']['matched']} from the reduced runs (ties: {versus_grades['full']['ties']} "
-            f"and {versus_grades['reduced']['ties']})")
+        held = round(summary["agreement"] * summary["compared"]) if summary["agreement"] is not None else 0
+        say(f"      still grades: {summary['compared']} pair(s) compared (read uncut, views that differ); verdict "
+            f"held in {held}, flipped in {summary['flips']}; κ {kappa}; max |Δp_a| "
+            f"{summary['max_abs_delta_p_a'] or 0:.3f}")
+        say(f"      versus the hidden grades ({versus_grades['reduced']['graded_pairs']} judged pairs with different "
+            f"grades): {versus_grades['reduced']['conclusion']} (reduced runs); `kvjudge eval` measures a store")
 
         # 6. tier and read one back -----------------------------------------------------------------
         with clock.step("tier"):
@@ -215,24 +235,12 @@ def run_demo(options: DemoOptions, say: Say, progress: ProgressFactory) -> dict[
     return report
 
 
-def _agreement_with_grades(runs: dict[str, Any], pairs: list[tuple[str, str]], full: list[Any],
-                           reduced: list[Any]) -> dict[str, Any]:
-    """How often the judge's decisive winner is the run with the higher grade (grades were hidden from it).
+def _window_json(window: Any) -> dict[str, Any] | None:
+    return None if window is None else window.to_json()
 
-    This is the judge's own accuracy; still-grades agreement alone says nothing when every verdict is a tie.
-    """
-    def score(run_id: str) -> float:
-        return max((float(g.get("score", 0.0)) for g in runs[run_id].grades), default=0.0)
 
-    expected = {(a, b): ("a" if score(a) > score(b) else "b") for a, b in pairs if score(a) != score(b)}
-
-    def tally(verdicts: list[Any]) -> dict[str, int]:
-        judged = [v for v in verdicts if (v.a, v.b) in expected]
-        return {"matched": sum(1 for v in judged if v.outcome == expected[(v.a, v.b)]),
-                "ties": sum(1 for v in judged if v.outcome == "tie"),
-                "unscored": sum(1 for v in judged if not v.scored)}
-
-    return {"graded_pairs": len(expected), "full": tally(full), "reduced": tally(reduced)}
+def _p(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
 
 
 def _plot(report: dict[str, Any], path: Path) -> None:
@@ -264,7 +272,7 @@ def _plot(report: dict[str, Any], path: Path) -> None:
     right.set_ylim(0, 1)
     right.set_xlabel("p_a from the full runs")
     right.set_ylabel("p_a from the reduced runs")
-    right.set_title(f"Still grades? ({len(points)} of {len(pairs)} pairs scored both ways)")
+    right.set_title(f"Still grades? ({len(points)} uncut pair(s) scored both ways)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -17,17 +17,20 @@ from hypothesis import strategies as st
 
 from kvjudge.errors import UsageError
 from kvjudge.judge import (
+    RAW,
     Verdict,
+    base_view,
     cohen_kappa,
     decide,
     escape,
+    pack_pair,
     pack_run,
     render_view,
-    segments,
     still_grades,
 )
-from kvjudge.judge.pack import RunTokens
-from kvjudge.judge.render import INSTRUCTIONS, QUESTION, body_resolver, closing, opening
+from kvjudge.judge.pack import RunTokens, allowances
+from kvjudge.judge.prompt import INSTRUCTIONS, QUESTION, RAW_ANSWER_CUE, TemplateText, chat_framing, closing, opening
+from kvjudge.judge.render import body_resolver
 from kvjudge.retention.reduce import reduce_run
 from kvjudge.retention.synthetic import filler, make_run
 from kvjudge.tokens import ModelTokenizer
@@ -64,7 +67,7 @@ def test_a_run_cannot_impersonate_the_instructions(tmp_path: Path) -> None:
     with store_from_runs(tmp_path / "store.sqlite", [run, make_run("plain", ["ok"])]) as store:
         state = store.run("evil")
         view = render_view(state, body_resolver(state, store.text))
-        parts = segments(view, view)
+        parts = RAW.segments(view, view)
     assert parts[0] == INSTRUCTIONS
     prompt = "".join(parts[1:])  # what follows the instructions (which name the delimiters once)
     # Exactly the delimiters the template wrote, each once, and the question once at the very end.
@@ -72,21 +75,49 @@ def test_a_run_cannot_impersonate_the_instructions(tmp_path: Path) -> None:
         assert prompt.count(opening(position)) == 1
         assert prompt.count(closing(position).strip()) == 1
     assert prompt.count("<<<") == 4 and prompt.count(">>>") == 4
-    assert prompt.endswith(QUESTION) and prompt.count(QUESTION) == 1
+    assert prompt.endswith(QUESTION + RAW_ANSWER_CUE) and prompt.count(QUESTION) == 1
 
 
 # --------------------------------------------------------------------- views
-def test_view_shows_skeleton_tools_verifier_and_hides_grades(tmp_path: Path) -> None:
+def test_view_shows_skeleton_and_tools_and_holds_out_verifier_and_grades(tmp_path: Path) -> None:
     run = make_run("r1", ["collected 3 items\n3 passed"], dead=[["Traceback: boom"]], passed=True)
     with store_from_runs(tmp_path / "store.sqlite", [run]) as store:
         state = store.run("r1")
         view = render_view(state, body_resolver(state, store.text))
-        with_grades = render_view(state, body_resolver(state, store.text), show_grades=True)
+        shown = render_view(state, body_resolver(state, store.text), show_verifier=True, show_grades=True)
+        assert store.run("r1").verifier and store.run("r1").grades  # the stored run keeps both
     assert "Fix the bug." in view and "[step 2] tool (bash, exit 0):" in view and "-> calls bash: step 0" in view
     assert "Abandoned attempt attempt-1" in view and "Traceback: boom" in view
-    assert "pytest: passed (12 passed in 0.31s)" in view
+    assert "Verifier" not in view and "pytest: passed" not in view  # the run's own test output stays
     assert "Grades" not in view and "human" not in view
-    assert "Grades:" in with_grades and "human: score 1.0 label pass" in with_grades
+    assert "Verifier results:" in shown and "pytest: passed (12 passed in 0.31s)" in shown
+    assert "Grades:" in shown and "human: score 1.0 label pass" in shown
+
+
+def test_the_judge_prompt_holds_out_the_verifier_unless_shown(tmp_path: Path, tokenizer: ModelTokenizer) -> None:
+    runs = [make_run("r1", ["3 passed"], passed=True), make_run("r2", ["1 failed"], passed=False)]
+    with store_from_runs(tmp_path / "store.sqlite", runs) as store:
+        prompts = {}
+        for shown in (False, True):
+            views = [base_view(store, store.run(r), tokenizer.count, show_verifier=shown) for r in ("r1", "r2")]
+            packed = pack_pair(views[0], views[1], tokenizer.count, 10_000)
+            prompts[shown] = "".join(RAW.segments(packed[0].text, packed[1].text))
+    assert "Verifier results" not in prompts[False] and "pytest: passed" not in prompts[False]
+    assert "pytest: passed (12 passed in 0.31s)" in prompts[True] and "pytest: failed" in prompts[True]
+
+
+def test_chat_framing_wraps_the_question_in_the_template_as_special_text() -> None:
+    template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    framing = chat_framing(template)
+    parts = framing.segments("view one", "view two")
+    assert isinstance(parts[0], TemplateText) and parts[0] == "<|im_start|>user\n"
+    assert isinstance(parts[-1], TemplateText) and parts[-1] == "<|im_end|>\n<|im_start|>assistant\n"
+    assert not any(isinstance(p, TemplateText) for p in parts[1:-1])  # run text is never tokenized as specials
+    assert parts[framing.shared - 1] == opening("A") and parts[1] == INSTRUCTIONS
+    assert framing.user_message("view one", "view two") == "".join(parts[1:-1])
+    assert parts[-2].endswith(QUESTION) and RAW_ANSWER_CUE not in "".join(parts)
+    assert framing.manifest()["template"] == "chat" and len(framing.manifest()["chat_template_sha256"]) == 64
 
 
 def test_reduced_text_shows_its_elision_marker(tmp_path: Path, tokenizer: ModelTokenizer) -> None:
@@ -125,6 +156,28 @@ def test_packing_a_small_run_keeps_it_whole(tmp_path: Path, tokenizer: ModelToke
     assert packed.text == view and not packed.tokens.further_reduced and packed.notes == ()
 
 
+@pytest.mark.parametrize(("a", "b", "room", "expected"), [
+    (300, 500, 1000, (300, 500)),    # both fit: each read whole
+    (200, 2000, 1000, (200, 800)),   # the short view keeps its text, the long one gets the rest
+    (1500, 300, 1000, (700, 300)),
+    (900, 800, 1000, (500, 500)),    # both over half: half each
+])
+def test_allowances_share_the_room_fairly(a: int, b: int, room: int, expected: tuple[int, int]) -> None:
+    assert allowances(a, b, room) == expected
+
+
+def test_a_pair_that_fits_is_read_whole_and_a_long_one_is_cut_fairly(tmp_path: Path,
+                                                                     tokenizer: ModelTokenizer) -> None:
+    runs = [make_run("short", ["3 passed"]), make_run("long", [filler(6, 1500)])]
+    with store_from_runs(tmp_path / "store.sqlite", runs) as store:
+        short, long = (base_view(store, store.run(r), tokenizer.count) for r in ("short", "long"))
+        whole = pack_pair(short, long, tokenizer.count, short.tokens + long.tokens)
+        cut = pack_pair(short, long, tokenizer.count, short.tokens + 400)
+    assert [v.text for v in whole] == [short.text, long.text] and not any(v.tokens.further_reduced for v in whole)
+    assert cut[0].text == short.text and cut[1].tokens.further_reduced
+    assert cut[1].tokens.view == tokenizer.count(cut[1].text) <= 400
+
+
 def test_packing_reports_overflow_when_the_skeleton_cannot_fit(tmp_path: Path, tokenizer: ModelTokenizer) -> None:
     run = make_run("steps", [f"out {i}" for i in range(60)])
     with store_from_runs(tmp_path / "store.sqlite", [run]) as store:
@@ -158,11 +211,12 @@ def test_decide_rejects_a_margin_outside_its_range() -> None:
 
 
 def _verdict(a: str, b: str, outcome: str, p_a: float | None, ab: float | None = None,
-             ba: float | None = None) -> Verdict:
-    tokens = RunTokens(full=10, reduced=10, view=10, further_reduced=False)
+             ba: float | None = None, views: tuple[str, str] = ("full-a", "full-b"), cut: bool = False) -> Verdict:
+    tokens = RunTokens(full=10, reduced=10, view=len(views[0]), further_reduced=cut)
     return Verdict(a=a, b=b, outcome=outcome, p_a=p_a, p_a_by_order={"ab": ab if ab is not None else p_a,
                                                                       "ba": ba if ba is not None else p_a},
-                   tokens={"a": tokens, "b": tokens}, further_reduced=False, seconds=0.0, manifest={}, margin=0.05)
+                   tokens={"a": tokens, "b": tokens}, further_reduced=cut, seconds=0.0, manifest={}, margin=0.05,
+                   view_sha256={"a": views[0], "b": views[1]})
 
 
 def test_cohen_kappa_known_values() -> None:
@@ -175,18 +229,26 @@ def test_cohen_kappa_known_values() -> None:
     assert cohen_kappa([], []) is None
 
 
-def test_still_grades_summary_counts_agreement_flips_and_coverage() -> None:
+def test_still_grades_compares_only_uncut_pairs_whose_views_differ() -> None:
+    shorter = ("reduced-a", "reduced-b")
     full = [_verdict("r1", "r2", "a", 0.8), _verdict("r3", "r4", "b", 0.2), _verdict("r5", "r6", "a", 0.7),
-            _verdict("r7", "r8", "tie", 0.5)]
-    reduced = [_verdict("r1", "r2", "a", 0.75), _verdict("r3", "r4", "a", 0.6), _verdict("r5", "r6", "overflow", None),
-               _verdict("r7", "r8", "tie", 0.52)]
+            _verdict("r7", "r8", "tie", 0.5), _verdict("r9", "r10", "a", 0.9, cut=True)]
+    reduced = [_verdict("r1", "r2", "a", 0.75, views=shorter), _verdict("r3", "r4", "a", 0.6, views=shorter),
+               _verdict("r5", "r6", "overflow", None, views=shorter),
+               _verdict("r7", "r8", "tie", 0.52),  # the same text read twice: proves nothing
+               _verdict("r9", "r10", "b", 0.1, views=shorter)]  # the full side was cut: no full verdict to hold
     results, summary = still_grades(full, reduced)
-    assert [r.held for r in results] == [True, False, None, True]
-    assert summary["flips"] == 1 and summary["comparable"] == 3
-    assert summary["agreement"] == pytest.approx(2 / 3)
-    assert summary["coverage"] == {"full": 1.0, "reduced": 0.75}
+    assert [r.compared for r in results] == [True, True, False, False, False]
+    assert [r.full_cut for r in results] == [False, False, False, False, True]
+    assert [r.views_differ for r in results] == [True, True, True, False, True]
+    assert [r.held for r in results] == [True, False, None, True, False]
+    assert (summary["pairs"], summary["compared"], summary["full_cut"], summary["same_views"]) == (5, 2, 1, 1)
+    assert summary["flips"] == 1 and summary["agreement"] == pytest.approx(0.5)
+    assert summary["kappa"] == pytest.approx(0.0)  # observed 1/2; chance (1·2 + 1·0) / 4 = 1/2
+    assert summary["coverage"] == {"full": 1.0, "reduced": 0.8}
     assert results[0].delta_p_a == pytest.approx(-0.05) and results[2].delta_p_a is None
-    assert summary["mean_abs_delta_p_a"] == pytest.approx((0.05 + 0.4 + 0.02) / 3)
+    assert summary["mean_abs_delta_p_a"] == pytest.approx((0.05 + 0.4) / 2)
+    assert results[0].view_tokens() == {"full": {"a": 6, "b": 6}, "reduced": {"a": 9, "b": 9}}
     json.dumps(summary)  # plain JSON for the CLI
 
 
@@ -216,27 +278,3 @@ def test_cli_bad_input_is_one_line_before_any_model_loads(tmp_path: Path, conten
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("kvjudge: error:") and fragment in lines[0]
     assert "Traceback" not in result.stderr and result.stdout == ""
-
-
-# -------------------------------------------------------------- n_ctx source
-def test_n_ctx_comes_from_the_capability_cache_and_may_only_be_lowered(default_model: Path) -> None:
-    import dataclasses
-
-    from kvjudge.errors import JudgeError
-    from kvjudge.judge import resolve_n_ctx
-    from kvjudge.probe import CapabilityCache, probe
-
-    model = default_model
-    # No entry yet: an explicit --n-ctx is checked against the analytic bound (no model run) and says so.
-    choice = resolve_n_ctx(model, 1024)
-    assert choice.n_ctx == 1024 and "estimated" in choice.n_ctx_source
-    entry = probe(model, certify=False).entry
-    CapabilityCache().put(dataclasses.replace(entry, certified=True, safe_context=768, max_ok_input=1000,
-                                              method="measured"))
-    assert resolve_n_ctx(model, None).n_ctx == 768  # the certified safe_context, no probe run
-    assert resolve_n_ctx(model, 512).n_ctx == 512
-    with pytest.raises(JudgeError, match="over the certified context 768"):
-        resolve_n_ctx(model, 1024)
-    CapabilityCache().put(dataclasses.replace(entry, certified=False, safe_context=None, max_ok_input=1000))
-    assert resolve_n_ctx(model, None).n_ctx == 768  # max_ok_input rounded down to 256
-

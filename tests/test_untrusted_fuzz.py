@@ -22,7 +22,8 @@ from hypothesis import strategies as st
 from helpers import kvjudge
 from kvjudge.cli import main
 from kvjudge.display import invisible_class, visible
-from kvjudge.judge.render import INSTRUCTIONS, body_resolver, closing, escape, opening, render_view, segments
+from kvjudge.judge.prompt import INSTRUCTIONS, RAW, closing, opening
+from kvjudge.judge.render import body_resolver, escape, render_view
 from kvjudge.retention import Store, verify
 from kvjudge.retention.reduce import reduce_run
 from kvjudge.tokens import ModelTokenizer
@@ -138,7 +139,7 @@ def assert_nothing_written(store_path: Path) -> None:
 def assert_delimiters_hold(view_a: str, view_b: str) -> None:
     """Each delimiter of the prompt appears exactly where the template put it, also read without the
     invisible code points a tokenizer or a model may skip."""
-    parts = segments(view_a, view_b)
+    parts = RAW.segments(view_a, view_b)
     assert parts[0] == INSTRUCTIONS
     prompt = "".join(parts[1:])  # the instructions name the delimiters once; what follows must hold only ours
     for form in (prompt, _INVISIBLE.sub("", prompt)):
@@ -184,7 +185,7 @@ def exercise(root: Path, data: bytes, repair: bool, tokenizer: ModelTokenizer) -
                 views.append(render_view(state, body_resolver(state, store.text)))
             for view in views:
                 assert_delimiters_hold(view, views[0])
-                assert tokenizer.count("".join(segments(view, view))) > 0
+                assert tokenizer.count("".join(RAW.segments(view, view))) > 0
             assert store.refold(run).canonical_bytes() == store.projected_bytes(run)
         report = verify(store)
         assert report.ok, report.violations

@@ -197,3 +197,134 @@ def progress(description: str, total: int | None) -> Iterator[Callable[..., None
             bar.advance(task, n)
 
         yield advance
+
+
+# ---------------------------------------------------------------------------------------- judging commands
+def add_judge_args(parser: argparse.ArgumentParser, *, also_templates: tuple[str, ...] = ()) -> None:
+    """What ``judge``, ``eval`` and ``rank`` share: the pairs, the backend, the framing, the window.
+
+    ``also_templates``: further ``--template`` values a command understands (``eval``'s ``both``)."""
+    from kvjudge.judge import DEFAULT_MARGIN, TEMPLATE_CHOICES
+
+    parser.add_argument("runs", nargs="*", metavar="RUN", help="two run ids: RUN_A RUN_B")
+    parser.add_argument("--pairs", metavar="FILE", help='JSONL file of pairs, one {"a": RUN, "b": RUN} per line')
+    parser.add_argument("--task", metavar="TASK", help="every pair of runs on this task id")
+    backend = parser.add_mutually_exclusive_group()
+    backend.add_argument("--model", metavar="PATH", help="judge model GGUF (default: [judge] model, else the "
+                                                         "default judge model)")
+    backend.add_argument("--server", metavar="URL", help="OpenAI-compatible server (llama.cpp, vLLM) instead of "
+                                                         "in-process llama-cpp-python")
+    parser.add_argument("--tokenizer-model", metavar="PATH",
+                        help="with --server: a local copy of the served GGUF, to count tokens without the server")
+    parser.add_argument("--n-ctx", type=int, metavar="N",
+                        help="upper bound on the judge window (default: sized to each batch of pairs, capped by "
+                             "the certified safe_context, else the analytic max_context_tokens)")
+    parser.add_argument("--no-certify", action="store_true",
+                        help="never certify the window size first (the window is then labelled not certified)")
+    parser.add_argument("--template", choices=(*TEMPLATE_CHOICES, *also_templates), default=None,
+                        help="prompt framing: the model's chat template, raw, or auto (chat when the GGUF has a "
+                             "template; default: [judge] template, else auto)"
+                             + "".join(f"; {name}: each framing in turn" for name in also_templates))
+    parser.add_argument("--threads", type=int, metavar="N", help="CPU threads (default: [judge] threads or "
+                                                                 "llama-cpp-python's default)")
+    parser.add_argument("--margin", type=float, metavar="M",
+                        help=f"tie margin on |p_a - 0.5| (default: [judge] margin or {DEFAULT_MARGIN})")
+    parser.add_argument("--show-verifier", action="store_true",
+                        help="show verifier results to the judge (hidden by default: grades often derive from them)")
+    parser.add_argument("--show-grades", action="store_true", help="show recorded grades to the judge "
+                                                                   "(experiments only)")
+    parser.add_argument("--no-cache", action="store_true", help="do not read or write cached judgments")
+    add_store_args(parser)
+    add_output_args(parser)
+
+
+def _pairs_from_file(path: str) -> list[tuple[str, str]]:
+    from kvjudge.errors import UsageError
+
+    file = Path(path)
+    if not file.is_file():
+        raise UsageError(f"pairs file {file} does not exist; pass a JSONL file of {{\"a\": RUN, \"b\": RUN}} lines")
+    pairs: list[tuple[str, str]] = []
+    for number, line in enumerate(file.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except ValueError as exc:
+            raise UsageError(f"{file}:{number}: not JSON ({exc.args[0]}); each line is {{\"a\": RUN, \"b\": RUN}}") \
+                from exc
+        if not isinstance(item, dict) or not isinstance(item.get("a"), str) or not isinstance(item.get("b"), str):
+            raise UsageError(f"{file}:{number}: needs string fields \"a\" and \"b\" (run ids)")
+        pairs.append((item["a"], item["b"]))
+    if not pairs:
+        raise UsageError(f"pairs file {file} holds no pairs")
+    return pairs
+
+
+def same_task_pairs(store: Any, task: str | None = None, keep: Callable[[Any, Any], bool] | None = None) \
+        -> list[tuple[str, str]]:
+    """Every pair of runs on one task (``task``, else every task), in id order; ``keep(state_a, state_b)``
+    filters them."""
+    import itertools
+
+    by_task: dict[str, list[Any]] = {}
+    for state in store.iter_runs():
+        if state.task_id is not None and (task is None or state.task_id == task):
+            by_task.setdefault(state.task_id, []).append(state)
+    pairs = []
+    for name in sorted(by_task):
+        for a, b in itertools.combinations(sorted(by_task[name], key=lambda s: s.id), 2):
+            if keep is None or keep(a, b):
+                pairs.append((a.id, b.id))
+    return pairs
+
+
+def select_pairs(args: argparse.Namespace, store: Any, *, default_all: bool = False,
+                 keep: Callable[[Any, Any], bool] | None = None) -> list[tuple[str, str]]:
+    """The pairs named by RUN_A RUN_B, ``--pairs FILE`` or ``--task TASK`` (or, with ``default_all``, every
+    same-task pair of the store); unknown runs and self-pairs are errors before any model loads."""
+    from kvjudge.errors import UsageError
+
+    chosen = sum([bool(args.runs), args.pairs is not None, args.task is not None])
+    if chosen > 1 or (chosen == 0 and not default_all):
+        raise UsageError("name the pairs one way: RUN_A RUN_B, --pairs FILE or --task TASK")
+    if args.runs:
+        if len(args.runs) != 2:
+            raise UsageError(f"judge takes two run ids (RUN_A RUN_B), got {len(args.runs)}")
+        pairs = [(args.runs[0], args.runs[1])]
+    elif args.pairs is not None:
+        pairs = _pairs_from_file(args.pairs)
+    else:
+        pairs = same_task_pairs(store, args.task, keep)
+        if args.task is not None and not pairs:
+            count = sum(1 for state in store.iter_runs() if state.task_id == args.task)
+            raise UsageError(f"task {args.task!r} has {count} run(s) in the store; a pair needs two")
+        if not pairs:
+            raise UsageError("the store holds no two runs on one task; ingest runs, or name the pairs")
+    for a, b in pairs:
+        if a == b:
+            raise UsageError(f"pair ({a}, {b}) names one run twice; a judge compares two runs")
+        for run_id in (a, b):
+            store.run(run_id)  # an unknown run is an error before any model call (StoreError names it)
+    return pairs
+
+
+def open_judge(args: argparse.Namespace, config: Config, *, template: str | None = None) -> Any:
+    """The Judge for a judging command: backend (not yet loaded), framing, held-out inputs, window planner."""
+    from kvjudge.errors import UsageError
+    from kvjudge.judge import DEFAULT_MARGIN, Judge, WindowPlanner, open_backend
+
+    if args.tokenizer_model and not args.server:
+        raise UsageError("--tokenizer-model only applies with --server")
+    margin = args.margin if args.margin is not None else config.get("judge.margin", (int, float), DEFAULT_MARGIN)
+    template = template or args.template or config.get("judge.template", str, "auto")
+    info("loading the judge backend…")
+    backend = open_backend(model=args.tokenizer_model if args.server else args.model, server=args.server,
+                           n_ctx=args.n_ctx, threads=args.threads, config=config)
+    planner = WindowPlanner(backend, requested=args.n_ctx, certify=not args.no_certify, say=info)
+    try:
+        return Judge(backend, margin=float(margin), show_grades=args.show_grades, show_verifier=args.show_verifier,
+                     use_cache=not args.no_cache, template=template, planner=planner)
+    except Exception:
+        backend.close()
+        raise

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from kvjudge.commands._common import add_output_args, config_from, emit, info, progress
-from kvjudge.demo import DEFAULT_CONTEXT_TARGET, DEFAULT_JUDGE_N_CTX, DemoOptions, run_demo
+from kvjudge.demo import DEFAULT_CONTEXT_TARGET, DemoOptions, run_demo
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -22,8 +22,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--context-target", type=int, default=DEFAULT_CONTEXT_TARGET, metavar="N",
                         help="cap the probe's usable memory at what an N-token context needs "
                              f"(default {DEFAULT_CONTEXT_TARGET}: certification stays quick on a CPU)")
-    parser.add_argument("--judge-n-ctx", type=int, default=DEFAULT_JUDGE_N_CTX, metavar="N",
-                        help=f"judge context, at most the certified one (default {DEFAULT_JUDGE_N_CTX})")
     parser.add_argument("--ceiling", type=int, metavar="N", help="lower the configured retention ceiling to N")
     add_output_args(parser)
     parser.set_defaults(func=_demo)
@@ -31,7 +29,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _demo(args: argparse.Namespace) -> int:
     options = DemoOptions(out_dir=Path(args.out).resolve(), model=Path(args.model) if args.model else None,
-                          context_target=args.context_target, judge_n_ctx=args.judge_n_ctx, ceiling=args.ceiling,
+                          context_target=args.context_target, ceiling=args.ceiling,
                           runs_file=Path(args.runs) if args.runs else None, config=config_from(args))
     report = run_demo(options, say=info, progress=progress)
     out = options.out_dir

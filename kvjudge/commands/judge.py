@@ -1,6 +1,7 @@
 """`kvjudge judge`: pairwise verdicts on runs in the store, and the still-grades check.
 
-    kvjudge judge RUN_A RUN_B [--still-grades] [--model PATH | --server URL] [--n-ctx N] [--json]
+    kvjudge judge RUN_A RUN_B [--still-grades] [--model PATH | --server URL] [--n-ctx N] [--template T]
+                              [--show-verifier] [--no-certify] [--json]
     kvjudge judge --pairs FILE.jsonl        (lines {"a": RUN, "b": RUN})
     kvjudge judge --task TASK               (every pair of runs on one task)
 
@@ -10,30 +11,24 @@ With ``--json``: one JSON object per pair, then one ``{"summary": …}`` object.
 from __future__ import annotations
 
 import argparse
-import itertools
-import json
-from pathlib import Path
 from typing import Any
 
 from kvjudge.commands._common import (
-    add_output_args,
-    add_store_args,
+    add_judge_args,
     config_from,
     emit,
-    info,
+    open_judge,
     open_store,
     print_table,
     progress,
+    select_pairs,
 )
 from kvjudge.config import Config
 from kvjudge.errors import UsageError
 from kvjudge.judge import (
-    DEFAULT_MARGIN,
-    Judge,
     LlamaBackend,
     StillGrades,
     Verdict,
-    open_backend,
     still_grades_summary,
     summarize_verdicts,
 )
@@ -44,77 +39,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "judge", help="judge pairs of runs with a local model (both orders, forced choice), and check that "
                       "reduced runs still grade",
         description="Judge which of two runs is better from the model's own next-token probabilities, asked in "
-                    "both orders. Outcomes: a, b, tie, inconsistent (the orders disagree), overflow, error.")
-    parser.add_argument("runs", nargs="*", metavar="RUN", help="two run ids: RUN_A RUN_B")
-    parser.add_argument("--pairs", metavar="FILE", help='JSONL file of pairs, one {"a": RUN, "b": RUN} per line')
-    parser.add_argument("--task", metavar="TASK", help="judge every pair of runs on this task id")
+                    "both orders. Outcomes: a, b, tie, inconsistent (the orders disagree), overflow, error. "
+                    "Verifier results and grades are held out of the judge's input unless asked for.")
     parser.add_argument("--still-grades", action="store_true",
-                        help="judge each pair from the full runs and from the reduced runs; report agreement")
+                        help="judge each pair from the full runs (in a window that holds them, up to the analytic "
+                             "bound) and from the reduced runs; report agreement over pairs whose views differ")
     parser.add_argument("--reduce-to", type=int, metavar="N",
                         help="with --still-grades: reduce views to N tokens (default: the effective ceiling, "
                              "min(configured, max_context_tokens // 2))")
-    backend = parser.add_mutually_exclusive_group()
-    backend.add_argument("--model", metavar="PATH", help="judge model GGUF (default: [judge] model, else the "
-                                                         "default judge model)")
-    backend.add_argument("--server", metavar="URL", help="OpenAI-compatible server (llama.cpp, vLLM) instead of "
-                                                         "in-process llama-cpp-python")
-    parser.add_argument("--tokenizer-model", metavar="PATH",
-                        help="with --server: a local copy of the served GGUF, to count tokens without the server")
-    parser.add_argument("--n-ctx", type=int, metavar="N", help="context size (may only lower the certified one)")
-    parser.add_argument("--threads", type=int, metavar="N", help="CPU threads (default: [judge] threads or "
-                                                                 "llama-cpp-python's default)")
-    parser.add_argument("--margin", type=float, metavar="M",
-                        help=f"tie margin on |p_a - 0.5| (default: [judge] margin or {DEFAULT_MARGIN})")
-    parser.add_argument("--show-grades", action="store_true", help="show recorded grades to the judge "
-                                                                   "(experiments only)")
-    parser.add_argument("--no-cache", action="store_true", help="do not read or write cached judgments")
-    add_store_args(parser)
-    add_output_args(parser)
+    add_judge_args(parser)
     parser.set_defaults(func=_judge)
-
-
-def _pairs_from_file(path: str) -> list[tuple[str, str]]:
-    file = Path(path)
-    if not file.is_file():
-        raise UsageError(f"pairs file {file} does not exist; pass a JSONL file of {{\"a\": RUN, \"b\": RUN}} lines")
-    pairs: list[tuple[str, str]] = []
-    for number, line in enumerate(file.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            item = json.loads(line)
-        except ValueError as exc:
-            raise UsageError(f"{file}:{number}: not JSON ({exc.args[0]}); each line is {{\"a\": RUN, \"b\": RUN}}") \
-                from exc
-        if not isinstance(item, dict) or not isinstance(item.get("a"), str) or not isinstance(item.get("b"), str):
-            raise UsageError(f"{file}:{number}: needs string fields \"a\" and \"b\" (run ids)")
-        pairs.append((item["a"], item["b"]))
-    if not pairs:
-        raise UsageError(f"pairs file {file} holds no pairs")
-    return pairs
-
-
-def _pairs(args: argparse.Namespace, store: Any) -> list[tuple[str, str]]:
-    chosen = sum([bool(args.runs), args.pairs is not None, args.task is not None])
-    if chosen != 1:
-        raise UsageError("name the pairs one way: RUN_A RUN_B, --pairs FILE or --task TASK")
-    if args.runs:
-        if len(args.runs) != 2:
-            raise UsageError(f"judge takes two run ids (RUN_A RUN_B), got {len(args.runs)}")
-        pairs = [(args.runs[0], args.runs[1])]
-    elif args.pairs is not None:
-        pairs = _pairs_from_file(args.pairs)
-    else:
-        on_task = sorted(state.id for state in store.iter_runs() if state.task_id == args.task)
-        if len(on_task) < 2:
-            raise UsageError(f"task {args.task!r} has {len(on_task)} run(s) in the store; a pair needs two")
-        pairs = list(itertools.combinations(on_task, 2))
-    for a, b in pairs:
-        if a == b:
-            raise UsageError(f"pair ({a}, {b}) names one run twice; a judge compares two runs")
-        for run_id in (a, b):
-            store.run(run_id)  # an unknown run is an error before any model call (StoreError names it)
-    return pairs
 
 
 def _reduce_target(args: argparse.Namespace, config: Config, store: Any, pairs: list[tuple[str, str]],
@@ -138,39 +72,33 @@ def _reduce_target(args: argparse.Namespace, config: Config, store: Any, pairs: 
 
 
 def _judge(args: argparse.Namespace) -> int:
-
     config = config_from(args)
-    margin = args.margin if args.margin is not None else config.get("judge.margin", (int, float), DEFAULT_MARGIN)
-    if args.tokenizer_model and not args.server:
-        raise UsageError("--tokenizer-model only applies with --server")
     with open_store(args, config) as store:
-        pairs = _pairs(args, store)
-        info("loading the judge backend…")
-        with progress("probing the judge model", None) as advance:
-            backend = open_backend(model=args.tokenizer_model if args.server else args.model,
-                                   server=args.server, n_ctx=args.n_ctx, threads=args.threads, config=config,
-                                   progress=lambda message: advance(0, description=message))
+        pairs = select_pairs(args, store)
+        judge = open_judge(args, config)
+        backend = judge.backend
         try:
-            judge = Judge(backend, margin=float(margin), show_grades=args.show_grades, use_cache=not args.no_cache)
             targets = _reduce_target(args, config, store, pairs, backend) if args.still_grades else {}
             calls = len(pairs) * 2 * (2 if args.still_grades else 1)
-            verdicts: list[Verdict] = []
-            results: list[StillGrades] = []
             with progress("judging", calls) as advance:
-                for a, b in pairs:
-                    if args.still_grades:
-                        target = targets[store.run(a).tenant]
-                        full = judge.judge_pair(store, a, b, full=True, on_call=advance)
-                        reduced = judge.judge_pair(store, a, b, reduce_to=target, on_call=advance)
-                        results.append(StillGrades(full, reduced))
-                        _emit_pair(args, results[-1].reduced, results[-1])
-                    else:
-                        verdicts.append(judge.judge_pair(store, a, b, on_call=advance))
-                        _emit_pair(args, verdicts[-1], None)
+                judge.planner.progress = lambda message: advance(0, description=message)
+                if args.still_grades:
+                    full = judge.judge_pairs(store, pairs, full=True, bound="analytic", on_call=advance)
+                    full_window = judge.window
+                    reduced = judge.judge_pairs(store, pairs, on_call=advance,
+                                                reduce_to={(a, b): targets[store.run(a).tenant] for a, b in pairs})
+                    results = [StillGrades(f, r) for f, r in zip(full, reduced)]
+                    verdicts = reduced
+                else:
+                    verdicts = judge.judge_pairs(store, pairs, on_call=advance)
+            for index, verdict in enumerate(verdicts):
+                _emit_pair(args, verdict, results[index] if args.still_grades else None)
             summary = (still_grades_summary(results) if args.still_grades else summarize_verdicts(verdicts))
             summary["prefix_tokens_saved"] = getattr(backend, "tokens_saved", 0)
-            summary["allowance"] = judge.allowance
+            summary["window"] = None if judge.window is None else judge.window.to_json()
+            summary["room"] = judge.room
             if args.still_grades:
+                summary["full_window"] = None if full_window is None else full_window.to_json()
                 summary["reduce_to"] = targets
         finally:
             backend.close()
@@ -182,7 +110,8 @@ def _emit_pair(args: argparse.Namespace, verdict: Verdict, still: StillGrades | 
     payload = verdict.to_json()
     if still is not None:
         payload.update({"full": still.full.to_json(), "held": still.held, "flipped": still.flipped,
-                        "delta_p_a": still.delta_p_a})
+                        "delta_p_a": still.delta_p_a, "full_cut": still.full_cut, "views_differ": still.views_differ,
+                        "compared": still.compared, "view_tokens": still.view_tokens()})
     emit(args, payload, lambda: _print_pair(verdict, still))
 
 
@@ -201,7 +130,9 @@ def _print_pair(verdict: Verdict, still: StillGrades | None) -> None:
     print_table(columns, rows, title=f"{verdict.a} vs {verdict.b}")
     if still is not None:
         held = {True: "yes", False: "no", None: "n/a (no score)"}[still.held]
-        print(f"winner held: {held}   Δp_a: {_fmt(still.delta_p_a)}")
+        left_out = ("  (left out: the full side was cut to fit)" if still.full_cut else
+                    "  (left out: both sides read the same views)" if not still.views_differ else "")
+        print(f"winner held: {held}   Δp_a: {_fmt(still.delta_p_a)}{left_out}")
     for v in ([still.full, still.reduced] if still is not None else [verdict]):
         if v.error:
             print(f"  {v.outcome}: {v.error}")
@@ -211,7 +142,8 @@ def _print_pair(verdict: Verdict, still: StillGrades | None) -> None:
 
 def _print_summary(summary: dict[str, Any], still: bool) -> None:
     if still:
-        rows = [["pairs", summary["pairs"]], ["comparable", summary["comparable"]],
+        rows = [["pairs", summary["pairs"]], ["full side cut to fit (full_cut, left out)", summary["full_cut"]],
+                ["same views on both sides (left out)", summary["same_views"]], ["compared", summary["compared"]],
                 ["agreement", _fmt(summary["agreement"])], ["flips", summary["flips"]],
                 ["Cohen's kappa", _fmt(summary["kappa"])], ["mean |Δp_a|", _fmt(summary["mean_abs_delta_p_a"])],
                 ["coverage full / reduced", f"{_fmt(summary['coverage']['full'])} / "
@@ -223,5 +155,9 @@ def _print_summary(summary: dict[str, Any], still: bool) -> None:
         rows = [["pairs", summary["pairs"]], ["outcomes", outcomes], ["coverage", _fmt(summary["coverage"])],
                 ["position consistency", _fmt(summary["position_consistency"])],
                 ["cached", summary["cached"]], ["further reduced", summary["further_reduced"]]]
+    if summary.get("window"):
+        window = summary["window"]
+        rows.append(["window n_ctx", f"{window['n_ctx']} (needed {window['needed']}, cap {window['cap']} from "
+                                     f"{window['cap_source']}; {'measured' if window['measured'] else 'not certified'})"])
     rows.append(["prefix tokens saved", summary["prefix_tokens_saved"]])
     print_table(["", "value"], rows, title="summary")

@@ -7,11 +7,14 @@ Public API::
 
 - backends: :class:`LlamaBackend` (in-process llama-cpp-python, prefix KV reuse) and :class:`ServerBackend`
   (OpenAI-compatible ``/v1/completions`` with logprobs); :func:`open_backend` picks one from CLI/config
-  choices with n_ctx from the capability cache.
-- views: :func:`render_view` of a folded run, :func:`escape` for the delimiters, :func:`pack_run` into an
-  equal allowance (further-reduced views derived with the retention's pure ``plan_reduction``).
+  choices; :class:`WindowPlanner` sizes the window to the pairs (certifying that size only).
+- views: :func:`render_view` of a folded run (verifier results and grades held out), :func:`escape` for the
+  delimiters, :func:`pack_pair` into the window (further-reduced views derived with the retention's pure
+  ``plan_reduction``); prompts in the model's chat template or raw (:mod:`kvjudge.judge.prompt`).
 - verdicts: :class:`Judge` / :func:`judge_pair` ask both orders and un-swap; outcomes a | b | tie |
   inconsistent | overflow | error; judgments are cached in the store.
+- meta-evaluation and ranking: :mod:`kvjudge.judge.evaluate` (accuracy against held-out grades beside
+  baselines) and :mod:`kvjudge.judge.ranking` (Bradley–Terry with bootstrap intervals).
 - still grades: :func:`still_grades` compares full and reduced verdicts (agreement, flips, κ, Δp_a).
 """
 
@@ -22,29 +25,32 @@ from kvjudge.judge.backends import (
     LlamaBackend,
     PromptOverflow,
     ServerBackend,
-    capability_n_ctx,
     open_backend,
-    resolve_n_ctx,
 )
-from kvjudge.judge.pack import PackedView, RunTokens, pack_run, view_allowance
-from kvjudge.judge.render import TEMPLATE_VERSION, body_resolver, escape, render_view, segments
+from kvjudge.judge.pack import BaseView, PackedView, RunTokens, base_view, fit_view, pack_pair, pack_run
+from kvjudge.judge.prompt import RAW, TEMPLATE_CHOICES, TEMPLATE_VERSION, Framing, TemplateText, choose_framing
+from kvjudge.judge.render import body_resolver, escape, render_view
 from kvjudge.judge.stillgrades import StillGrades, cohen_kappa, still_grades, still_grades_summary, summarize_verdicts
 from kvjudge.judge.verdict import (
     DEFAULT_MARGIN,
     OUTCOMES,
     SCORED,
     Judge,
+    OrderPrompt,
     OrderScore,
     Verdict,
     decide,
     judge_pair,
     judgment_key,
+    order_score,
 )
+from kvjudge.judge.window import Window, WindowPlanner, window_tokens
 
 __all__ = [
-    "DEFAULT_MARGIN", "LABELS", "OUTCOMES", "SCORED", "TEMPLATE_VERSION", "Backend", "Judge", "LabelScore",
-    "LlamaBackend", "OrderScore", "PackedView", "PromptOverflow", "RunTokens", "ServerBackend", "StillGrades",
-    "Verdict", "body_resolver", "capability_n_ctx", "cohen_kappa", "decide", "escape", "judge_pair",
-    "judgment_key", "open_backend", "pack_run", "render_view", "resolve_n_ctx", "segments", "still_grades",
-    "still_grades_summary", "summarize_verdicts", "view_allowance",
+    "DEFAULT_MARGIN", "LABELS", "OUTCOMES", "RAW", "SCORED", "TEMPLATE_CHOICES", "TEMPLATE_VERSION", "Backend",
+    "BaseView", "Framing", "Judge", "LabelScore", "LlamaBackend", "OrderPrompt", "OrderScore", "PackedView",
+    "PromptOverflow", "RunTokens", "ServerBackend", "StillGrades", "TemplateText", "Verdict", "Window",
+    "WindowPlanner", "base_view", "body_resolver", "choose_framing", "cohen_kappa", "decide", "escape", "fit_view",
+    "judge_pair", "judgment_key", "open_backend", "order_score", "pack_pair", "pack_run", "render_view",
+    "still_grades", "still_grades_summary", "summarize_verdicts", "window_tokens",
 ]

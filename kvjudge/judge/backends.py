@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from kvjudge.errors import JudgeError, ModelError
+from kvjudge.errors import JudgeError, ModelError, UsageError
+from kvjudge.judge.prompt import RAW, Framing, TemplateText, choose_framing
 from kvjudge.tokens import split_for_tokenizer
 
 # The answer labels and the spellings whose probabilities count for each.
@@ -62,6 +63,14 @@ class Backend(Protocol):
         """Tokens of ``text`` with the model's own tokenizer (as one segment of a prompt)."""
         ...
 
+    def framing(self, choice: str = "auto") -> Framing:
+        """The prompt framing for ``--template choice`` (auto | chat | raw)."""
+        ...
+
+    def resize(self, n_ctx: int, *, source: str | None = None) -> None:
+        """Make the context window ``n_ctx`` tokens (a server's window is fixed: only checks it fits)."""
+        ...
+
     def score(self, segments: Sequence[str], shared: int = 0) -> LabelScore:
         """Forced-choice label probabilities for the prompt ``"".join(segments)``.
 
@@ -87,21 +96,25 @@ def _renormalise(raw: dict[str, float]) -> tuple[dict[str, float], float]:
 class LlamaBackend:
     """In-process llama-cpp-python with prefix KV reuse.
 
+    Opened without ``n_ctx`` it holds only the tokenizer (``vocab_only``: no weights), enough to render,
+    count and size the window for the pairs; :meth:`resize` then loads the weights with that context.
     Every prompt is tokenized segment by segment (the same segment always gives the same ids), so the
-    instruction prefix shared by every call is a token prefix too: the KV cache for it is kept and only
+    shared prefix (template opening and instructions) is a token prefix too: its KV cache is kept and only
     the rest is evaluated. ``tokens_saved`` counts the prompt tokens that reuse skipped.
     """
 
     model_path: Path
-    n_ctx: int
+    n_ctx: int | None = None
     n_threads: int | None = None
     n_batch: int = 512
     model_sha256: str | None = None
-    n_ctx_source: str | None = None  # where n_ctx came from (capability cache, --n-ctx)
+    n_ctx_source: str | None = None  # where n_ctx came from (the window planner, --n-ctx, the demo)
     reuse_prefix: bool = True  # False: evaluate every prompt whole (the benchmark's no-reuse baseline)
     tokens_evaluated: int = 0
     tokens_saved: int = 0
     calls: int = 0
+    loads: int = 0
+    _vocab: Any = field(default=None, repr=False)
     _llama: Any = field(default=None, repr=False)
     _label_ids: dict[str, tuple[int, ...]] = field(default_factory=dict, repr=False)
 
@@ -113,42 +126,104 @@ class LlamaBackend:
         self.model_path = Path(self.model_path)
         if not self.model_path.is_file():
             raise ModelError(f"model file {self.model_path} does not exist; pass a GGUF path with --model")
-        if self.n_ctx < 64:
-            raise JudgeError(f"n_ctx {self.n_ctx} is too small for a judge prompt; use at least 512")
         self.model_sha256 = self.model_sha256 or file_sha256(self.model_path)
         try:
-            self._llama = Llama(model_path=str(self.model_path), n_ctx=self.n_ctx, n_batch=min(self.n_batch, self.n_ctx),
-                                n_threads=self.n_threads, logits_all=False, verbose=False)
+            self._vocab = Llama(model_path=str(self.model_path), vocab_only=True, verbose=False)
         except (ValueError, RuntimeError) as exc:
-            raise ModelError(f"cannot load {self.model_path} with n_ctx={self.n_ctx} ({exc}); "
-                             f"try a smaller --n-ctx or check the file") from exc
-        self.n_threads = self._llama.n_threads
-        self.n_batch = self._llama.n_batch
+            raise ModelError(f"cannot read the tokenizer of {self.model_path} ({exc}); check the file") from exc
         for label, spellings in _SPELLINGS.items():
             ids: set[int] = set()
             for spelling in spellings:
-                tokens = self._llama.tokenize(spelling.encode(), add_bos=False, special=False)
+                tokens = self._vocab.tokenize(spelling.encode(), add_bos=False, special=False)
                 if len(tokens) == 1:  # a spelling that takes two tokens cannot be a one-token answer
                     ids.add(tokens[0])
             if not ids:
                 raise ModelError(f"{self.model_path.name} has no single-token spelling of the label {label!r}; "
                                  f"this model cannot be used as a forced-choice judge")
             self._label_ids[label] = tuple(sorted(ids))
+        if self.n_ctx is not None:
+            requested, self.n_ctx = self.n_ctx, None
+            self.resize(requested, source=self.n_ctx_source)
+
+    @property
+    def chat_template(self) -> str | None:
+        """The GGUF's own chat template (``tokenizer.chat_template``), None for a model without one."""
+        if self._vocab is None:
+            raise JudgeError("the judge backend is closed; open a new one")
+        return self._vocab.metadata.get("tokenizer.chat_template") or None
+
+    def _token_text(self, token: int) -> str:
+        if token < 0:
+            return ""
+        return self._vocab.detokenize([token], special=True).decode("utf-8", "replace")
+
+    def framing(self, choice: str = "auto") -> Framing:
+        """The prompt framing for ``--template choice`` (``auto``: the chat template when the model has one)."""
+        return choose_framing(choice, self.chat_template, bos_token=self._token_text(self._vocab.token_bos()),
+                              eos_token=self._token_text(self._vocab.token_eos()), model_name=self.model_path.name)
+
+    def resize(self, n_ctx: int, *, source: str | None = None) -> None:
+        """Load the weights with context ``n_ctx`` (reloads only when it changes)."""
+        from llama_cpp import Llama
+
+        if n_ctx < 64:
+            raise JudgeError(f"n_ctx {n_ctx} is too small for a judge prompt; use at least 512")
+        if source is not None:
+            self.n_ctx_source = source
+        if self._llama is not None and n_ctx == self.n_ctx:
+            return
+        if self._llama is not None:
+            self._llama.close()
+            self._llama = None
+        try:
+            self._llama = Llama(model_path=str(self.model_path), n_ctx=n_ctx, n_batch=min(self.n_batch, n_ctx),
+                                n_threads=self.n_threads, logits_all=False, verbose=False)
+        except (ValueError, RuntimeError) as exc:
+            raise ModelError(f"cannot load {self.model_path} with n_ctx={n_ctx} ({exc}); "
+                             f"try a smaller --n-ctx or check the file") from exc
+        self.n_ctx = n_ctx
+        self.n_threads = self._llama.n_threads
+        self.loads += 1
+
+    def measure_prefill(self, n_tokens: int = 256) -> float:
+        """Prompt tokens per second of this model here, timed on ``n_tokens`` of filler text."""
+        import time
+
+        if self._llama is None:
+            self.resize(max(512, n_tokens + 64), source="prefill speed sample")
+        ids = self.tokenize("The quick brown fox jumps over the lazy dog; pytest collected 12 items. " * 64)[:n_tokens]
+        llama = self._llama
+        llama._ctx.kv_cache_seq_rm(-1, 0, -1)
+        llama.n_tokens = 0
+        started = time.perf_counter()
+        llama.eval(ids)
+        seconds = time.perf_counter() - started
+        llama._ctx.kv_cache_seq_rm(-1, 0, -1)
+        llama.n_tokens = 0
+        return len(ids) / max(seconds, 1e-6)
 
     def manifest(self) -> dict[str, Any]:
         import llama_cpp
 
         return {"model_sha256": self.model_sha256, "model": self.model_path.name, "backend": "llama-cpp-python",
                 "backend_version": llama_cpp.__version__, "n_ctx": self.n_ctx, "n_ctx_source": self.n_ctx_source,
-                "threads": self.n_threads, "n_batch": self.n_batch}
+                "threads": self.n_threads, "n_batch": min(self.n_batch, self.n_ctx or self.n_batch)}
 
     def tokenize(self, text: str, add_bos: bool = False) -> list[int]:
-        """Token ids of one segment (long text in word-boundary pieces, as ModelTokenizer does)."""
-        if self._llama is None:
+        """Token ids of one segment (long text in word-boundary pieces, as ModelTokenizer does).
+
+        :class:`TemplateText` is tokenized with special tokens parsed; everything else never is.
+        """
+        if self._vocab is None:
             raise JudgeError("the judge backend is closed; open a new one")
+        special = isinstance(text, TemplateText)
+        pieces = [text] if special else split_for_tokenizer(text)
         ids: list[int] = []
-        for index, piece in enumerate(split_for_tokenizer(text)):
-            ids.extend(self._llama.tokenize(piece.encode("utf-8"), add_bos=add_bos and index == 0, special=False))
+        for index, piece in enumerate(pieces):
+            ids.extend(self._vocab.tokenize(piece.encode("utf-8"), add_bos=add_bos and index == 0, special=special))
+        bos = self._vocab.token_bos()
+        if add_bos and len(ids) >= 2 and ids[0] == ids[1] == bos:
+            ids = ids[1:]  # the template wrote its own BOS: one is enough
         return ids
 
     def count(self, text: str) -> int:
@@ -165,8 +240,10 @@ class LlamaBackend:
         import llama_cpp
         import numpy as np
 
-        if self._llama is None:
+        if self._vocab is None:
             raise JudgeError("the judge backend is closed; open a new one")
+        if self._llama is None or self.n_ctx is None:
+            raise JudgeError("the judge backend has no window yet; size it with resize(n_ctx) first")
         prefix = self.prompt_tokens(segments[:shared])
         tokens = prefix + [t for i, s in enumerate(segments[shared:]) for t in self.tokenize(s, add_bos=shared == 0 and i == 0)]
         if len(tokens) + 1 > self.n_ctx:  # +1: the answer token must fit too
@@ -206,9 +283,10 @@ class LlamaBackend:
         return LabelScore(probs=probs, label_mass=mass, prompt_tokens=len(tokens), reused_tokens=keep)
 
     def close(self) -> None:
-        if self._llama is not None:
-            self._llama.close()
-            self._llama = None
+        for model in (self._llama, self._vocab):
+            if model is not None:
+                model.close()
+        self._llama = self._vocab = None
 
 
 @dataclass
@@ -286,9 +364,29 @@ class ServerBackend:
                 "server": self.url, "n_ctx": self.n_ctx, "threads": None, "n_batch": None,
                 "top_logprobs": self.top_logprobs}
 
+    def framing(self, choice: str = "auto") -> Framing:
+        """The server's GGUF chat template is known only through ``model_path`` (the same file, local)."""
+        template = None
+        if self._tokenizer is not None:
+            template = self._tokenizer.llama.metadata.get("tokenizer.chat_template") or None
+        if choice == "chat" and template is None:
+            raise UsageError("--template chat with --server needs --tokenizer-model PATH (the served GGUF, for its "
+                             "chat template); or use --template raw")
+        if template is None:
+            return RAW
+        vocab = self._tokenizer.llama
+        special = [vocab.detokenize([t], special=True).decode("utf-8", "replace") if t >= 0 else ""
+                   for t in (vocab.token_bos(), vocab.token_eos())]
+        return choose_framing(choice, template, bos_token=special[0], eos_token=special[1])
+
+    def resize(self, n_ctx: int, *, source: str | None = None) -> None:
+        if self.n_ctx is not None and n_ctx > self.n_ctx:
+            raise JudgeError(f"the pair needs a {n_ctx}-token window but the server at {self.url} holds "
+                             f"{self.n_ctx}; pass a smaller --n-ctx")
+
     def count(self, text: str) -> int:
         if self._tokenizer is not None:
-            return self._tokenizer.count(text)
+            return len(self._tokenizer.tokenize(text, special=isinstance(text, TemplateText)))
         routes = [self._tokenize_route] if self._tokenize_route else ["/extras/tokenize", "/tokenize"]
         last: JudgeError | None = None
         for route in routes:
@@ -338,66 +436,14 @@ class ServerBackend:
 
 
 
-def capability_n_ctx(entry: Any) -> int | None:
-    """The n_ctx a capability entry vouches for: certified ``safe_context``, else ``max_ok_input`` rounded
-    down to 256 (None when the entry has neither)."""
-    if entry is None:
-        return None
-    if entry.certified and entry.safe_context:
-        return int(entry.safe_context)
-    if entry.max_ok_input:
-        return int(entry.max_ok_input) // 256 * 256 or None
-    return None
-
-
-@dataclass(frozen=True)
-class BackendChoice:
-    """How a backend was chosen (for the CLI's report): where n_ctx came from."""
-
-    n_ctx: int
-    n_ctx_source: str
-
-
-def resolve_n_ctx(model_path: Path, requested: int | None,
-                  progress: Any = None) -> BackendChoice:
-    """n_ctx for ``model_path`` on this device from the capability cache; ``requested`` may only lower it.
-
-    With no request and no certified entry the probe runs first (with progress) rather than guess.
-    With a request and no entry, the analytic bound (no model run) checks it is not beyond what fits.
-    """
-    from kvjudge.probe import ensure_capability, lookup_capability
-
-    if requested is not None and requested < 64:
-        raise JudgeError(f"--n-ctx {requested} is too small for a judge prompt; use at least 512")
-    entry = lookup_capability(model_path)
-    vouched = capability_n_ctx(entry)
-    if requested is None:
-        if vouched is None or entry.stale:
-            entry = ensure_capability(model_path, certify=True, progress=progress)
-            vouched = capability_n_ctx(entry)
-        if vouched is None:
-            raise JudgeError(f"the probe could not certify a context size for {model_path.name}; "
-                             f"run `kvjudge probe --model {model_path}` and see why, or pass --n-ctx N")
-        return BackendChoice(vouched, "capability cache (measured)")
-    if vouched is not None:
-        if requested > vouched:
-            raise JudgeError(f"--n-ctx {requested} is over the certified context {vouched} for {model_path.name} "
-                             f"on this device; use --n-ctx {vouched} or less")
-        return BackendChoice(requested, "--n-ctx (within the certified context)")
-    entry = ensure_capability(model_path, certify=False, progress=progress)
-    if requested > entry.max_context_tokens:
-        raise JudgeError(f"--n-ctx {requested} is over the {entry.max_context_tokens} tokens that fit "
-                         f"{model_path.name} on this device (estimated); use a smaller --n-ctx")
-    return BackendChoice(requested, "--n-ctx (within the estimated bound; not certified)")
-
-
 def open_backend(*, model: str | Path | None = None, server: str | None = None, n_ctx: int | None = None,
-                 threads: int | None = None, config: Any = None, progress: Any = None) -> Backend:
+                 threads: int | None = None, config: Any = None) -> Backend:
     """The judge's backend from CLI-style choices and the config's ``[judge]`` section.
 
-    ``server`` (or ``[judge] server``) selects the OpenAI-compatible server; otherwise llama-cpp-python
-    loads ``model`` (or ``[judge] model``, else the default judge model) with n_ctx from the capability
-    cache (see :func:`resolve_n_ctx`).
+    ``server`` (or ``[judge] server``) selects the OpenAI-compatible server (``n_ctx``: its context, when it
+    does not report one); otherwise llama-cpp-python opens ``model`` (or ``[judge] model``, else the
+    default judge model) without a window: :class:`~kvjudge.judge.window.WindowPlanner` sizes it for the
+    pairs and :meth:`LlamaBackend.resize` loads the weights.
     """
     from kvjudge.models import judge_model_path, resolve_model
 
@@ -413,5 +459,4 @@ def open_backend(*, model: str | Path | None = None, server: str | None = None, 
     if server:
         return ServerBackend(url=server, n_ctx=n_ctx, model_path=resolve_model(model) if model else None)
     path = resolve_model(model) if model else judge_model_path()
-    choice = resolve_n_ctx(path, n_ctx, progress=progress)
-    return LlamaBackend(model_path=path, n_ctx=choice.n_ctx, n_threads=threads, n_ctx_source=choice.n_ctx_source)
+    return LlamaBackend(model_path=path, n_threads=threads)

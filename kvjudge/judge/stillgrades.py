@@ -1,8 +1,15 @@
 """Still grades: do reduced runs get the same verdict as the full runs?
 
-Pure arithmetic over verdicts: the judging happens elsewhere (the full pair before reduction, the
-reduced pair after). For one pair: whether the winner held and Δp_a. For a batch: agreement rate,
-flips, Cohen's κ between full and reduced outcomes, position consistency and coverage.
+Pure arithmetic over verdicts: the judging happens elsewhere (the full pair in a window that holds it,
+the reduced pair at the certified context). A comparison means something only where the judge read the
+full runs uncut and the reduced views really differ from them, so a pair is *compared* only when
+
+- both verdicts carry a score,
+- the full side was not cut to fit its window (else it is ``full_cut``: reported, kept out), and
+- at least one of its two views differs between the sides (else the same text was read twice).
+
+For one pair: the tokens of each view on each side, whether the winner held, Δp_a. For a batch:
+agreement, flips, Cohen's κ and Δp_a over the compared pairs; coverage and position consistency per side.
 """
 
 from __future__ import annotations
@@ -32,9 +39,29 @@ class StillGrades:
         return self.full.scored and self.reduced.scored
 
     @property
+    def full_cut(self) -> bool:
+        """The full side did not read the full runs: a view was cut to fit, or the pair overflowed."""
+        return self.full.further_reduced or self.full.outcome == "overflow"
+
+    @property
+    def views_differ(self) -> bool:
+        """At least one run's reduced view is not the text its full view was."""
+        return any(self.full.view_sha256.get(side) != self.reduced.view_sha256.get(side) for side in ("a", "b"))
+
+    @property
+    def compared(self) -> bool:
+        """Counts in the agreement figures: both scored, full side uncut, views that differ."""
+        return self.comparable and not self.full_cut and self.views_differ
+
+    @property
     def held(self) -> bool | None:
         """The reduced outcome equals the full one (None when either has no score)."""
         return self.full.outcome == self.reduced.outcome if self.comparable else None
+
+    def view_tokens(self) -> dict[str, dict[str, int | None]]:
+        """Tokens of each run's view on each side: ``{"full": {"a", "b"}, "reduced": {"a", "b"}}``."""
+        return {side: {run: verdict.tokens[run].view for run in ("a", "b")}
+                for side, verdict in (("full", self.full), ("reduced", self.reduced))}
 
     @property
     def flipped(self) -> bool:
@@ -51,7 +78,8 @@ class StillGrades:
 
     def to_json(self) -> dict[str, Any]:
         return {"a": self.full.a, "b": self.full.b, "full": self.full.to_json(), "reduced": self.reduced.to_json(),
-                "held": self.held, "flipped": self.flipped, "delta_p_a": self.delta_p_a}
+                "held": self.held, "flipped": self.flipped, "delta_p_a": self.delta_p_a, "full_cut": self.full_cut,
+                "views_differ": self.views_differ, "compared": self.compared, "view_tokens": self.view_tokens()}
 
 
 def cohen_kappa(first: Sequence[str], second: Sequence[str], categories: Sequence[str] = CATEGORIES) -> float | None:
@@ -93,17 +121,21 @@ def summarize_verdicts(verdicts: Sequence[Verdict]) -> dict[str, Any]:
 
 
 def still_grades_summary(results: Sequence[StillGrades]) -> dict[str, Any]:
-    """Batch summary of full-vs-reduced: agreement, flips, κ, position consistency, coverage, Δp_a."""
-    comparable = [r for r in results if r.comparable]
-    deltas = [r.delta_p_a for r in comparable if r.delta_p_a is not None]
+    """Batch summary of full-vs-reduced: agreement, flips, κ and Δp_a over the compared pairs (both scored,
+    full side uncut, views that differ); coverage, position consistency and outcomes per side."""
+    compared = [r for r in results if r.compared]
+    deltas = [r.delta_p_a for r in compared if r.delta_p_a is not None]
     full = summarize_verdicts([r.full for r in results])
     reduced = summarize_verdicts([r.reduced for r in results])
     return {
         "pairs": len(results),
-        "comparable": len(comparable),
-        "agreement": sum(bool(r.held) for r in comparable) / len(comparable) if comparable else None,
-        "flips": sum(r.flipped for r in results),
-        "kappa": cohen_kappa([r.full.outcome for r in comparable], [r.reduced.outcome for r in comparable]),
+        "comparable": sum(r.comparable for r in results),
+        "full_cut": sum(r.full_cut for r in results),
+        "same_views": sum(not r.views_differ for r in results),
+        "compared": len(compared),
+        "agreement": sum(bool(r.held) for r in compared) / len(compared) if compared else None,
+        "flips": sum(r.flipped for r in compared),
+        "kappa": cohen_kappa([r.full.outcome for r in compared], [r.reduced.outcome for r in compared]),
         "mean_abs_delta_p_a": sum(abs(d) for d in deltas) / len(deltas) if deltas else None,
         "max_abs_delta_p_a": max((abs(d) for d in deltas), default=None),
         "coverage": {"full": full["coverage"], "reduced": reduced["coverage"]},

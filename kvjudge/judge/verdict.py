@@ -15,14 +15,15 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from kvjudge.errors import JudgeError, UsageError
 from kvjudge.judge.backends import Backend, LabelScore, PromptOverflow
-from kvjudge.judge.pack import PackedView, RunTokens, pack_run, view_allowance
-from kvjudge.judge.render import SHARED_SEGMENTS, TEMPLATE_VERSION, segments
+from kvjudge.judge.pack import ANSWER_TOKENS, BaseView, PackedView, RunTokens, base_view, pack_pair
+from kvjudge.judge.prompt import TEMPLATE_VERSION, Framing
+from kvjudge.judge.window import Window, WindowPlanner
 
 DEFAULT_MARGIN = 0.05
 OUTCOMES: tuple[str, ...] = ("a", "b", "tie", "inconsistent", "overflow", "error")
@@ -75,6 +76,7 @@ class Verdict:
     error: str | None = None
     notes: tuple[str, ...] = ()
     orders: tuple[OrderScore, ...] = field(default=(), repr=False)
+    view_sha256: dict[str, str | None] = field(default_factory=dict)  # what each run's view was, by hash
 
     @property
     def scored(self) -> bool:
@@ -97,80 +99,180 @@ class Verdict:
             "further_reduced": self.further_reduced, "seconds": round(self.seconds, 3), "manifest": self.manifest,
             "margin": self.margin, "position_consistent": self.position_consistent, "cached": self.cached,
             "tokens_saved": self.tokens_saved, "error": self.error, "notes": list(self.notes),
-            "label_mass": {o.order: o.label_mass for o in self.orders},
+            "label_mass": {o.order: o.label_mass for o in self.orders}, "view_sha256": self.view_sha256,
         }
 
 
 def judgment_key(manifest: dict[str, Any], view_first: str, view_second: str) -> str:
-    """Cache key of one order's call: sha256 of (model, backend settings, template version, both views in order)."""
-    settings = {k: manifest.get(k) for k in ("model_sha256", "model", "backend", "backend_version", "n_ctx",
-                                             "n_batch", "server", "top_logprobs")}
-    blob = json.dumps({"settings": settings, "template": TEMPLATE_VERSION, "first": view_first,
+    """Cache key of one order's call: sha256 of (model, backend settings, framing, what is held out, both views).
+
+    n_ctx is not in it: the window decides what fits, not what the model computes for the same tokens.
+    """
+    settings = {k: manifest.get(k) for k in ("model_sha256", "model", "backend", "backend_version", "n_batch",
+                                             "server", "top_logprobs", "template", "chat_template_sha256",
+                                             "show_verifier", "show_grades")}
+    blob = json.dumps({"settings": settings, "template_version": TEMPLATE_VERSION, "first": view_first,
                        "second": view_second}, sort_keys=True, ensure_ascii=False)
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
+
+@dataclass(frozen=True)
+class OrderPrompt:
+    """One order's call, ready for a backend: the segments, the shared prefix and the cache key."""
+
+    order: str
+    segments: list[str]
+    shared: int
+    key: str
+
+
+PairReduce = int | Mapping[tuple[str, str], int] | None
 
 
 @dataclass
 class Judge:
     """A backend plus the judging settings; judges pairs of runs held in a store.
 
-    ``use_cache`` reads and writes judgments through ``store.get_judgment`` / ``store.put_judgment``
-    (one entry per order), so a re-run of the same pair costs no model call.
+    ``template`` (auto | chat | raw) picks the prompt framing; ``show_verifier`` / ``show_grades`` put what
+    the judge is measured against into its input (experiments only). ``use_cache`` reads and writes
+    judgments through ``store.get_judgment`` / ``store.put_judgment`` (one entry per order), so a re-run of
+    the same pair costs no model call. ``planner`` sizes the backend's window to the pairs; without one a
+    backend that has no window yet gets a default planner (certifying the size it needs).
     """
 
     backend: Backend
     margin: float = DEFAULT_MARGIN
     show_grades: bool = False
+    show_verifier: bool = False
     use_cache: bool = True
-    _allowance: int | None = field(default=None, repr=False)
+    template: str = "auto"
+    planner: WindowPlanner | None = None
+    window: Window | None = field(default=None, repr=False)
+    _framing: Framing | None = field(default=None, repr=False)
+    _framing_tokens: int | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.margin < 0.5:
             raise UsageError(f"the tie margin must be in [0, 0.5), got {self.margin}; set [judge] margin")
 
     @property
+    def framing(self) -> Framing:
+        """The prompt framing (the model's chat template, or raw), resolved once from ``template``."""
+        if self._framing is None:
+            self._framing = self.backend.framing(self.template)
+        return self._framing
+
+    @property
+    def framing_tokens(self) -> int:
+        """Tokens of the prompt without the two views (template, instructions, delimiters, question)."""
+        if self._framing_tokens is None:
+            self._framing_tokens = sum(self.backend.count(s) for s in self.framing.framing_segments())
+        return self._framing_tokens
+
+    @property
+    def room(self) -> int:
+        """Tokens both views may take together in the current window."""
+        if self.backend.n_ctx is None:
+            raise JudgeError("the judge backend has no window yet; judge through Judge.judge_pairs")
+        return self.backend.n_ctx - self.framing_tokens - ANSWER_TOKENS - getattr(self.backend, "slack_tokens", 0)
+
+    @property
     def allowance(self) -> int:
-        """Tokens each run's view may take: ``(n_ctx − instructions − answer) // 2``."""
-        if self._allowance is None:
-            self._allowance = view_allowance(self.backend)
-        return self._allowance
+        """Half the room: what each view may take when both are long."""
+        return self.room // 2
 
     def manifest(self) -> dict[str, Any]:
-        return {**self.backend.manifest(), "template_version": TEMPLATE_VERSION}
+        return {**self.backend.manifest(), "template_version": TEMPLATE_VERSION, **self.framing.manifest(),
+                "show_verifier": self.show_verifier, "show_grades": self.show_grades}
 
-    def pack(self, store: Any, run_id: str, *, reduce_to: int | None = None, full: bool = False) -> PackedView:
-        """The view of one run that fits this judge's allowance (or says it cannot)."""
-        return pack_run(store, store.run(run_id), self.backend.count, self.allowance,
-                        show_grades=self.show_grades, reduce_to=reduce_to, full=full)
+    def base(self, store: Any, run_id: str, *, reduce_to: int | None = None, full: bool = False) -> BaseView:
+        """One run's view before it is fitted to a window."""
+        return base_view(store, store.run(run_id), self.backend.count, show_grades=self.show_grades,
+                         show_verifier=self.show_verifier, reduce_to=reduce_to, full=full)
+
+    def needed_tokens(self, base_a: BaseView, base_b: BaseView) -> int:
+        """Prompt tokens of the pair read whole (framing + both views)."""
+        return self.framing_tokens + base_a.tokens + base_b.tokens
+
+    def _open_window(self, needed: int, bound: str) -> None:
+        planner = self.planner
+        if planner is None:
+            if self.backend.n_ctx is not None:
+                return  # a window chosen by the caller (LlamaBackend(n_ctx=...)): pairs are fitted into it
+            planner = self.planner = WindowPlanner(self.backend)
+        self.window = planner.open(needed, bound=bound)
+
+    def judge_pairs(self, store: Any, pairs: Sequence[tuple[str, str]], *, reduce_to: PairReduce = None,
+                    full: bool = False, bound: str = "certified",
+                    on_call: Callable[[], None] | None = None) -> list[Verdict]:
+        """Judge ``pairs`` of ``store`` in one window sized to the largest pair (both orders each).
+
+        ``reduce_to`` (tokens, or tokens per pair) judges views reduced that far (derived, never stored): the
+        reduced side of a still-grades check. ``full`` starts from the original bodies wherever the store can
+        still read them (the full side); ``bound`` "analytic" lets the window grow to the analytic bound.
+        """
+        started = time.perf_counter()
+        bases: dict[tuple[str, int | None, bool], BaseView] = {}
+        prepared: list[tuple[str, str, BaseView, BaseView] | Verdict] = []
+        for a, b in pairs:
+            target = reduce_to.get((a, b)) if isinstance(reduce_to, Mapping) else reduce_to
+            try:
+                views = []
+                for run_id in (a, b):
+                    key = (run_id, target, full)
+                    if key not in bases:
+                        bases[key] = self.base(store, run_id, reduce_to=target, full=full)
+                    views.append(bases[key])
+                prepared.append((a, b, views[0], views[1]))
+            except JudgeError as exc:  # the backend failed while counting tokens: an outcome, not a crash
+                prepared.append(self._error(a, b, str(exc), started))
+        needed = [self.needed_tokens(p[2], p[3]) for p in prepared if not isinstance(p, Verdict)]
+        if needed:
+            self._open_window(max(needed), bound)
+            started = time.perf_counter()  # a verdict's seconds are its own calls, not the window's certification
+        verdicts = []
+        for item in prepared:
+            if isinstance(item, Verdict):
+                verdicts.append(item)
+                continue
+            a, b, base_a, base_b = item
+            view_a, view_b = pack_pair(base_a, base_b, self.backend.count, self.room)
+            verdicts.append(self.judge_views(store, view_a, view_b, started=started, on_call=on_call))
+            started = time.perf_counter()
+        return verdicts
 
     def judge_pair(self, store: Any, a: str, b: str, *, reduce_to: int | None = None, full: bool = False,
                    on_call: Callable[[], None] | None = None) -> Verdict:
-        """Judge runs ``a`` and ``b`` from ``store`` in both orders.
+        """Judge runs ``a`` and ``b`` from ``store`` in both orders (see :meth:`judge_pairs`)."""
+        return self.judge_pairs(store, [(a, b)], reduce_to=reduce_to, full=full, on_call=on_call)[0]
 
-        ``reduce_to`` judges views reduced to that many tokens (derived on the fly, never stored) —
-        the "reduced" side of a still-grades check on runs not yet reduced in the store. ``full`` starts
-        from the original bodies wherever the store can still read them (the "full" side).
-        """
-        started = time.perf_counter()
-        try:
-            view_a = self.pack(store, a, reduce_to=reduce_to, full=full)
-            view_b = self.pack(store, b, reduce_to=reduce_to, full=full)
-        except JudgeError as exc:  # the backend failed while counting tokens: an outcome, not a crash
-            unknown = RunTokens(full=None, reduced=None, view=None, further_reduced=False)
-            return Verdict(a=a, b=b, outcome="error", p_a=None, p_a_by_order={o: None for o in ORDERS},
-                           tokens={"a": unknown, "b": unknown}, further_reduced=False,
-                           seconds=time.perf_counter() - started, manifest=self.manifest(), margin=self.margin,
-                           error=str(exc))
-        return self.judge_views(store, view_a, view_b, started=started, on_call=on_call)
+    def _error(self, a: str, b: str, message: str, started: float) -> Verdict:
+        unknown = RunTokens(full=None, reduced=None, view=None, further_reduced=False)
+        return Verdict(a=a, b=b, outcome="error", p_a=None, p_a_by_order={o: None for o in ORDERS},
+                       tokens={"a": unknown, "b": unknown}, further_reduced=False,
+                       seconds=time.perf_counter() - started, manifest=self.manifest(), margin=self.margin,
+                       error=message)
+
+    def order_prompts(self, view_a: PackedView, view_b: PackedView) -> list[OrderPrompt]:
+        """The two orders' prompts for two views that fit (a batch path sends these itself)."""
+        manifest = self.manifest()
+        prompts = []
+        for order in ORDERS:
+            first, second = (view_a.text, view_b.text) if order == "ab" else (view_b.text, view_a.text)
+            assert first is not None and second is not None
+            prompts.append(OrderPrompt(order, self.framing.segments(first, second), self.framing.shared,
+                                       judgment_key(manifest, first, second)))
+        return prompts
 
     def judge_views(self, store: Any, view_a: PackedView, view_b: PackedView, *, started: float | None = None,
                     on_call: Callable[[], None] | None = None) -> Verdict:
-        """Judge two packed views in both orders (the part of :meth:`judge_pair` after packing)."""
+        """Judge two packed views in both orders (the part of :meth:`judge_pairs` after packing)."""
         started = time.perf_counter() if started is None else started
         manifest = self.manifest()
         tokens = {"a": view_a.tokens, "b": view_b.tokens}
         further = view_a.tokens.further_reduced or view_b.tokens.further_reduced
         notes = tuple(f"{v.run_id}: {n}" for v in (view_a, view_b) for n in v.notes)
+        hashes = {"a": view_a.sha256, "b": view_b.sha256}
 
         def finish(outcome: str, p_a: float | None, by_order: dict[str, float | None], *, error: str | None = None,
                    orders: tuple[OrderScore, ...] = ()) -> Verdict:
@@ -178,22 +280,18 @@ class Judge:
                            tokens=tokens, further_reduced=further, seconds=time.perf_counter() - started,
                            manifest=manifest, margin=self.margin, cached=bool(orders) and all(o.cached for o in orders),
                            tokens_saved=sum(o.reused_tokens for o in orders if not o.cached), error=error,
-                           notes=notes, orders=orders)
+                           notes=notes, orders=orders, view_sha256=hashes)
 
         if view_a.text is None or view_b.text is None:
             over = [v.run_id for v in (view_a, view_b) if v.text is None]
             return finish("overflow", None, {"ab": None, "ba": None},
-                          error=f"even the skeleton of {', '.join(over)} exceeds the view allowance "
-                                f"{self.allowance} tokens (n_ctx {self.backend.n_ctx})")
+                          error=f"even the skeleton of {', '.join(over)} exceeds its share of the "
+                                f"{self.room}-token room for views (n_ctx {self.backend.n_ctx})")
         orders: list[OrderScore] = []
         try:
-            for order in ORDERS:
-                first, second = (view_a.text, view_b.text) if order == "ab" else (view_b.text, view_a.text)
-                score, cached = self._score(store, manifest, first, second)
-                p_first = score.probs["A"]
-                orders.append(OrderScore(order=order, p_a=p_first if order == "ab" else 1.0 - p_first,
-                                         label_mass=score.label_mass, prompt_tokens=score.prompt_tokens,
-                                         reused_tokens=score.reused_tokens, cached=cached))
+            for prompt in self.order_prompts(view_a, view_b):
+                score, cached = self._score(store, manifest, prompt)
+                orders.append(order_score(prompt.order, score, cached))
                 if on_call is not None:
                     on_call()
         except PromptOverflow as exc:
@@ -205,31 +303,39 @@ class Judge:
         outcome, p_a = decide(orders[0].p_a, orders[1].p_a, self.margin)
         return finish(outcome, p_a, {o.order: o.p_a for o in orders}, orders=tuple(orders))
 
-    def _score(self, store: Any, manifest: dict[str, Any], first: str, second: str) -> tuple[LabelScore, bool]:
-        key = judgment_key(manifest, first, second)
+    def _score(self, store: Any, manifest: dict[str, Any], prompt: OrderPrompt) -> tuple[LabelScore, bool]:
         getter = getattr(store, "get_judgment", None) if self.use_cache else None
         if getter is not None:
-            hit = getter(key)
+            hit = getter(prompt.key)
             if hit is not None:
                 return LabelScore(probs={k: float(v) for k, v in hit["probs"].items()},
                                   label_mass=float(hit["label_mass"]), prompt_tokens=int(hit["prompt_tokens"]),
                                   reused_tokens=int(hit.get("reused_tokens", 0))), True
         try:
-            score = self.backend.score(segments(first, second), shared=SHARED_SEGMENTS)
+            score = self.backend.score(prompt.segments, shared=prompt.shared)
         except JudgeError:
             raise
         except Exception as exc:  # a backend bug or a runtime crash is an outcome, never a score
             raise JudgeError(f"the judge backend failed ({type(exc).__name__}: {exc})") from exc
         putter = getattr(store, "put_judgment", None) if self.use_cache else None
         if putter is not None:
-            putter(key, {"probs": score.probs, "label_mass": score.label_mass, "prompt_tokens": score.prompt_tokens,
-                         "reused_tokens": score.reused_tokens, "template": TEMPLATE_VERSION,
-                         "model_sha256": manifest.get("model_sha256")})
+            putter(prompt.key, {"probs": score.probs, "label_mass": score.label_mass,
+                                "prompt_tokens": score.prompt_tokens, "reused_tokens": score.reused_tokens,
+                                "template_version": TEMPLATE_VERSION, "template": self.framing.name,
+                                "model_sha256": manifest.get("model_sha256")})
         return score, False
 
 
+def order_score(order: str, score: LabelScore, cached: bool) -> OrderScore:
+    """One order's result, un-swapped: ``p_a`` is the probability that run a (not position A) is better."""
+    p_first = score.probs["A"]
+    return OrderScore(order=order, p_a=p_first if order == "ab" else 1.0 - p_first, label_mass=score.label_mass,
+                      prompt_tokens=score.prompt_tokens, reused_tokens=score.reused_tokens, cached=cached)
+
+
 def judge_pair(store: Any, a: str, b: str, backend: Backend, *, margin: float = DEFAULT_MARGIN,
-               show_grades: bool = False, use_cache: bool = True, reduce_to: int | None = None) -> Verdict:
+               show_grades: bool = False, show_verifier: bool = False, use_cache: bool = True,
+               reduce_to: int | None = None, template: str = "auto") -> Verdict:
     """Judge runs ``a`` and ``b`` of ``store`` with ``backend`` (both orders, cached in the store)."""
-    return Judge(backend, margin=margin, show_grades=show_grades, use_cache=use_cache).judge_pair(
-        store, a, b, reduce_to=reduce_to)
+    return Judge(backend, margin=margin, show_grades=show_grades, show_verifier=show_verifier, use_cache=use_cache,
+                 template=template).judge_pair(store, a, b, reduce_to=reduce_to)

@@ -11,12 +11,14 @@ from kvjudge.probe.core import (
     Footprint,
     Placement,
     ProbeReport,
+    certify_context,
     ensure_capability,
     footprint,
     lookup_capability,
     max_context_tokens,
     memory_needed,
     probe,
+    ran_at,
 )
 from kvjudge.probe.devices import Device, DeviceReport, discover_devices
 from kvjudge.probe.gguf_shape import ModelShape, read_model_shape
@@ -25,7 +27,7 @@ from kvjudge.probe.settings import KV_TYPE_NAMES, RuntimeSettings, format_size, 
 
 __all__ = [
     "KV_TYPE_NAMES", "CapabilityCache", "CapabilityEntry", "Certification", "Device", "DeviceReport", "Footprint",
-    "KvBreakdown", "ModelShape", "Placement", "ProbeReport", "RuntimeSettings", "Trial", "compute_buffer_bytes",
+    "KvBreakdown", "ModelShape", "Placement", "ProbeReport", "RuntimeSettings", "Trial", "certify_context", "compute_buffer_bytes",
     "default_cache_path", "discover_devices", "ensure_capability", "footprint", "format_size", "kv_breakdown",
-    "kv_cache_bytes", "lookup_capability", "max_context_tokens", "memory_needed", "parse_size", "probe", "read_model_shape",
+    "kv_cache_bytes", "lookup_capability", "max_context_tokens", "memory_needed", "parse_size", "probe", "ran_at", "read_model_shape",
 ]

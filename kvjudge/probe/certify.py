@@ -171,6 +171,19 @@ def safe_context_for(n_ctx: int) -> int:
     return max(64, int(n_ctx * (1 - SAFE_HEADROOM)) // 64 * 64)
 
 
+def certify_size(model_path: str | os.PathLike[str], settings: Any, placement: Any, n_ctx: int, *,
+                 progress: Callable[[str], None] | None = None, timeout_s: float | None = None) -> Trial:
+    """One trial at exactly ``n_ctx`` (no search): does a context of that size, filled with a prompt, run here?
+
+    What a caller that needs one window (the judge) certifies instead of the model's whole trained context.
+    """
+    if progress:
+        progress(f"trial: n_ctx {n_ctx} (this size only)")
+    margin = GPU_RUNTIME_MARGIN if placement.on_gpu else HOST_RUNTIME_MARGIN
+    return run_trial(model_path, n_ctx, settings=settings, usable_bytes=placement.usable_bytes, margin_bytes=margin,
+                     on_gpu=placement.on_gpu, timeout_s=timeout_s)
+
+
 def certify(model_path: str | os.PathLike[str], shape: ModelShape, settings: Any, placement: Any, *,
             start_n_ctx: int, progress: Callable[[str], None] | None = None, timeout_s: float | None = None,
             max_trials: int = MAX_TRIALS) -> Certification:

@@ -17,6 +17,7 @@ from typing import Any
 from kvjudge.errors import ProbeError
 from kvjudge.probe.cache import CapabilityCache, CapabilityEntry, utc_now
 from kvjudge.probe.certify import certify as run_certification
+from kvjudge.probe.certify import certify_size
 from kvjudge.probe.devices import Device, DeviceReport, discover_devices
 from kvjudge.probe.gguf_shape import ModelShape, read_model_shape
 from kvjudge.probe.kv_math import (
@@ -355,11 +356,24 @@ def ensure_capability(model_path: str | os.PathLike[str] | None, *,
                       cache_path: str | os.PathLike[str] | None = None,
                       settings: RuntimeSettings = RuntimeSettings(), memory_budget: int | str | None = None,
                       certify: bool = True, progress: ProgressFn | None = None,
-                      staleness_days: float | None = None) -> CapabilityEntry:
+                      staleness_days: float | None = None, n_ctx: int | None = None) -> CapabilityEntry:
     """The cached entry, probing (and, with ``certify``, certifying) when it is missing, stale, or not
-    certified while certification is asked for."""
+    certified while certification is asked for.
+
+    With ``n_ctx`` only that size is certified (one trial, see :func:`certify_context`), and only when no
+    fresh trial at that size or larger has run: what the judge needs, never the whole trained context.
+    """
     entry = lookup_capability(model_path, cache_path=cache_path, settings=settings, memory_budget=memory_budget,
                               staleness_days=staleness_days)
+    if n_ctx is not None:
+        if entry is not None and not entry.stale and ran_at(entry, n_ctx):
+            return entry
+        if certify:
+            return certify_context(model_path, n_ctx, cache_path=cache_path, settings=settings,
+                                   memory_budget=memory_budget if entry is None else entry.memory_budget,
+                                   progress=progress, staleness_days=staleness_days)
+        if entry is not None and not entry.stale:
+            return entry
     if entry is not None and not entry.stale and (entry.certified or not certify):
         return entry
     if memory_budget is None and entry is not None:
@@ -368,6 +382,48 @@ def ensure_capability(model_path: str | os.PathLike[str] | None, *,
                    cache_path=cache_path, refresh=entry is not None and entry.stale, progress=progress,
                    staleness_days=staleness_days)
     return report.entry
+
+
+def ran_at(entry: CapabilityEntry, n_ctx: int) -> bool:
+    """A trial at ``n_ctx`` or larger ran in full on this entry's device (memory only grows with n_ctx)."""
+    return any(t.get("outcome") == "ok" and int(t.get("n_ctx") or 0) >= n_ctx for t in entry.trials)
+
+
+def certify_context(model_path: str | os.PathLike[str] | None, n_ctx: int, *,
+                    cache_path: str | os.PathLike[str] | None = None, settings: RuntimeSettings = RuntimeSettings(),
+                    memory_budget: int | str | None = None, progress: ProgressFn | None = None,
+                    staleness_days: float | None = None, trial_timeout_s: float | None = None) -> CapabilityEntry:
+    """Certify one context size: one trial at ``n_ctx``, recorded in the entry (its trials, and
+    ``max_ok_input`` when the prompt ran). A whole certification already in the entry is kept; a size-only
+    one never marks the entry ``certified`` (that is the boundary search of :func:`probe`).
+
+    Raises ProbeError when ``n_ctx`` is over the analytic bound or the trial did not run.
+    """
+    ctx = _context(model_path, settings, memory_budget, None)
+    best = max_context_tokens(ctx.shape, settings, ctx.placement)
+    if n_ctx > best:
+        raise ProbeError(f"n_ctx {n_ctx} is over the {best} tokens that fit {ctx.model_path.name} on "
+                         f"{ctx.placement.device.name} (analytic); use a smaller context")
+    cache = CapabilityCache(cache_path, staleness_days=staleness_days or _staleness_days())
+    existing = cache.get(ctx.fingerprint)
+    fresh = existing is not None and not existing.stale
+    trial = certify_size(ctx.model_path, settings, ctx.placement, n_ctx, progress=progress, timeout_s=trial_timeout_s)
+    trials = [*(existing.trials if fresh and existing else []), trial.as_dict()]
+    ran = [int(t.get("prompt_tokens") or 0) for t in trials if t.get("outcome") == "ok"]
+    whole = existing if fresh and existing is not None and existing.certified else None
+    now = utc_now()
+    entry = cache.put(CapabilityEntry(
+        fingerprint=ctx.fingerprint, model_sha256=ctx.sha256, model_path=str(ctx.model_path),
+        device=ctx.placement.device.identity, max_context_tokens=best, max_ok_input=max(ran) if ran else None,
+        safe_context=whole.safe_context if whole else None, certified=whole is not None,
+        certified_at=whole.certified_at if whole else None, method="measured" if ran else "estimated",
+        trials=trials, probed_at=now, settings=settings.as_dict(), memory_budget=ctx.placement.memory_budget,
+        components=ctx.components))
+    if trial.outcome != "ok":
+        raise ProbeError(f"{ctx.model_path.name} did not run at n_ctx {n_ctx} on {ctx.placement.device.name} "
+                         f"({trial.outcome.replace('_', ' ')}: {trial.detail or 'no detail'}); pass a smaller "
+                         f"--n-ctx, or run `kvjudge probe --model {ctx.model_path}` to find what fits")
+    return entry
 
 
 def current_components(entry: CapabilityEntry, devices: DeviceReport | None = None) -> dict[str, Any]:

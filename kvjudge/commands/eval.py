@@ -1,0 +1,98 @@
+"""`kvjudge eval`: is the judge right? Accuracy against held-out grades, beside simple baselines.
+
+    kvjudge eval [--task TASK | --pairs FILE | RUN_A RUN_B] [--template auto|chat|raw|both] [--png PATH] [--json]
+
+By default every same-task pair of the store is judged (judgments come from the cache when they are there)
+and scored against the grades the judge never saw; see :mod:`kvjudge.judge.evaluate` for the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from kvjudge.commands._common import (
+    add_judge_args,
+    config_from,
+    emit,
+    info,
+    open_judge,
+    open_store,
+    print_table,
+    progress,
+    select_pairs,
+)
+from kvjudge.judge.evaluate import BASELINES, evaluate, plot_reliability
+
+DEFAULT_PNG = "kvjudge-eval.png"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "eval", help="score the judge against held-out grades beside simple baselines (accuracy, κ, position bias)",
+        description="Judge every same-task pair (or the pairs named) and compare the verdicts with the grades the "
+                    "judge never saw: coverage, accuracy (ties as half, and ties excluded) with Wilson 95 % "
+                    "intervals, Cohen's kappa, position consistency and bias, tie/inconsistent rates, label mass; "
+                    "the same for the baselines always-first, longer-run-wins and last-exit-code-0-wins.")
+    add_judge_args(parser, also_templates=("both",))
+    parser.add_argument("--png", metavar="PATH", default=DEFAULT_PNG,
+                        help=f"reliability plot (p_a against the truth, binned; default ./{DEFAULT_PNG})")
+    parser.set_defaults(func=_eval)
+
+
+def _eval(args: argparse.Namespace) -> int:
+    config = config_from(args)
+    templates = ["chat", "raw"] if args.template == "both" else [args.template]
+    results: dict[str, dict[str, Any]] = {}
+    with open_store(args, config) as store:
+        pairs = select_pairs(args, store, default_all=True)
+        for template in templates:
+            judge = open_judge(args, config, template=template)
+            try:
+                label = judge.framing.name
+                with progress(f"judging ({label} framing)", len(pairs) * 2) as advance:
+                    judge.planner.progress = lambda message: advance(0, description=message)
+                    verdicts = judge.judge_pairs(store, pairs, on_call=advance)
+                result = evaluate(store, verdicts)
+                result["manifest"] = judge.manifest()
+                result["window"] = None if judge.window is None else judge.window.to_json()
+                results[label] = result
+            finally:
+                judge.backend.close()
+    png = Path(args.png)
+    plot_reliability(results, png)
+    info(f"reliability plot: {png}")
+    payload = {"templates": results, "png": str(png)}
+    emit(args, payload, lambda: _print(results))
+    return 0
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def _interval(value: float | None, interval: Any) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.2f} [{interval[0]:.2f}, {interval[1]:.2f}]" if interval else f"{value:.2f}"
+
+
+def _row(name: str, m: dict[str, Any]) -> list[Any]:
+    return [name, m["pairs"], _fmt(m["coverage"]), _interval(m["accuracy_ties_half"], m["accuracy_ties_half_ci95"]),
+            _interval(m["accuracy_decisive"], m["accuracy_decisive_ci95"]) + f" (n={m['decisive']})",
+            _fmt(m["kappa"]), _fmt(m["position_consistency"]), _fmt(m["position_bias"]), _fmt(m["tie_rate"]),
+            _fmt(m["inconsistent_rate"]), _fmt(m["mean_label_mass"])]
+
+
+def _print(results: dict[str, dict[str, Any]]) -> None:
+    columns = ["", "pairs", "coverage", "accuracy, ties ½ [95 %]", "accuracy, decisive [95 %]", "κ",
+               "pos. consistency", "pos. bias", "ties", "inconsistent", "label mass"]
+    for label, result in results.items():
+        rows = [_row(f"judge ({label})", result["judge"])]
+        rows += [_row(name.replace("_", "-"), result["baselines"][name]) for name in BASELINES]
+        model = result["manifest"].get("model")
+        print_table(columns, rows, title=f"{model}, {label} framing: {result['graded_pairs']} pairs with different "
+                                         f"grades ({result['equal_grades']} equal, {result['ungraded']} ungraded "
+                                         f"left out)")
+        print(result["conclusion"])

@@ -1,0 +1,120 @@
+"""`kvjudge rank`: agents ranked from pairwise verdicts (Bradley–Terry, bootstrap 95 % intervals).
+
+    kvjudge rank [--task TASK | --pairs FILE] [--verdicts FILE] [--png PATH] [--json]
+
+By default every same-task pair of runs by two different agents is judged (cached judgments are reused);
+``--verdicts FILE`` ranks the JSON lines a ``kvjudge judge --json`` wrote instead, without a model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from kvjudge.commands._common import (
+    add_judge_args,
+    config_from,
+    emit,
+    info,
+    open_judge,
+    open_store,
+    print_table,
+    progress,
+    select_pairs,
+)
+from kvjudge.errors import UsageError
+from kvjudge.judge.ranking import BOOTSTRAP, agent_of, plot_ranking, rank
+
+DEFAULT_PNG = "kvjudge-rank.png"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "rank", help="rank agents from pairwise verdicts (Bradley-Terry strengths with bootstrap intervals)",
+        description="Turn verdicts between runs of different agents on the same task into a ranking of agents: "
+                    "Bradley-Terry strengths (ties as half-wins) with bootstrap 95 % intervals over pairs, "
+                    "win/tie/loss counts and coverage. An agent is the run's agent field, else the run-id prefix "
+                    "before '/', else the tenant.")
+    add_judge_args(parser)
+    parser.add_argument("--verdicts", metavar="FILE",
+                        help="rank the verdicts in this JSONL file (kvjudge judge --json output) instead of judging")
+    parser.add_argument("--bootstrap", type=int, default=BOOTSTRAP, metavar="N",
+                        help=f"bootstrap resamples for the intervals (default {BOOTSTRAP})")
+    parser.add_argument("--png", metavar="PATH", default=DEFAULT_PNG,
+                        help=f"strengths with intervals (default ./{DEFAULT_PNG})")
+    parser.set_defaults(func=_rank)
+
+
+def _verdicts_from_file(path: str) -> list[Any]:
+    file = Path(path)
+    if not file.is_file():
+        raise UsageError(f"verdicts file {file} does not exist; write one with `kvjudge judge ... --json > FILE`")
+    verdicts = []
+    for number, line in enumerate(file.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except ValueError as exc:
+            raise UsageError(f"{file}:{number}: not JSON ({exc.args[0]})") from exc
+        if not isinstance(item, dict):
+            raise UsageError(f"{file}:{number}: not a verdict object")
+        if "summary" in item:
+            continue
+        if not all(isinstance(item.get(k), str) for k in ("a", "b", "outcome")):
+            raise UsageError(f"{file}:{number}: a verdict needs string fields \"a\", \"b\" and \"outcome\"")
+        verdicts.append(SimpleNamespace(a=item["a"], b=item["b"], outcome=item["outcome"]))
+    if not verdicts:
+        raise UsageError(f"verdicts file {file} holds no verdicts")
+    return verdicts
+
+
+def _rank(args: argparse.Namespace) -> int:
+    if args.bootstrap < 1:
+        raise UsageError(f"--bootstrap must be at least 1, got {args.bootstrap}")
+    config = config_from(args)
+    with open_store(args, config) as store:
+        agents: dict[str, str] = {}
+
+        def agent(run_id: str) -> str:
+            if run_id not in agents:
+                agents[run_id] = agent_of(store.run(run_id))
+            return agents[run_id]
+
+        if args.verdicts is not None:
+            if args.runs or args.pairs or args.task:
+                raise UsageError("--verdicts ranks a file of verdicts; do not name pairs as well")
+            verdicts = _verdicts_from_file(args.verdicts)
+        else:
+            pairs = select_pairs(args, store, default_all=True,
+                                 keep=lambda a, b: agent_of(a) != agent_of(b))
+            judge = open_judge(args, config)
+            try:
+                with progress("judging", len(pairs) * 2) as advance:
+                    judge.planner.progress = lambda message: advance(0, description=message)
+                    verdicts = judge.judge_pairs(store, pairs, on_call=advance)
+            finally:
+                judge.backend.close()
+        ranking = rank(verdicts, agent, bootstrap=args.bootstrap)
+    if ranking["agents"]:
+        png = Path(args.png)
+        plot_ranking(ranking, png)
+        ranking["png"] = str(png)
+        info(f"ranking plot: {png}")
+    emit(args, ranking, lambda: _print(ranking))
+    return 0
+
+
+def _print(ranking: dict[str, Any]) -> None:
+    if not ranking["agents"]:
+        print(ranking["note"])
+        return
+    rows = [[r["rank"], r["agent"], f"{r['strength']:+.2f}",
+             "-" if r["ci95"] is None else f"[{r['ci95'][0]:+.2f}, {r['ci95'][1]:+.2f}]",
+             f"{r['wins']}/{r['ties']}/{r['losses']}", "-" if r["coverage"] is None else f"{r['coverage']:.2f}"]
+            for r in ranking["agents"]]
+    print_table(["rank", "agent", "strength", "95 % interval", "W/T/L", "coverage"], rows,
+                title=f"Bradley-Terry from {ranking['games']} games ({ranking['bootstrap']} bootstrap resamples)")

@@ -1,0 +1,152 @@
+"""Rankings of agents from pairwise verdicts: Bradley–Terry strengths with bootstrap 95 % intervals.
+
+Each scored verdict between runs of two different agents is one game: ``a`` or ``b`` a win, ``tie`` and
+``inconsistent`` half a win each (no preference). Overflow and error are not games (they lower coverage).
+Strengths are log-scale Bradley–Terry parameters fitted by maximum likelihood with scipy (a small
+Gaussian prior keeps them finite when an agent wins every game), centred to mean 0. Intervals: the fit
+repeated on pairs resampled with replacement (percentile bootstrap, fixed seed: the same verdicts give the
+same ranking).
+
+An agent is the run's ``agent`` field; without one, the run-id prefix before ``/`` (``<agent>/<instance>``),
+else the tenant.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from kvjudge.judge.verdict import SCORED
+
+PRIOR = 0.01          # Gaussian prior precision on the log-strengths
+BOOTSTRAP = 1000
+SEED = 0
+
+
+def agent_of(state: Any) -> str:
+    """The agent a run belongs to: its ``agent`` field, else the run-id prefix before ``/``, else the tenant."""
+    agent = getattr(state, "agent", None)
+    if agent:
+        return str(agent)
+    if "/" in state.id:
+        return state.id.split("/", 1)[0]
+    return str(state.tenant)
+
+
+@dataclass(frozen=True)
+class Game:
+    """One verdict between two agents: ``score`` is what agent ``first`` got (1, 0.5 or 0)."""
+
+    first: str
+    second: str
+    score: float
+
+
+def games_from(verdicts: Sequence[Any], agent: Callable[[str], str]) -> tuple[list[Game], dict[str, dict[str, int]]]:
+    """Games between different agents, and per agent its win/tie/loss/unscored counts."""
+    counts: dict[str, dict[str, int]] = {}
+    games = []
+    for v in verdicts:
+        first, second = agent(v.a), agent(v.b)
+        if first == second:
+            continue
+        for name in (first, second):
+            counts.setdefault(name, {"wins": 0, "ties": 0, "losses": 0, "unscored": 0})
+        if v.outcome not in SCORED:
+            counts[first]["unscored"] += 1
+            counts[second]["unscored"] += 1
+            continue
+        score = {"a": 1.0, "b": 0.0}.get(v.outcome, 0.5)
+        games.append(Game(first, second, score))
+        if score == 0.5:
+            counts[first]["ties"] += 1
+            counts[second]["ties"] += 1
+        else:
+            winner, loser = (first, second) if score == 1.0 else (second, first)
+            counts[winner]["wins"] += 1
+            counts[loser]["losses"] += 1
+    return games, counts
+
+
+def bradley_terry(games: Sequence[Game], agents: Sequence[str], prior: float = PRIOR) -> dict[str, float]:
+    """Log-strengths maximising the Bradley–Terry likelihood (ties as half-wins), centred to mean 0."""
+    import numpy as np
+    from scipy.optimize import minimize
+
+    index = {name: i for i, name in enumerate(agents)}
+    first = np.array([index[g.first] for g in games], dtype=int)
+    second = np.array([index[g.second] for g in games], dtype=int)
+    score = np.array([g.score for g in games], dtype=float)
+
+    def objective(theta: Any) -> tuple[float, Any]:
+        diff = theta[first] - theta[second]
+        p = 1.0 / (1.0 + np.exp(-diff))
+        # −log L = −Σ [s log p + (1 − s) log(1 − p)], written stably with logaddexp.
+        loss = float(np.sum(score * np.logaddexp(0.0, -diff) + (1 - score) * np.logaddexp(0.0, diff)))
+        loss += 0.5 * prior * float(theta @ theta)
+        residual = p - score
+        grad = np.zeros_like(theta)
+        np.add.at(grad, first, residual)
+        np.add.at(grad, second, -residual)
+        return loss, grad + prior * theta
+
+    result = minimize(objective, np.zeros(len(agents)), jac=True, method="L-BFGS-B")
+    theta = result.x - result.x.mean()
+    return {name: float(theta[i]) for name, i in index.items()}
+
+
+def rank(verdicts: Sequence[Any], agent: Callable[[str], str], *, bootstrap: int = BOOTSTRAP,
+         seed: int = SEED) -> dict[str, Any]:
+    """Agents ranked by Bradley–Terry strength with bootstrap 95 % intervals over pairs, W/T/L, coverage."""
+    import numpy as np
+
+    games, counts = games_from(verdicts, agent)
+    agents = sorted(counts)
+    if len(agents) < 2:
+        return {"agents": [], "games": len(games), "pairs": len(verdicts), "bootstrap": bootstrap,
+                "note": "fewer than two agents met in these verdicts: nothing to rank"}
+    strength = bradley_terry(games, agents) if games else {name: 0.0 for name in agents}
+    samples: dict[str, list[float]] = {name: [] for name in agents}
+    if games:
+        rng = np.random.default_rng(seed)
+        for _ in range(bootstrap):
+            drawn = [games[i] for i in rng.integers(0, len(games), len(games))]
+            fitted = bradley_terry(drawn, agents)
+            for name in agents:
+                samples[name].append(fitted[name])
+    rows = []
+    for name in agents:
+        c = counts[name]
+        played = c["wins"] + c["ties"] + c["losses"]
+        interval = (tuple(float(x) for x in np.percentile(samples[name], [2.5, 97.5]))
+                    if samples[name] else None)
+        rows.append({"agent": name, "strength": strength[name], "ci95": interval, **c,
+                     "coverage": played / (played + c["unscored"]) if played + c["unscored"] else None})
+    rows.sort(key=lambda r: r["strength"], reverse=True)
+    for position, row in enumerate(rows, start=1):
+        row["rank"] = position
+    return {"agents": rows, "games": len(games), "pairs": len(verdicts), "bootstrap": bootstrap}
+
+
+def plot_ranking(ranking: dict[str, Any], path: Any) -> None:
+    """PNG: each agent's strength with its bootstrap 95 % interval."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = ranking["agents"]
+    fig, ax = plt.subplots(figsize=(7, 1.2 + 0.5 * max(1, len(rows))))
+    ys = list(range(len(rows)))[::-1]
+    for y, row in zip(ys, rows):
+        low, high = row["ci95"] or (row["strength"], row["strength"])
+        ax.errorbar([row["strength"]], [y], xerr=[[row["strength"] - low], [high - row["strength"]]], fmt="o",
+                    capsize=4)
+    ax.set_yticks(ys, [f"{r['agent']} ({r['wins']}-{r['ties']}-{r['losses']})" for r in rows])
+    ax.axvline(0.0, color="grey", linewidth=1)
+    ax.set_xlabel("Bradley–Terry log-strength (bootstrap 95 % interval)")
+    ax.set_title(f"Agents ranked from {ranking['games']} judged games")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,137 @@
+"""The judge window: as large as the pairs need, never larger than this device is known to hold.
+
+``n_ctx`` = framing + both views + the answer, rounded up to a multiple of 256, capped by the certified
+``safe_context`` when the model's entry is certified, else by the analytic ``max_context_tokens`` (the full
+side of a still-grades check may always go up to the analytic bound: it must read the full runs). When the
+chosen size has not run on this device yet, that size alone is certified (one trial in a child process),
+announced first with an estimated duration from the measured prefill speed; ``certify=False``
+(``--no-certify``) skips it and the window is labelled as not certified. Nothing here certifies the model's
+whole trained context.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from kvjudge.errors import JudgeError
+from kvjudge.judge.pack import ANSWER_TOKENS
+
+WINDOW_STEP = 256
+BOUNDS: tuple[str, str] = ("certified", "analytic")
+# Tokens evaluated to measure prefill speed when no trial has been timed for this model yet.
+_SPEED_SAMPLE_TOKENS = 256
+
+Say = Callable[[str], None]
+
+
+def window_tokens(prompt_tokens: int) -> int:
+    """The n_ctx a prompt of ``prompt_tokens`` needs: with the answer, rounded up to a multiple of 256."""
+    return -(-(prompt_tokens + ANSWER_TOKENS) // WINDOW_STEP) * WINDOW_STEP
+
+
+@dataclass(frozen=True)
+class Window:
+    """A sized judge window and why it has that size."""
+
+    n_ctx: int
+    needed: int              # the n_ctx the pairs need (rounded up)
+    cap: int | None          # the bound it was held to (None: none known)
+    cap_source: str          # what that bound is
+    measured: bool           # a prompt of this window's size (or larger) really ran on this device
+
+    @property
+    def cut(self) -> bool:
+        """The pairs need more than the window holds: some views are further reduced to fit."""
+        return self.needed > self.n_ctx
+
+    @property
+    def source(self) -> str:
+        """One phrase for the manifest's ``n_ctx_source``."""
+        checked = "measured on this device" if self.measured else "not certified"
+        held = f"capped by {self.cap_source}" if self.cut else f"within {self.cap_source}"
+        return f"sized to the pair ({self.needed} needed), {held}; {checked}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"n_ctx": self.n_ctx, "needed": self.needed, "cap": self.cap, "cap_source": self.cap_source,
+                "measured": self.measured, "cut": self.cut}
+
+
+def _measured_speed(entry: Any) -> float | None:
+    """Prompt tokens per second of the trials that ran (a lower bound: a trial's time includes loading)."""
+    rates = [t["prompt_tokens"] / t["seconds"] for t in getattr(entry, "trials", ()) or ()
+             if t.get("outcome") == "ok" and t.get("prompt_tokens") and t.get("seconds")]
+    return max(rates) if rates else None
+
+
+@dataclass
+class WindowPlanner:
+    """Sizes the window of one backend for batches of pairs, certifying that size only when it must.
+
+    ``requested`` (``--n-ctx``) is an upper bound, itself checked against what the device holds.
+    """
+
+    backend: Any
+    requested: int | None = None
+    certify: bool = True
+    memory_budget: int | str | None = None  # the capability entry to use (None: [probe] memory_budget, else latest)
+    say: Say | None = None
+    progress: Say | None = None
+
+    def __post_init__(self) -> None:
+        if self.requested is not None and self.requested < 64:
+            raise JudgeError(f"--n-ctx {self.requested} is too small for a judge prompt; use at least 512")
+
+    def _say(self, message: str) -> None:
+        if self.say is not None:
+            self.say(message)
+
+    def plan(self, needed_tokens: int, *, bound: str = "certified") -> Window:
+        """The window for prompts of up to ``needed_tokens`` tokens (without the answer)."""
+        from kvjudge.judge.backends import LlamaBackend
+
+        if bound not in BOUNDS:
+            raise JudgeError(f"window bound must be one of {', '.join(BOUNDS)}, got {bound!r}")
+        needed = window_tokens(needed_tokens)
+        if not isinstance(self.backend, LlamaBackend):  # a server's context is what it is
+            cap = self.requested or self.backend.n_ctx
+            return Window(min(needed, cap), needed, cap, "the server's context", measured=False)
+        return self._plan_local(needed, bound)
+
+    def _plan_local(self, needed: int, bound: str) -> Window:
+        from kvjudge.probe import ensure_capability, lookup_capability, ran_at
+
+        model = self.backend.model_path
+        entry = lookup_capability(model, memory_budget=self.memory_budget)
+        if entry is None or entry.stale:  # the analytic figure: no model run
+            entry = ensure_capability(model, certify=False, memory_budget=self.memory_budget)
+        certified = entry.certified and not entry.stale and bool(entry.safe_context)
+        if bound == "certified" and certified:
+            cap, cap_source = int(entry.safe_context), "the certified safe_context"
+        else:
+            cap, cap_source = int(entry.max_context_tokens), "the analytic max_context_tokens"
+        if self.requested is not None:
+            if self.requested > cap:
+                raise JudgeError(f"--n-ctx {self.requested} is over {cap_source} ({cap}) for {model.name} on "
+                                 f"this device; use --n-ctx {cap} or less")
+            cap, cap_source = self.requested, "--n-ctx"
+        n_ctx = min(needed, cap)
+        measured = ran_at(entry, n_ctx) or (certified and n_ctx <= int(entry.safe_context))
+        if not measured and self.certify:
+            speed = _measured_speed(entry) or self.backend.measure_prefill(_SPEED_SAMPLE_TOKENS)
+            self._say(f"certifying {model.name} at n_ctx {n_ctx} only (one trial in a child process): about "
+                      f"{n_ctx / speed:.0f} s at the measured prefill speed of {speed:.0f} tokens/s; "
+                      f"--no-certify skips this")
+            started = time.perf_counter()
+            ensure_capability(model, n_ctx=n_ctx, progress=self.progress, memory_budget=self.memory_budget)
+            self._say(f"certified n_ctx {n_ctx} in {time.perf_counter() - started:.0f} s")
+            measured = True
+        return Window(n_ctx, needed, cap, cap_source, measured)
+
+    def open(self, needed_tokens: int, *, bound: str = "certified") -> Window:
+        """Plan the window and load the backend with it."""
+        window = self.plan(needed_tokens, bound=bound)
+        self.backend.resize(window.n_ctx, source=window.source)
+        return window
