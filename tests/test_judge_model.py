@@ -7,12 +7,13 @@ is exactly what makes "identical runs are never decisive" and "inconsistent" wor
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from helpers import store_from_runs
+from helpers import kvjudge, store_from_runs
 
 from kvjudge.judge import SCORED, Judge, LlamaBackend, judgment_key
 from kvjudge.judge.render import body_resolver, render_view
@@ -123,7 +124,9 @@ def test_a_long_run_is_judged_from_a_further_reduced_view(backend: LlamaBackend,
     verdict = judge.judge_pair(store, "good", "long")
     assert verdict.scored and verdict.further_reduced
     tokens = verdict.tokens["b"]
-    assert tokens.further_reduced and tokens.full == tokens.reduced > judge.allowance >= tokens.view
+    # The short run is read whole; the long one gets the rest of the room, cut to fit.
+    assert tokens.further_reduced and tokens.full == tokens.reduced > judge.room - verdict.tokens["a"].view
+    assert tokens.view <= judge.room - verdict.tokens["a"].view and not verdict.tokens["a"].further_reduced
     assert store.run("long").canonical_bytes() == before  # a view, never stored
 
 
@@ -137,7 +140,7 @@ def test_a_run_reduced_through_retention_is_still_gradeable(backend: LlamaBacken
     verdict = Judge(backend, use_cache=False).judge_pair(store, "long", "good")
     assert verdict.scored and verdict.p_a is not None and 0.0 < verdict.p_a < 1.0
     assert verdict.tokens["a"].full is None  # the originals are gone, and the verdict does not pretend
-    assert verdict.tokens["a"].view is not None and verdict.tokens["a"].view <= Judge(backend).allowance
+    assert verdict.tokens["a"].view is not None and verdict.tokens["a"].view <= Judge(backend).room
 
 
 def test_cli_still_grades_then_a_plain_judge_reads_the_full_side_from_the_cache(store: Store,
@@ -145,7 +148,7 @@ def test_cli_still_grades_then_a_plain_judge_reads_the_full_side_from_the_cache(
     path = str(store.path)
     store.close()
     base = [sys.executable, "-m", "kvjudge", "judge", "good", "long", "--store", path,
-            "--model", str(default_model), "--n-ctx", str(N_CTX)]
+            "--model", str(default_model), "--n-ctx", str(N_CTX), "--no-certify"]
     first = subprocess.run([*base, "--still-grades", "--reduce-to", "100", "--json"], capture_output=True, text=True,
                            timeout=900)
     assert first.returncode == 0, first.stderr
@@ -160,6 +163,9 @@ def test_cli_still_grades_then_a_plain_judge_reads_the_full_side_from_the_cache(
     totals = summary["summary"]
     assert totals["pairs"] == 1 and totals["coverage"] == {"full": 1.0, "reduced": 1.0}
     assert {"agreement", "flips", "kappa", "position_consistency", "reduce_to"} <= set(totals)
+    # --n-ctx 512 cannot hold the full pair: the full side was cut, so the pair is left out of agreement.
+    assert pair["full_cut"] and not pair["compared"] and totals["full_cut"] == 1 and totals["compared"] == 0
+    assert totals["window"]["n_ctx"] == N_CTX and not totals["window"]["measured"]
     # The plain judge of the stored runs reads the same views as the full side: a cache hit, same p_a.
     second = subprocess.run([*base, "--json"], capture_output=True, text=True, timeout=900)
     assert second.returncode == 0, second.stderr
@@ -186,7 +192,7 @@ def test_cli_task_judges_every_pair_of_runs_on_that_task(store: Store, default_m
     path = str(store.path)
     store.close()
     result = subprocess.run([sys.executable, "-m", "kvjudge", "judge", "--task", "solo", "--store", path,
-                             "--model", str(default_model), "--n-ctx", str(N_CTX), "--json"],
+                             "--model", str(default_model), "--n-ctx", str(N_CTX), "--no-certify", "--json"],
                             capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr
     *rows, tail = [json.loads(line) for line in result.stdout.splitlines()]
@@ -196,3 +202,37 @@ def test_cli_task_judges_every_pair_of_runs_on_that_task(store: Store, default_m
     unknown = subprocess.run([sys.executable, "-m", "kvjudge", "judge", "--task", "nope", "--store", path,
                               "--model", str(default_model), "--n-ctx", str(N_CTX)], capture_output=True, text=True)
     assert unknown.returncode != 0 and unknown.stderr.count("\n") == 1
+
+
+def test_the_bundled_judge_model_judges_a_pair_through_the_cli_certifying_only_its_window(
+        tmp_path: Path, judge_model: Path) -> None:
+    # Small views (the 0.5B judge prefills ~66 tokens/s here). A fresh capability cache: the judge must
+    # certify the window this pair needs, that size only, and say so first with an estimate.
+    runs = [_same_task(make_run("fixed", ["collected 3 items\n3 passed"], passed=True)),
+            _same_task(make_run("broken", ["collected 3 items\nFAILED test_x - AssertionError"], passed=False,
+                                final="1 failed, 2 passed"))]
+    with store_from_runs(tmp_path / "store.sqlite", runs) as store:
+        path = str(store.path)
+    first = kvjudge("judge", "fixed", "broken", "--store", path, "--json", timeout=900)
+    assert first.returncode == 0, first.stderr
+    verdict = json.loads(first.stdout.splitlines()[0])
+    manifest = verdict["manifest"]
+    assert manifest["model_sha256"] == file_sha256(judge_model) and manifest["model"] == judge_model.name
+    assert manifest["template"] == "chat" and len(manifest["chat_template_sha256"]) == 64  # Qwen's ChatML
+    assert manifest["show_verifier"] is False and verdict["outcome"] in SCORED
+    assert all(0.0 < p < 1.0 for p in verdict["p_a_by_order"].values())
+    # The window: framing + both views + the answer, rounded up to 256; certified at exactly that size.
+    needed = sum(verdict["tokens"][r]["view"] for r in ("a", "b"))
+    assert manifest["n_ctx"] == 512 and needed < 512
+    assert "certifying qwen2.5-coder-0.5b-instruct-q4.gguf at n_ctx 512 only" in first.stderr
+    assert "at the measured prefill speed of" in first.stderr
+    (entry,) = json.loads(Path(os.environ["KVJUDGE_CACHE_DIR"], "capabilities.json").read_text())["entries"].values()
+    assert [(t["n_ctx"], t["outcome"]) for t in entry["trials"]] == [(512, "ok")]
+    assert entry["certified"] is False and entry["max_ok_input"] > needed  # a size, not a whole certification
+    # Swapped, without the judgment cache: p_a mirrors within 1e-6, and nothing is certified again.
+    swapped = kvjudge("judge", "broken", "fixed", "--store", path, "--json", "--no-cache", timeout=900)
+    assert swapped.returncode == 0, swapped.stderr
+    mirror = json.loads(swapped.stdout.splitlines()[0])
+    assert mirror["p_a"] == pytest.approx(1.0 - verdict["p_a"], abs=1e-6)
+    assert mirror["p_a_by_order"]["ab"] == pytest.approx(1.0 - verdict["p_a_by_order"]["ba"], abs=1e-6)
+    assert "certifying" not in swapped.stderr and mirror["manifest"]["n_ctx"] == 512
