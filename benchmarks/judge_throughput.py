@@ -27,9 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kvjudge.judge import Judge, LlamaBackend
-from kvjudge.judge.pack import instruction_tokens
-from kvjudge.judge.render import SHARED_SEGMENTS, segments
+from kvjudge.judge import Judge, LlamaBackend, pack_pair
 from kvjudge.models import default_model_path
 from kvjudge.retention import Store
 from kvjudge.retention.synthetic import filler, make_run, write_jsonl
@@ -94,10 +92,10 @@ def run_context(model: Path, n_ctx: int, pairs: int, directory: Path) -> dict[st
             # The exact sequences the judge will evaluate (packing is deterministic), so the plain baseline
             # can run before or after the judge: the three take turns going first, since on a shared
             # machine whichever runs first in a round tends to be slower.
-            view_a, view_b = judge.pack(store, a), judge.pack(store, b)
+            view_a, view_b = pack_pair(judge.base(store, a), judge.base(store, b), judge_backend.count, judge.room)
             assert view_a.text is not None and view_b.text is not None
-            sequences = [judge_backend.prompt_tokens(segments(view_a.text, view_b.text)),
-                         judge_backend.prompt_tokens(segments(view_b.text, view_a.text))]
+            sequences = [judge_backend.prompt_tokens(judge.framing.segments(view_a.text, view_b.text)),
+                         judge_backend.prompt_tokens(judge.framing.segments(view_b.text, view_a.text))]
 
             def timed_judge() -> None:
                 first = len(judge_backend.sequences)
@@ -127,8 +125,8 @@ def run_context(model: Path, n_ctx: int, pairs: int, directory: Path) -> dict[st
     saved = judge_backend.tokens_saved
     result = {
         "n_ctx": n_ctx, "pairs": pairs, "allowance": judge.allowance,
-        "instruction_tokens": instruction_tokens(judge_backend.count),
-        "shared_prefix_tokens": len(judge_backend.prompt_tokens(segments("", "")[:SHARED_SEGMENTS])),
+        "instruction_tokens": judge.framing_tokens,
+        "shared_prefix_tokens": len(judge_backend.prompt_tokens(judge.framing.segments("", "")[:judge.framing.shared])),
         "pairs_per_min": round(60.0 * pairs / totals["judge_s"], 2),
         "prompt_tokens": judged_tokens,
         "judge_tokens_per_s": round(judge_tps, 1), "plain_tokens_per_s": round(plain_tps, 1),

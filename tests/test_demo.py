@@ -30,14 +30,15 @@ def test_sample_runs_are_realistic_and_over_the_ceiling() -> None:
 
 @pytest.mark.model
 def test_demo_end_to_end_on_two_runs(tmp_path: Path, default_model: Path) -> None:
-    # Two small runs of one task keep this to one judged pair; the full sample is `make demo`.
+    # Two small runs of one task keep this to one judged pair; the full sample is `make demo`. A lowered
+    # ceiling (--ceiling) makes the reduced views genuinely shorter than the full runs.
     lines = [line for line in sample_runs_path().read_text().splitlines()
              if json.loads(line)["id"] in ("slug-1", "slug-2")]
     runs_file = tmp_path / "two.jsonl"
     runs_file.write_text("\n".join(lines) + "\n")
     out = tmp_path / "out"
     command = [sys.executable, "-m", "kvjudge", "demo", "--out", str(out), "--runs", str(runs_file),
-               "--model", str(default_model), "--context-target", "1024", "--judge-n-ctx", "1024", "--json"]
+               "--model", str(default_model), "--context-target", "2048", "--ceiling", "512", "--json"]
     first = subprocess.run(command, capture_output=True, text=True)
     assert first.returncode == 0, first.stderr
     report = json.loads(first.stdout)
@@ -47,15 +48,30 @@ def test_demo_end_to_end_on_two_runs(tmp_path: Path, default_model: Path) -> Non
     probe = report["probe"]
     assert probe["certified"] and probe["max_ok_input"] <= probe["max_context_tokens"] + 256
     budget = report["budget"]
-    assert budget["effective_ceiling"] == min(budget["configured_ceiling"], probe["max_context_tokens"] // 2)
-    assert budget["winner"] == "hardware"
+    assert budget["effective_ceiling"] == min(budget["configured_ceiling"], probe["max_context_tokens"] // 2) == 512
+    assert budget["winner"] == "configured"  # --ceiling 512 is under max_context_tokens // 2 = 1024
     assert {r["id"] for r in report["runs"]} == {"slug-1", "slug-2"}
     assert all(r["tokens_after"] <= budget["effective_ceiling"] for r in report["runs"])
-    assert any(r["reduced"] for r in report["runs"])  # slug-2 is over a 512-token ceiling
-    (pair,) = report["judge"]["pairs"]
+    assert all(r["reduced"] for r in report["runs"])  # both are over a 512-token ceiling
+
+    judged = report["judge"]
+    assert judged["full_cut_unjudged"] == []  # the full pair fits a window up to max_context_tokens
+    (pair,) = judged["pairs"]
     for side in ("full", "reduced"):
-        assert pair[side]["outcome"] in ("a", "b", "tie", "inconsistent", "overflow", "error")
+        # A demo whose judge failed must fail: both sides scored, a real probability from each order.
+        assert pair[side]["outcome"] in ("a", "b", "tie", "inconsistent"), pair[side]["error"]
         assert set(pair[side]["p_a_by_order"]) == {"ab", "ba"}
+        assert all(0.0 < p < 1.0 for p in pair[side]["p_a_by_order"].values())
+        assert 0.0 < pair[side]["p_a"] < 1.0 and pair[side]["manifest"]["show_verifier"] is False
+    # The full side read the full runs uncut in a window sized to them; the reduced side read shorter views.
+    assert not pair["full_cut"] and pair["views_differ"] and pair["compared"]
+    tokens = pair["view_tokens"]
+    assert all(tokens["reduced"][r] < tokens["full"][r] for r in ("a", "b"))
+    full_window, reduced_window = judged["full_window"], judged["reduced_window"]
+    assert full_window["n_ctx"] <= probe["max_context_tokens"] and not full_window["cut"]
+    assert reduced_window["n_ctx"] <= probe["safe_context"] and reduced_window["n_ctx"] < full_window["n_ctx"]
+    assert judged["summary"]["compared"] == 1
+    assert set(judged["versus_grades"]["reduced"]["baselines"]) == {"always_first", "longer_run", "last_exit_zero"}
     assert report["tier"]["read_back_identical"] and len(report["tier"]["runs"]) == 2
     assert report["verify"]["ok"] and report["verify"]["violations"] == []
 
@@ -68,6 +84,6 @@ def test_demo_end_to_end_on_two_runs(tmp_path: Path, default_model: Path) -> Non
     assert second.returncode == 0, second.stderr
     again = json.loads(second.stdout)
     assert again["probe"]["reused_cache_entry"] is True
-    assert "reusing a fresh certified cache entry" in second.stderr
+    assert "reusing a fresh certified cache entry" in second.stderr and "certifying" not in second.stderr
     assert [r["tokens_after"] for r in again["runs"]] == [r["tokens_after"] for r in report["runs"]]
     assert again["judge"]["pairs"][0]["reduced"]["p_a"] == pair["reduced"]["p_a"]
