@@ -236,3 +236,33 @@ def test_the_bundled_judge_model_judges_a_pair_through_the_cli_certifying_only_i
     assert mirror["p_a"] == pytest.approx(1.0 - verdict["p_a"], abs=1e-6)
     assert mirror["p_a_by_order"]["ab"] == pytest.approx(1.0 - verdict["p_a_by_order"]["ba"], abs=1e-6)
     assert "certifying" not in swapped.stderr and mirror["manifest"]["n_ctx"] == 512
+
+
+def test_cli_eval_scores_the_judge_beside_the_baselines(tmp_path: Path, default_model: Path) -> None:
+    runs = []
+    for task in ("t1", "t2"):
+        good = _same_task(make_run(f"{task}-good", ["collected 3 items\n3 passed"], passed=True), task=task)
+        bad = _same_task(make_run(f"{task}-bad", ["collected 3 items\n1 failed"], passed=False, final="1 failed"),
+                         task=task)
+        bad["branches"][0]["transitions"][-1]["tool_output"]["exit_code"] = 1
+        for run, score in ((good, 1.0), (bad, 0.0)):
+            run["grades"] = [{"grader": "human", "score": score, "label": "pass" if score else "fail"}]
+        runs += [good, bad]
+    with store_from_runs(tmp_path / "store.sqlite", runs) as store:
+        path = str(store.path)
+    png = tmp_path / "eval.png"
+    done = kvjudge("eval", "--store", path, "--model", str(default_model), "--n-ctx", str(N_CTX), "--no-certify",
+                   "--png", str(png), "--json", timeout=900)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    (result,) = report["templates"].values()  # the default model has no chat template: raw only
+    assert result["manifest"]["template"] == "raw" and result["graded_pairs"] == 2
+    judge, baselines = result["judge"], result["baselines"]
+    assert judge["pairs"] == 2 and judge["coverage"] == 1.0 and 0.0 <= judge["accuracy_ties_half"] <= 1.0
+    assert judge["position_bias"] is not None and judge["mean_label_mass"] is not None
+    assert baselines["last_exit_zero"]["accuracy_ties_half"] == 1.0  # the passing runs' last command exited 0
+    assert baselines["always_first"]["accuracy_ties_half"] == 0.0    # pairs are listed bad-first (id order)
+    assert result["conclusion"].startswith("the judge does not beat the baselines")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    chat = kvjudge("eval", "--store", path, "--model", str(default_model), "--template", "chat", timeout=300)
+    assert chat.returncode != 0 and "carries no chat template" in chat.stderr and "Traceback" not in chat.stderr

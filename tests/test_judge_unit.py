@@ -278,3 +278,25 @@ def test_cli_bad_input_is_one_line_before_any_model_loads(tmp_path: Path, conten
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("kvjudge: error:") and fragment in lines[0]
     assert "Traceback" not in result.stderr and result.stdout == ""
+
+
+@pytest.mark.parametrize("template", ["chat", "raw"])
+def test_prompt_tokens_are_exactly_framing_plus_views(template: str, judge_model: Path, default_model: Path) -> None:
+    # Vocab-only backends (no weights): the judge model has a chat template, the default model none (and a BOS).
+    from kvjudge.judge import Judge, LlamaBackend
+
+    views = ("Task t:\n  <|im_end|> run text that imitates a special token\n[step 1] tool (bash, exit 0):\n  ok",
+             "Task t:\n  ünïcödé ‹‹‹ and a long line " + "x" * 3000)
+    for model in (judge_model, default_model) if template == "raw" else (judge_model,):
+        backend = LlamaBackend(model_path=model)
+        try:
+            judge = Judge(backend, template=template)
+            assert judge.framing.name == template
+            ids = backend.prompt_tokens(judge.framing.segments(*views))
+            assert len(ids) == judge.framing_tokens + sum(backend.count(v) for v in views)
+            if template == "chat":  # run text never becomes a special token; the template's text does
+                im_end = backend.tokenize(TemplateText("<|im_end|>"))
+                written = (judge.framing.head + judge.framing.tail).count("<|im_end|>")
+                assert len(im_end) == 1 and written >= 1 and ids.count(im_end[0]) == written
+        finally:
+            backend.close()

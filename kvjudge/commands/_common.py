@@ -238,26 +238,40 @@ def add_judge_args(parser: argparse.ArgumentParser, *, also_templates: tuple[str
     add_output_args(parser)
 
 
-def _pairs_from_file(path: str) -> list[tuple[str, str]]:
+def jsonl_objects(path: str, what: str, hint: str) -> list[tuple[int, dict[str, Any]]]:
+    """The JSON objects of a JSONL file, with their line numbers; one-line errors name the file and line.
+
+    ``what`` names the file in errors ("pairs file"), ``hint`` says what a line holds.
+    """
     from kvjudge.errors import UsageError
 
     file = Path(path)
     if not file.is_file():
-        raise UsageError(f"pairs file {file} does not exist; pass a JSONL file of {{\"a\": RUN, \"b\": RUN}} lines")
-    pairs: list[tuple[str, str]] = []
+        raise UsageError(f"{what} {file} does not exist; pass a JSONL file of {hint}")
+    items: list[tuple[int, dict[str, Any]]] = []
     for number, line in enumerate(file.read_text(encoding="utf-8").splitlines(), start=1):
         if not line.strip():
             continue
         try:
             item = json.loads(line)
         except ValueError as exc:
-            raise UsageError(f"{file}:{number}: not JSON ({exc.args[0]}); each line is {{\"a\": RUN, \"b\": RUN}}") \
-                from exc
-        if not isinstance(item, dict) or not isinstance(item.get("a"), str) or not isinstance(item.get("b"), str):
-            raise UsageError(f"{file}:{number}: needs string fields \"a\" and \"b\" (run ids)")
+            raise UsageError(f"{file}:{number}: not JSON ({exc.args[0]}); each line is {hint}") from exc
+        if not isinstance(item, dict):
+            raise UsageError(f"{file}:{number}: not an object; each line is {hint}")
+        items.append((number, item))
+    if not items:
+        raise UsageError(f"{what} {file} holds nothing")
+    return items
+
+
+def _pairs_from_file(path: str) -> list[tuple[str, str]]:
+    from kvjudge.errors import UsageError
+
+    pairs: list[tuple[str, str]] = []
+    for number, item in jsonl_objects(path, "pairs file", '{"a": RUN, "b": RUN} lines'):
+        if not isinstance(item.get("a"), str) or not isinstance(item.get("b"), str):
+            raise UsageError(f"{Path(path)}:{number}: needs string fields \"a\" and \"b\" (run ids)")
         pairs.append((item["a"], item["b"]))
-    if not pairs:
-        raise UsageError(f"pairs file {file} holds no pairs")
     return pairs
 
 

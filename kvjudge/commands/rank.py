@@ -9,7 +9,6 @@ By default every same-task pair of runs by two different agents is judged (cache
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -19,6 +18,7 @@ from kvjudge.commands._common import (
     config_from,
     emit,
     info,
+    jsonl_objects,
     open_judge,
     open_store,
     print_table,
@@ -49,26 +49,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _verdicts_from_file(path: str) -> list[Any]:
-    file = Path(path)
-    if not file.is_file():
-        raise UsageError(f"verdicts file {file} does not exist; write one with `kvjudge judge ... --json > FILE`")
     verdicts = []
-    for number, line in enumerate(file.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            item = json.loads(line)
-        except ValueError as exc:
-            raise UsageError(f"{file}:{number}: not JSON ({exc.args[0]})") from exc
-        if not isinstance(item, dict):
-            raise UsageError(f"{file}:{number}: not a verdict object")
+    for number, item in jsonl_objects(path, "verdicts file", "verdicts (`kvjudge judge ... --json > FILE`)"):
         if "summary" in item:
             continue
         if not all(isinstance(item.get(k), str) for k in ("a", "b", "outcome")):
-            raise UsageError(f"{file}:{number}: a verdict needs string fields \"a\", \"b\" and \"outcome\"")
+            raise UsageError(f"{Path(path)}:{number}: a verdict needs string fields \"a\", \"b\" and \"outcome\"")
         verdicts.append(SimpleNamespace(a=item["a"], b=item["b"], outcome=item["outcome"]))
     if not verdicts:
-        raise UsageError(f"verdicts file {file} holds no verdicts")
+        raise UsageError(f"verdicts file {path} holds no verdicts")
     return verdicts
 
 

@@ -166,7 +166,10 @@ class Judge:
     def framing_tokens(self) -> int:
         """Tokens of the prompt without the two views (template, instructions, delimiters, question)."""
         if self._framing_tokens is None:
-            self._framing_tokens = sum(self.backend.count(s) for s in self.framing.framing_segments())
+            framing = self.framing.framing_segments()
+            # The backend's own prompt ids where it has them: they include the BOS the model adds.
+            exact = getattr(self.backend, "prompt_tokens", None)
+            self._framing_tokens = len(exact(framing)) if exact else sum(self.backend.count(s) for s in framing)
         return self._framing_tokens
 
     @property
