@@ -38,7 +38,7 @@ def test_demo_end_to_end_on_two_runs(tmp_path: Path, default_model: Path) -> Non
     runs_file.write_text("\n".join(lines) + "\n")
     out = tmp_path / "out"
     command = [sys.executable, "-m", "kvjudge", "demo", "--out", str(out), "--runs", str(runs_file),
-               "--model", str(default_model), "--context-target", "2048", "--ceiling", "512", "--json"]
+               "--model", str(default_model), "--context-target", "2560", "--ceiling", "512", "--json"]
     first = subprocess.run(command, capture_output=True, text=True)
     assert first.returncode == 0, first.stderr
     report = json.loads(first.stdout)
@@ -49,7 +49,7 @@ def test_demo_end_to_end_on_two_runs(tmp_path: Path, default_model: Path) -> Non
     assert probe["certified"] and probe["max_ok_input"] <= probe["max_context_tokens"] + 256
     budget = report["budget"]
     assert budget["effective_ceiling"] == min(budget["configured_ceiling"], probe["max_context_tokens"] // 2) == 512
-    assert budget["winner"] == "configured"  # --ceiling 512 is under max_context_tokens // 2 = 1024
+    assert budget["winner"] == "configured"  # --ceiling 512 is under max_context_tokens // 2 = 1280
     assert {r["id"] for r in report["runs"]} == {"slug-1", "slug-2"}
     assert all(r["tokens_after"] <= budget["effective_ceiling"] for r in report["runs"])
     assert all(r["reduced"] for r in report["runs"])  # both are over a 512-token ceiling
