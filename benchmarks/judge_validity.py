@@ -8,9 +8,10 @@ same-task pair is judged with the judge model at the certified context of this d
 1. **framing**: the model's chat template vs the raw framing (verifier results hidden);
 2. **held out vs shown**: the chat framing with verifier results shown to the judge (the answer key, when
    grades derive from the verifier: the gap is how much a judge could "win" by reading it);
-3. **still grades**: pairs whose full views fit a window up to the analytic bound, judged from the full runs
-   and from views reduced to the retention ceiling (``max_context_tokens // 2``) at the certified context;
-   agreement over the pairs whose views really differ.
+3. **still grades**: pairs whose full views fit a window up to the analytic bound of a larger memory budget
+   (``--full-context``, default 2048: that window alone is certified), judged from the full runs and from views
+   reduced to the retention ceiling (``max_context_tokens // 2`` of the certified entry) at the certified
+   context; agreement over the pairs whose views really differ.
 
 The bundled 0.5B judge is not expected to beat the baselines; the figures are reported as measured.
 Writes ``judge_validity.json`` and ``judge_validity.png`` (reliability per setting) to ``--out``; prints the
@@ -72,6 +73,8 @@ def main() -> None:
     parser.add_argument("--model", type=Path, help="judge model GGUF (default: the bundled judge model)")
     parser.add_argument("--context-target", type=int, default=1024,
                         help="certify the judge at the memory a context of N tokens needs (default 1024)")
+    parser.add_argument("--full-context", type=int, default=2048,
+                        help="still grades: the full side may use a window up to N tokens (default 2048)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     model = args.model or judge_model_path()
@@ -96,15 +99,17 @@ def main() -> None:
                     label = f"{judge.framing.name}, verifier {'shown' if shown else 'hidden'}"
                     evaluations[label] = {**evaluate(store, verdicts), "seconds": time.perf_counter() - started,
                                           "n_ctx": judge.window.n_ctx if judge.window else None}
-                # Still grades on views that really differ: pairs whose full views fit the analytic window.
-                judge = Judge(backend, use_cache=False, planner=WindowPlanner(backend, memory_budget=budget))
+                # Still grades on views that really differ: pairs whose full views fit the larger analytic window.
+                full_budget = memory_needed(model, args.full_context, settings=RuntimeSettings())
+                judge = Judge(backend, use_cache=False, planner=WindowPlanner(backend, memory_budget=full_budget))
                 ceiling = entry.max_context_tokens // 2
                 uncut = [(a, b) for a, b in pairs
                          if window_tokens(judge.needed_tokens(judge.base(store, a, full=True),
                                                               judge.base(store, b, full=True)))
-                         <= entry.max_context_tokens]
+                         <= args.full_context]
                 full = judge.judge_pairs(store, uncut, full=True, bound="analytic")
                 full_n_ctx = judge.window.n_ctx if judge.window else None
+                judge.planner = WindowPlanner(backend, memory_budget=budget)  # the reduced side: certified context
                 reduced = judge.judge_pairs(store, uncut, reduce_to=ceiling)
                 comparisons, summary = still_grades(full, reduced)
                 results["still_grades"] = {
