@@ -126,9 +126,12 @@ def base_view(store: Any, state: Any, count: CountFn, *, show_grades: bool = Fal
             raise UsageError(f"--reduce-to must be a positive number of tokens, got {reduce_to}")
         if base_tokens > reduce_to:
             base_state, base_text_of = _plan_view(state, text_of, count, reduce_to, {})
-            base_text = render_view(base_state, body_resolver(base_state, base_text_of), **show)
-            base_tokens = count(base_text)
-            notes.append(f"reduced to a {reduce_to}-token target for this check (a view, not stored)")
+            planned = render_view(base_state, body_resolver(base_state, base_text_of), **show)
+            if planned != base_text:
+                base_text, base_tokens = planned, count(planned)
+                notes.append(f"reduced to a {reduce_to}-token target for this check (a view, not stored)")
+            else:
+                notes.append(f"nothing left to reduce toward a {reduce_to}-token target: the view is unchanged")
         reduced_tokens = base_tokens
     return BaseView(state.id, base_state, base_text_of, base_text, base_tokens, full_tokens, reduced_tokens, show,
                     tuple(notes))
