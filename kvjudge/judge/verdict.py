@@ -21,7 +21,7 @@ from typing import Any
 
 from kvjudge.errors import JudgeError, UsageError
 from kvjudge.judge.backends import Backend, LabelScore, PromptOverflow
-from kvjudge.judge.pack import ANSWER_TOKENS, BaseView, PackedView, RunTokens, base_view, pack_pair
+from kvjudge.judge.pack import ANSWER_TOKENS, BaseView, PackedView, RunTokens, base_view, fit_view, pack_pair
 from kvjudge.judge.prompt import TEMPLATE_VERSION, Framing
 from kvjudge.judge.window import Window, WindowPlanner
 
@@ -192,6 +192,10 @@ class Judge:
         """One run's view before it is fitted to a window."""
         return base_view(store, store.run(run_id), self.backend.count, show_grades=self.show_grades,
                          show_verifier=self.show_verifier, reduce_to=reduce_to, full=full)
+
+    def pack(self, store: Any, run_id: str, *, reduce_to: int | None = None, full: bool = False) -> PackedView:
+        """The view of one run as it would be read beside a run as long as itself (half the room)."""
+        return fit_view(self.base(store, run_id, reduce_to=reduce_to, full=full), self.backend.count, self.allowance)
 
     def needed_tokens(self, base_a: BaseView, base_b: BaseView) -> int:
         """Prompt tokens of the pair read whole (framing + both views)."""
