@@ -35,7 +35,8 @@ from kvjudge.models import judge_model_path
 from kvjudge.probe import RuntimeSettings, memory_needed, probe
 from kvjudge.retention import Store
 
-SETTINGS = (("chat", False), ("raw", False), ("chat", True))
+# (template, verifier shown): the model's own framing, the raw one, and its own with the answer key shown.
+SETTINGS = (("auto", False), ("raw", False), ("auto", True))
 
 
 def _sample_store(directory: Path) -> Path:
@@ -94,9 +95,11 @@ def main() -> None:
                 for template, shown in SETTINGS:
                     judge = Judge(backend, template=template, show_verifier=shown, use_cache=False,
                                   planner=WindowPlanner(backend, memory_budget=budget))
+                    label = f"{judge.framing.name}, verifier {'shown' if shown else 'hidden'}"
+                    if label in evaluations:
+                        continue  # a model without a chat template: auto is raw
                     started = time.perf_counter()
                     verdicts = judge.judge_pairs(store, pairs)
-                    label = f"{judge.framing.name}, verifier {'shown' if shown else 'hidden'}"
                     evaluations[label] = {**evaluate(store, verdicts), "seconds": time.perf_counter() - started,
                                           "n_ctx": judge.window.n_ctx if judge.window else None}
                 # Still grades on views that really differ: pairs whose full views fit the larger analytic window.
