@@ -189,7 +189,7 @@ class LlamaBackend:
         """Prompt tokens per second of this model here, timed on ``n_tokens`` of filler text."""
         import time
 
-        if self._llama is None:
+        if self._llama is None or (self.n_ctx or 0) < n_tokens + 64:
             self.resize(max(512, n_tokens + 64), source="prefill speed sample")
         ids = self.tokenize("The quick brown fox jumps over the lazy dog; pytest collected 12 items. " * 64)[:n_tokens]
         llama = self._llama
