@@ -266,3 +266,11 @@ def test_cli_eval_scores_the_judge_beside_the_baselines(tmp_path: Path, default_
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     chat = kvjudge("eval", "--store", path, "--model", str(default_model), "--template", "chat", timeout=300)
     assert chat.returncode != 0 and "carries no chat template" in chat.stderr and "Traceback" not in chat.stderr
+
+
+def test_the_prefill_speed_sample_fits_whatever_window_is_loaded(default_model: Path) -> None:
+    backend = LlamaBackend(model_path=default_model, n_ctx=256)  # smaller than the sample needs
+    try:
+        assert backend.measure_prefill(256) > 0 and backend.n_ctx == 512 and backend.loads == 2
+    finally:
+        backend.close()
