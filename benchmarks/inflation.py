@@ -31,6 +31,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from kvjudge._llama import end_of_generation_ids
 from kvjudge.budget import ConversationTurn, TokenBudget, TokenEstimation, TurnMetrics
 from kvjudge.commands._common import progress
 from kvjudge.models import resolve_model
@@ -139,13 +140,6 @@ def _load_llama(model: Path, n_ctx: int, chat_format: str | None):  # noqa: ANN2
     return llm
 
 
-def _end_of_generation_ids(llm) -> list[int]:  # noqa: ANN001
-    import llama_cpp
-
-    vocab = llm._model.vocab  # llama-cpp-python exposes no public is_eog; the C call is the documented one
-    return [i for i in range(llm.n_vocab()) if llama_cpp.llama_vocab_is_eog(vocab, i)]
-
-
 class PromptCounter:
     """Counts a message list's tokens exactly as the chat handler will: same template, same tokenizer.
 
@@ -199,7 +193,7 @@ def run_session(model: Path, turns: int, max_reply_tokens: int, n_ctx: int, budg
     llm = _load_llama(model, n_ctx, chat_format)
     # The default model is a base model: without this it often ends a reply before its first token.
     # Banning end-of-generation keeps every reply max_reply_tokens long (deterministic, greedy).
-    no_stop = {token: -100.0 for token in _end_of_generation_ids(llm)}
+    no_stop = {token: -100.0 for token in end_of_generation_ids(llm)}
     counter = PromptCounter(llm)
     live = TokenBudget(budget_tokens, threshold_pct)  # drives the session: its history is what is sent
     blind = TokenBudget(budget_tokens, threshold_pct)  # same turns, never sees a report

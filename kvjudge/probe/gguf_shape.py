@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kvjudge._llama import array_length, header_reader
 from kvjudge.errors import ModelError
 
 GGUF_MAGIC = b"GGUF"
@@ -86,52 +87,7 @@ def _per_layer(value: Any, n_layer: int, key: str, path: Path) -> tuple[int, ...
     return (int(value),) * n_layer
 
 
-def _header_reader_class() -> type:
-    """``GGUFReader`` that skips the contents of long arrays (the vocabulary: 262k strings in Gemma 3).
-
-    The stock reader builds one numpy view per array element, ~12 s for Gemma's tokenizer on this host.
-    A long array is stepped over in one pass here; its length stays readable, its contents are never needed
-    for the shape.
-    """
-    import numpy as np
-    from gguf import GGUFReader, GGUFValueType
-
-    class HeaderReader(GGUFReader):  # type: ignore[misc]
-        def _get_field_parts(self, orig_offs: int, raw_type: int) -> Any:
-            if GGUFValueType(raw_type) != GGUFValueType.ARRAY:
-                return super()._get_field_parts(orig_offs, raw_type)
-            raw_itype = self._get(orig_offs, np.uint32)
-            alen = self._get(orig_offs + 4, np.uint64)
-            count = int(alen[0])
-            if count <= _LONG_ARRAY:
-                return super()._get_field_parts(orig_offs, raw_type)
-            item = GGUFValueType(int(raw_itype[0]))
-            offs = orig_offs + 12
-            if item == GGUFValueType.STRING:
-                view = memoryview(self.data)
-                for _ in range(count):
-                    offs += 8 + int.from_bytes(view[offs:offs + 8], "little")
-            else:
-                nptype = self.gguf_scalar_to_np.get(item)
-                if nptype is None:
-                    return super()._get_field_parts(orig_offs, raw_type)
-                offs += count * np.dtype(nptype).itemsize
-            return offs - orig_offs, [raw_itype, alen], [], [GGUFValueType.ARRAY, item]
-
-    return HeaderReader
-
-
-# Arrays longer than this (vocabularies, merges, scores) are stepped over; per-layer arrays are far shorter.
-_LONG_ARRAY = 4096
-
-
-def _array_length(field: Any) -> int:
-    """Length of an array field (its fifth part: key length, key, type, item type, length)."""
-    return int(field.parts[4][0])
-
-
 def _open_reader(path: Path) -> Any:
-
     try:
         with path.open("rb") as handle:
             magic = handle.read(4)
@@ -144,7 +100,7 @@ def _open_reader(path: Path) -> Any:
     if magic != GGUF_MAGIC:
         raise ModelError(f"{path} is not a GGUF file (it does not start with 'GGUF'); pass a .gguf model")
     try:
-        return _header_reader_class()(str(path), "r")
+        return header_reader(str(path))
     except (ValueError, IndexError, KeyError, OSError, TypeError) as exc:
         # The gguf reader runs off the end of a cut-off header with assorted errors.
         raise ModelError(f"{path} is a truncated or damaged GGUF ({type(exc).__name__}: {exc}); "
@@ -203,7 +159,7 @@ def read_model_shape(path: str | os.PathLike[str]) -> ModelShape:
 
     tokens = reader.fields.get("tokenizer.ggml.tokens")
     vocab_size = _field_value(reader, f"{arch}.vocab_size")
-    n_vocab = int(vocab_size) if vocab_size is not None else (_array_length(tokens) if tokens is not None else 0)
+    n_vocab = int(vocab_size) if vocab_size is not None else (array_length(tokens) if tokens is not None else 0)
     name = _field_value(reader, "general.name")
     return ModelShape(
         path=str(path), arch=arch, name=name if isinstance(name, str) else None, n_layer=n_layer, n_embd=n_embd,

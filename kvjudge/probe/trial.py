@@ -9,7 +9,6 @@ An out-of-memory abort kills only the child; the parent reads the missing result
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import re
@@ -20,6 +19,18 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+
+from kvjudge._llama import (
+    Decoder,
+    capture_native_log,
+    context_params,
+    flash_attention_type,
+    last_logits,
+    n_vocab,
+    open_context,
+    open_model,
+    tokenize,
+)
 
 MIB = 1024 * 1024
 # Real text for the prompt: the standard library's own top-level modules, in sorted order (deterministic on
@@ -107,30 +118,20 @@ def run(spec: dict[str, Any], result_path: Path) -> int:
         limit = int(spec["rlimit_data_bytes"])
         resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
 
-    import llama_cpp
-    from llama_cpp import _internals as internals
-
-    @llama_cpp.llama_log_callback
-    def on_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
-        log.append(text.decode("utf-8", "replace"))
-
-    llama_cpp.llama_log_set(on_log, ctypes.c_void_p(0))
+    capture_native_log(log)
     baseline_rss = _rss()
     usable = spec.get("usable_bytes")
     margin = int(spec["margin_bytes"])
 
-    model_params = llama_cpp.llama_model_default_params()
-    model_params.n_gpu_layers = int(spec["gpu_layers"])
     try:
-        model = internals.LlamaModel(path_model=spec["model_path"], params=model_params, verbose=True)
+        model = open_model(spec["model_path"], gpu_layers=int(spec["gpu_layers"]))
     except ValueError as exc:
         write("oom" if parse_log("".join(log))["oom_in_log"] else "crashed", detail=f"model load failed: {exc}")
         return 0
     n_ctx = int(spec["n_ctx"])
     ubatch = int(spec["n_ubatch"])
-    ctx_params = _context_params(llama_cpp, spec)
     try:
-        ctx = internals.LlamaContext(model=model, params=ctx_params, verbose=True)
+        ctx = open_context(model, _context_params(spec))
     except ValueError as exc:
         write("oom" if parse_log("".join(log))["oom_in_log"] else "crashed",
               detail=f"context creation failed: {exc}")
@@ -171,29 +172,24 @@ def run(spec: dict[str, Any], result_path: Path) -> int:
     text = fill_text(max(FILL_MIN_BYTES, target * 6))
     tokens: list[int] = []
     for index, piece in enumerate(split_for_tokenizer(text)):
-        tokens.extend(model.tokenize(piece.encode("utf-8"), add_bos=index == 0, special=False))
+        tokens.extend(tokenize(model, piece, add_bos=index == 0))
         if len(tokens) >= target:
             break
     tokens = tokens[:target]
-    batch = internals.LlamaBatch(n_tokens=ubatch, embd=0, n_seq_max=1)
+    decoder = Decoder(ctx, ubatch)
     ran = 0
     try:
         for start in range(0, len(tokens), ubatch):
             chunk = tokens[start:start + ubatch]
-            batch.set_batch(chunk, n_past=start, logits_all=False)
-            ctx.decode(batch)
+            decoder.decode(chunk, n_past=start)
             ran = start + len(chunk)
             spec["_ran"] = ran
-        import numpy as np
-
-        n_vocab = model.n_vocab()
+        vocabulary = n_vocab(model)
         decoded: list[int] = []
         for step in range(n_decode):
-            logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx.ctx, -1), shape=(n_vocab,))
-            token = int(logits.argmax())
+            token = int(last_logits(ctx, vocabulary).argmax())
             decoded.append(token)
-            batch.set_batch([token], n_past=ran + step, logits_all=False)
-            ctx.decode(batch)
+            decoder.decode([token], n_past=ran + step)
     except RuntimeError as exc:
         done.set()
         outcome = "oom" if parse_log("".join(log))["oom_in_log"] else "crashed"
@@ -211,8 +207,8 @@ def run(spec: dict[str, Any], result_path: Path) -> int:
     return 0
 
 
-def _context_params(llama_cpp: Any, spec: dict[str, Any]) -> Any:
-    params = llama_cpp.llama_context_default_params()
+def _context_params(spec: dict[str, Any]) -> Any:
+    params = context_params()
     ubatch = int(spec["n_ubatch"])
     params.n_ctx = int(spec["n_ctx"])
     params.n_batch = ubatch
@@ -222,8 +218,7 @@ def _context_params(llama_cpp: Any, spec: dict[str, Any]) -> Any:
     params.type_v = int(spec["type_v_id"])
     params.swa_full = bool(spec["swa_full"])
     # Explicit: the library default is "auto", which would turn flash attention on behind our back.
-    params.flash_attn_type = (llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if spec["flash_attn"]
-                              else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED)
+    params.flash_attn_type = flash_attention_type(bool(spec["flash_attn"]))
     threads = int(spec.get("n_threads") or max(1, os.cpu_count() or 1))
     params.n_threads = threads
     params.n_threads_batch = threads
@@ -236,23 +231,14 @@ def allocations(model_path: str, specs: list[dict[str, Any]], result_path: Path)
 
     No prompt runs: this measures allocations only (the KV-math check and the benchmark use it).
     """
-    import llama_cpp
-    from llama_cpp import _internals as internals
-
     log: list[str] = []
-
-    @llama_cpp.llama_log_callback
-    def on_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
-        log.append(text.decode("utf-8", "replace"))
-
-    llama_cpp.llama_log_set(on_log, ctypes.c_void_p(0))
-    model_params = llama_cpp.llama_model_default_params()
-    model = internals.LlamaModel(path_model=model_path, params=model_params, verbose=True)
+    capture_native_log(log)
+    model = open_model(model_path)
     results = []
     for spec in specs:
         log.clear()
         try:
-            ctx = internals.LlamaContext(model=model, params=_context_params(llama_cpp, spec), verbose=True)
+            ctx = open_context(model, _context_params(spec))
         except ValueError as exc:
             results.append({"spec": spec, "created": False, "error": str(exc), **parse_log("".join(log))})
             continue
