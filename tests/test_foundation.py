@@ -94,3 +94,26 @@ def test_cli_without_command_prints_help() -> None:
     result = subprocess.run([sys.executable, "-m", "kvjudge"], capture_output=True, text=True)
     assert result.returncode == 2
     assert "usage: kvjudge" in result.stdout
+
+
+def test_a_command_module_that_does_not_import_fails_the_cli_loudly(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    from kvjudge import cli
+
+    package = tmp_path / "extra_commands"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "hello.py").write_text(
+        "def register(subparsers):\n    subparsers.add_parser('hello', help='a command that imports fine')\n")
+    (package / "broken.py").write_text("import kvjudge_missing_dependency\n\n"
+                                       "def register(subparsers):\n    subparsers.add_parser('broken')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(cli, "COMMAND_MODULES", (*cli.COMMAND_MODULES, "extra_commands.hello"))
+    with pytest.raises(SystemExit) as shown:
+        cli.main(["--help"])
+    assert shown.value.code == 0 and "a command that imports fine" in capsys.readouterr().out
+    monkeypatch.setattr(cli, "COMMAND_MODULES", (*cli.COMMAND_MODULES, "extra_commands.broken"))
+    with pytest.raises(ModuleNotFoundError, match="kvjudge_missing_dependency"):
+        cli.main(["--help"])
+    assert "broken" not in capsys.readouterr().out
