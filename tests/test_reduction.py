@@ -339,7 +339,7 @@ def test_loss_order_bodies_then_dead_branches_then_dropped(tmp_path: Path) -> No
         state = store.run("r1")
         total = run_tokens(store, state, CHARS)
         mild = plan_reduction(state, store.text, CHARS, total - 500, counts={})
-        assert mild.steps == {"bodies_reduced": mild.steps["bodies_reduced"], "branches_summarised": 0, "dropped": 0}
+        assert mild.steps == {"bodies_reduced": mild.steps["bodies_reduced"], "branches_reduced": 0, "dropped": 0}
         assert mild.steps["bodies_reduced"] >= 1 and mild.fits
         harsh = plan_reduction(state, store.text, CHARS, 60)
         kinds = [event.kind for event in harsh.events]

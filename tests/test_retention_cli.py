@@ -88,7 +88,7 @@ def test_show_renders_summaries_with_their_marker(setup: dict[str, Path], capsys
     assert shown["branches"][0]["transitions"][1]["usage"] == {"input_tokens": 100, "output_tokens": 10}
     assert main(["show", "a", "--config", str(setup["config"])]) == 0
     human = capsys.readouterr().out
-    assert "tokens elided from sha256:" in human and "(summary sha256:" in human and "verifier pytest: passed" in human
+    assert "tokens elided from sha256:" in human and "(extract sha256:" in human and "verifier pytest: passed" in human
 
 
 def test_verify_exit_codes(setup: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:

@@ -31,7 +31,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "reduce", help="reduce runs to the effective ceiling (min(configured, max_context_tokens // 2))",
         description="Reduce a run (or every run whose grading has terminated, with --all) to the effective "
                     "ceiling of the judge model: min(configured ceiling, max_context_tokens // 2). Loss order: "
-                    "bodies → summaries, dead branches → summary, then dead-branch text dropped.")
+                    "bodies → head-and-tail extracts, each dead branch → one extract, then dead-branch text dropped.")
     target = parser.add_mutually_exclusive_group(required=True)
     target.add_argument("run", nargs="?", help="run id")
     target.add_argument("--all", action="store_true", help="every graded, ungraded or archived run")

@@ -17,7 +17,7 @@ _SHOW_CHARS = 1200
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("show", help="render one run: transitions, text or summary, tools, verifier, "
+    parser = subparsers.add_parser("show", help="render one run: transitions, text or its extract, tools, verifier, "
                                                 "grades")
     parser.add_argument("run", help="run id")
     parser.add_argument("--full", action="store_true", help="do not shorten long texts")
@@ -27,7 +27,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _text_entry(store: Store, state: RunState, ref: str | None) -> dict[str, Any] | None:
-    """What a reader sees for ``ref``: the text, a summary standing in for it, or why it is gone."""
+    """What a reader sees for ``ref``: the text, the extract standing in for it (its summary blob), or why it
+    is gone."""
     if ref is None:
         return None
     location = state.bodies[ref]
@@ -85,7 +86,7 @@ def _shown(entry: dict[str, Any] | None, full: bool) -> str:
     text = entry.get("text")
     if text is None:
         return entry.get("note", "")
-    prefix = f"(summary {short(entry['summary_ref'])} of {short(entry['ref'])}) " if "summary_ref" in entry else ""
+    prefix = f"(extract {short(entry['summary_ref'])} of {short(entry['ref'])}) " if "summary_ref" in entry else ""
     if not full and len(text) > _SHOW_CHARS:
         text = text[:_SHOW_CHARS] + f"\n[… {len(text) - _SHOW_CHARS} more characters; --full shows them]"
     return prefix + text
@@ -113,7 +114,7 @@ def _show(args: argparse.Namespace) -> int:
             print(f"\n== branch {branch['id']} [{branch['status']}]{fork}")
             if branch["summary"] is not None:
                 summary = branch["summary"]
-                label = "branch text dropped" if summary.get("text") is None else "branch read as one summary"
+                label = "branch text dropped" if summary.get("text") is None else "branch read as one extract"
                 print(f"   {label}: {_shown(summary, args.full)}")
             for t in branch["transitions"]:
                 line = f"-- #{t['seq']} {t['role']}"

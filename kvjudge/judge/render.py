@@ -1,10 +1,10 @@
 """The judge's view of a run.
 
 A view is rendered from the folded :class:`~kvjudge.retention.RunState`: the task, every transition
-(the skeleton that always survives), each body's text — or its summary with a visible elision marker,
-or a marker saying it was dropped — and tool calls and results. What the judge is scored against is
-hidden unless asked for: grades always, and verifier results too (grades are often derived from them,
-so a judge that read them would be reading the answer key). The stored run keeps both.
+(the skeleton that always survives), each body's text — or the extract standing in for it, with a visible
+elision marker, or a marker saying it was dropped — and tool calls and results. What the judge is scored
+against is hidden unless asked for: grades always, and verifier results too (grades are often derived from
+them, so a judge that read them would be reading the answer key). The stored run keeps both.
 
 Run text is quoted between delimiter lines it cannot close: :func:`escape` rewrites every run of two or
 more angle brackets, so no episode can write ``<<<END RUN A>>>`` and continue as the instructions. The
@@ -22,8 +22,8 @@ from typing import Any
 from kvjudge.display import invisible_class
 from kvjudge.retention.reduce import resolve as seen_ref
 
-# Markers the judge sees in place of text that is not there (visible elision, never silent). A summary
-# carries its own marker from kvjudge.retention.summarize: "[… N tokens elided from sha256:… …]".
+# Markers the judge sees in place of text that is not there (visible elision, never silent). An extract
+# carries its own marker from kvjudge.retention.extract: "[… N tokens elided from sha256:… …]".
 DROPPED_MARKER = "[text dropped by retention]"
 MISSING_MARKER = "[text unavailable]"
 ELIDED_MARKER = "[text elided]"

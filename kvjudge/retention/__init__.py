@@ -27,6 +27,7 @@ from kvjudge.retention.events import (
     VerifierRecorded,
     canonical_json,
 )
+from kvjudge.retention.extract import head_tail_extract
 from kvjudge.retention.faults import fault_point
 from kvjudge.retention.ingest import IngestReport, ingest_paths
 from kvjudge.retention.lifecycle import STATES, is_reducible
@@ -41,7 +42,6 @@ from kvjudge.retention.reduce import (
 )
 from kvjudge.retention.state import BodyLocation, Branch, RunState, Transition, fold, fold_onto
 from kvjudge.retention.store import Explanation, Store
-from kvjudge.retention.summarize import summarize
 from kvjudge.retention.text_check import TextError, parse_checked
 from kvjudge.retention.tier import (
     ColdStores,
@@ -59,10 +59,10 @@ __all__ = [
     "EVENT_TYPES", "STATES", "BlobStore", "BodyLocation", "Branch", "BranchOpened", "BranchReduced", "Dropped",
     "Event", "Explanation", "GradeRecorded", "Reduced", "Rehydrated", "RunStarted", "RunState", "StateChanged",
     "Store", "TextError", "TextRepaired", "TierStarted", "Tiered", "Transition", "TransitionRecorded",
-    "VerifierRecorded", "canonical_json", "IngestReport", "fault_point", "fold", "fold_onto", "ingest_paths",
-    "is_reducible", "parse_checked", "ref_of",
+    "VerifierRecorded", "canonical_json", "IngestReport", "fault_point", "fold", "fold_onto", "head_tail_extract",
+    "ingest_paths", "is_reducible", "parse_checked", "ref_of",
     "ReductionPlan", "ReductionResult", "Violation", "VerifyReport", "apply_plan", "plan_reduction", "reduce_run",
-    "run_tokens", "summarize", "verify", "view_refs",
+    "run_tokens", "verify", "view_refs",
     "ColdStore", "ColdStores", "LocalDirColdStore", "RehydrateResult", "S3ColdStore", "TierResult",
     "fallback_reader", "open_cold_store", "recover", "rehydrate_run", "tier_run", "verify_checks",
 ]

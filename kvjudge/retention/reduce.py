@@ -2,8 +2,9 @@
 
 Loss order, fixed (stop as soon as the run fits):
 
-1. blob bodies → summary blobs (largest first: every body above a common cap is cut to that cap);
-2. dead-branch attempts → one summary blob per dead branch (largest first);
+1. blob bodies → summary blobs, each a head-and-tail extract (largest first: every body above a common cap is
+   cut to that cap);
+2. dead-branch attempts → one summary blob (an extract of the branch's text) per dead branch (largest first);
 3. drop the text on dead branches (its raw bodies and its summary), largest first.
 
 Transitions, context partitions, tool info, usage, verifier results and grades are never touched.
@@ -33,7 +34,7 @@ from kvjudge.retention import events as ev
 from kvjudge.retention.blobs import ref_of, short
 from kvjudge.retention.faults import fault_point
 from kvjudge.retention.state import DROPPED, LOCAL, REDUCED, RunState, fold_onto
-from kvjudge.retention.summarize import summarize
+from kvjudge.retention.extract import head_tail_extract
 from kvjudge.tokens import TokenCounter
 
 TextOf = Callable[[str], "str | None"]
@@ -195,11 +196,11 @@ def plan_reduction(state: RunState, text_of: TextOf, count: TokenCounter | Count
         count_fn, name = count, counter_name or "custom"
     planner = _Planner(state, text_of, count_fn, name, counts or {})
     tokens_before = planner.tokens()
-    steps = {"bodies_reduced": 0, "branches_summarised": 0, "dropped": 0}
+    steps = {"bodies_reduced": 0, "branches_reduced": 0, "dropped": 0}
     if tokens_before > target_tokens:
         steps["bodies_reduced"] = _reduce_bodies(planner, target_tokens)
     if planner.tokens() > target_tokens:
-        steps["branches_summarised"] = _summarise_dead_branches(planner, target_tokens)
+        steps["branches_reduced"] = _extract_dead_branches(planner, target_tokens)
     if planner.tokens() > target_tokens:
         steps["dropped"] = _drop_dead_text(planner, target_tokens)
     return ReductionPlan(
@@ -217,7 +218,7 @@ def _reduce_bodies(planner: _Planner, target: int) -> int:
                         key=lambda ref: (-planner.count(ref), ref))
     if not candidates:
         return 0
-    probe_marker = summarize("x" * 64, short(candidates[0]), tokens=10**9, keep_tokens=0, count=lambda _t: 0)
+    probe_marker = head_tail_extract("x" * 64, short(candidates[0]), tokens=10**9, keep_tokens=0, count=lambda _t: 0)
     marker_tokens = planner.count_text(probe_marker)
     candidate_set = set(candidates)
     fixed = sum(planner.count(ref) * n for ref, n in view.items() if ref not in candidate_set)
@@ -264,7 +265,7 @@ def _summaries_at(planner: _Planner, candidates: list[str], view: Counter, fixed
         if tokens - (cap + marker_tokens) < _MIN_SAVING:
             total += view[ref] * tokens
             continue
-        text = summarize(planner.text(ref), short(ref), tokens=tokens, keep_tokens=cap, count=planner.count_fn)
+        text = head_tail_extract(planner.text(ref), short(ref), tokens=tokens, keep_tokens=cap, count=planner.count_fn)
         summary_ref = ref_of(text.encode("utf-8"))
         after = planner.counts.get(summary_ref)
         if after is None:
@@ -288,8 +289,8 @@ def _dead_branches_by_size(planner: _Planner) -> list[int]:
             if size > 0]
 
 
-def _summarise_dead_branches(planner: _Planner, target: int) -> int:
-    """Step 2: each dead branch (largest first) is read as one short summary of its text."""
+def _extract_dead_branches(planner: _Planner, target: int) -> int:
+    """Step 2: each dead branch (largest first) is read as one head-and-tail extract of its text."""
     done = 0
     for index in _dead_branches_by_size(planner):
         if planner.tokens() <= target:
@@ -303,7 +304,7 @@ def _summarise_dead_branches(planner: _Planner, target: int) -> int:
         body = "\n".join(planner.text(ref) for ref in refs)
         keep = max(0, min(before // 4, target // (2 * max(1, len(state.branches)))))
         label = f"dead branch {branch.id!r}"
-        text = summarize(body, label, tokens=before, keep_tokens=keep, count=planner.count_fn)
+        text = head_tail_extract(body, label, tokens=before, keep_tokens=keep, count=planner.count_fn)
         summary_ref, after = planner.add_blob(text)
         if after >= before:
             continue

@@ -52,7 +52,7 @@ class Branch:
     parent: str | None
     fork_at: int | None
     transitions: tuple[Transition, ...] = ()
-    summary_ref: str | None = None  # set when a dead branch was summarised (BranchReduced)
+    summary_ref: str | None = None  # the extract a dead branch is read as (BranchReduced)
 
     def refs(self) -> list[str]:
         return [ref for transition in self.transitions for ref in transition.refs()]

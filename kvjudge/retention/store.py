@@ -318,7 +318,7 @@ class Store:
         elif isinstance(event, ev.BranchReduced):
             entry = folder.branches.get(event.branch)
             if entry is None or entry["branch"].status != "dead":
-                raise StoreError(f"run {run_id}: only a dead branch can be summarised, not {event.branch!r}")
+                raise StoreError(f"run {run_id}: only a dead branch can be read as one extract, not {event.branch!r}")
             self._require_body(event.summary, "BranchReduced")
         elif isinstance(event, ev.Dropped):
             location = folder.bodies.get(event.original)

@@ -1,7 +1,9 @@
-"""Deterministic extractive summaries: the head and the tail of a text, and a marker for the gap.
+"""Head-and-tail extracts: the start and the end of a text, verbatim, around a marker for the gap.
 
-No model is called, so the same bytes in give the same bytes out, and a crashed reduction that runs
-again writes the same summary blob under the same ref. The marker names what was cut and from where::
+Nothing here reads or rewrites the text: no model is called, no sentence is composed, so the same
+bytes in give the same bytes out, and a crashed reduction that runs again writes the same extract under
+the same ref. In the log the extract is the run's *summary blob* (``Reduced{original, summary}``, the
+seed's words for the blob's role). The marker names what was cut and from where::
 
     [… 1234 tokens elided from sha256:ab12cd34ef56… …]
 
@@ -39,8 +41,8 @@ def _cut_tail(text: str, chars: int) -> str:
     return tail[newline + 1:] if 0 <= newline <= chars * 0.25 else tail
 
 
-def summarize(text: str, ref: str, *, tokens: int, keep_tokens: int, count: Callable[[str], int]) -> str:
-    """Keep about ``keep_tokens`` tokens of ``text`` (half head, half tail) around an elision marker.
+def head_tail_extract(text: str, ref: str, *, tokens: int, keep_tokens: int, count: Callable[[str], int]) -> str:
+    """Keep about ``keep_tokens`` tokens of ``text`` verbatim (half head, half tail) around an elision marker.
 
     ``tokens`` is ``count(text)`` (already known to the caller: a body is never counted twice); the
     marker reports ``tokens - count(head) - count(tail)``. ``ref`` names the original in the marker
