@@ -225,8 +225,8 @@ def run_session(model: Path, turns: int, max_reply_tokens: int, n_ctx: int, budg
             rows.append(Turn(turn=index, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
                              real=real, legacy=legacy, anchored=anchored, estimate_only=blind.fullness(),
                              predicted_prompt=predicted, kept_turns=len(live.history), pruned=dropped,
-                             prune_required=real > live.budget,
-                             prune_needed=counter.turns_needed(SYSTEM_PROMPT, kept, real, live.budget),
+                             prune_required=real > live.prune_above,
+                             prune_needed=counter.turns_needed(SYSTEM_PROMPT, kept, real, live.prune_above),
                              exact_prompt=exact_prompt))
             texts.append({"user": user, "reply": reply, "prompt_text": "\n".join(m.content for m in messages),
                           "prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
@@ -234,7 +234,7 @@ def run_session(model: Path, turns: int, max_reply_tokens: int, n_ctx: int, budg
             advance()
     settings = {"model": str(model), "chat_format": llm.chat_format, "turns": turns,
                 "max_reply_tokens": max_reply_tokens, "n_ctx": n_ctx,
-                "budget_tokens": budget_tokens, "threshold_pct": live.threshold_pct, "prune_above": live.budget,
+                "budget_tokens": budget_tokens, "threshold_pct": live.threshold_pct, "prune_above": live.prune_above,
                 "system_prompt_tokens": len(llm.tokenize(SYSTEM_PROMPT.encode(), add_bos=False)),
                 "estimation": estimation.name}
     return rows, texts, settings

@@ -22,7 +22,7 @@ def est(text: str) -> int:
 
 @dataclass
 class Reference:
-    budget: int
+    prune_above: int
     history: list[tuple[str, str]] = field(default_factory=list)
     last_report: int | None = None
     since: list[int] = field(default_factory=list)  # signed estimates added (+) / pruned (-) since the report
@@ -38,7 +38,7 @@ class Reference:
             self.last_report, self.since = report, [est(assistant)]
         else:
             self.since.append(est(user) + est(assistant))
-        while self.history and self.fullness() > self.budget:
+        while self.history and self.fullness() > self.prune_above:
             user0, assistant0 = self.history.pop(0)
             self.since.append(-(est(user0) + est(assistant0)))
 
@@ -54,7 +54,7 @@ steps = st.lists(
 @given(max_tokens=st.integers(min_value=0, max_value=8000), steps=steps)
 def test_fullness_is_last_report_plus_estimates_since(max_tokens: int, steps: list) -> None:
     budget = TokenBudget(max_tokens, 0.8)
-    reference = Reference(budget.budget)
+    reference = Reference(budget.prune_above)
     for user, assistant, report, _ in steps:
         asyncio.run(budget.sync_turn(user, assistant, TurnMetrics(input_tokens=report)))
         reference.sync(user, assistant, report)
@@ -63,7 +63,7 @@ def test_fullness_is_last_report_plus_estimates_since(max_tokens: int, steps: li
         assert budget.anchor == reference.last_report
         assert budget.fullness() >= 0
         # Pruning stops as soon as the figure fits, or when nothing is left to drop.
-        assert budget.fullness() <= budget.budget or not budget.history
+        assert budget.fullness() <= budget.prune_above or not budget.history
 
 
 @settings(max_examples=200, deadline=None)
@@ -89,7 +89,7 @@ def test_truthful_reports_never_drift_or_double_count(system: int, steps: list) 
 def test_restore_equals_replaying_the_measured_tail(max_tokens: int, turns: list) -> None:
     restored = TokenBudget(max_tokens, 0.8)
     restored.restore_turns([ConversationTurn(u, a, tokens_in=r) for u, a, r in turns])
-    reference = Reference(restored.budget)
+    reference = Reference(restored.prune_above)
     last = max((i for i, (_, _, r) in enumerate(turns) if r is not None), default=None)
     if last is None:
         reference.history = [(u, a) for u, a, _ in turns]
@@ -97,7 +97,7 @@ def test_restore_equals_replaying_the_measured_tail(max_tokens: int, turns: list
         reference.history = [(u, a) for u, a, _ in turns]
         reference.last_report = turns[last][2]
         reference.since = [est(turns[last][1])] + [est(u) + est(a) for u, a, _ in turns[last + 1:]]
-    while reference.history and reference.fullness() > reference.budget:
+    while reference.history and reference.fullness() > reference.prune_above:
         user0, assistant0 = reference.history.pop(0)
         reference.since.append(-(est(user0) + est(assistant0)))
     assert restored.fullness() == reference.fullness()

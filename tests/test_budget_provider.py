@@ -55,10 +55,10 @@ def test_threshold_is_clamped_to_range(pct: float, expected: float) -> None:
 
 
 def test_budget_is_truncated_product() -> None:
-    assert TokenBudget(8192, 0.8).budget == 6553  # 6553.6 truncated
-    assert TokenBudget(1000, 0.05).budget == 100  # threshold clamped first
-    assert TokenBudget(100, 0.5).budget == 256  # max_tokens clamped first
-    assert TokenBudget(100_000, 0.5).with_budget(3000).budget == 1500
+    assert TokenBudget(8192, 0.8).prune_above == 6553  # 6553.6 truncated
+    assert TokenBudget(1000, 0.05).prune_above == 100  # threshold clamped first
+    assert TokenBudget(100, 0.5).prune_above == 256  # max_tokens clamped first
+    assert TokenBudget(100_000, 0.5).with_budget(3000).prune_above == 1500
 
 
 @pytest.mark.parametrize("bad", [None, 1.5, "1000", True])

@@ -72,7 +72,7 @@ def test_capability_figures_used_when_config_silent(tmp_path: Path) -> None:
     config = config_of(tmp_path, "[memory]\nthreshold_pct = 1\n")
     resolved = budget_from_config(config, max_ok_input=None, safe_context=5000)
     assert (resolved.tokens, resolved.source) == (5000, BudgetSource.SAFE_CONTEXT)
-    assert resolved.provider().budget == int(5000 * 0.99)  # threshold clamped by TokenBudget
+    assert resolved.provider().prune_above == int(5000 * 0.99)  # threshold clamped by TokenBudget
 
 
 @pytest.mark.parametrize(("text", "match"), [

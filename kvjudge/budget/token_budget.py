@@ -96,8 +96,11 @@ class TokenBudget(MemoryProvider):
         return self._threshold_pct
 
     @property
-    def budget(self) -> int:
-        """``int(max_tokens * threshold_pct)``: fullness above this prunes."""
+    def prune_above(self) -> int:
+        """The prune threshold, ``int(max_tokens * threshold_pct)``: fullness above this drops the oldest turns.
+
+        Not the budget: the budget is ``max_tokens``, of which the conversation may fill this share.
+        """
         return int(self._max_tokens * self._threshold_pct)
 
     @property
@@ -184,8 +187,8 @@ class TokenBudget(MemoryProvider):
         self._prune()
 
     def usage(self) -> tuple[str, int, int]:
-        """``("tokens", fullness, budget)``."""
-        return ("tokens", self.fullness(), self.budget)
+        """``("tokens", fullness, prune_above)``."""
+        return ("tokens", self.fullness(), self.prune_above)
 
     # -- internals --------------------------------------------------------------------------------------
 
@@ -194,7 +197,7 @@ class TokenBudget(MemoryProvider):
 
     def _prune(self) -> None:
         # Oldest whole turn first; the system prompt is not history and is never dropped.
-        while self._history and self.fullness() > self.budget:
+        while self._history and self.fullness() > self.prune_above:
             dropped = self._history.pop(0)
             self._delta -= dropped.estimate
             self._pruned += 1

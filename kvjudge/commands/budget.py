@@ -80,7 +80,7 @@ def _budget(args: argparse.Namespace, config: Config) -> int:
         "tokens": resolved.tokens,
         "source": resolved.source.value,
         "threshold_pct": provider.threshold_pct,
-        "prune_above": provider.budget,
+        "prune_above": provider.prune_above,
         "estimation": resolved.estimation.name,
         "capability": entry_summary(entry),
     }
