@@ -168,6 +168,66 @@ class ModelTokenizer:
         return len(self.tokenize(text))
 
 
+CHAT_TEMPLATES = ("model", "chatml")
+
+# Sample turns the template cost is measured on: plain words, so no token straddles the template's markup.
+_SAMPLE_HISTORY = ({"role": "system", "content": "You are a helpful assistant."},
+                   {"role": "user", "content": "Hello there."}, {"role": "assistant", "content": "Hi, how can I help?"})
+_SAMPLE_USER = "Please list the files in the project."
+_SAMPLE_REPLY = "Here are the files you asked for."
+
+
+@dataclass(frozen=True)
+class MessageOverhead:
+    """Tokens a chat template adds around one message of each role, beyond the message's own text.
+
+    ``assistant`` counts the assistant header and the end-of-turn markup; a prompt that ends in the generation
+    prompt and then gets its reply grows by the reply plus ``assistant`` tokens, and by a new user message plus
+    ``user`` tokens. ``template`` names where the figures came from (``"none"``: no template is counted).
+    """
+
+    template: str = "none"
+    user: int = 0
+    assistant: int = 0
+
+    def of(self, role: str) -> int:
+        """The template's tokens around one message of ``role`` (0 for a role it was not measured for)."""
+        return {"user": self.user, "assistant": self.assistant}.get(role, 0)
+
+    @property
+    def name(self) -> str:
+        return f"template:{self.template}(user {self.user}, assistant {self.assistant})"
+
+
+def template_overhead(tokenizer: ModelTokenizer, template: str = "model") -> MessageOverhead:
+    """Measure what a chat template adds per user and assistant message, with the model's own tokenizer.
+
+    ``template`` is ``"model"`` (the GGUF's ``tokenizer.chat_template``, which llama-cpp-python and llama.cpp's
+    server use) or ``"chatml"`` (their fallback for a model without one). The prompt is rendered with and
+    without one more message, as the chat APIs render it, and the message's own tokens are subtracted.
+    """
+    from kvjudge._llama import chat_renderer
+
+    if template not in CHAT_TEMPLATES:
+        raise UsageError(f"unknown chat template {template!r}; use one of {', '.join(CHAT_TEMPLATES)}")
+    try:
+        render = chat_renderer(tokenizer.llama, template)
+    except LookupError as exc:
+        raise ModelError(f"{tokenizer.path.name} has no chat template of its own; count the template llama.cpp "
+                         f"falls back to with template \"chatml\"") from exc
+
+    def prompt_tokens(messages: list[dict[str, str]]) -> int:
+        prompt, added_special = render(messages)
+        return len(tokenizer.tokenize(prompt, add_bos=not added_special, special=True))
+
+    history = list(_SAMPLE_HISTORY)
+    asked = [*history, {"role": "user", "content": _SAMPLE_USER}]
+    answered = [*asked, {"role": "assistant", "content": _SAMPLE_REPLY}]
+    user = prompt_tokens(asked) - prompt_tokens(history) - tokenizer.count(_SAMPLE_USER)
+    assistant = prompt_tokens(answered) - prompt_tokens(asked) - tokenizer.count(_SAMPLE_REPLY)
+    return MessageOverhead(template, max(0, user), max(0, assistant))
+
+
 COUNTER_KINDS = ("chars", "tiktoken", "model")
 
 

@@ -117,6 +117,7 @@ def test_estimation_tiktoken_counter(tmp_path: Path) -> None:
     ('[context.estimation]\ncounter = "words"\n', "unknown token counter 'words'"),
     ("[context.estimation]\nchars_per_token = 0\n", "chars_per_token must be a positive number"),
     ('[context.estimation]\ncounter = "model"\n', "needs a model"),
+    ('[context.estimation]\ntemplate = "chatml"\n', "template = \"chatml\" needs a model"),
 ])
 def test_bad_estimation_config(tmp_path: Path, text: str, match: str) -> None:
     with pytest.raises(ConfigError, match=match):

@@ -1,7 +1,8 @@
 """``TokenBudget``: keep turns up to ``threshold_pct`` of the model's context window (the seed, ported).
 
 Fullness anchors on the backend's last reported prompt size, which already includes the system prompt
-and every prior turn, plus an estimate of what was added or removed since that report. The seed's
+and every prior turn, plus an estimate of what was added or removed since that report (each message's
+text, and — when the estimation counts it — the chat template's tokens around it). The seed's
 earlier implementation summed input + output per turn across history, counting every prior turn again
 in every later reading (5.4x inflation by turn 20), which forced pruning the real context never needed.
 Without any report the figure is the sum of per-turn estimates, each turn counted once.
@@ -149,9 +150,9 @@ class TokenBudget(MemoryProvider):
         self._history.append(turn)
         if input_tokens is not None:
             # The reported prompt already holds the system prompt, all earlier turns and this user text;
-            # only the reply is new since.
+            # only the reply (with the template's markup around it) is new since.
             self._anchor = input_tokens
-            self._delta = self._estimation.estimate(assistant)
+            self._delta = self._estimation.message("assistant", assistant)
         else:
             self._delta += turn.estimate
         self._prune()
@@ -181,7 +182,7 @@ class TokenBudget(MemoryProvider):
             self._delta = sum(turn.estimate for turn in restored)
         else:
             self._anchor = restored[last].record.tokens_in
-            self._delta = self._estimation.estimate(restored[last].record.assistant) + sum(
+            self._delta = self._estimation.message("assistant", restored[last].record.assistant) + sum(
                 turn.estimate for turn in restored[last + 1:]
             )
         self._prune()
