@@ -1,4 +1,4 @@
-"""TokenBudget and the MemoryProvider defaults, rule by rule from the seed (000_068b7a73b90dbc57)."""
+"""TokenBudget, rule by rule from the seed (000_068b7a73b90dbc57), and the MemoryProvider contract it keeps."""
 
 from __future__ import annotations
 
@@ -7,15 +7,7 @@ import math
 
 import pytest
 
-from kvjudge.budget import (
-    ConversationTurn,
-    MemMessage,
-    MemoryProvider,
-    SessionContext,
-    TokenBudget,
-    TokenEstimation,
-    TurnMetrics,
-)
+from kvjudge.budget import ConversationTurn, MemMessage, TokenBudget, TokenEstimation, TurnMetrics
 from kvjudge.errors import NotesUnsupported, UsageError
 
 
@@ -246,46 +238,25 @@ def test_estimation_is_used_and_fixed_before_first_turn() -> None:
         budget.with_estimation(TokenEstimation())
 
 
-# -- MemoryProvider defaults --------------------------------------------------------------------------
+# -- what the seed's MemoryProvider contract says a provider like TokenBudget does -------------------------
 
-class _Minimal(MemoryProvider):
-    def name(self) -> str:
-        return "minimal"
-
-    def build_messages(self, system_prompt: str, new_task: str) -> list[MemMessage]:
-        return [MemMessage("system", system_prompt), MemMessage("user", new_task)]
-
-    async def sync_turn(self, user: str, assistant: str, metrics: TurnMetrics) -> None:
-        return None
-
-
-def test_provider_defaults_match_the_seed() -> None:
-    provider = _Minimal()
-    assert provider.usage() is None
-    assert provider.system_prompt_block() is None
-    assert provider.take_compaction_record() is None
-    assert asyncio.run(provider.initialize(SessionContext("s1"))) is None
-    assert asyncio.run(provider.prefetch("anything")) == ""
-    assert asyncio.run(provider.on_pre_compress([MemMessage("user", "x")])) == ""
-    assert asyncio.run(provider.on_session_end([])) is None
-    for call in (lambda: provider.add_note("fact"), lambda: provider.replace_note("a", "b"),
-                 lambda: provider.remove_note("a")):
-        with pytest.raises(NotesUnsupported, match="minimal memory provider keeps no notes"):
+def test_token_budget_keeps_no_notes_and_says_so() -> None:
+    # The seed routes the save_note tool through add/replace/remove_note: a provider without notes refuses
+    # with NotesUnsupported, never silently drops the fact.
+    budget = big()
+    for call in (lambda: budget.add_note("fact"), lambda: budget.replace_note("a", "b"),
+                 lambda: budget.remove_note("a")):
+        with pytest.raises(NotesUnsupported, match="token_budget memory provider keeps no notes; use a provider"):
             call()
 
 
-def test_required_methods_are_abstract() -> None:
-    class Incomplete(MemoryProvider):
-        def name(self) -> str:
-            return "x"
-
-    with pytest.raises(TypeError):
-        Incomplete()  # type: ignore[abstract]
-
-
-def test_token_budget_keeps_no_notes_and_async_methods_are_coroutines() -> None:
-    budget = big()
-    assert asyncio.iscoroutinefunction(budget.sync_turn)
-    assert asyncio.iscoroutinefunction(budget.initialize)
-    with pytest.raises(NotesUnsupported):
-        budget.add_note("remember this")
+def test_token_budget_never_compresses_and_adds_nothing_to_the_prompt() -> None:
+    # Pruning drops whole turns: no compaction record is minted for the caller to persist, nothing is prefetched,
+    # and the system prompt gets no block, so build_messages is the whole request.
+    budget = TokenBudget(512, 0.1)
+    for index in range(3):
+        sync(budget, f"question {index} " * 20, f"answer {index} " * 20)
+    assert budget.pruned_turns > 0
+    assert budget.take_compaction_record() is None
+    assert asyncio.run(budget.prefetch("next question")) == ""
+    assert budget.system_prompt_block() is None
