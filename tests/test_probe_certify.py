@@ -40,9 +40,10 @@ def test_certification_under_a_small_budget(default_model: Path, tmp_path: Path)
     # The prediction was right: it ran, and the next size up did not fit.
     assert [t["n_ctx"] for t in ok] == [1024]
     assert any(t["n_ctx"] == 1280 and t["outcome"] == "over_budget" for t in trials)
-    # max_ok_input is a prompt that really ran; safe_context sits below the certified n_ctx by the headroom.
-    assert data["max_ok_input"] == ok[0]["prompt_tokens"] == 1024 - 16
-    assert data["safe_context"] == safe_context_for(1024) == 896
+    # max_ok_input is a prompt that really ran: the context less the 16 tokens kept free for decoding.
+    assert data["max_ok_input"] == ok[0]["prompt_tokens"] == 1008
+    # safe_context: 1024 less the 10 % headroom is 921.6, rounded down to a multiple of 64.
+    assert data["safe_context"] == 896
     assert ok[0]["kv_bytes_measured"] == kv_cache_bytes(read_model_shape(default_model), 1024)
     assert ok[0]["footprint_bytes"] <= budget
     for trial in trials:
@@ -77,6 +78,18 @@ def test_an_allocation_beyond_a_hard_limit_is_out_of_memory(default_model: Path)
     trial = run_trial(default_model, 1024, settings=RuntimeSettings(), usable_bytes=None,
                       margin_bytes=HOST_RUNTIME_MARGIN, hard_limit_bytes=300 * MIB)
     assert trial.outcome == "oom" and trial.prompt_tokens == 0
+
+
+@pytest.mark.parametrize(("certified", "safe"), [
+    (1024, 896),     # 921.6 → 896
+    (768, 640),      # 691.2 → 640
+    (2048, 1792),    # 1843.2 → 1792
+    (32768, 29440),  # 29491.2 → 29440
+    (100, 64),       # 90 → 64
+    (64, 64),        # 57.6 → 0, and never below 64
+])
+def test_safe_context_is_the_certified_context_less_ten_percent_in_steps_of_64(certified: int, safe: int) -> None:
+    assert safe_context_for(certified) == safe
 
 
 def test_a_trial_that_takes_too_long_is_timed_out(default_model: Path) -> None:
