@@ -149,3 +149,32 @@ def test_kill_rehydrate_then_rerun(tmp_path: Path, point: str) -> None:
         assert texts(store, "run-a") == before  # no fallback attached: every body is local again
         checks = verify_checks(None, store)
         assert verify(store, extra_checks=checks).ok
+
+
+@pytest.mark.parametrize("command", [["tier", "run-a"], ["verify"]])
+def test_verify_remote_re_hashes_what_a_crashed_move_left_before_it_commits(tmp_path: Path,
+                                                                            command: list[str]) -> None:
+    """A body flipped remotely (same size) after a crash: `--verify-remote` makes the recovery download and
+    re-hash every body, so the bad copy is rewritten before Tiered and the local delete; a size check alone
+    would have let the only good copy go."""
+    (tmp_path / "cold").mkdir()
+    target = f"file://{tmp_path / 'cold'}"
+    path = make_store(tmp_path / "store.sqlite")
+    with Store.open(path) as store:
+        before = texts(store, "run-a")
+    crashed = kvjudge("tier", "run-a", "--to", target, "--store", str(path), faults="tier.after_verify")
+    assert crashed.returncode == -signal.SIGKILL
+    flipped = max(before, key=lambda ref: len(before[ref] or ""))
+    remote = tmp_path / "cold" / blob_key(flipped)
+    body = remote.read_bytes()
+    remote.write_bytes(bytes([body[0] ^ 1]) + body[1:])
+    extra = ["--to", target] if command[0] == "tier" else []
+    rerun = kvjudge(*command, *extra, "--store", str(path), "--verify-remote", "--json")
+    assert rerun.returncode == 0, rerun.stdout + rerun.stderr
+    if command[0] == "tier":
+        result = json.loads(rerun.stdout)["runs"][0]
+        assert (result["recovered"], result["status"]) == ("upload", "tiered") and result["uploaded"] >= 1
+    else:
+        assert json.loads(rerun.stdout)["ok"] is True
+    assert remote.read_bytes() == body
+    assert_converged(path, target, before)

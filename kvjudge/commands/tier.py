@@ -59,7 +59,7 @@ def _tier(args: argparse.Namespace) -> int:
     skipped: dict[str, str] = {}
     with open_store(args, config, read_tiered=False) as store:
         # Recovery first: a move a crash left half done is finished before anything new starts.
-        results.extend(r.to_dict() for r in recover(store, stores))
+        results.extend(r.to_dict() for r in recover(store, stores, verify_remote=args.verify_remote))
         finished = {r["run"] for r in results}
         if args.all:
             plan = plan_all(store)

@@ -502,11 +502,13 @@ def recover_run(store: Store, run_id: str, stores: ColdStores, *, verify_remote:
     return None
 
 
-def recover(store: Store, stores: ColdStores, *, progress: ProgressFn | None = None) -> list[TierResult]:
-    """Finish every crashed move in the store (run at the start of every ``tier`` and ``verify``)."""
+def recover(store: Store, stores: ColdStores, *, verify_remote: bool = False,
+            progress: ProgressFn | None = None) -> list[TierResult]:
+    """Finish every crashed move in the store (run at the start of every ``tier`` and ``verify``); with
+    ``verify_remote`` every remote body is re-hashed before the move is committed."""
     results = []
     for run_id in pending_runs(store):
-        result = recover_run(store, run_id, stores, progress=progress)
+        result = recover_run(store, run_id, stores, verify_remote=verify_remote, progress=progress)
         if result is not None:
             results.append(result)
     return results
@@ -681,7 +683,7 @@ def verify_checks(config: Config | None, store: Store, *, rehash: bool = False,
     ``rehash`` is ``--verify-remote`` (download and re-hash every tiered body).
     """
     stores = ColdStores(resolve_endpoint(config, endpoint_url) if config is not None else endpoint_url)
-    recover(store, stores)
+    recover(store, stores, verify_remote=rehash)
     return [tier_check(stores, rehash=rehash)]
 
 
