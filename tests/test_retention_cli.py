@@ -129,3 +129,63 @@ def test_not_a_store_is_a_one_line_error(tmp_path: Path, capsys: pytest.CaptureF
     assert main(["runs", "--store", str(bogus)]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "is not a kvjudge store" in err
+
+
+def test_ingest_format_reads_the_named_format_and_refuses_the_other(tmp_path: Path, setup: dict[str, Path],
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    chat = tmp_path / "chat.jsonl"
+    write_jsonl(chat, [{"id": "chat-1", "messages": [{"role": "user", "content": "list the files"},
+                                                     {"role": "assistant", "content": "a.py b.py"}]}])
+    config = str(setup["config"])
+    assert main(["ingest", str(chat), "--format", "native", "--config", config]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "chat.jsonl:1:" in err and "native format" in err
+    assert main(["ingest", str(setup["runs"]), "--format", "openai", "--config", config]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "runs.jsonl:1:" in err and "openai format" in err
+    with Store.open(setup["store"]) as store:
+        assert store.run_ids() == []  # neither refusal wrote anything
+    code, payload = cli_json(capsys, "ingest", str(chat), "--format", "openai", "--config", config)
+    assert code == 0 and payload["ingested"] == ["chat-1"]
+    with Store.open(setup["store"]) as store:
+        state = store.run("chat-1")
+        assert state.state == "ungraded" and [t.role for t in state.branches[0].transitions] == ["user", "assistant"]
+        assert store.text(state.branches[0].transitions[1].text_ref) == "a.py b.py"
+
+
+def test_show_cuts_long_texts_unless_full(setup: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    main(["ingest", str(setup["runs"]), "--config", str(setup["config"])])
+    capsys.readouterr()
+    with Store.open(setup["store"]) as store:
+        state = store.run("a")
+        longest = max((store.text(t.tool_output["output_ref"]) for t in state.branches[0].transitions
+                       if t.tool_output), key=len)
+    assert len(longest) > 2000
+    assert main(["show", "a", "--config", str(setup["config"])]) == 0
+    cut = capsys.readouterr().out
+    assert longest not in cut and longest[:1000] in cut
+    assert f"[… {len(longest) - 1200} more characters; --full shows them]" in cut
+    assert main(["show", "a", "--full", "--config", str(setup["config"])]) == 0
+    full = capsys.readouterr().out
+    assert longest in full and "--full shows them" not in full
+
+
+def test_reduce_all_with_tenant_reduces_only_that_tenants_runs(tmp_path: Path, capabilities: dict[int, Path],  # noqa: F811
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "kvjudge.toml"
+    store_path = tmp_path / "runs.sqlite"
+    config.write_text(f'[retention]\ncounter = "chars"\nstore = "{store_path}"\n')
+    runs = tmp_path / "runs.jsonl"
+    write_jsonl(runs, [make_run("mine-1", [filler(1, 800)], tenant="acme"),
+                       make_run("mine-2", [filler(2, 900)], tenant="acme"),
+                       make_run("theirs", [filler(3, 800)], tenant="globex")])
+    assert main(["ingest", str(runs), "--config", str(config)]) == 0
+    capsys.readouterr()
+    code, payload = cli_json(capsys, "reduce", "--all", "--tenant", "acme", "--ceiling", "300", "--config", str(config),
+                             "--capabilities", str(capabilities[160_000]))
+    assert code == 0 and sorted(r["run"] for r in payload["runs"]) == ["mine-1", "mine-2"]
+    assert list(payload["ceilings"]) == ["acme"]
+    with Store.open(store_path) as store:
+        assert {run_id: store.run(run_id).reduced for run_id in store.run_ids()} == {
+            "mine-1": True, "mine-2": True, "theirs": False}
+        assert run_tokens(store, store.run("mine-1"), CHARS) <= 300
