@@ -82,3 +82,17 @@ def store_from_runs(path: Path, runs: Iterable[dict[str, Any]]) -> Store:
     store = Store.open(path)
     store.ingest_file(source)
     return store
+
+
+def memory_budget_for(model: Path, n_ctx: int) -> int:
+    """A memory budget (bytes) under which exactly ``n_ctx`` (a multiple of 256) is the analytic maximum for
+    ``model`` on this host: halfway between what ``n_ctx`` and ``n_ctx + 256`` need."""
+    from kvjudge.probe import RuntimeSettings, read_model_shape
+    from kvjudge.probe.core import footprint, place
+    from kvjudge.probe.devices import discover_devices
+
+    shape = read_model_shape(model)
+    placement = place(shape, discover_devices(), RuntimeSettings(), memory_budget=None)
+    need = footprint(shape, n_ctx, RuntimeSettings(), placement).device_bytes
+    step = footprint(shape, n_ctx + 256, RuntimeSettings(), placement).device_bytes - need
+    return need + step // 2

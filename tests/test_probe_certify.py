@@ -7,29 +7,21 @@ from pathlib import Path
 import pytest
 
 from gguf_factory import write_llama_gqa
+from helpers import memory_budget_for
 from kvjudge.errors import ProbeError
 from kvjudge.probe import RuntimeSettings, ensure_capability, kv_cache_bytes, lookup_capability, probe, read_model_shape
 from kvjudge.probe.certify import certify, run_trial, safe_context_for
-from kvjudge.probe.core import footprint, place
+from kvjudge.probe.core import place
 from kvjudge.probe.kv_math import HOST_RUNTIME_MARGIN
 from kvjudge.probe.devices import discover_devices
 
 MIB = 1024 * 1024
 
 
-def _budget_for(model: Path, n_ctx: int) -> int:
-    """A memory budget under which exactly ``n_ctx`` (a multiple of 256) is the analytic maximum."""
-    shape = read_model_shape(model)
-    placement = place(shape, discover_devices(), RuntimeSettings(), memory_budget=None)
-    need = footprint(shape, n_ctx, RuntimeSettings(), placement).device_bytes
-    step = footprint(shape, n_ctx + 256, RuntimeSettings(), placement).device_bytes - need
-    return need + step // 2
-
-
 @pytest.mark.model
 def test_certification_under_a_small_budget(default_model: Path, tmp_path: Path) -> None:
     cache = tmp_path / "caps.json"
-    budget = _budget_for(default_model, 1024)
+    budget = memory_budget_for(default_model, 1024)
     report = probe(default_model, memory_budget=budget, cache_path=cache)
     data = report.as_dict()
     assert data["max_context_tokens"] == 1024
@@ -61,7 +53,7 @@ def test_certification_under_a_small_budget(default_model: Path, tmp_path: Path)
 def test_a_wrong_prediction_is_corrected_from_the_measured_footprint(default_model: Path) -> None:
     shape = read_model_shape(default_model)
     settings = RuntimeSettings()
-    budget = _budget_for(default_model, 768)
+    budget = memory_budget_for(default_model, 768)
     placement = place(shape, discover_devices(), settings, memory_budget=budget)
     result = certify(default_model, shape, settings, placement, start_n_ctx=1536)
     outcomes = [(t.n_ctx, t.outcome) for t in result.trials]

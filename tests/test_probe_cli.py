@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import kvjudge
+from helpers import kvjudge, memory_budget_for
 from kvjudge.models import file_sha256
 from kvjudge.probe import kv_cache_bytes, read_model_shape
 
@@ -96,3 +96,31 @@ def test_a_corrupt_cache_is_named_and_left_alone_until_cleared(isolated_dirs: Pa
     assert cache.read_text() == "{oops"
     done = kvjudge("cache", "clear", "--json")
     assert done.returncode == 0 and json.loads(done.stdout)["was_unreadable"] is True and not cache.exists()
+
+
+@pytest.mark.model
+def test_probe_certifies_through_the_cli_into_the_named_cache(default_model: Path, isolated_dirs: Path,
+                                                             tmp_path: Path) -> None:
+    """A small --memory-budget makes 512 tokens the most that fits: the CLI runs the trials and says so."""
+    cache = tmp_path / "elsewhere" / "caps.json"
+    budget = memory_budget_for(default_model, 512)
+    done = kvjudge("probe", "--memory-budget", str(budget), "--swa-full", "--n-ctx", "4096", "--cache", str(cache),
+                   "--json")
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    assert (data["certified"], data["method"], data["cached"]) == (True, "measured", False)
+    assert data["settings"]["swa_full"] is True and data["memory_budget"] == budget
+    assert data["max_context_tokens"] == 512
+    outcomes = [(t["n_ctx"], t["outcome"]) for t in data["trials"]]
+    assert outcomes == [(512, "ok"), (768, "over_budget")]
+    # 512 less the 16 tokens kept free for decoding really ran; 512 less 10 % is 460.8, down to a multiple of 64.
+    assert (data["max_ok_input"], data["safe_context"]) == (496, 448)
+    shape = read_model_shape(default_model)
+    assert data["trials"][0]["kv_bytes_measured"] == kv_cache_bytes(shape, 512)
+    # --swa-full: the sliding-window layers keep every cell (at 4096 tokens that is more than the window needs).
+    assert data["kv_cache_bytes"] == kv_cache_bytes(shape, 4096, swa_full=True) > kv_cache_bytes(shape, 4096,
+                                                                                                 swa_full=False)
+    assert data["fingerprint"] in json.loads(cache.read_text())["entries"]
+    assert not (isolated_dirs / "cache" / "capabilities.json").exists()  # --cache, not the default
+    again = json.loads(kvjudge("probe", "--memory-budget", str(budget), "--cache", str(cache), "--json").stdout)
+    assert again["cached"] is True and again["certified_at"] == data["certified_at"]
