@@ -6,6 +6,7 @@ the server extras (fastapi, uvicorn, sse-starlette, starlette-context, pydantic-
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -16,6 +17,7 @@ from pathlib import Path
 import pytest
 from helpers import free_ports
 
+from kvjudge.cli import main
 from kvjudge.errors import JudgeError
 from kvjudge.judge import SCORED, Judge, ServerBackend
 from kvjudge.retention import Store
@@ -94,6 +96,26 @@ def test_the_server_backend_judges_a_pair_from_label_logprobs(server: tuple[str,
     # Same pair again: read from the store's judgment cache, no request to the server.
     again = Judge(backend).judge_pair(store, "good", "bad")
     assert backend.calls == 2 and again.cached and again.p_a == verdict.p_a
+
+
+def test_judge_server_through_the_cli(server: tuple[str, subprocess.Popen], store: Store,
+                                     capsys: pytest.CaptureFixture[str]) -> None:
+    url, _ = server
+    code = main(["judge", "good", "bad", "--server", url, "--n-ctx", str(N_CTX), "--store", str(store.path),
+                 "--json"])
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert code == 0 and len(lines) == 2
+    pair, summary = lines[0], lines[1]["summary"]
+    assert (pair["a"], pair["b"]) == ("good", "bad") and pair["outcome"] in SCORED, pair["error"]
+    assert all(0.0 < p < 1.0 for p in pair["p_a_by_order"].values())
+    assert pair["manifest"]["backend"] == "openai-server" and pair["manifest"]["server"] == url
+    assert pair["manifest"]["n_ctx"] == N_CTX
+    assert (summary["pairs"], summary["coverage"], summary["outcomes"][pair["outcome"]]) == (1, 1.0, 1)
+    # The verdict is in the store's judgment cache: the same pair again is answered from it.
+    assert main(["judge", "good", "bad", "--server", url, "--n-ctx", str(N_CTX), "--store", str(store.path),
+                 "--json"]) == 0
+    again = json.loads(capsys.readouterr().out.splitlines()[0])
+    assert again["cached"] is True and again["p_a"] == pair["p_a"]
 
 
 def test_a_server_that_does_not_report_its_context_needs_n_ctx(server: tuple[str, subprocess.Popen]) -> None:
