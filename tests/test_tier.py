@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from helpers import kvjudge as run_kvjudge
-from seaweed import free_ports, s3_bucket, seaweed  # noqa: F401 (fixtures)
+from seaweed import SeaweedServer, free_ports, s3_bucket, seaweed  # noqa: F401 (fixtures)
 from tier_support import (
     GRADED,
     cold_for,
@@ -293,3 +293,26 @@ def test_rehydrate_survives_a_concurrent_recovery(tmp_path: Path, monkeypatch: p
         assert tiered_refs(store, "run-a") == []
         assert texts(store, "run-a") == before  # no fallback: every body is local
         assert verify_all(store) == []
+
+
+@pytest.mark.s3
+def test_endpoint_url_flag_reaches_s3_without_the_environment(tmp_path: Path, s3_bucket: str,  # noqa: F811
+                                                              seaweed: SeaweedServer,  # noqa: F811
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("AWS_ENDPOINT_URL")  # only the flag says where the S3 server is
+    path = make_store(tmp_path / "store.sqlite")
+    with Store.open(path) as store:
+        before = texts(store, "run-a")
+    flags = ["--store", str(path), "--endpoint-url", seaweed.endpoint, "--json"]
+    moved = run_kvjudge("tier", "run-a", "--to", f"s3://{s3_bucket}/t", *flags)
+    assert moved.returncode == 0, moved.stderr
+    assert json.loads(moved.stdout)["runs"][0]["status"] == "tiered"
+    keys = [item["Key"] for item in seaweed.client().list_objects_v2(Bucket=s3_bucket).get("Contents", [])]
+    assert any(key.startswith("t/manifests/run-a/") for key in keys)
+    assert sum(key.startswith("t/objects/") for key in keys) == len(before)
+    checked = run_kvjudge("verify", "run-a", "--verify-remote", *flags)
+    assert checked.returncode == 0 and json.loads(checked.stdout)["ok"] is True, checked.stdout + checked.stderr
+    back = run_kvjudge("rehydrate", "run-a", *flags)
+    assert back.returncode == 0 and json.loads(back.stdout)["status"] == "rehydrated", back.stderr
+    with Store.open(path) as store:
+        assert tiered_refs(store, "run-a") == [] and texts(store, "run-a") == before
