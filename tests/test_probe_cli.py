@@ -124,3 +124,15 @@ def test_probe_certifies_through_the_cli_into_the_named_cache(default_model: Pat
     assert not (isolated_dirs / "cache" / "capabilities.json").exists()  # --cache, not the default
     again = json.loads(kvjudge("probe", "--memory-budget", str(budget), "--cache", str(cache), "--json").stdout)
     assert again["cached"] is True and again["certified_at"] == data["certified_at"]
+
+
+def test_kv_settings_from_the_command_line_reach_the_kv_math(default_model: Path) -> None:
+    done = kvjudge("probe", "--no-certify", "--memory-budget", "2GiB", "--type-k", "q8_0", "--type-v", "q8_0",
+                   "--flash-attn", "--n-seq", "2", "--gpu-layers", "4", "--n-ctx", "4096", "--json")
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    assert data["settings"] == {"type_k": "q8_0", "type_v": "q8_0", "flash_attn": True, "swa_full": True, "n_seq": 2,
+                                "gpu_layers": 4, "n_ubatch": 512}
+    shape = read_model_shape(default_model)
+    assert data["kv_cache_bytes"] == kv_cache_bytes(shape, 4096, "q8_0", "q8_0", n_seq=2, flash_attn=True)
+    assert data["kv_cache_bytes"] < kv_cache_bytes(shape, 4096, n_seq=2)  # q8_0 holds less than f16
