@@ -65,6 +65,18 @@ def crash_then_rerun(tmp_path: Path, target: str, point: str) -> None:
     assert_converged(path, target, before)
 
 
+def crash_a_local_move(tmp_path: Path, point: str) -> tuple[Path, str, dict[str, str | None]]:
+    """Kill `kvjudge tier run-a` to a local cold directory at ``point``: the store, the target, run-a's texts."""
+    (tmp_path / "cold").mkdir()
+    target = f"file://{tmp_path / 'cold'}"
+    path = make_store(tmp_path / "store.sqlite")
+    with Store.open(path) as store:
+        before = texts(store, "run-a")
+    crashed = kvjudge("tier", "run-a", "--to", target, "--store", str(path), faults=point)
+    assert crashed.returncode == -signal.SIGKILL, (crashed.returncode, crashed.stderr)
+    return path, target, before
+
+
 @pytest.mark.parametrize("point", TIER_POINTS)
 def test_kill_at_each_point_local(tmp_path: Path, point: str) -> None:
     (tmp_path / "cold").mkdir()
@@ -79,13 +91,7 @@ def test_kill_at_each_point_s3(tmp_path: Path, point: str, s3_bucket: str) -> No
 
 def test_recovery_repairs_a_remote_that_lost_an_object(tmp_path: Path) -> None:
     """The manifest made it but a body was lost remotely before Tiered: recovery rewrites it, then commits."""
-    (tmp_path / "cold").mkdir()
-    target = f"file://{tmp_path / 'cold'}"
-    path = make_store(tmp_path / "store.sqlite")
-    with Store.open(path) as store:
-        before = texts(store, "run-a")
-    crashed = kvjudge("tier", "run-a", "--to", target, "--store", str(path), faults="tier.manifest_response_lost")
-    assert crashed.returncode == -signal.SIGKILL
+    path, target, before = crash_a_local_move(tmp_path, "tier.manifest_response_lost")
     lost = sorted(before)[0]
     (tmp_path / "cold" / blob_key(lost)).unlink()
     rerun = kvjudge("tier", "run-a", "--to", target, "--store", str(path), "--json")
@@ -95,13 +101,7 @@ def test_recovery_repairs_a_remote_that_lost_an_object(tmp_path: Path) -> None:
 
 
 def test_cold_store_down_during_recovery_deletes_nothing(tmp_path: Path) -> None:
-    (tmp_path / "cold").mkdir()
-    target = f"file://{tmp_path / 'cold'}"
-    path = make_store(tmp_path / "store.sqlite")
-    with Store.open(path) as store:
-        before = texts(store, "run-a")
-    crashed = kvjudge("tier", "run-a", "--to", target, "--store", str(path), faults="tier.after_blobs")
-    assert crashed.returncode == -signal.SIGKILL
+    path, target, before = crash_a_local_move(tmp_path, "tier.after_blobs")
     (tmp_path / "cold").rename(tmp_path / "unmounted")
     down = kvjudge("tier", "run-a", "--to", target, "--store", str(path))
     assert down.returncode != 0 and down.stderr.count("\n") == 1 and "does not exist" in down.stderr
@@ -115,13 +115,7 @@ def test_cold_store_down_during_recovery_deletes_nothing(tmp_path: Path) -> None
 
 def test_verify_recovers_a_crashed_move(tmp_path: Path) -> None:
     """Recovery also runs at the start of verify: TierStarted without Tiered is finished there."""
-    (tmp_path / "cold").mkdir()
-    target = f"file://{tmp_path / 'cold'}"
-    path = make_store(tmp_path / "store.sqlite")
-    with Store.open(path) as store:
-        before = texts(store, "run-a")
-    crashed = kvjudge("tier", "run-a", "--to", target, "--store", str(path), faults="tier.after_blobs")
-    assert crashed.returncode == -signal.SIGKILL
+    path, target, before = crash_a_local_move(tmp_path, "tier.after_blobs")
     with Store.open(path) as store:
         assert store.run("run-a").tier["status"] == "started"
     checked = kvjudge("verify", "--store", str(path), "--verify-remote", "--json")
@@ -157,13 +151,7 @@ def test_verify_remote_re_hashes_what_a_crashed_move_left_before_it_commits(tmp_
     """A body flipped remotely (same size) after a crash: `--verify-remote` makes the recovery download and
     re-hash every body, so the bad copy is rewritten before Tiered and the local delete; a size check alone
     would have let the only good copy go."""
-    (tmp_path / "cold").mkdir()
-    target = f"file://{tmp_path / 'cold'}"
-    path = make_store(tmp_path / "store.sqlite")
-    with Store.open(path) as store:
-        before = texts(store, "run-a")
-    crashed = kvjudge("tier", "run-a", "--to", target, "--store", str(path), faults="tier.after_verify")
-    assert crashed.returncode == -signal.SIGKILL
+    path, target, before = crash_a_local_move(tmp_path, "tier.after_verify")
     flipped = max(before, key=lambda ref: len(before[ref] or ""))
     remote = tmp_path / "cold" / blob_key(flipped)
     body = remote.read_bytes()
