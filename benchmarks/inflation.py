@@ -6,15 +6,19 @@ backend's own ``usage.prompt_tokens``. Per turn, side by side:
 
 - **real**: the context after the turn as the backend counts it (``prompt_tokens + completion_tokens``);
 - **legacy**: the seed's old figure, ``sum(input + output)`` over the turns in history (double counts);
-- **anchored**: the TokenBudget's fullness (last report + chars/4 of the reply), before any pruning;
-- **estimate-only**: a TokenBudget that never sees a report (sum of per-turn chars/4 estimates).
+- **anchored**: the TokenBudget's fullness (last report + the estimate of the reply), before any pruning;
+- **estimate-only**: a TokenBudget that never sees a report (sum of per-turn estimates).
+
+The estimate is chars/4 of each message's text plus the chat template's tokens around each message, counted
+from the template the backend renders with (``--estimation template``, the default), or chars/4 of the text
+alone (``--estimation plain``, the seed's rule, as the same-run comparison for the prune counts).
 
 The baseline of the run is the legacy figure; ratios are against the real size of the same run.
 Also the estimator error table: chars/4, tiktoken cl100k and the model tokenizer against the backend's
 counts. Writes ``inflation.json``, ``inflation.png`` and ``inflation.md`` to ``--out`` and prints one
 JSON line (the summary).
 
-    python benchmarks/inflation.py --out /tmp/inflation [--turns 20] [--model PATH]
+    python benchmarks/inflation.py --out /tmp/inflation [--turns 20] [--model PATH] [--budget-tokens 2000]
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import io
 import json
 import os
@@ -31,10 +36,11 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from kvjudge._llama import end_of_generation_ids
+from kvjudge._llama import chat_renderer, end_of_generation_ids
 from kvjudge.budget import ConversationTurn, TokenBudget, TokenEstimation, TurnMetrics
 from kvjudge.commands._common import progress
 from kvjudge.models import resolve_model
+from kvjudge.tokens import MessageOverhead, ModelTokenizer, template_overhead
 
 # A system prompt of the size an agent harness sends (instructions + tool schemas): the anchored figure
 # includes it through the backend's report; the estimate-only figure, which sees only turns, cannot.
@@ -103,7 +109,7 @@ class Turn:
     legacy: int
     anchored: int  # before pruning this turn (the figure the prune decision is made on)
     estimate_only: int
-    predicted_prompt: int | None  # anchored fullness before the turn + chars/4 of the new user text
+    predicted_prompt: int | None  # anchored fullness before the turn + the estimate of the new user message
     kept_turns: int
     pruned: int  # turns the live TokenBudget dropped after this turn
     prune_required: bool  # the real context exceeded the budget
@@ -140,6 +146,11 @@ def _load_llama(model: Path, n_ctx: int, chat_format: str | None):  # noqa: ANN2
     return llm
 
 
+def _template_of(llm) -> str | None:  # noqa: ANN001 - llama_cpp.Llama
+    """The chat template the backend renders with, as :func:`kvjudge.tokens.template_overhead` names it."""
+    return {"chatml": "chatml", "chat_template.default": "model"}.get(llm.chat_format)
+
+
 class PromptCounter:
     """Counts a message list's tokens exactly as the chat handler will: same template, same tokenizer.
 
@@ -148,27 +159,15 @@ class PromptCounter:
     """
 
     def __init__(self, llm) -> None:  # noqa: ANN001 - llama_cpp.Llama
-        from llama_cpp import llama_chat_format
-
         self._llm = llm
-        template = llm.metadata.get("tokenizer.chat_template")
-        if llm.chat_format == "chatml":
-            self._format = llama_chat_format.format_chatml
-        elif template and llm.chat_format == "chat_template.default":
-            def token_text(token: int) -> str:
-                return llm.detokenize([token], special=True).decode("utf-8", errors="ignore")
-
-            self._format = llama_chat_format.Jinja2ChatFormatter(
-                template=template, eos_token=token_text(llm.token_eos()), bos_token=token_text(llm.token_bos()))
-        else:
-            self._format = None
+        self.template = _template_of(llm)
+        self._render = chat_renderer(llm, self.template) if self.template else None
 
     def count(self, messages: list[dict[str, str]]) -> int | None:
-        if self._format is None:
+        if self._render is None:
             return None
-        result = self._format(messages=messages)
-        return len(self._llm.tokenize(result.prompt.encode("utf-8"), add_bos=not getattr(result, "added_special", False),
-                                      special=True))
+        prompt, added_special = self._render(messages)
+        return len(self._llm.tokenize(prompt.encode("utf-8"), add_bos=not added_special, special=True))
 
     def turns_needed(self, system: str, kept: tuple[ConversationTurn, ...], real: int, budget: int) -> int | None:
         """Fewest oldest turns of ``kept`` to drop so ``real`` minus their exact weight fits ``budget``."""
@@ -187,24 +186,34 @@ class PromptCounter:
         return len(kept)
 
 
+def session_estimation(model: Path, llm, kind: str) -> TokenEstimation:  # noqa: ANN001 - llama_cpp.Llama
+    """chars/4, plus (``kind == "template"``) the tokens of the template the backend renders with."""
+    template = _template_of(llm)
+    if kind == "plain" or template is None:
+        return TokenEstimation()
+    return TokenEstimation().with_template(template_overhead(ModelTokenizer(model), template))
+
+
 def run_session(model: Path, turns: int, max_reply_tokens: int, n_ctx: int, budget_tokens: int,
-                threshold_pct: float, chat_format: str | None = None) -> tuple[list[Turn], list[dict], dict]:
+                threshold_pct: float, chat_format: str | None = None,
+                estimation_kind: str = "template") -> tuple[list[Turn], list[dict], dict]:
     """Run the chat; return the per-turn figures, the raw texts and counts, and the session settings."""
     llm = _load_llama(model, n_ctx, chat_format)
     # The default model is a base model: without this it often ends a reply before its first token.
     # Banning end-of-generation keeps every reply max_reply_tokens long (deterministic, greedy).
     no_stop = {token: -100.0 for token in end_of_generation_ids(llm)}
     counter = PromptCounter(llm)
-    live = TokenBudget(budget_tokens, threshold_pct)  # drives the session: its history is what is sent
-    blind = TokenBudget(budget_tokens, threshold_pct)  # same turns, never sees a report
-    estimation = live.estimation
+    estimation = session_estimation(model, llm, estimation_kind)
+    # live drives the session (its history is what is sent); blind gets the same turns and never a report.
+    live = TokenBudget(budget_tokens, threshold_pct).with_estimation(estimation)
+    blind = TokenBudget(budget_tokens, threshold_pct).with_estimation(estimation)
     rows: list[Turn] = []
     texts: list[dict] = []
     user_texts = [USER_TURNS[i % len(USER_TURNS)] + (f" (round {i // len(USER_TURNS) + 1})"
                                                        if i >= len(USER_TURNS) else "") for i in range(turns)]
     with progress("inflation session", turns) as advance:
         for index, user in enumerate(user_texts, start=1):
-            predicted = live.fullness() + estimation.estimate(user) if live.anchor is not None else None
+            predicted = live.fullness() + estimation.message("user", user) if live.anchor is not None else None
             messages = live.build_messages(SYSTEM_PROMPT, user)
             exact_prompt = counter.count([m.to_dict() for m in messages])
             response = llm.create_chat_completion(
@@ -228,7 +237,7 @@ def run_session(model: Path, turns: int, max_reply_tokens: int, n_ctx: int, budg
                              prune_required=real > live.prune_above,
                              prune_needed=counter.turns_needed(SYSTEM_PROMPT, kept, real, live.prune_above),
                              exact_prompt=exact_prompt))
-            texts.append({"user": user, "reply": reply, "prompt_text": "\n".join(m.content for m in messages),
+            texts.append({"user": user, "reply": reply, "messages": [m.to_dict() for m in messages],
                           "prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                           "pruned_before": sum(r.pruned for r in rows[:-1])})
             advance()
@@ -236,22 +245,29 @@ def run_session(model: Path, turns: int, max_reply_tokens: int, n_ctx: int, budg
                 "max_reply_tokens": max_reply_tokens, "n_ctx": n_ctx,
                 "budget_tokens": budget_tokens, "threshold_pct": live.threshold_pct, "prune_above": live.prune_above,
                 "system_prompt_tokens": len(llm.tokenize(SYSTEM_PROMPT.encode(), add_bos=False)),
-                "estimation": estimation.name}
+                "estimation_kind": estimation_kind, "estimation": estimation.name,
+                "template": dataclasses.asdict(estimation.template)}
     return rows, texts, settings
 
 
-def estimator_errors(model: Path, texts: list[dict]) -> dict[str, dict[str, dict[str, float]]]:
-    """Per estimator: replies vs completion_tokens, content added between reports vs the prompt growth,
-    and whole prompts vs prompt_tokens (median and worst signed relative error, %)."""
+def estimator_errors(model: Path, texts: list[dict], template: MessageOverhead) -> dict[str, dict[str, dict[str, float]]]:
+    """Per estimator: replies vs completion_tokens, messages added between reports vs the prompt growth,
+    and whole prompts (every message) vs prompt_tokens (median and worst signed relative error, %).
+
+    ``template`` is the session's chat template cost: the "+ template" rows add it to every message."""
     counters = {"chars/4": TokenEstimation.chars(4), "tiktoken cl100k": TokenEstimation.tiktoken(),
                 "model tokenizer": TokenEstimation.model(model)}
+    if template.template != "none":
+        counters["chars/4 + template"] = counters["chars/4"].with_template(template)
+        counters["model tokenizer + template"] = counters["model tokenizer"].with_template(template)
     table: dict[str, dict[str, dict[str, float]]] = {}
     for label, estimation in counters.items():
         replies = [(estimation.estimate(t["reply"]), t["completion_tokens"]) for t in texts]
-        growth = [(estimation.estimate(prev["reply"]) + estimation.estimate(cur["user"]),
+        growth = [(estimation.message("assistant", prev["reply"]) + estimation.message("user", cur["user"]),
                    cur["prompt_tokens"] - prev["prompt_tokens"])
                   for prev, cur in zip(texts, texts[1:]) if cur["pruned_before"] == prev["pruned_before"]]
-        prompts = [(estimation.estimate(t["prompt_text"]), t["prompt_tokens"]) for t in texts]
+        prompts = [(sum(estimation.message(m["role"], m["content"]) for m in t["messages"]), t["prompt_tokens"])
+                   for t in texts]
         table[label] = {"reply": _error_stats(replies), "added_between_reports": _error_stats(growth),
                         "whole_prompt": _error_stats(prompts)}
     return table
@@ -304,7 +320,9 @@ def summarise(rows: list[Turn], settings: dict, seconds: float) -> dict:
         "spurious_prunes": spurious_prunes,
         "missed_prunes": missed_prunes,
         "legacy_spurious_prunes_at_live_budget": sum(1 for r in rows if r.legacy > settings["prune_above"] >= r.real),
+        "estimation": settings["estimation"],
         "targets": {"anchored_within_2pct_every_turn": max(map(abs, anchored_errors)) <= 2.0,
+                    "predicted_prompt_within_2pct_every_turn": bool(predicted) and max(map(abs, predicted)) <= 2.0,
                     "zero_spurious_prunes": spurious_prunes == 0},
         "seconds": round(seconds, 1),
     }
@@ -346,14 +364,16 @@ def write_markdown(rows: list[Turn], summary: dict, errors: dict, decisions: lis
              f"(the real context needed {summary['prunes_needed']}; check: {summary['prune_check']}).", "",
              "real = the backend's prompt_tokens + completion_tokens of the turn (the context after it); "
              "legacy = sum of input + output over the turns in history (the seed's bug); anchored = last report "
-             "+ chars/4 since; estimate-only = sum of chars/4 per turn (no report, so no system prompt).", "",
+             "+ the estimate since; estimate-only = the sum of per-turn estimates (no report, so no system prompt). "
+             f"Estimate: {summary['estimation']}.", "",
              "| turn | prompt | real | legacy | anchored | estimate-only | legacy/real | anchored err % | pruned | needed |",
              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(f"| {r.turn} | {r.prompt_tokens} | {r.real} | {r.legacy} | {r.anchored} | {r.estimate_only} | "
                      f"{r.legacy / r.real:.2f}× | {_pct(r.anchored, r.real):+.2f} | {r.pruned} | "
                      f"{'?' if r.prune_needed is None else r.prune_needed} |")
-    lines += ["", "Estimator error vs the backend's own count (median / worst, %):", "",
+    lines += ["", "Estimator error vs the backend's own count (median / worst, %; \"+ template\" adds the chat "
+                  "template's tokens per message):", "",
               "| estimator | reply vs completion_tokens | added between reports | message texts vs prompt_tokens |",
               "|---|---:|---:|---:|"]
     for label, kinds in errors.items():
@@ -383,6 +403,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threshold-pct", type=float, default=0.8)
     parser.add_argument("--chat-format", default=None,
                         help="llama-cpp-python chat format (default: the GGUF's template, else chatml)")
+    parser.add_argument("--estimation", choices=("template", "plain"), default="template",
+                        help="chars/4 plus the chat template's tokens per message (default), or chars/4 alone "
+                             "(the seed's rule, for comparison)")
     args = parser.parse_args(argv)
     if args.turns < 2 or not 0 < args.n_ctx <= 8192 or args.max_reply_tokens < 1:
         parser.error("need --turns ≥ 2, 0 < --n-ctx ≤ 8192 and --max-reply-tokens ≥ 1")
@@ -390,11 +413,12 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     rows, texts, settings = run_session(model, args.turns, args.max_reply_tokens, args.n_ctx,
-                                        args.budget_tokens or args.n_ctx, args.threshold_pct, args.chat_format)
+                                        args.budget_tokens or args.n_ctx, args.threshold_pct, args.chat_format,
+                                        args.estimation)
     if rows[-1].prompt_tokens + args.max_reply_tokens > args.n_ctx:
         print(f"warning: the last prompt ({rows[-1].prompt_tokens} tokens) nearly fills n_ctx {args.n_ctx}",
               file=sys.stderr)
-    errors = estimator_errors(model, texts)
+    errors = estimator_errors(model, texts, MessageOverhead(**settings["template"]))
     decisions = decision_quality(rows)
     summary = summarise(rows, settings, time.perf_counter() - started)
     full = {"summary": summary, "settings": settings, "turns": [asdict(r) for r in rows],

@@ -29,13 +29,24 @@ def test_inflation_benchmark_figures_follow_their_definitions(tmp_path: Path, de
     assert data["summary"] == summary
     turns, texts = data["turns"], data["texts"]
     assert [t["turn"] for t in turns] == [1, 2, 3]
+    # The default model has no chat template: the session renders ChatML, whose markup (not special tokens in
+    # Gemma's vocabulary) the estimate counts per message with the model's own tokenizer.
+    template = data["settings"]["template"]
+    assert template["template"] == "chatml" and template["user"] > 5 and template["assistant"] > 5
+    assert summary["estimation"] == f"chars/4+template:chatml(user {template['user']}, assistant " \
+                                    f"{template['assistant']})"
     legacy = 0
     for turn, text in zip(turns, texts):
         assert turn["real"] == turn["prompt_tokens"] + turn["completion_tokens"]
         legacy += turn["prompt_tokens"] + turn["completion_tokens"]
         assert turn["legacy"] == legacy  # no pruning at this budget: the sum over every turn so far
-        # anchored: the backend's report plus chars/4 of the reply, nothing from earlier turns again
-        assert turn["anchored"] == turn["prompt_tokens"] + math.ceil(len(text["reply"].encode()) / 4)
+        # anchored: the backend's report plus the reply's estimate (chars/4 and its markup), no earlier turn again
+        reply = math.ceil(len(text["reply"].encode()) / 4) + template["assistant"]
+        assert turn["anchored"] == turn["prompt_tokens"] + reply
+    for before, turn, text in zip(turns, turns[1:], texts[1:]):
+        # the next prompt predicted: the figure after the last turn plus the new user message and its markup
+        user = math.ceil(len(text["user"].encode()) / 4) + template["user"]
+        assert turn["predicted_prompt"] == before["anchored"] + user
     assert turns[1]["prompt_tokens"] > turns[0]["real"] - turns[0]["completion_tokens"]  # history really sent
     assert summary["legacy_over_real_last"] > 1.5
     assert summary["prunes"] == 0 and summary["spurious_prunes"] == 0
