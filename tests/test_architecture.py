@@ -1,7 +1,7 @@
 """The dependency rule of DESIGN.md, checked on the source: a package imports only from packages before it.
 
 ``tokens ← probe ← budget ← retention ← judge ← demo / commands ← cli``, with the foundation modules (errors,
-config, file writes, the bundled models, the llama-cpp-python adapter) usable by all. Every import counts,
+config, file writes, the bundled models, terminal display, the llama-cpp-python adapter) usable by all. Every import counts,
 including the ones inside functions.
 """
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "kvjudge"
 LAYERS = [
-    {"errors", "config", "atomic", "models", "_llama", "__init__"},
+    {"errors", "config", "atomic", "models", "display", "_llama", "__init__"},
     {"tokens"},
     {"probe"},
     {"budget"},
