@@ -113,9 +113,13 @@ class Turn:
     kept_turns: int
     pruned: int  # turns the live TokenBudget dropped after this turn
     prune_required: bool  # the real context exceeded the budget
-    prune_needed: int | None  # fewest oldest turns whose exact token weight brings the real context within
-    #                           budget (None when the chat format's prompt cannot be rebuilt here)
+    prune_needed: int | None  # fewest oldest turns to drop so the kept history's exact context fits the budget
+    #                           (None when the chat format's prompt cannot be rebuilt here)
+    prune_needed_by_real: int | None  # the same against real minus the dropped turns' exact weight (the older,
+    #                                   laxer reference: real leaves out the reply's end-of-turn markup)
     exact_prompt: int | None  # the rebuilt prompt's token count (checks the rebuild against prompt_tokens)
+    context: int | None  # exact tokens of system + kept turns (before pruning) as the next request renders them,
+    #                      generation prompt included: the quantity the anchored fullness estimates
 
 
 def _pct(estimate: float, real: float) -> float:
@@ -169,19 +173,23 @@ class PromptCounter:
         prompt, added_special = self._render(messages)
         return len(self._llm.tokenize(prompt.encode("utf-8"), add_bos=not added_special, special=True))
 
-    def turns_needed(self, system: str, kept: tuple[ConversationTurn, ...], real: int, budget: int) -> int | None:
-        """Fewest oldest turns of ``kept`` to drop so ``real`` minus their exact weight fits ``budget``."""
-        def messages(turns: tuple[ConversationTurn, ...]) -> list[dict[str, str]]:
-            out = [{"role": "system", "content": system}]
-            for turn in turns:
-                out += [{"role": "user", "content": turn.user}, {"role": "assistant", "content": turn.assistant}]
-            return [m for m in out if m["content"].strip()]
+    def history(self, system: str, turns: tuple[ConversationTurn, ...]) -> int | None:
+        """Exact tokens of ``system`` + ``turns`` as the next request renders them (before its new message)."""
+        messages = [{"role": "system", "content": system}]
+        for turn in turns:
+            messages += [{"role": "user", "content": turn.user}, {"role": "assistant", "content": turn.assistant}]
+        return self.count([m for m in messages if m["content"].strip()])
 
-        full = self.count(messages(kept))
+    def turns_needed(self, system: str, kept: tuple[ConversationTurn, ...], budget: int,
+                     real: int | None = None) -> int | None:
+        """Fewest oldest turns of ``kept`` to drop so the rest fits ``budget``: their exact context, or (with
+        ``real``) ``real`` minus the dropped turns' exact weight."""
+        full = self.history(system, kept)
         if full is None:
             return None
         for drop in range(len(kept) + 1):
-            if real - (full - self.count(messages(kept[drop:]))) <= budget:
+            rest = self.history(system, kept[drop:])
+            if (rest if real is None else real - (full - rest)) <= budget:
                 return drop
         return len(kept)
 
@@ -235,8 +243,9 @@ def run_session(model: Path, turns: int, max_reply_tokens: int, n_ctx: int, budg
                              real=real, legacy=legacy, anchored=anchored, estimate_only=blind.fullness(),
                              predicted_prompt=predicted, kept_turns=len(live.history), pruned=dropped,
                              prune_required=real > live.prune_above,
-                             prune_needed=counter.turns_needed(SYSTEM_PROMPT, kept, real, live.prune_above),
-                             exact_prompt=exact_prompt))
+                             prune_needed=counter.turns_needed(SYSTEM_PROMPT, kept, live.prune_above),
+                             prune_needed_by_real=counter.turns_needed(SYSTEM_PROMPT, kept, live.prune_above, real),
+                             exact_prompt=exact_prompt, context=counter.history(SYSTEM_PROMPT, kept)))
             texts.append({"user": user, "reply": reply, "messages": [m.to_dict() for m in messages],
                           "prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                           "pruned_before": sum(r.pruned for r in rows[:-1])})
@@ -294,9 +303,11 @@ def summarise(rows: list[Turn], settings: dict, seconds: float) -> dict:
     anchored_errors = [_pct(r.anchored, r.real) for r in rows]
     predicted = [_pct(r.predicted_prompt, r.prompt_tokens) for r in rows if r.predicted_prompt is not None]
     exact = all(r.prune_needed is not None for r in rows)
+    context_errors = [_pct(r.anchored, r.context) for r in rows if r.context]
     if exact:  # in turns: dropped beyond what the exact weights required, and short of it
         spurious_prunes = sum(max(0, r.pruned - r.prune_needed) for r in rows)
         missed_prunes = sum(max(0, r.prune_needed - r.pruned) for r in rows)
+        spurious_by_real = sum(max(0, r.pruned - r.prune_needed_by_real) for r in rows)
     else:  # in turns at which a prune happened that the real size did not require, and the reverse
         spurious_prunes = sum(1 for r in rows if r.pruned and not r.prune_required)
         missed_prunes = sum(1 for r in rows if r.prune_required and not r.pruned)
@@ -312,6 +323,7 @@ def summarise(rows: list[Turn], settings: dict, seconds: float) -> dict:
         "anchored_over_real_last": round(last.anchored / last.real, 4),
         "estimate_only_over_real_last": round(last.estimate_only / last.real, 3),
         "anchored_max_abs_err_pct": round(max(map(abs, anchored_errors)), 3),
+        "anchored_vs_context_max_abs_err_pct": round(max(map(abs, context_errors)), 3) if context_errors else None,
         "predicted_prompt_max_abs_err_pct": round(max(map(abs, predicted)), 3) if predicted else None,
         "prunes": sum(r.pruned for r in rows),
         "prunes_needed": sum(r.prune_needed for r in rows) if exact else None,
@@ -319,9 +331,12 @@ def summarise(rows: list[Turn], settings: dict, seconds: float) -> dict:
         "rebuilt_prompt_matches_backend": all(r.exact_prompt == r.prompt_tokens for r in rows) if exact else None,
         "spurious_prunes": spurious_prunes,
         "missed_prunes": missed_prunes,
+        "spurious_prunes_by_real": spurious_by_real if exact else None,
         "legacy_spurious_prunes_at_live_budget": sum(1 for r in rows if r.legacy > settings["prune_above"] >= r.real),
         "estimation": settings["estimation"],
         "targets": {"anchored_within_2pct_every_turn": max(map(abs, anchored_errors)) <= 2.0,
+                    "anchored_within_2pct_of_context_every_turn": bool(context_errors)
+                    and max(map(abs, context_errors)) <= 2.0,
                     "predicted_prompt_within_2pct_every_turn": bool(predicted) and max(map(abs, predicted)) <= 2.0,
                     "zero_spurious_prunes": spurious_prunes == 0},
         "seconds": round(seconds, 1),

@@ -52,7 +52,9 @@ def test_inflation_benchmark_figures_follow_their_definitions(tmp_path: Path, de
     assert summary["prunes"] == 0 and summary["spurious_prunes"] == 0
     # The prune check rebuilds each prompt with the chat template: it must count what the backend counted.
     assert summary["rebuilt_prompt_matches_backend"] is True
-    assert all(turn["prune_needed"] == 0 for turn in turns)
+    assert all(turn["prune_needed"] == 0 and turn["prune_needed_by_real"] == 0 for turn in turns)
+    # The exact context of the kept history holds the prompt sent and the reply with its markup.
+    assert all(turn["context"] > turn["real"] for turn in turns)
     assert (out / "inflation.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     table = (out / "inflation.md").read_text()
     assert "| 3 |" in table and "chars/4" in table and "model tokenizer" in table
