@@ -40,7 +40,7 @@ from kvjudge._llama import chat_renderer, end_of_generation_ids
 from kvjudge.budget import ConversationTurn, TokenBudget, TokenEstimation, TurnMetrics
 from kvjudge.commands._common import progress
 from kvjudge.models import resolve_model
-from kvjudge.tokens import MessageOverhead, ModelTokenizer, template_overhead
+from kvjudge.tokens import MessageOverhead, ModelTokenizer, make_counter, template_overhead
 
 # A system prompt of the size an agent harness sends (instructions + tool schemas): the anchored figure
 # includes it through the backend's report; the estimate-only figure, which sees only turns, cannot.
@@ -194,24 +194,26 @@ class PromptCounter:
         return len(kept)
 
 
-def session_estimation(model: Path, llm, kind: str) -> TokenEstimation:  # noqa: ANN001 - llama_cpp.Llama
-    """chars/4, plus (``kind == "template"``) the tokens of the template the backend renders with."""
+def session_estimation(model: Path, llm, kind: str, counter: str = "chars") -> TokenEstimation:  # noqa: ANN001
+    """``counter`` (chars/4 by default) for the text, plus (``kind == "template"``) the tokens of the template the
+    backend (``llm``) renders with."""
+    estimation = TokenEstimation(make_counter(counter, model))
     template = _template_of(llm)
     if kind == "plain" or template is None:
-        return TokenEstimation()
-    return TokenEstimation().with_template(template_overhead(ModelTokenizer(model), template))
+        return estimation
+    return estimation.with_template(template_overhead(ModelTokenizer(model), template))
 
 
 def run_session(model: Path, turns: int, max_reply_tokens: int, n_ctx: int, budget_tokens: int,
-                threshold_pct: float, chat_format: str | None = None,
-                estimation_kind: str = "template") -> tuple[list[Turn], list[dict], dict]:
+                threshold_pct: float, chat_format: str | None = None, estimation_kind: str = "template",
+                counter_kind: str = "chars") -> tuple[list[Turn], list[dict], dict]:
     """Run the chat; return the per-turn figures, the raw texts and counts, and the session settings."""
     llm = _load_llama(model, n_ctx, chat_format)
     # The default model is a base model: without this it often ends a reply before its first token.
     # Banning end-of-generation keeps every reply max_reply_tokens long (deterministic, greedy).
     no_stop = {token: -100.0 for token in end_of_generation_ids(llm)}
     counter = PromptCounter(llm)
-    estimation = session_estimation(model, llm, estimation_kind)
+    estimation = session_estimation(model, llm, estimation_kind, counter_kind)
     # live drives the session (its history is what is sent); blind gets the same turns and never a report.
     live = TokenBudget(budget_tokens, threshold_pct).with_estimation(estimation)
     blind = TokenBudget(budget_tokens, threshold_pct).with_estimation(estimation)
@@ -421,6 +423,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--estimation", choices=("template", "plain"), default="template",
                         help="chars/4 plus the chat template's tokens per message (default), or chars/4 alone "
                              "(the seed's rule, for comparison)")
+    parser.add_argument("--counter", choices=("chars", "tiktoken", "model"), default="chars",
+                        help="how the text of a message is estimated ([context.estimation] counter; default chars/4)")
     args = parser.parse_args(argv)
     if args.turns < 2 or not 0 < args.n_ctx <= 8192 or args.max_reply_tokens < 1:
         parser.error("need --turns ≥ 2, 0 < --n-ctx ≤ 8192 and --max-reply-tokens ≥ 1")
@@ -429,7 +433,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     rows, texts, settings = run_session(model, args.turns, args.max_reply_tokens, args.n_ctx,
                                         args.budget_tokens or args.n_ctx, args.threshold_pct, args.chat_format,
-                                        args.estimation)
+                                        args.estimation, args.counter)
     if rows[-1].prompt_tokens + args.max_reply_tokens > args.n_ctx:
         print(f"warning: the last prompt ({rows[-1].prompt_tokens} tokens) nearly fills n_ctx {args.n_ctx}",
               file=sys.stderr)
