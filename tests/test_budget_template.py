@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import cli_json_ok
 from kvjudge._llama import chat_renderer
 from kvjudge.budget import TokenBudget, TokenEstimation, TurnMetrics
 from kvjudge.config import load_config
@@ -116,3 +117,13 @@ def test_with_the_models_tokenizer_the_anchored_figure_predicts_every_prompt(whi
     assert all(abs(miss) <= 2 for miss in misses["template"]), misses
     overhead = exact.template.user + exact.template.assistant
     assert all(miss <= -overhead + 2 for miss in misses["text only"]), misses
+
+
+@pytest.mark.model
+def test_kvjudge_budget_names_the_template_it_counts(judge_model: Path, tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "kvjudge.toml"
+    config.write_text('[context.estimation]\ncounter = "model"\ntemplate = "model"\n')
+    payload = cli_json_ok(capsys, "budget", "--model", str(judge_model), "--config", str(config))
+    sha = ModelTokenizer(judge_model).sha256
+    assert payload["estimation"] == f"model:{sha[:16]}+template:model(user 5, assistant 5)"
