@@ -88,24 +88,3 @@ def test_demo_end_to_end_on_two_runs(tmp_path: Path, default_model: Path) -> Non
     assert [r["tokens_after"] for r in again["runs"]] == [r["tokens_after"] for r in report["runs"]]
     assert again["judge"]["pairs"][0]["reduced"]["p_a"] == pair["reduced"]["p_a"]
 
-
-@pytest.mark.model
-def test_demo_ceiling_lowers_the_configured_ceiling_below_the_hardware_bound(tmp_path: Path,
-                                                                            default_model: Path) -> None:
-    lines = [line for line in sample_runs_path().read_text().splitlines()
-             if json.loads(line)["id"] in ("slug-1", "slug-2")]
-    runs_file = tmp_path / "two.jsonl"
-    runs_file.write_text("\n".join(lines) + "\n")
-    out = tmp_path / "out"
-    done = subprocess.run([sys.executable, "-m", "kvjudge", "demo", "--out", str(out), "--runs", str(runs_file),
-                           "--model", str(default_model), "--context-target", "1024", "--judge-n-ctx", "1024",
-                           "--ceiling", "400", "--json"], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-    report = json.loads(done.stdout)
-    budget = report["budget"]
-    # 400 is under max_context_tokens // 2 = 512: the configured bound (lowered by --ceiling) wins.
-    assert (budget["configured_ceiling"], budget["hardware_bound"]) == (400, 512)
-    assert (budget["effective_ceiling"], budget["winner"]) == (400, "configured")
-    assert "min(configured 400, max_context_tokens // 2 = 512) = 400 — the configured bound wins" in done.stderr
-    # Both runs are over 400 tokens (530 and 988) and fit under it once reduced.
-    assert all(r["tokens_before"] > 400 >= r["tokens_after"] and r["reduced"] for r in report["runs"])
