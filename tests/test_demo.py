@@ -87,4 +87,3 @@ def test_demo_end_to_end_on_two_runs(tmp_path: Path, default_model: Path) -> Non
     assert "reusing a fresh certified cache entry" in second.stderr and "certifying" not in second.stderr
     assert [r["tokens_after"] for r in again["runs"]] == [r["tokens_after"] for r in report["runs"]]
     assert again["judge"]["pairs"][0]["reduced"]["p_a"] == pair["reduced"]["p_a"]
-
