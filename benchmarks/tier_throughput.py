@@ -42,7 +42,7 @@ from typing import Any
 
 from kvjudge.retention import Store
 from kvjudge.retention import events as ev
-from kvjudge.retention.tier import ColdStores, recover, tier_run, verify_checks
+from kvjudge.retention.tiering import ColdStores, recover, tier_run, verify_checks
 from kvjudge.retention.verify import verify
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))

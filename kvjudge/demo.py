@@ -39,7 +39,7 @@ from kvjudge.probe import RuntimeSettings, lookup_capability, memory_needed, pro
 from kvjudge.retention import Store, verify
 from kvjudge.retention.cold import LocalDirColdStore
 from kvjudge.retention.reduce import reduce_run, run_tokens
-from kvjudge.retention.tier import ColdReader, ColdStores, tier_run, verify_checks
+from kvjudge.retention.tiering import ColdReader, ColdStores, tier_run, verify_checks
 from kvjudge.tokens import ModelTokenizer
 
 SAMPLE_RUNS = "sample_runs.jsonl"

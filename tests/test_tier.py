@@ -30,7 +30,7 @@ from kvjudge.errors import ColdStoreError, IntegrityError, RunStateError
 from kvjudge.retention import Store
 from kvjudge.retention.blobs import ref_of
 from kvjudge.retention.cold import blob_key
-from kvjudge.retention.tier import (
+from kvjudge.retention.tiering import (
     ColdStores,
     Manifest,
     fallback_reader,
@@ -273,22 +273,23 @@ def test_a_corrupt_local_body_is_never_uploaded(tmp_path: Path) -> None:
 def test_rehydrate_survives_a_concurrent_recovery(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A `tier` recovery running between rehydrate's puts and its event releases the bodies; the event still
     commits only with every body here."""
-    import kvjudge.retention.tier as tier_module
+    import kvjudge.retention.tiering.rehydrate as rehydrate_module
+    from kvjudge.retention.tiering import recover
 
     path = make_store(tmp_path / "store.sqlite")
     (tmp_path / "cold").mkdir()
     with Store.open(path) as store:
         before = texts(store, "run-a")
         tier_run(store, "run-a", cold_for(f"file://{tmp_path / 'cold'}"))
-        real_fault_point = tier_module.fault_point
+        real_fault_point = rehydrate_module.fault_point
 
         def interleave(name: str) -> None:
             if name == "rehydrate.after_bodies":
                 with Store.open(path) as other:  # another process's view of the same store
-                    assert tier_module.recover(other, ColdStores())[0].recovered == "delete"
+                    assert recover(other, ColdStores())[0].recovered == "delete"
             real_fault_point(name)
 
-        monkeypatch.setattr(tier_module, "fault_point", interleave)
+        monkeypatch.setattr(rehydrate_module, "fault_point", interleave)
         assert rehydrate_run(store, "run-a", ColdStores()).status == "rehydrated"
         assert tiered_refs(store, "run-a") == []
         assert texts(store, "run-a") == before  # no fallback: every body is local

@@ -14,7 +14,7 @@ from tier_support import cold_for, event_kinds, make_store, remote_keys, texts, 
 
 from kvjudge.retention import Store
 from kvjudge.retention.cold import blob_key
-from kvjudge.retention.tier import REHYDRATE_POINTS, TIER_POINTS, fallback_reader, verify_checks
+from kvjudge.retention.tiering import REHYDRATE_POINTS, TIER_POINTS, fallback_reader, verify_checks
 from kvjudge.retention.verify import verify
 
 #: The S3 variant runs the points where the remote matters most (keeps the SeaweedFS part short).

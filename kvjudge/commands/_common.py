@@ -164,7 +164,7 @@ def open_store(args: argparse.Namespace, config: Config, *, read_tiered: bool = 
     itself moves local bodies and opens the store without that reader.
     """
     from kvjudge.retention import Store
-    from kvjudge.retention.tier import fallback_reader
+    from kvjudge.retention.tiering import fallback_reader
 
     store = Store.open(getattr(args, "store", None) or config.get("retention.store", str, None))
     if read_tiered:  # the reader looks up where each tiered body went, so it needs the store

@@ -15,7 +15,7 @@ from kvjudge.commands._common import (
     print_table,
     progress,
 )
-from kvjudge.retention.tier import ColdStores, rehydrate_run, resolve_endpoint
+from kvjudge.retention.tiering import ColdStores, rehydrate_run, resolve_endpoint
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

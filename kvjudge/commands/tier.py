@@ -18,7 +18,7 @@ from kvjudge.commands._common import (
     progress,
 )
 from kvjudge.errors import UsageError
-from kvjudge.retention.tier import (
+from kvjudge.retention.tiering import (
     ColdStores,
     local_body_bytes,
     plan_all,

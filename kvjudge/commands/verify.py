@@ -16,7 +16,7 @@ from kvjudge.commands._common import (
     progress,
 )
 from kvjudge.retention.blobs import short
-from kvjudge.retention.tier import verify_checks
+from kvjudge.retention.tiering import verify_checks
 from kvjudge.retention.verify import verify
 
 

@@ -4,7 +4,7 @@ Public API (see docs/contracts.md, "retention → tiering, judge, demo")::
 
     from kvjudge.retention import Store, fold, RunState, plan_reduction, apply_plan, verify
     from kvjudge.retention import ingest_paths, IngestReport          # getting runs in (or store.ingest)
-    from kvjudge.retention import open_cold_store, tier_run, rehydrate_run   # tiering
+    from kvjudge.retention import open_cold_store, tier_run, rehydrate_run   # tiering (kvjudge.retention.tiering)
 """
 
 from kvjudge.retention.blobs import BlobStore, ref_of
@@ -43,13 +43,22 @@ from kvjudge.retention.state import BodyLocation, Branch, RunState, Transition, 
 from kvjudge.retention.store import Explanation, Store
 from kvjudge.retention.summarize import summarize
 from kvjudge.retention.text_check import TextError, parse_checked
-from kvjudge.retention.tier import (
+from kvjudge.retention.tiering import (
+    REHYDRATE_POINTS,
+    TIER_POINTS,
+    ColdReader,
     ColdStores,
+    Manifest,
     RehydrateResult,
+    TierPlan,
     TierResult,
     fallback_reader,
+    local_body_bytes,
+    plan_all,
     recover,
     rehydrate_run,
+    resolve_endpoint,
+    resolve_target,
     tier_run,
     verify_checks,
 )
@@ -63,6 +72,8 @@ __all__ = [
     "is_reducible", "parse_checked", "ref_of",
     "ReductionPlan", "ReductionResult", "Violation", "VerifyReport", "apply_plan", "plan_reduction", "reduce_run",
     "run_tokens", "summarize", "verify", "view_refs",
-    "ColdStore", "ColdStores", "LocalDirColdStore", "RehydrateResult", "S3ColdStore", "TierResult",
-    "fallback_reader", "open_cold_store", "recover", "rehydrate_run", "tier_run", "verify_checks",
+    "REHYDRATE_POINTS", "TIER_POINTS", "ColdReader", "ColdStore", "ColdStores", "LocalDirColdStore", "Manifest",
+    "RehydrateResult", "S3ColdStore", "TierPlan", "TierResult", "fallback_reader", "local_body_bytes",
+    "open_cold_store", "plan_all", "recover", "rehydrate_run", "resolve_endpoint", "resolve_target", "tier_run",
+    "verify_checks",
 ]
