@@ -178,7 +178,7 @@ def kill_and_recover(store_path: Path, target_url: str, endpoint: str | None, ru
         for run_id in store.run_ids():
             tier_run(store, run_id, cold, stores=stores)
         converge_s = time.perf_counter() - start
-        report = verify(store, extra_checks=verify_checks(None, store, endpoint_url=endpoint))
+        report = verify(store, extra_checks=verify_checks(store, ColdStores(endpoint)))
         all_tiered = all((store.run(r).tier or {}).get("status") == "tiered" for r in store.run_ids())
     return {"killed": killed, "runs_tiered_before_kill": sum(1 for s in before.values() if s == "tiered"),
             "runs_mid_move_at_kill": sum(1 for s in before.values() if s == "started"),

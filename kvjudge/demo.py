@@ -218,7 +218,7 @@ def run_demo(options: DemoOptions, say: Say, progress: ProgressFactory) -> dict[
 
         # 7. verify -----------------------------------------------------------------------------------
         with clock.step("verify"):
-            checked = verify(store, extra_checks=verify_checks(None, store))
+            checked = verify(store, extra_checks=verify_checks(store, ColdStores()))
         report["verify"] = checked.to_dict()
         say(f"[7/7] verify: {'ok' if checked.ok else 'FAILED'} — {checked.runs} runs re-folded from LSN 0, "
             f"{checked.blobs_rehashed} bodies re-hashed, {len(checked.violations)} violation(s)")

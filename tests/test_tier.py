@@ -42,7 +42,7 @@ from kvjudge.retention.verify import verify
 
 
 def verify_all(store: Store, *, rehash: bool = False) -> list[str]:
-    checks = verify_checks(None, store, rehash=rehash)
+    checks = verify_checks(store, ColdStores(), rehash=rehash)
     return [v.message for v in verify(store, extra_checks=checks).violations]
 
 

@@ -14,7 +14,7 @@ from tier_support import cold_for, event_kinds, make_store, remote_keys, texts, 
 
 from kvjudge.retention import Store
 from kvjudge.retention.cold import blob_key
-from kvjudge.retention.tiering import REHYDRATE_POINTS, TIER_POINTS, fallback_reader, verify_checks
+from kvjudge.retention.tiering import REHYDRATE_POINTS, TIER_POINTS, ColdStores, fallback_reader, verify_checks
 from kvjudge.retention.verify import verify
 
 #: The S3 variant runs the points where the remote matters most (keeps the SeaweedFS part short).
@@ -34,7 +34,7 @@ def assert_converged(path: Path, target: str, before: dict[str, str | None]) -> 
         assert len([k for k in keys if k.startswith("manifests/")]) == 1
         shared = set(refs) & set(store.run("run-b").refs())
         assert [r for r in refs if store.blobs.has_body(r)] == sorted(shared)
-        checks = verify_checks(None, store, rehash=True)
+        checks = verify_checks(store, ColdStores(), rehash=True)
         report = verify(store, extra_checks=checks)
         assert report.ok, report.violations
         assert report.notes == []  # no stray bodies: the manifest is rebuilt from the log, never stored locally
@@ -147,5 +147,5 @@ def test_kill_rehydrate_then_rerun(tmp_path: Path, point: str) -> None:
         assert event_kinds(store, "run-a").count("Rehydrated") == 1
         assert tiered_refs(store, "run-a") == []
         assert texts(store, "run-a") == before  # no fallback attached: every body is local again
-        checks = verify_checks(None, store)
+        checks = verify_checks(store, ColdStores())
         assert verify(store, extra_checks=checks).ok

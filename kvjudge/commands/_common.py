@@ -17,6 +17,7 @@ from kvjudge.display import visible
 
 if TYPE_CHECKING:
     from kvjudge.probe import CapabilityEntry
+    from kvjudge.retention.tiering import ColdStores
     from kvjudge.tokens import TokenCounter
 
 # The figures of a capability entry worth showing (trials are the probe's business).
@@ -42,7 +43,9 @@ def add_store_args(parser: argparse.ArgumentParser) -> None:
 def add_endpoint_args(parser: argparse.ArgumentParser) -> None:
     """``--endpoint-url URL`` (commands that reach an S3 cold store)."""
     parser.add_argument("--endpoint-url", metavar="URL",
-                        help="S3 endpoint (default: [retention] endpoint_url, else AWS_ENDPOINT_URL / AWS config)")
+                        help="S3 endpoint for new moves (default: [retention] endpoint_url, else AWS_ENDPOINT_URL / "
+                             "AWS config); a tiered run is read where its log says it went, and this overrides "
+                             "that only when the store at URL holds the same manifest (the store moved)")
 
 
 def staleness_days(args: argparse.Namespace) -> float | None:
@@ -157,18 +160,29 @@ def print_table(columns: Sequence[str], rows: Sequence[Sequence[Any]], title: st
     Console(file=stream, soft_wrap=False, width=max(100, Console(file=stream).width)).print(table)
 
 
-def open_store(args: argparse.Namespace, config: Config, *, read_tiered: bool = True) -> Any:
+def cold_stores(args: argparse.Namespace, config: Config) -> ColdStores:
+    """The cold stores a command opens: new moves at ``--endpoint-url`` / ``[retention] endpoint_url`` / boto3's
+    resolution; recorded moves where their log says (``--endpoint-url`` overrides that only when it holds the
+    same manifest). Notices (an old log without endpoints) go to stderr, once."""
+    from kvjudge.retention.tiering import ColdStores
+
+    return ColdStores.from_config(config, getattr(args, "endpoint_url", None), notice=info)
+
+
+def open_store(args: argparse.Namespace, config: Config, *, read_tiered: bool = True,
+               stores: ColdStores | None = None) -> Any:
     """The store named by ``--store``, ``[retention] store`` or the default path.
 
-    With ``read_tiered`` the store reads tiered bodies from their cold store (``show``, the judge); tiering
-    itself moves local bodies and opens the store without that reader.
+    With ``read_tiered`` the store reads tiered bodies from their cold store (``show``, the judge) through
+    ``stores`` (default: :func:`cold_stores`); tiering itself moves local bodies and opens the store without
+    that reader.
     """
     from kvjudge.retention import Store
-    from kvjudge.retention.tiering import fallback_reader
+    from kvjudge.retention.tiering import ColdReader
 
     store = Store.open(getattr(args, "store", None) or config.get("retention.store", str, None))
     if read_tiered:  # the reader looks up where each tiered body went, so it needs the store
-        store.fallback = fallback_reader(config, store, endpoint_url=getattr(args, "endpoint_url", None))
+        store.fallback = ColdReader(store, stores or cold_stores(args, config))
     return store
 
 
@@ -235,6 +249,7 @@ def add_judge_args(parser: argparse.ArgumentParser, *, also_templates: tuple[str
                                                                    "(experiments only)")
     parser.add_argument("--no-cache", action="store_true", help="do not read or write cached judgments")
     add_store_args(parser)
+    add_endpoint_args(parser)  # tiered runs are read where their moves went (--endpoint-url: the store moved)
     add_output_args(parser)
 
 

@@ -9,6 +9,7 @@ from kvjudge.commands._common import (
     add_endpoint_args,
     add_output_args,
     add_store_args,
+    cold_stores,
     config_from,
     emit,
     info,
@@ -18,15 +19,7 @@ from kvjudge.commands._common import (
     progress,
 )
 from kvjudge.errors import UsageError
-from kvjudge.retention.tiering import (
-    ColdStores,
-    local_body_bytes,
-    plan_all,
-    recover,
-    resolve_endpoint,
-    resolve_target,
-    tier_run,
-)
+from kvjudge.retention.tiering import local_body_bytes, plan_all, recover, resolve_target, tier_run
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -52,8 +45,7 @@ def _tier(args: argparse.Namespace) -> int:
     if bool(args.run) == bool(args.all):
         raise UsageError("name one RUN or pass --all (not both)")
     config = config_from(args)
-    endpoint = resolve_endpoint(config, args.endpoint_url)
-    stores = ColdStores(endpoint)
+    stores = cold_stores(args, config)
     cold = stores.get(resolve_target(config, args.to))
     results: list[dict[str, Any]] = []
     skipped: dict[str, str] = {}
@@ -74,7 +66,7 @@ def _tier(args: argparse.Namespace) -> int:
                 result = tier_run(store, run_id, cold, stores=stores, verify_remote=args.verify_remote,
                                   progress=lambda n: advance(n))
             results.append(result.to_dict())
-    payload = {"target": cold.url, "runs": results, "skipped": skipped}
+    payload = {"target": cold.url, "endpoint": cold.endpoint_url, "runs": results, "skipped": skipped}
 
     def human() -> None:
         if results:

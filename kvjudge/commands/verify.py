@@ -8,6 +8,7 @@ from kvjudge.commands._common import (
     add_endpoint_args,
     add_output_args,
     add_store_args,
+    cold_stores,
     config_from,
     emit,
     info,
@@ -33,9 +34,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _verify(args: argparse.Namespace) -> int:
     config = config_from(args)
-    with open_store(args, config) as store:
+    stores = cold_stores(args, config)
+    with open_store(args, config, stores=stores) as store:
         # Tiering finishes crashed moves first (recovery), then adds its remote check.
-        checks = verify_checks(config, store, rehash=args.verify_remote, endpoint_url=args.endpoint_url)
+        checks = verify_checks(store, stores, rehash=args.verify_remote)
         if args.run is not None:
             store.run(args.run)  # StoreError for an unknown run
         total = 1 if args.run is not None else len(store.run_ids())

@@ -77,12 +77,14 @@ class ManifestWrite:
 class ColdStore(Protocol):
     """The small interface every cold store implements.
 
-    ``url`` is the canonical target recorded in the log (``file:///abs/path`` or ``s3://bucket/prefix``).
-    Every method raises :class:`~kvjudge.errors.ColdStoreError` (one actionable line) when the store is
+    ``url`` is the canonical target recorded in the log (``file:///abs/path`` or ``s3://bucket/prefix``);
+    ``endpoint_url`` is where an S3 store is reached (recorded in the log beside the target, so every later
+    read goes there), None for a local directory. Every method raises :class:`~kvjudge.errors.ColdStoreError` (one actionable line) when the store is
     unreachable or refuses; none of them ever deletes a stored object.
     """
 
     url: str
+    endpoint_url: str | None
 
     def check(self) -> None:
         """Raise ColdStoreError unless the store is reachable and writable-looking."""
@@ -136,6 +138,7 @@ class LocalDirColdStore:
     def __init__(self, root: str | os.PathLike[str], *, create: bool = False) -> None:
         self.root = Path(root).expanduser().resolve()
         self.url = "file://" + urllib.parse.quote(str(self.root))
+        self.endpoint_url: str | None = None
         self._create = create
         self._host = socket.gethostname().replace("-", "_")
 
@@ -292,7 +295,7 @@ class S3ColdStore:
     body that does not hash to its ref and keeps the checksum for a cheap read-back check (HEAD). Manifests
     are written with ``If-None-Match: *``; if one exists it is read back and compared. Credentials, region
     and (when ``endpoint_url`` is None) the endpoint come from boto3's usual sources: ``AWS_*`` environment
-    variables, ``~/.aws``, instance roles.
+    variables, ``~/.aws``, instance roles; ``endpoint_url`` is then the endpoint boto3 resolved.
     """
 
     def __init__(self, bucket: str, prefix: str = "", *, endpoint_url: str | None = None,
@@ -301,9 +304,10 @@ class S3ColdStore:
             raise UsageError("an s3:// target needs a bucket: s3://BUCKET[/PREFIX]")
         self.bucket = bucket
         self.prefix = prefix.strip("/")
-        self.endpoint_url = endpoint_url
         self.url = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
         self._client = client if client is not None else _make_s3_client(endpoint_url)
+        # The endpoint really used (boto3's resolution when none was given): the one a move records.
+        self.endpoint_url: str | None = endpoint_url or self._client.meta.endpoint_url
 
     def __repr__(self) -> str:
         return f"S3ColdStore({self.url!r}, endpoint_url={self.endpoint_url!r})"
@@ -312,7 +316,7 @@ class S3ColdStore:
         return f"{self.prefix}/{key}" if self.prefix else key
 
     def _where(self) -> str:
-        return f"{self.url}" + (f" at {self.endpoint_url}" if self.endpoint_url else "")
+        return f"{self.url} at {self.endpoint_url}"
 
     def _fail(self, exc: Exception, action: str) -> ColdStoreError:
         """One actionable line for any boto3/botocore failure."""

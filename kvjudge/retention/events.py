@@ -157,19 +157,31 @@ class Dropped(Event):
 
 @dataclass(frozen=True)
 class TierStarted(Event):
+    """A move of the run's local bodies to ``target`` began; ``manifest_ref`` names what it carries.
+
+    ``endpoint`` is the S3 endpoint the move writes to (None: a ``file://`` target, or a log written before
+    kvjudge recorded endpoints). ``unreduced`` is set when the run was moved although it was not known to be
+    within its token ceiling (``kvjudge tier --unreduced``): ``{"tokens", "ceiling", "counter"}``, ``ceiling``
+    None when no probe figure was known.
+    """
+
     kind: ClassVar[str] = "TierStarted"
     target: str
     manifest_ref: str
+    endpoint: str | None = None
+    unreduced: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
 class Tiered(Event):
-    """The bodies of ``refs`` live at ``target`` (remote commit acknowledged); local copies may go."""
+    """The bodies of ``refs`` live at ``target`` (at ``endpoint`` for S3; remote commit acknowledged); local
+    copies may go."""
 
     kind: ClassVar[str] = "Tiered"
     target: str
     manifest_ref: str
     refs: list[str]
+    endpoint: str | None = None
 
 
 @dataclass(frozen=True)

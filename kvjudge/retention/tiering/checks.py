@@ -4,14 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvjudge.config import Config
 from kvjudge.errors import IntegrityError
 from kvjudge.retention.blobs import short
 from kvjudge.retention.state import TIERED, RunState
 from kvjudge.retention.store import Store
 from kvjudge.retention.tiering.manifest import logged_manifest
 from kvjudge.retention.tiering.move import recover
-from kvjudge.retention.tiering.targets import ColdStores, resolve_endpoint
+from kvjudge.retention.tiering.targets import ColdStores
 from kvjudge.retention.tiering.transfer import check_remote
 from kvjudge.retention.verify import Check, Violation
 
@@ -35,7 +34,7 @@ def verify_tiered_run(store: Store, state: RunState, stores: ColdStores, *, reha
         violations.extend(Violation("tiered", state.id, ref, f"{short(ref)} is tiered but not in its manifest")
                           for ref, loc in sorted(tiered.items())
                           if loc.manifest_ref == manifest_ref and ref not in listed)
-        cold = stores.get(manifest.target)
+        cold = stores.for_move(store, state.id, manifest_ref)
         violations.extend(Violation("tiered", state.id, None, f"{manifest.target}: {message}")
                           for message in check_remote(cold, manifest, manifest.to_bytes(), rehash=rehash))
     return violations
@@ -49,13 +48,11 @@ def tier_check(stores: ColdStores, *, rehash: bool = False) -> Check:
     return check
 
 
-def verify_checks(config: Config | None, store: Store, *, rehash: bool = False,
-                  endpoint_url: str | None = None) -> list[Check]:
+def verify_checks(store: Store, stores: ColdStores, *, rehash: bool = False) -> list[Check]:
     """What ``kvjudge verify`` calls first: finish crashed moves (recovery), then hand back the tier check.
 
     ``rehash`` is ``--verify-remote`` (download and re-hash every tiered body).
     """
-    stores = ColdStores(resolve_endpoint(config, endpoint_url) if config is not None else endpoint_url)
     recover(store, stores)
     return [tier_check(stores, rehash=rehash)]
 

@@ -96,6 +96,17 @@ def build_manifest(store: Store, state: RunState, target: str, first_lsn: int, l
                     entries=tuple(entries))
 
 
+def started_event(store: Store, run_id: str, manifest_ref: str) -> ev.TierStarted:
+    """The ``TierStarted`` of ``run_id`` that names ``manifest_ref`` (where that move went, and how)."""
+    for lsn, kind, payload in store.connection.execute(
+            "SELECT lsn, kind, payload FROM events WHERE run = ? AND kind = ? ORDER BY lsn",
+            (run_id, ev.TierStarted.kind)):
+        event = ev.event_from(kind, payload)
+        if isinstance(event, ev.TierStarted) and event.manifest_ref == manifest_ref:
+            return event
+    raise IntegrityError(f"run {run_id}: no TierStarted names manifest {short(manifest_ref)}; the store is damaged")
+
+
 def logged_manifest(store: Store, run_id: str, manifest_ref: str) -> Manifest:
     """The manifest a ``TierStarted`` recorded, rebuilt from the log alone (the events before it, folded).
 

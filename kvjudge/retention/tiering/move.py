@@ -64,6 +64,7 @@ class TierResult:
     status: str
     target: str | None
     manifest_ref: str | None
+    endpoint: str | None = None
     refs: int = 0
     bytes: int = 0
     uploaded: int = 0
@@ -71,8 +72,8 @@ class TierResult:
     recovered: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"run": self.run, "status": self.status, "target": self.target, "manifest_ref": self.manifest_ref,
-                "refs": self.refs, "bytes": self.bytes, "uploaded": self.uploaded, "deleted": self.deleted,
+        return {"run": self.run, "status": self.status, "target": self.target, "endpoint": self.endpoint,
+                "manifest_ref": self.manifest_ref, "refs": self.refs, "bytes": self.bytes, "uploaded": self.uploaded, "deleted": self.deleted,
                 "recovered": self.recovered}
 
 
@@ -101,14 +102,15 @@ def tier_run(store: Store, run_id: str, cold: ColdStore, *, stores: ColdStores |
     """
     state = store.run(run_id)
     check_eligible(state)
-    stores = stores or ColdStores(getattr(cold, "endpoint_url", None))
+    stores = stores or ColdStores(cold.endpoint_url)
     if state.tier and state.tier["status"] in ("started", "tiered"):
         result = recover_run(store, run_id, stores, verify_remote=verify_remote, progress=progress)
         if result is not None:
             return result
         state = store.run(run_id)
         return TierResult(run_id, "already_tiered", state.tier["target"] if state.tier else None,
-                          state.tier["manifest_ref"] if state.tier else None)
+                          state.tier["manifest_ref"] if state.tier else None,
+                          endpoint=state.tier.get("endpoint") if state.tier else None)
     cold.check()  # a store that is down fails here, before anything is written locally
     first_lsn, last_lsn = event_range(store, run_id)
     manifest = build_manifest(store, state, cold.url, first_lsn, last_lsn, require_bodies=True)
@@ -123,15 +125,17 @@ def tier_run(store: Store, run_id: str, cold: ColdStore, *, stores: ColdStores |
             raise StoreError(f"run {run_id} is being tiered by another process; retry when it has finished")
         if event_range(store, run_id)[1] != manifest.last_lsn:
             raise StoreError(f"run {run_id} changed while preparing its move; retry")
-        store.append(run_id, ev.TierStarted(run=run_id, target=cold.url, manifest_ref=manifest_ref))
+        store.append(run_id, ev.TierStarted(run=run_id, target=cold.url, manifest_ref=manifest_ref,
+                                            endpoint=cold.endpoint_url))
     fault_point("tier.after_started")
-    return _finish_move(store, manifest, manifest_ref, cold, verify_remote=verify_remote, progress=progress,
-                        skip_present=False, recovered=None)
+    return _finish_move(store, manifest, manifest_ref, cold, cold.endpoint_url, verify_remote=verify_remote,
+                        progress=progress, skip_present=False, recovered=None)
 
 
-def _finish_move(store: Store, manifest: Manifest, manifest_ref: str, cold: ColdStore, *, verify_remote: bool,
-                 progress: ProgressFn | None, skip_present: bool, recovered: str | None) -> TierResult:
-    """Steps 3–6 for a move whose TierStarted is committed."""
+def _finish_move(store: Store, manifest: Manifest, manifest_ref: str, cold: ColdStore, endpoint: str | None, *,
+                 verify_remote: bool, progress: ProgressFn | None, skip_present: bool,
+                 recovered: str | None) -> TierResult:
+    """Steps 3–6 for a move whose TierStarted (recording ``endpoint``) is committed."""
     raw = manifest.to_bytes()
     remote = cold.get_manifest(manifest.key)
     if remote is None:
@@ -168,11 +172,12 @@ def _finish_move(store: Store, manifest: Manifest, manifest_ref: str, cold: Cold
         if not (current.tier and current.tier["status"] == "started" and current.tier["manifest_ref"] == manifest_ref):
             raise StoreError(f"run {manifest.run}'s move was finished by another process; nothing to do")
         store.append(manifest.run, ev.Tiered(run=manifest.run, target=manifest.target, manifest_ref=manifest_ref,
-                                             refs=manifest.refs))
+                                             refs=manifest.refs, endpoint=endpoint))
     fault_point("tier.after_tiered")
     deleted = _release(store, manifest.run)
-    return TierResult(manifest.run, "tiered", manifest.target, manifest_ref, refs=len(manifest.entries),
-                      bytes=manifest.total_bytes, uploaded=uploaded, deleted=deleted, recovered=recovered)
+    return TierResult(manifest.run, "tiered", manifest.target, manifest_ref, endpoint=endpoint,
+                      refs=len(manifest.entries), bytes=manifest.total_bytes, uploaded=uploaded, deleted=deleted,
+                      recovered=recovered)
 
 
 
@@ -205,17 +210,17 @@ def recover_run(store: Store, run_id: str, stores: ColdStores, *, verify_remote:
         return None
     if tier["status"] == "started":
         manifest = logged_manifest(store, run_id, tier["manifest_ref"])
-        cold = stores.get(tier["target"])
+        cold = stores.for_move(store, run_id, tier["manifest_ref"])  # where the log says the move goes
         cold.check()
         # A writer killed mid-object may have left a partial temp file: the move's own keys are swept.
         cold.discard_partial([blob_key(ref) for ref in manifest.refs] + [manifest.key])
-        return _finish_move(store, manifest, tier["manifest_ref"], cold, verify_remote=verify_remote,
-                            progress=progress, skip_present=True, recovered="upload")
+        return _finish_move(store, manifest, tier["manifest_ref"], cold, tier.get("endpoint"),
+                            verify_remote=verify_remote, progress=progress, skip_present=True, recovered="upload")
     if tier["status"] == "tiered":
         deleted = _release(store, run_id)
         if deleted:
-            return TierResult(run_id, "tiered", tier["target"], tier["manifest_ref"], deleted=deleted,
-                              recovered="delete")
+            return TierResult(run_id, "tiered", tier["target"], tier["manifest_ref"], endpoint=tier.get("endpoint"),
+                              deleted=deleted, recovered="delete")
     return None
 
 

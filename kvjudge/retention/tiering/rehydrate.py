@@ -9,7 +9,7 @@ from kvjudge.errors import ColdStoreError, IntegrityError
 from kvjudge.retention import events as ev
 from kvjudge.retention.blobs import short
 from kvjudge.retention.faults import fault_point
-from kvjudge.retention.state import TIERED
+from kvjudge.retention.state import TIERED, BodyLocation
 from kvjudge.retention.store import Store
 from kvjudge.retention.tiering.move import recover_run
 from kvjudge.retention.tiering.targets import ColdStores
@@ -25,10 +25,11 @@ class RehydrateResult:
     refs: int = 0
     bytes: int = 0
     target: str | None = None
+    endpoint: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"run": self.run, "status": self.status, "refs": self.refs, "bytes": self.bytes,
-                "target": self.target}
+                "target": self.target, "endpoint": self.endpoint}
 
 
 def rehydrate_run(store: Store, run_id: str, stores: ColdStores, *, progress: ProgressFn | None = None
@@ -56,8 +57,7 @@ def rehydrate_run(store: Store, run_id: str, stores: ColdStores, *, progress: Pr
             batch, batch_bytes = [], 0
 
     for ref in refs:
-        target = state.bodies[ref].target
-        body = None if store.blobs.has_body(ref) else _fetch(stores, target, ref)
+        body = None if store.blobs.has_body(ref) else _fetch(store, stores, run_id, state.bodies[ref])
         if body is not None:
             batch.append(body)
             batch_bytes += len(body)
@@ -73,18 +73,21 @@ def rehydrate_run(store: Store, run_id: str, stores: ColdStores, *, progress: Pr
         # were tiered bodies left behind); fetch those again so the event never names a body that is not here.
         for ref in refs:
             if not store.blobs.has_body(ref):
-                store.blobs.put(_fetch(stores, state.bodies[ref].target, ref))
+                store.blobs.put(_fetch(store, stores, run_id, state.bodies[ref]))
         store.append(run_id, ev.Rehydrated(run=run_id, refs=refs))
     return RehydrateResult(run_id, "rehydrated", refs=len(refs), bytes=total,
-                           target=state.tier["target"] if state.tier else None)
+                           target=state.tier["target"] if state.tier else None,
+                           endpoint=state.tier.get("endpoint") if state.tier else None)
 
 
-def _fetch(stores: ColdStores, target: str | None, ref: str) -> bytes:
-    if target is None:
-        raise IntegrityError(f"{short(ref)} is tiered but the log names no target; the store is damaged")
-    body = stores.get(target).get_blob(ref)
+def _fetch(store: Store, stores: ColdStores, run_id: str, location: BodyLocation) -> bytes:
+    """The body at ``location`` from the cold store its move recorded (checked against its ref)."""
+    if location.target is None or location.manifest_ref is None:
+        raise IntegrityError(f"{short(location.ref)} is tiered but the log names no target; the store is damaged")
+    cold = stores.for_move(store, run_id, location.manifest_ref)
+    body = cold.get_blob(location.ref)
     if body is None:
-        raise ColdStoreError(f"{short(ref)} is missing from {target}; it cannot be rehydrated — "
+        raise ColdStoreError(f"{short(location.ref)} is missing from {cold.url}; it cannot be rehydrated — "
                              "run `kvjudge verify --verify-remote`")
     return body
 
