@@ -47,7 +47,10 @@ def _verify(args: argparse.Namespace) -> int:
     payload = report.to_dict()
 
     def human() -> None:
-        print(f"{'OK' if report.ok else 'VIOLATIONS'}: {report.runs} run(s), {report.blobs_rehashed} bodies re-hashed")
+        shared = f"; {report.shared_bodies} reduced bodies kept for other runs that still read them" \
+            if report.shared_bodies else ""
+        print(f"{'OK' if report.ok else 'VIOLATIONS'}: {report.runs} run(s), {report.blobs_rehashed} bodies "
+              f"re-hashed{shared}")
         if report.violations:
             print_table(("check", "run", "ref", "problem"),
                         [(v.check, v.run or "", short(v.ref) if v.ref else "", v.message) for v in report.violations])

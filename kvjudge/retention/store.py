@@ -232,11 +232,14 @@ class Store:
         deleted: list[str] = []
         with self.transaction(label):
             for ref in dict.fromkeys(refs):
-                still_needed = self._conn.execute(
-                    "SELECT 1 FROM run_bodies WHERE ref = ? AND status = ? LIMIT 1", (ref, LOCAL)).fetchone()
-                if still_needed is None and self.blobs.delete_body(ref):
+                if not self.read_locally(ref) and self.blobs.delete_body(ref):
                     deleted.append(ref)
         return deleted
+
+    def read_locally(self, ref: str) -> bool:
+        """True while the log of some run still says ``ref`` is local there (so its body must stay)."""
+        return self._conn.execute(
+            "SELECT 1 FROM run_bodies WHERE ref = ? AND status = ? LIMIT 1", (ref, LOCAL)).fetchone() is not None
 
     # ------------------------------------------------------------ token counts
     def cached_counts(self, refs: Iterable[str], counter: str) -> dict[str, int]:
