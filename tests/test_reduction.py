@@ -5,7 +5,6 @@ Every fault test kills a real child process (``python -m kvjudge reduce`` with `
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import re
@@ -165,22 +164,6 @@ def test_step5_get_original_is_none_and_the_fold_explains_it(tmp_path: Path) -> 
 
 
 # ------------------------------------------------------------ step 6: crashes in a killed child
-@pytest.fixture(scope="module")
-def capabilities(tmp_path_factory: pytest.TempPathFactory, judge_model: Path) -> dict[int, Path]:
-    """Real capability cache files (the probe's own format) for the judge model on this device, with
-    max_context_tokens set to a chosen figure."""
-    from kvjudge.probe import CapabilityCache, ensure_capability
-
-    root = tmp_path_factory.mktemp("caps")
-    real = ensure_capability(judge_model, cache_path=root / "real.json", certify=False)
-    files = {}
-    for figure in (160_000, 4_000):
-        path = root / f"cap-{figure}.json"
-        CapabilityCache(path).put(dataclasses.replace(real, max_context_tokens=figure))
-        files[figure] = path
-    return files
-
-
 def write_config(directory: Path, text: str = "") -> Path:
     path = directory / "kvjudge.toml"
     path.write_text('[retention]\ncounter = "chars"\n' + text)

@@ -13,6 +13,7 @@ from helpers import kvjudge as run_kvjudge
 from seaweed import free_ports, s3_bucket, seaweed  # noqa: F401 (fixtures)
 from tier_support import (
     GRADED,
+    ceiling_args,  # noqa: F401 (fixture)
     cold_for,
     event_kinds,
     make_store,
@@ -182,18 +183,20 @@ def test_tampered_remote_bytes_are_caught(tmp_path: Path, target: str) -> None:
         assert verify_all(store, rehash=True) == []
 
 
-def test_tier_cli_json_and_usage(tmp_path: Path, target: str) -> None:
+def test_tier_cli_json_and_usage(tmp_path: Path, target: str, ceiling_args: list[str]) -> None:
     path = make_store(tmp_path / "store.sqlite")
 
     def kvjudge(*args: str) -> subprocess.CompletedProcess[str]:
         return run_kvjudge(*args, "--store", str(path))
 
-    done = kvjudge("tier", "--all", "--to", target, "--json")
+    done = kvjudge("tier", "--all", "--to", target, *ceiling_args, "--json")
     assert done.returncode == 0, done.stderr
     payload = json.loads(done.stdout)
     assert [r["run"] for r in payload["runs"]] == ["run-a", "run-b"]
     assert {r["status"] for r in payload["runs"]} == {"tiered"}
     assert payload["skipped"] == {"run-live": "running (not terminal)"}
+    assert payload["left_behind"] == [] and payload["ceilings"] == {"acme": 80_000}
+    assert all(r["tokens"] <= r["ceiling"] == 80_000 and r["unreduced"] is None for r in payload["runs"])
     # `kvjudge show` reads a tiered run through the cold store, transparently.
     shown = kvjudge("show", "run-a", "--json")
     assert shown.returncode == 0, shown.stderr
@@ -201,9 +204,9 @@ def test_tier_cli_json_and_usage(tmp_path: Path, target: str) -> None:
     assert output["status"] == "tiered"
     assert output["text"] == json.loads(run_line("run-a", GRADED))["branches"][0]["transitions"][2][
         "tool_output"]["output"]
-    again = json.loads(kvjudge("tier", "run-a", "--to", target, "--json").stdout)
+    again = json.loads(kvjudge("tier", "run-a", "--to", target, *ceiling_args, "--json").stdout)
     assert again["runs"][0]["status"] == "already_tiered"
-    wrong = kvjudge("tier", "run-live", "--to", target)
+    wrong = kvjudge("tier", "run-live", "--to", target, *ceiling_args)
     assert wrong.returncode != 0 and wrong.stderr.count("\n") == 1 and "is running" in wrong.stderr
     usage = kvjudge("tier", "--to", target)
     assert usage.returncode == 2 and "name one RUN or pass --all" in usage.stderr
@@ -214,13 +217,14 @@ def test_tier_cli_json_and_usage(tmp_path: Path, target: str) -> None:
         assert len(tiered_refs(store, "run-a")) > 0
 
 
-def test_default_target_comes_from_config(tmp_path: Path) -> None:
+def test_default_target_comes_from_config(tmp_path: Path, capabilities: dict[int, Path]) -> None:
     path = make_store(tmp_path / "store.sqlite", {"r1": GRADED})
     cold_dir = tmp_path / "configured-cold"
     cold_dir.mkdir()
-    (tmp_path / "kvjudge.toml").write_text(f'[retention]\ncold = "file://{cold_dir}"\nstore = "{path}"\n')
-    done = subprocess.run([sys.executable, "-m", "kvjudge", "tier", "r1", "--json", "--config",
-                           str(tmp_path / "kvjudge.toml")], capture_output=True, text=True, timeout=120)
+    (tmp_path / "kvjudge.toml").write_text(f'[retention]\ncold = "file://{cold_dir}"\nstore = "{path}"\n'
+                                           'counter = "chars"\n')
+    done = run_kvjudge("tier", "r1", "--json", "--config", str(tmp_path / "kvjudge.toml"),
+                       "--capabilities", str(capabilities[160_000]))
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["target"] == f"file://{cold_dir}"
     assert (cold_dir / "manifests" / "r1").is_dir()

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from helpers import free_ports, kvjudge
 from seaweed import SeaweedServer, seaweed  # noqa: F401 (fixture)
-from tier_support import GRADED, event_kinds, make_store, run_line, texts, tiered_refs
+from tier_support import GRADED, ceiling_args, event_kinds, make_store, run_line, texts, tiered_refs  # noqa: F401
 
 from kvjudge.retention import Store
 from kvjudge.retention import events as ev
@@ -94,14 +94,15 @@ def second_seaweed() -> SeaweedServer:
 
 
 def test_every_read_goes_to_the_recorded_endpoint(tmp_path: Path, seaweed: SeaweedServer,  # noqa: F811
-                                                  default_model: Path) -> None:
+                                                  default_model: Path, ceiling_args: list[str]) -> None:
     bucket = seaweed.new_bucket()
     target = f"s3://{bucket}/cold"
     path = make_store(tmp_path / "store.sqlite")
     store_args = ("--store", str(path))
     env = environment(seaweed)
 
-    done = kvjudge("tier", "--all", "--to", target, "--endpoint-url", seaweed.endpoint, *store_args, "--json",
+    done = kvjudge("tier", "--all", "--to", target, "--endpoint-url", seaweed.endpoint, *store_args, *ceiling_args,
+                   "--json",
                    env=env)
     assert done.returncode == 0, done.stderr
     payload = json.loads(done.stdout)
@@ -147,13 +148,15 @@ def test_every_read_goes_to_the_recorded_endpoint(tmp_path: Path, seaweed: Seawe
 
 
 def test_an_endpoint_override_must_hold_the_recorded_manifest(tmp_path: Path, seaweed: SeaweedServer,  # noqa: F811
-                                                              second_seaweed: SeaweedServer) -> None:
+                                                              second_seaweed: SeaweedServer,
+                                                              ceiling_args: list[str]) -> None:
     bucket = seaweed.new_bucket()
     target = f"s3://{bucket}/cold"
     path = make_store(tmp_path / "store.sqlite", {"run-a": GRADED, "run-b": GRADED})
     store_args = ("--store", str(path))
     env = environment(seaweed)
-    done = kvjudge("tier", "run-a", "--to", target, "--endpoint-url", seaweed.endpoint, *store_args, env=env)
+    done = kvjudge("tier", "run-a", "--to", target, "--endpoint-url", seaweed.endpoint, *store_args, *ceiling_args,
+                   env=env)
     assert done.returncode == 0, done.stderr
     second_seaweed.client().create_bucket(Bucket=bucket)  # the same bucket name on another server
     with Store.open(path) as store:
@@ -201,7 +204,8 @@ def test_an_endpoint_override_must_hold_the_recorded_manifest(tmp_path: Path, se
     assert checked.returncode == 0 and json.loads(checked.stdout)["ok"], checked.stdout + checked.stderr
 
 
-def test_recovery_finishes_at_the_recorded_endpoint(tmp_path: Path, seaweed: SeaweedServer) -> None:  # noqa: F811
+def test_recovery_finishes_at_the_recorded_endpoint(tmp_path: Path, seaweed: SeaweedServer,  # noqa: F811
+                                                    ceiling_args: list[str]) -> None:
     bucket = seaweed.new_bucket()
     target = f"s3://{bucket}/cold"
     path = make_store(tmp_path / "store.sqlite")
@@ -209,7 +213,7 @@ def test_recovery_finishes_at_the_recorded_endpoint(tmp_path: Path, seaweed: Sea
     with Store.open(path) as store:
         before = texts(store, "run-a")
     crashed = kvjudge("tier", "run-a", "--to", target, "--endpoint-url", seaweed.endpoint, "--store", str(path),
-                      faults="tier.after_blobs", env=env)
+                      *ceiling_args, faults="tier.after_blobs", env=env)
     assert crashed.returncode == -9, crashed.stderr
     with Store.open(path) as store:
         tier = store.run("run-a").tier
@@ -218,7 +222,7 @@ def test_recovery_finishes_at_the_recorded_endpoint(tmp_path: Path, seaweed: Sea
     cold = S3ColdStore(bucket, "cold", endpoint_url=seaweed.endpoint)
     assert cold.get_manifest(key) is None  # killed before the manifest: the remote has not committed
     # No --endpoint-url, no AWS_ENDPOINT_URL, no config: the move is finished where it started.
-    rerun = kvjudge("tier", "run-a", "--to", target, "--store", str(path), "--json", env=env)
+    rerun = kvjudge("tier", "run-a", "--to", target, "--store", str(path), *ceiling_args, "--json", env=env)
     assert rerun.returncode == 0, rerun.stderr
     (result,) = json.loads(rerun.stdout)["runs"]
     assert (result["status"], result["recovered"], result["endpoint"]) == ("tiered", "upload", seaweed.endpoint)
@@ -250,13 +254,13 @@ def without_endpoints(source: Path, dest: Path) -> None:
         store.rebuild_projection()
 
 
-def test_a_log_without_endpoints_reads_as_before_with_one_notice(tmp_path: Path,
-                                                                 seaweed: SeaweedServer) -> None:  # noqa: F811
+def test_a_log_without_endpoints_reads_as_before_with_one_notice(tmp_path: Path, seaweed: SeaweedServer,  # noqa: F811
+                                                                 ceiling_args: list[str]) -> None:
     bucket = seaweed.new_bucket()
     path = make_store(tmp_path / "new.sqlite")
     env = environment(seaweed)
     done = kvjudge("tier", "--all", "--to", f"s3://{bucket}/cold", "--endpoint-url", seaweed.endpoint,
-                   "--store", str(path), env=env)
+                   "--store", str(path), *ceiling_args, env=env)
     assert done.returncode == 0, done.stderr
     old = tmp_path / "old.sqlite"
     without_endpoints(path, old)

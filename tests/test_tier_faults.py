@@ -6,11 +6,12 @@ from __future__ import annotations
 import json
 import signal
 from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers import kvjudge
 from seaweed import s3_bucket, seaweed  # noqa: F401 (fixtures)
-from tier_support import cold_for, event_kinds, make_store, remote_keys, texts, tiered_refs
+from tier_support import ceiling_args, cold_for, event_kinds, make_store, remote_keys, texts, tiered_refs  # noqa: F401
 
 from kvjudge.retention import Store
 from kvjudge.retention.cold import blob_key
@@ -49,78 +50,84 @@ def assert_nothing_lost(path: Path, before: dict[str, str | None]) -> None:
         assert texts(store, "run-a") == before
 
 
-def crash_then_rerun(tmp_path: Path, target: str, point: str) -> None:
+def tier(path: Path, target: str, ceiling_args: list[str], *extra: str, **kwargs: Any) -> Any:
+    """`kvjudge tier run-a` into ``target`` (a child process; ``faults=`` arms a fault point)."""
+    return kvjudge("tier", "run-a", "--to", target, "--store", str(path), *ceiling_args, *extra, **kwargs)
+
+
+def crash_then_rerun(tmp_path: Path, target: str, point: str, ceiling_args: list[str]) -> None:
     path = make_store(tmp_path / "store.sqlite")
     with Store.open(path) as store:
         before = texts(store, "run-a")
-    crashed = kvjudge("tier", "run-a", "--to", target, "--store", str(path), faults=point)
+    crashed = tier(path, target, ceiling_args, faults=point)
     assert crashed.returncode == -signal.SIGKILL, (crashed.returncode, crashed.stderr)
     assert_nothing_lost(path, before)
-    rerun = kvjudge("tier", "run-a", "--to", target, "--store", str(path), "--json")
+    rerun = tier(path, target, ceiling_args, "--json")
     assert rerun.returncode == 0, rerun.stderr
     assert_converged(path, target, before)
     # And once more: nothing left to do.
-    again = kvjudge("tier", "run-a", "--to", target, "--store", str(path), "--json")
+    again = tier(path, target, ceiling_args, "--json")
     assert again.returncode == 0 and '"already_tiered"' in again.stdout
     assert_converged(path, target, before)
 
 
 @pytest.mark.parametrize("point", TIER_POINTS)
-def test_kill_at_each_point_local(tmp_path: Path, point: str) -> None:
+def test_kill_at_each_point_local(tmp_path: Path, point: str, ceiling_args: list[str]) -> None:
     (tmp_path / "cold").mkdir()
-    crash_then_rerun(tmp_path, f"file://{tmp_path / 'cold'}", point)
+    crash_then_rerun(tmp_path, f"file://{tmp_path / 'cold'}", point, ceiling_args)
 
 
 @pytest.mark.s3
 @pytest.mark.parametrize("point", S3_POINTS)
-def test_kill_at_each_point_s3(tmp_path: Path, point: str, s3_bucket: str) -> None:  # noqa: F811
-    crash_then_rerun(tmp_path, f"s3://{s3_bucket}/t", point)
+def test_kill_at_each_point_s3(tmp_path: Path, point: str, s3_bucket: str,  # noqa: F811
+                               ceiling_args: list[str]) -> None:
+    crash_then_rerun(tmp_path, f"s3://{s3_bucket}/t", point, ceiling_args)
 
 
-def test_recovery_repairs_a_remote_that_lost_an_object(tmp_path: Path) -> None:
+def test_recovery_repairs_a_remote_that_lost_an_object(tmp_path: Path, ceiling_args: list[str]) -> None:
     """The manifest made it but a body was lost remotely before Tiered: recovery rewrites it, then commits."""
     (tmp_path / "cold").mkdir()
     target = f"file://{tmp_path / 'cold'}"
     path = make_store(tmp_path / "store.sqlite")
     with Store.open(path) as store:
         before = texts(store, "run-a")
-    crashed = kvjudge("tier", "run-a", "--to", target, "--store", str(path), faults="tier.manifest_response_lost")
+    crashed = tier(path, target, ceiling_args, faults="tier.manifest_response_lost")
     assert crashed.returncode == -signal.SIGKILL
     lost = sorted(before)[0]
     (tmp_path / "cold" / blob_key(lost)).unlink()
-    rerun = kvjudge("tier", "run-a", "--to", target, "--store", str(path), "--json")
+    rerun = tier(path, target, ceiling_args, "--json")
     assert rerun.returncode == 0, rerun.stderr
     assert json.loads(rerun.stdout)["runs"][0]["recovered"] == "upload"
     assert_converged(path, target, before)
 
 
-def test_cold_store_down_during_recovery_deletes_nothing(tmp_path: Path) -> None:
+def test_cold_store_down_during_recovery_deletes_nothing(tmp_path: Path, ceiling_args: list[str]) -> None:
     (tmp_path / "cold").mkdir()
     target = f"file://{tmp_path / 'cold'}"
     path = make_store(tmp_path / "store.sqlite")
     with Store.open(path) as store:
         before = texts(store, "run-a")
-    crashed = kvjudge("tier", "run-a", "--to", target, "--store", str(path), faults="tier.after_blobs")
+    crashed = tier(path, target, ceiling_args, faults="tier.after_blobs")
     assert crashed.returncode == -signal.SIGKILL
     (tmp_path / "cold").rename(tmp_path / "unmounted")
-    down = kvjudge("tier", "run-a", "--to", target, "--store", str(path))
+    down = tier(path, target, ceiling_args)
     assert down.returncode != 0 and down.stderr.count("\n") == 1 and "does not exist" in down.stderr
     with Store.open(path) as store:
         assert store.run("run-a").tier["status"] == "started"
         assert texts(store, "run-a") == before  # every body still local: no fallback attached
     (tmp_path / "unmounted").rename(tmp_path / "cold")
-    assert kvjudge("tier", "run-a", "--to", target, "--store", str(path)).returncode == 0
+    assert tier(path, target, ceiling_args).returncode == 0
     assert_converged(path, target, before)
 
 
-def test_verify_recovers_a_crashed_move(tmp_path: Path) -> None:
+def test_verify_recovers_a_crashed_move(tmp_path: Path, ceiling_args: list[str]) -> None:
     """Recovery also runs at the start of verify: TierStarted without Tiered is finished there."""
     (tmp_path / "cold").mkdir()
     target = f"file://{tmp_path / 'cold'}"
     path = make_store(tmp_path / "store.sqlite")
     with Store.open(path) as store:
         before = texts(store, "run-a")
-    crashed = kvjudge("tier", "run-a", "--to", target, "--store", str(path), faults="tier.after_blobs")
+    crashed = tier(path, target, ceiling_args, faults="tier.after_blobs")
     assert crashed.returncode == -signal.SIGKILL
     with Store.open(path) as store:
         assert store.run("run-a").tier["status"] == "started"
@@ -131,13 +138,13 @@ def test_verify_recovers_a_crashed_move(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("point", REHYDRATE_POINTS)
-def test_kill_rehydrate_then_rerun(tmp_path: Path, point: str) -> None:
+def test_kill_rehydrate_then_rerun(tmp_path: Path, point: str, ceiling_args: list[str]) -> None:
     (tmp_path / "cold").mkdir()
     target = f"file://{tmp_path / 'cold'}"
     path = make_store(tmp_path / "store.sqlite")
     with Store.open(path) as store:
         before = texts(store, "run-a")
-    assert kvjudge("tier", "run-a", "--to", target, "--store", str(path)).returncode == 0
+    assert tier(path, target, ceiling_args).returncode == 0
     crashed = kvjudge("rehydrate", "run-a", "--store", str(path), faults=point)
     assert crashed.returncode == -signal.SIGKILL
     assert_nothing_lost(path, before)

@@ -8,14 +8,17 @@ import json
 import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kvjudge import models
 from kvjudge.config import Config, load_config
 from kvjudge.display import visible
+from kvjudge.errors import UsageError
 
 if TYPE_CHECKING:
+    from kvjudge.budget import CeilingBound
     from kvjudge.probe import CapabilityEntry
     from kvjudge.retention.tiering import ColdStores
     from kvjudge.tokens import TokenCounter
@@ -84,6 +87,55 @@ def counter_for(args: argparse.Namespace, config: Config) -> TokenCounter:
     if spec.partition(":")[0] == "model":
         return make_counter(spec, judge_model(args, config))
     return make_counter(spec)
+
+
+def add_ceiling_args(parser: argparse.ArgumentParser) -> None:
+    """``--ceiling``, ``--capabilities``, ``--model``: what a run's effective ceiling is computed from."""
+    parser.add_argument("--ceiling", type=int, metavar="N",
+                        help="lower the configured ceiling to N tokens (the hardware bound still applies)")
+    parser.add_argument("--capabilities", metavar="FILE",
+                        help="capability cache file (e.g. copied from the judge host; default: in the cache dir)")
+    parser.add_argument("--model", metavar="PATH", help="judge model GGUF (default: [judge] model or the default "
+                                                        "judge model)")
+
+
+@dataclass(frozen=True)
+class Ceilings:
+    """Effective ceilings per tenant: ``min(configured, max_context_tokens // 2)`` of the judge model on this
+    device, the configured value lowered by ``--ceiling``. Never the configured value alone: without a probe
+    figure :meth:`bound` raises CapabilityMissing."""
+
+    config: Config
+    model_path: Path
+    max_context_tokens: int | None
+    capability: dict[str, Any] | None
+    lowered_to: int | None = None
+
+    def bound(self, tenant: str) -> CeilingBound:
+        from kvjudge.budget import configured_ceiling, effective_ceiling
+
+        configured = configured_ceiling(self.config, tenant)
+        if self.lowered_to is not None:
+            configured = min(configured, self.lowered_to)
+        return effective_ceiling(configured, self.max_context_tokens)
+
+    def describe(self, tenant: str) -> dict[str, Any]:
+        """The figures behind a tenant's ceiling (``--json``'s ``ceilings``)."""
+        bound = self.bound(tenant)
+        return {"configured": bound.configured, "max_context_tokens": self.max_context_tokens,
+                "hardware_bound": bound.hardware_bound, "effective": bound.effective, "winner": bound.winner}
+
+
+def ceilings_from(args: argparse.Namespace, config: Config) -> Ceilings:
+    """The :class:`Ceilings` of a command with :func:`add_ceiling_args` (reads the capability cache, never probes)."""
+    if args.ceiling is not None and args.ceiling <= 0:
+        raise UsageError(f"--ceiling must be a positive number of tokens, got {args.ceiling}")
+    model_path = judge_model(args, config)
+    entry = lookup_entry(model_path, args.capabilities)
+    warn_if_stale(entry, model_path)
+    return Ceilings(config=config, model_path=model_path,
+                    max_context_tokens=None if entry is None else entry.max_context_tokens,
+                    capability=entry_summary(entry), lowered_to=args.ceiling)
 
 
 def lookup_entry(model_path: Path, cache_path: str | os.PathLike[str] | None = None,

@@ -16,6 +16,7 @@ from kvjudge.retention.tiering.checks import tier_check, verify_checks, verify_t
 from kvjudge.retention.tiering.manifest import Manifest, ManifestEntry
 from kvjudge.retention.tiering.move import (
     TIER_POINTS,
+    TierGate,
     TierPlan,
     TierResult,
     local_body_bytes,
@@ -32,7 +33,7 @@ from kvjudge.retention.tiering.transfer import check_remote
 
 __all__ = [
     "REHYDRATE_POINTS", "TIER_POINTS", "ColdReader", "ColdStores", "Manifest", "ManifestEntry", "RehydrateResult",
-    "TierPlan", "TierResult", "check_remote", "default_target", "fallback_reader", "local_body_bytes",
+    "TierGate", "TierPlan", "TierResult", "check_remote", "default_target", "fallback_reader", "local_body_bytes",
     "pending_runs", "plan_all", "recover", "recover_run", "rehydrate_run", "resolve_endpoint", "resolve_target",
     "tier_check", "tier_run", "verify_checks", "verify_tiered_run",
 ]

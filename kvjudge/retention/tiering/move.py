@@ -21,20 +21,23 @@ therefore leaves at most a duplicate (remote and local), never a loss.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvjudge.errors import ColdStoreError, RunStateError, StoreError
+from kvjudge.errors import ColdStoreError, RunStateError, StoreError, UsageError
 from kvjudge.retention import events as ev
 from kvjudge.retention.blobs import ref_of
 from kvjudge.retention.cold import ColdStore, blob_key
 from kvjudge.retention.faults import fault_point
 from kvjudge.retention.lifecycle import REDUCIBLE, is_reducible
+from kvjudge.retention.reduce import run_tokens
 from kvjudge.retention.state import LOCAL, TIERED, RunState
 from kvjudge.retention.store import Store
 from kvjudge.retention.tiering.manifest import Manifest, build_manifest, event_range, logged_manifest
 from kvjudge.retention.tiering.targets import ColdStores
 from kvjudge.retention.tiering.transfer import ProgressFn, check_manifest, check_remote, upload_and_check
+from kvjudge.tokens import TokenCounter
 
 
 #: Every fault point of tiering, in the order a move meets them (tests kill a real process at each).
@@ -56,8 +59,10 @@ TIER_POINTS = (
 class TierResult:
     """Outcome of tiering (or recovering) one run.
 
-    ``status``: ``tiered`` (moved now), ``already_tiered`` (nothing to do), ``nothing_local`` (no body to
-    move). ``recovered`` names the step a crashed earlier attempt was resumed at (None: a fresh move).
+    ``status``: ``tiered`` (moved now), ``already_tiered`` (nothing to do, or another process finished the
+    move), ``nothing_local`` (no body to move), ``above_ceiling`` (not moved: ``tokens`` above ``ceiling``).
+    ``recovered`` names the step a crashed earlier attempt was resumed at (None: a fresh move). ``unreduced``
+    is what the log recorded when a run not known to be within its ceiling was moved anyway.
     """
 
     run: str
@@ -70,11 +75,33 @@ class TierResult:
     uploaded: int = 0
     deleted: int = 0
     recovered: str | None = None
+    tokens: int | None = None
+    ceiling: int | None = None
+    unreduced: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"run": self.run, "status": self.status, "target": self.target, "endpoint": self.endpoint,
-                "manifest_ref": self.manifest_ref, "refs": self.refs, "bytes": self.bytes, "uploaded": self.uploaded, "deleted": self.deleted,
-                "recovered": self.recovered}
+                "manifest_ref": self.manifest_ref, "refs": self.refs, "bytes": self.bytes, "uploaded": self.uploaded,
+                "deleted": self.deleted, "recovered": self.recovered, "tokens": self.tokens, "ceiling": self.ceiling,
+                "unreduced": self.unreduced}
+
+
+@dataclass(frozen=True)
+class TierGate:
+    """What a run must satisfy to be moved: at most ``ceiling`` tokens of visible text under ``counter`` (the
+    measure reduction targets). The caller resolves the ceiling (retention takes it as a number).
+
+    ``unreduced`` moves a run above its ceiling (or whose ceiling is unknown: ``ceiling`` None) anyway, for raw
+    archives; its ``TierStarted`` then records ``{"tokens", "ceiling", "counter"}``.
+    """
+
+    ceiling: int | None
+    counter: TokenCounter
+    unreduced: bool = False
+
+    def __post_init__(self) -> None:
+        if self.ceiling is None and not self.unreduced:
+            raise UsageError("a tier gate needs a ceiling (or unreduced=True to move runs whatever their size)")
 
 
 def local_body_bytes(store: Store, run_id: str) -> int:
@@ -93,43 +120,83 @@ def check_eligible(state: RunState) -> None:
             "finish grading it first (`kvjudge mark RUN graded`)")
 
 
-def tier_run(store: Store, run_id: str, cold: ColdStore, *, stores: ColdStores | None = None,
-             verify_remote: bool = False, progress: ProgressFn | None = None) -> TierResult:
+def _moving(state: RunState) -> bool:
+    return bool(state.tier) and state.tier["status"] in ("started", "tiered")  # type: ignore[index]
+
+
+def tier_run(store: Store, run_id: str, cold: ColdStore, *, gate: TierGate | None = None,
+             stores: ColdStores | None = None, verify_remote: bool = False,
+             progress: ProgressFn | None = None) -> TierResult:
     """Move the local bodies of ``run_id`` to ``cold`` (see the module doc for the steps).
 
-    Idempotent: a run already tiered is left alone (``already_tiered``); a run whose earlier move crashed
-    is finished first, at its recorded target (``stores`` opens it; default: ``cold``'s endpoint).
+    With ``gate`` a run above its ceiling is not moved (``above_ceiling``) unless the gate says ``unreduced``.
+    Whether to move is decided inside the transaction that appends ``TierStarted``, on the committed state: a
+    run another process reduced, tiered or started to tier meanwhile is judged as it is now (a move already
+    under way is joined: its recovery is idempotent). Idempotent: a run already tiered is left alone
+    (``already_tiered``); a run whose earlier move crashed is finished first, where its log says (``stores``
+    opens it; default: ``cold``'s endpoint).
     """
     state = store.run(run_id)
     check_eligible(state)
     stores = stores or ColdStores(cold.endpoint_url)
-    if state.tier and state.tier["status"] in ("started", "tiered"):
-        result = recover_run(store, run_id, stores, verify_remote=verify_remote, progress=progress)
-        if result is not None:
-            return result
-        state = store.run(run_id)
-        return TierResult(run_id, "already_tiered", state.tier["target"] if state.tier else None,
-                          state.tier["manifest_ref"] if state.tier else None,
-                          endpoint=state.tier.get("endpoint") if state.tier else None)
-    cold.check()  # a store that is down fails here, before anything is written locally
-    first_lsn, last_lsn = event_range(store, run_id)
+    if not _moving(state):
+        cold.check()  # a store that is down fails here, before anything is written locally
+        started: _Started | TierResult | None = None
+        with store.transaction("tier_start"):
+            current = store.run(run_id)  # the committed state, under the write lock
+            check_eligible(current)
+            if not _moving(current):
+                started = _start(store, current, cold, gate)
+        if isinstance(started, TierResult):
+            return started
+        if started is not None:
+            fault_point("tier.after_started")
+            result = _finish_move(store, started.manifest, started.manifest_ref, cold, cold.endpoint_url,
+                                  verify_remote=verify_remote, progress=progress, skip_present=False, recovered=None)
+            return dataclasses.replace(result, tokens=started.tokens, ceiling=started.ceiling,
+                                       unreduced=started.unreduced)
+    result = recover_run(store, run_id, stores, verify_remote=verify_remote, progress=progress)
+    if result is not None:
+        return result
+    tier = store.run(run_id).tier or {}
+    return TierResult(run_id, "already_tiered", tier.get("target"), tier.get("manifest_ref"),
+                      endpoint=tier.get("endpoint"))
+
+
+@dataclass(frozen=True)
+class _Started:
+    """A move whose ``TierStarted`` was appended (it commits with the transaction that appended it)."""
+
+    manifest: Manifest
+    manifest_ref: str
+    tokens: int | None
+    ceiling: int | None
+    unreduced: dict[str, Any] | None
+
+
+def _start(store: Store, state: RunState, cold: ColdStore, gate: TierGate | None) -> _Started | TierResult:
+    """Inside the ``tier_start`` transaction: gate ``state`` on its ceiling and append ``TierStarted`` — or say
+    why nothing moves (``above_ceiling``, ``nothing_local``)."""
+    unreduced = None
+    tokens = ceiling = None
+    if gate is not None:
+        # Counted on the committed state (whose visible bodies are all here); a run reduced first has its
+        # counts stored already, so this reads only bodies never counted.
+        tokens, ceiling = run_tokens(store, state, gate.counter), gate.ceiling
+        if ceiling is None or tokens > ceiling:
+            if not gate.unreduced:
+                return TierResult(state.id, "above_ceiling", cold.url, None, endpoint=cold.endpoint_url,
+                                  tokens=tokens, ceiling=ceiling)
+            unreduced = {"tokens": tokens, "ceiling": ceiling, "counter": gate.counter.name}
+    first_lsn, last_lsn = event_range(store, state.id)
     manifest = build_manifest(store, state, cold.url, first_lsn, last_lsn, require_bodies=True)
     if not manifest.entries:
-        return TierResult(run_id, "nothing_local", cold.url, None)
-    raw = manifest.to_bytes()
-    manifest_ref = ref_of(raw)
-    with store.transaction("tier_start"):
-        # Re-read inside the write lock: another `kvjudge tier` may have started this run meanwhile.
-        current = store.run(run_id)
-        if current.tier and current.tier["status"] in ("started", "tiered"):
-            raise StoreError(f"run {run_id} is being tiered by another process; retry when it has finished")
-        if event_range(store, run_id)[1] != manifest.last_lsn:
-            raise StoreError(f"run {run_id} changed while preparing its move; retry")
-        store.append(run_id, ev.TierStarted(run=run_id, target=cold.url, manifest_ref=manifest_ref,
-                                            endpoint=cold.endpoint_url))
-    fault_point("tier.after_started")
-    return _finish_move(store, manifest, manifest_ref, cold, cold.endpoint_url, verify_remote=verify_remote,
-                        progress=progress, skip_present=False, recovered=None)
+        return TierResult(state.id, "nothing_local", cold.url, None, endpoint=cold.endpoint_url, tokens=tokens,
+                          ceiling=ceiling)
+    manifest_ref = ref_of(manifest.to_bytes())
+    store.append(state.id, ev.TierStarted(run=state.id, target=cold.url, manifest_ref=manifest_ref,
+                                          endpoint=cold.endpoint_url, unreduced=unreduced))
+    return _Started(manifest, manifest_ref, tokens, ceiling, unreduced)
 
 
 def _finish_move(store: Store, manifest: Manifest, manifest_ref: str, cold: ColdStore, endpoint: str | None, *,
@@ -169,15 +236,20 @@ def _finish_move(store: Store, manifest: Manifest, manifest_ref: str, cold: Cold
     fault_point("tier.after_verify")
     with store.transaction("tiered"):
         current = store.run(manifest.run)
-        if not (current.tier and current.tier["status"] == "started" and current.tier["manifest_ref"] == manifest_ref):
-            raise StoreError(f"run {manifest.run}'s move was finished by another process; nothing to do")
-        store.append(manifest.run, ev.Tiered(run=manifest.run, target=manifest.target, manifest_ref=manifest_ref,
-                                             refs=manifest.refs, endpoint=endpoint))
+        tier = current.tier or {}
+        finished_elsewhere = tier.get("status") == "tiered" and tier.get("manifest_ref") == manifest_ref
+        if not finished_elsewhere:
+            if not (tier.get("status") == "started" and tier.get("manifest_ref") == manifest_ref):
+                raise StoreError(f"run {manifest.run}'s move changed under it (now {tier.get('status')}); "
+                                 "run `kvjudge verify`")
+            store.append(manifest.run, ev.Tiered(run=manifest.run, target=manifest.target, manifest_ref=manifest_ref,
+                                                 refs=manifest.refs, endpoint=endpoint))
     fault_point("tier.after_tiered")
     deleted = _release(store, manifest.run)
-    return TierResult(manifest.run, "tiered", manifest.target, manifest_ref, endpoint=endpoint,
-                      refs=len(manifest.entries), bytes=manifest.total_bytes, uploaded=uploaded, deleted=deleted,
-                      recovered=recovered)
+    # Another process (a concurrent `tier` or `verify`) committed this very move first: nothing was lost.
+    return TierResult(manifest.run, "already_tiered" if finished_elsewhere else "tiered", manifest.target,
+                      manifest_ref, endpoint=endpoint, refs=len(manifest.entries), bytes=manifest.total_bytes,
+                      uploaded=uploaded, deleted=deleted, recovered=recovered)
 
 
 
