@@ -27,7 +27,7 @@ from kvjudge.commands._common import (
     progress,
 )
 from kvjudge.errors import CapabilityMissing, UsageError
-from kvjudge.retention.tiering import TierGate, local_body_bytes, plan_all, recover, resolve_target, tier_run
+from kvjudge.retention.tiering import TierGate, local_body_bytes, plan_all, recover, resolve_target, tier_runs
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -72,18 +72,19 @@ def _tier(args: argparse.Namespace) -> int:
             run_ids, skipped = plan.runs, plan.skipped
         else:
             run_ids = [args.run]
+        run_ids = [run_id for run_id in run_ids
+                   if not (run_id in finished and store.run(run_id).tier["status"] == "tiered")]
         counter = counter_for(args, config) if run_ids else None
         gates: dict[str, TierGate] = {}
-        for run_id in run_ids:
-            if run_id in finished and store.run(run_id).tier["status"] == "tiered":
-                continue
+        for run_id in run_ids:  # every tenant's ceiling before anything moves (CapabilityMissing first)
             tenant = store.run(run_id).tenant  # StoreError for an unknown run
             if tenant not in gates:
                 gates[tenant] = TierGate(_ceiling(ceilings, tenant, args.unreduced), counter, args.unreduced)
-            with progress(f"tiering {run_id}", local_body_bytes(store, run_id)) as advance:
-                result = tier_run(store, run_id, cold, gate=gates[tenant], stores=stores,
-                                  verify_remote=args.verify_remote, progress=lambda n: advance(n))
-            results.append(result.to_dict())
+        total = sum(local_body_bytes(store, run_id) for run_id in run_ids)
+        with progress(f"tiering {len(run_ids)} run(s)", total) as advance:
+            moved = tier_runs(store, run_ids, cold, gates=lambda state: gates[state.tenant], stores=stores,
+                              verify_remote=args.verify_remote, progress=lambda n: advance(n))
+        results.extend(result.to_dict() for result in moved)
     left = [r for r in results if r["status"] == "above_ceiling"]
     payload = {"target": cold.url, "endpoint": cold.endpoint_url, "runs": results, "skipped": skipped,
                "ceilings": {tenant: gate.ceiling for tenant, gate in gates.items()},

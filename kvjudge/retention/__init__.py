@@ -63,6 +63,7 @@ from kvjudge.retention.tiering import (
     resolve_endpoint,
     resolve_target,
     tier_run,
+    tier_runs,
     verify_checks,
 )
 from kvjudge.retention.verify import Violation, VerifyReport, verify
@@ -78,5 +79,5 @@ __all__ = [
     "REHYDRATE_POINTS", "TIER_POINTS", "ColdReader", "ColdStore", "ColdStores", "LocalDirColdStore", "Manifest",
     "RehydrateResult", "S3ColdStore", "TierGate", "TierPlan", "TierResult", "fallback_reader", "local_body_bytes",
     "open_cold_store", "plan_all", "recover", "rehydrate_run", "resolve_endpoint", "resolve_target", "tier_run",
-    "verify_checks",
+    "tier_runs", "verify_checks",
 ]

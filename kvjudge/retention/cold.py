@@ -15,10 +15,14 @@ Two implementations: :class:`LocalDirColdStore` (a directory, e.g. a mounted dis
 from __future__ import annotations
 
 import base64
+import ctypes
+import functools
 import hashlib
 import os
 import secrets
 import socket
+import sys
+import threading
 import urllib.parse
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -90,7 +94,11 @@ class ColdStore(Protocol):
         """Raise ColdStoreError unless the store is reachable and writable-looking."""
 
     def put_blob(self, ref: str, body: bytes) -> None:
-        """Store ``body`` under its ref's key; durable when this returns (the remote acknowledged)."""
+        """Store ``body`` under its ref's key: complete or absent after a crash, durable once :meth:`flush`
+        (or :meth:`put_manifest`) returned (for S3 at once: the remote acknowledged)."""
+
+    def flush(self) -> None:
+        """Make every blob put so far durable (a local directory batches its directory syncs until here)."""
 
     def stat_blob(self, ref: str) -> ObjectInfo | None:
         """Size (and the store's own checksum when it keeps one) of a blob, None when absent."""
@@ -99,7 +107,9 @@ class ColdStore(Protocol):
         """The blob's bytes, checked against the ref (IntegrityError on mismatch), None when absent."""
 
     def put_manifest(self, key: str, data: bytes) -> ManifestWrite:
-        """Create the manifest at ``key`` unless it exists; if it does, it must hold exactly ``data``."""
+        """Create the manifest at ``key`` unless it exists; if it does, it must hold exactly ``data``.
+
+        Every blob put before is durable first: a manifest present means its move's blobs are there."""
 
     def get_manifest(self, key: str) -> bytes | None:
         """The manifest's bytes, None when absent."""
@@ -130,9 +140,11 @@ class LocalDirColdStore:
     """A directory as cold store: content-addressed files, each written crash-safely.
 
     Every object is written to a temporary name in its final directory, fsynced, then renamed into place
-    and the directory fsynced — so after a crash an object is either absent or complete, never torn.
-    Manifests are linked into place with ``os.link`` (fails if the name exists), the local equivalent of
-    S3's ``If-None-Match: *``.
+    — so after a crash an object is either absent or complete, never torn. The directories a blob's rename
+    (or a new directory) changed are fsynced together by :meth:`flush`, which every manifest write runs
+    first: one sync per directory per move instead of one per object, and a manifest is never durable
+    before the blobs it names. Manifests are linked into place with ``os.link`` (fails if the name exists),
+    the local equivalent of S3's ``If-None-Match: *``, and their directory is synced at once.
     """
 
     def __init__(self, root: str | os.PathLike[str], *, create: bool = False) -> None:
@@ -141,6 +153,10 @@ class LocalDirColdStore:
         self.endpoint_url: str | None = None
         self._create = create
         self._host = socket.gethostname().replace("-", "_")
+        # Several writer threads share one store: directories known to exist, and those awaiting a sync.
+        self._lock = threading.Lock()
+        self._known_dirs: set[Path] = set()
+        self._unsynced: set[Path] = set()
 
     def __repr__(self) -> str:
         return f"LocalDirColdStore({str(self.root)!r})"
@@ -162,9 +178,28 @@ class LocalDirColdStore:
     def _path(self, key: str) -> Path:
         return self.root / key
 
+    def _ensure_dir(self, directory: Path) -> None:
+        """Create ``directory`` (and missing parents); a directory this call creates is an entry in its parent,
+        which then awaits a sync like a renamed blob."""
+        if directory in self._known_dirs:
+            return
+        try:
+            os.mkdir(directory)
+        except FileNotFoundError:
+            self._ensure_dir(directory.parent)
+            self._ensure_dir(directory)
+            return
+        except FileExistsError:
+            pass
+        else:
+            with self._lock:
+                self._unsynced.add(directory.parent)
+        with self._lock:
+            self._known_dirs.add(directory)
+
     def _write_temp(self, final: Path, data: bytes) -> Path:
         try:
-            final.parent.mkdir(parents=True, exist_ok=True)
+            self._ensure_dir(final.parent)
         except OSError as exc:
             raise ColdStoreError(f"cannot create {final.parent} in the cold store: {exc.strerror}") from exc
         # The writer's host and pid are in the name, so a later run can tell a dead writer's leftovers.
@@ -198,10 +233,27 @@ class LocalDirColdStore:
         try:
             # Content-addressed: replacing an existing object writes the same bytes (or repairs a bad copy).
             os.replace(temp, final)
-            self._fsync_dir(final.parent)
         except OSError as exc:
             temp.unlink(missing_ok=True)
             raise ColdStoreError(f"cannot store {final} in the cold store: {exc.strerror}") from exc
+        with self._lock:
+            self._unsynced.add(final.parent)
+
+    def flush(self) -> None:
+        with self._lock:
+            pending, self._unsynced = self._unsynced, set()
+        if not pending:
+            return
+        try:
+            # Every fsync costs a device cache flush, so one syncfs of the whole file system (Linux) beats one
+            # fsync per directory; elsewhere each directory is synced.
+            if not _syncfs(self.root):
+                for directory in sorted(pending, key=lambda d: (-len(d.parts), d)):
+                    self._fsync_dir(directory)
+        except OSError as exc:
+            with self._lock:
+                self._unsynced |= pending
+            raise ColdStoreError(f"cannot sync the cold store directory {self.root}: {exc.strerror}") from exc
 
     def stat_blob(self, ref: str) -> ObjectInfo | None:
         key = blob_key(ref)
@@ -228,6 +280,11 @@ class LocalDirColdStore:
 
     def put_manifest(self, key: str, data: bytes) -> ManifestWrite:
         final = self._path(key)
+        try:
+            self._ensure_dir(final.parent)
+        except OSError as exc:
+            raise ColdStoreError(f"cannot create {final.parent} in the cold store: {exc.strerror}") from exc
+        self.flush()  # the blobs (and new directories) first: a manifest is never durable without them
         temp = self._write_temp(final, data)
         try:
             try:
@@ -256,6 +313,35 @@ class LocalDirColdStore:
                     temp.unlink(missing_ok=True)
                     removed += 1
         return removed
+
+
+def _syncfs(path: Path) -> bool:
+    """``syncfs(2)`` on the file system holding ``path``: every write to it so far is durable when this returns
+    True; False where the call does not exist (not Linux)."""
+    libc = _libc()
+    if libc is None:
+        return False
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        if libc.syncfs(fd) != 0:
+            errno = ctypes.get_errno()
+            raise OSError(errno, os.strerror(errno))
+    finally:
+        os.close(fd)
+    return True
+
+
+@functools.cache
+def _libc() -> Any:
+    """The C library when it has ``syncfs`` (Linux), else None."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.syncfs.argtypes = [ctypes.c_int]
+        return libc
+    except (OSError, AttributeError):
+        return None
 
 
 def _temp_writer(name: str) -> tuple[str | None, int | None]:
@@ -396,6 +482,9 @@ class S3ColdStore:
     def get_blob(self, ref: str) -> bytes | None:
         body = self._get(blob_key(ref), ref)
         return None if body is None else _checked(ref, body, f"{self.url}/{blob_key(ref)}")
+
+    def flush(self) -> None:
+        pass  # every acknowledged PUT is durable already
 
     def put_manifest(self, key: str, data: bytes) -> ManifestWrite:
         checksum = base64.b64encode(hashlib.sha256(data).digest()).decode()

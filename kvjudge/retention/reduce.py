@@ -492,13 +492,29 @@ def reduce_run(store: Any, run_id: str, target_tokens: int, counter: TokenCounte
 
 def run_tokens(store: Any, state: RunState, counter: TokenCounter) -> int:
     """Tokens of visible text in ``state`` under ``counter``, counting (and storing) only bodies never counted."""
+    total = _count_view(store, state, counter, missing_ok=False)
+    assert total is not None
+    return total
+
+
+def count_ahead(store: Any, state: RunState, counter: TokenCounter) -> None:
+    """Count and store what :func:`run_tokens` of ``state`` would count, without holding any lock, so a later
+    :func:`run_tokens` under a write lock reads stored counts only. Best effort: a body gone meanwhile (another
+    process reduced or tiered the run) is skipped — the later call counts whatever the new state shows."""
+    _count_view(store, state, counter, missing_ok=True)
+
+
+def _count_view(store: Any, state: RunState, counter: TokenCounter, *, missing_ok: bool) -> int | None:
     known = store.cached_counts(state.bodies.keys(), counter.name)
     fresh: dict[str, int] = {}
-    total = 0
+    total: int | None = 0
     for ref in view_refs(state):
         if ref not in known and ref not in fresh:
             text = store.text(ref)
             if text is None:
+                if missing_ok:
+                    total = None
+                    continue
                 location = state.bodies[ref]
                 if location.status == TIERED:  # a store opened without its cold reader
                     raise ColdStoreError(f"run {state.id}: {short(ref)} is in cold storage at {location.target}; "
@@ -506,11 +522,12 @@ def run_tokens(store: Any, state: RunState, counter: TokenCounter) -> int:
                 raise IntegrityError(f"run {state.id}: the body of {short(ref)} is missing and no event explains it; "
                                      f"run `kvjudge verify`")
             fresh[ref] = counter.count(text)
-        total += known.get(ref, fresh.get(ref, 0))
+        if total is not None:
+            total += known.get(ref, fresh.get(ref, 0))
     store.put_counts(counter.name, fresh)
     return total
 
 
 __all__ = ["ReductionPlan", "ReductionResult", "RunInColdStorage", "StalePlan", "apply_plan", "branch_view",
-           "finish_deletions", "in_cold_storage", "plan_reduction", "plan_stored", "reduce_run", "resolve",
+           "count_ahead", "finish_deletions", "in_cold_storage", "plan_reduction", "plan_stored", "reduce_run", "resolve",
            "run_tokens", "view_refs", "view_tokens"]

@@ -151,6 +151,11 @@ class Store:
                              f"{SCHEMA_VERSION} — upgrade kvjudge")
         if app_id not in (0, APPLICATION_ID) or (version == 0 and tables):
             raise StoreError(f"{self.path} is an SQLite file but not a kvjudge store; pass another --store")
+        if version == 0:
+            # A new store keeps pointer maps (settable only before the first table): freeing a deleted body's
+            # overflow pages (reduction, tiering) then reads no page of it, instead of every 4 KiB page in turn.
+            # INCREMENTAL, not FULL: nothing is moved at commit; free pages stay for reuse.
+            conn.execute("PRAGMA auto_vacuum = INCREMENTAL")
         mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
         if str(mode).lower() != "wal":
             raise StoreError(f"store {self.path} cannot use WAL journaling (got {mode}); put it on a local disk")

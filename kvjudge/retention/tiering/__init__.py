@@ -25,6 +25,7 @@ from kvjudge.retention.tiering.move import (
     recover,
     recover_run,
     tier_run,
+    tier_runs,
 )
 from kvjudge.retention.tiering.reader import ColdReader, fallback_reader
 from kvjudge.retention.tiering.rehydrate import REHYDRATE_POINTS, RehydrateResult, rehydrate_run
@@ -35,5 +36,5 @@ __all__ = [
     "REHYDRATE_POINTS", "TIER_POINTS", "ColdReader", "ColdStores", "Manifest", "ManifestEntry", "RehydrateResult",
     "TierGate", "TierPlan", "TierResult", "check_remote", "default_target", "fallback_reader", "local_body_bytes",
     "pending_runs", "plan_all", "recover", "recover_run", "rehydrate_run", "resolve_endpoint", "resolve_target",
-    "tier_check", "tier_run", "verify_checks", "verify_tiered_run",
+    "tier_check", "tier_run", "tier_runs", "verify_checks", "verify_tiered_run",
 ]

@@ -2,11 +2,14 @@
 
 Every step is durable before the next starts (seed 002 step 6):
 
-1. only terminal runs (graded / ungraded / archived) are eligible; anything else is a RunStateError;
-2. ``TierStarted{target, manifest_ref}`` is appended — the log now says a move is under way, and to where
-   (the manifest is rebuilt from the log whenever needed, see :mod:`.manifest`);
+1. only terminal runs (graded / ungraded / archived) are eligible; anything else is a RunStateError; with a
+   :class:`TierGate`, only runs within their token ceiling (reduce first), unless the gate says ``unreduced``;
+2. ``TierStarted{target, endpoint, manifest_ref}`` is appended — the log now says a move is under way, and to
+   where (the manifest is rebuilt from the log whenever needed, see :mod:`.manifest`); whether to move is
+   decided inside that transaction, on the committed state;
 3. every local body of the run is uploaded (content-addressed keys: a retry rewrites identical bytes),
-   then the manifest, last and conditionally — its presence is the remote's commit;
+   then the manifest, last and conditionally — its presence is the remote's commit (a local directory
+   syncs the blobs' directories first);
 4. what the remote holds is read back and checked (sizes, and the remote's own SHA-256 where it keeps
    one; a full re-hash with ``verify_remote``);
 5. ``Tiered{target, manifest_ref, refs}`` is appended — the local record that the remote committed;
@@ -17,12 +20,19 @@ A crash anywhere leaves one of three logs, and :func:`recover` (run at the start
 identical re-uploadable copies); ``TierStarted`` without ``Tiered`` → redo steps 3–6 for the recorded
 manifest, skipping objects the remote already holds; ``Tiered`` with bodies still here → step 6. A crash
 therefore leaves at most a duplicate (remote and local), never a loss.
+
+Moves of several runs overlap (:func:`tier_runs`): while one run's bodies upload, the run before takes steps
+3 (manifest) to 6 on a thread of its own — each run still in the order above.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import queue
+import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from kvjudge.errors import ColdStoreError, RunStateError, StoreError, UsageError
@@ -31,12 +41,22 @@ from kvjudge.retention.blobs import ref_of
 from kvjudge.retention.cold import ColdStore, blob_key
 from kvjudge.retention.faults import fault_point
 from kvjudge.retention.lifecycle import REDUCIBLE, is_reducible
-from kvjudge.retention.reduce import run_tokens
+from kvjudge.retention.reduce import count_ahead, run_tokens
 from kvjudge.retention.state import LOCAL, TIERED, RunState
 from kvjudge.retention.store import Store
 from kvjudge.retention.tiering.manifest import Manifest, build_manifest, event_range, logged_manifest
 from kvjudge.retention.tiering.targets import ColdStores
-from kvjudge.retention.tiering.transfer import ProgressFn, check_manifest, check_remote, upload_and_check
+from kvjudge.retention.tiering.transfer import (
+    Batch,
+    BodyVanished,
+    FinishedElsewhere,
+    ProgressFn,
+    Uploader,
+    check_manifest,
+    check_remote,
+    upload_and_check,
+    vanished,
+)
 from kvjudge.tokens import TokenCounter
 
 
@@ -127,40 +147,155 @@ def _moving(state: RunState) -> bool:
 def tier_run(store: Store, run_id: str, cold: ColdStore, *, gate: TierGate | None = None,
              stores: ColdStores | None = None, verify_remote: bool = False,
              progress: ProgressFn | None = None) -> TierResult:
-    """Move the local bodies of ``run_id`` to ``cold`` (see the module doc for the steps).
+    """Move the local bodies of ``run_id`` to ``cold`` (see the module doc for the steps); :func:`tier_runs`
+    for one run."""
+    return tier_runs(store, [run_id], cold, gates=(lambda _state: gate), stores=stores, verify_remote=verify_remote,
+                     progress=progress)[0]
 
-    With ``gate`` a run above its ceiling is not moved (``above_ceiling``) unless the gate says ``unreduced``.
-    Whether to move is decided inside the transaction that appends ``TierStarted``, on the committed state: a
-    run another process reduced, tiered or started to tier meanwhile is judged as it is now (a move already
-    under way is joined: its recovery is idempotent). Idempotent: a run already tiered is left alone
-    (``already_tiered``); a run whose earlier move crashed is finished first, where its log says (``stores``
-    opens it; default: ``cold``'s endpoint).
+
+def tier_runs(store: Store, run_ids: Sequence[str], cold: ColdStore, *,
+              gates: Callable[[RunState], TierGate | None] | None = None, stores: ColdStores | None = None,
+              verify_remote: bool = False, progress: ProgressFn | None = None) -> list[TierResult]:
+    """Move the local bodies of each run to ``cold``, in order; one result per run.
+
+    With a gate (``gates(state)``) a run above its ceiling is not moved (``above_ceiling``) unless the gate says
+    ``unreduced``. Whether to move is decided inside the transaction that appends ``TierStarted``, on the
+    committed state: a run another process reduced, tiered or started to tier meanwhile is judged as it is now
+    (a move already under way is joined: its recovery is idempotent). Idempotent: a run already tiered is left
+    alone (``already_tiered``); a run whose earlier move crashed is finished first, where its log says
+    (``stores`` opens it; default: ``cold``'s endpoint).
+
+    The moves overlap: while one run's bodies upload, the run before is finished (manifest, read-back,
+    ``Tiered``, local delete) on a thread with a connection of its own. Each move still takes its steps in
+    order, each durable before the next.
     """
-    state = store.run(run_id)
-    check_eligible(state)
     stores = stores or ColdStores(cold.endpoint_url)
-    if not _moving(state):
-        cold.check()  # a store that is down fails here, before anything is written locally
-        started: _Started | TierResult | None = None
-        with store.transaction("tier_start"):
-            current = store.run(run_id)  # the committed state, under the write lock
-            check_eligible(current)
-            if not _moving(current):
-                started = _start(store, current, cold, gate)
-        if isinstance(started, TierResult):
-            return started
-        if started is not None:
-            fault_point("tier.after_started")
-            result = _finish_move(store, started.manifest, started.manifest_ref, cold, cold.endpoint_url,
-                                  verify_remote=verify_remote, progress=progress, skip_present=False, recovered=None)
-            return dataclasses.replace(result, tokens=started.tokens, ceiling=started.ceiling,
-                                       unreduced=started.unreduced)
-    result = recover_run(store, run_id, stores, verify_remote=verify_remote, progress=progress)
-    if result is not None:
-        return result
+    results: dict[str, TierResult] = {}
+    checked = False
+    with Uploader(cold, store.path, rehash=verify_remote, progress=progress) as uploader, \
+            _Finisher(store.path, cold, verify_remote=verify_remote) as finisher:
+        for run_id in run_ids:
+            finisher.raise_failure()
+            state = store.run(run_id)
+            check_eligible(state)
+            if not _moving(state):
+                if not checked:
+                    cold.check()  # a store that is down fails here, before anything is written locally
+                    checked = True
+                gate = gates(state) if gates else None
+                if gate is not None:
+                    count_ahead(store, state, gate.counter)  # tokenizing is slow: never under the write lock
+                started: _Started | TierResult | None = None
+                with store.transaction("tier_start"):
+                    current = store.run(run_id)  # the committed state, under the write lock
+                    check_eligible(current)
+                    if not _moving(current):
+                        started = _start(store, current, cold, gate)
+                if isinstance(started, TierResult):
+                    results[run_id] = started
+                    continue
+                if started is not None:
+                    fault_point("tier.after_started")
+                    moved = _send(store, started, cold, uploader, finisher, verify_remote=verify_remote,
+                                  progress=progress)
+                    if moved is not None:
+                        results[run_id] = moved
+                    continue
+            recovered = recover_run(store, run_id, stores, verify_remote=verify_remote, progress=progress)
+            tier = store.run(run_id).tier or {}
+            results[run_id] = recovered or TierResult(run_id, "already_tiered", tier.get("target"),
+                                                      tier.get("manifest_ref"), endpoint=tier.get("endpoint"))
+        results.update(finisher.close())
+    return [results[run_id] for run_id in run_ids]
+
+
+def _send(store: Store, started: _Started, cold: ColdStore, uploader: Uploader, finisher: _Finisher, *,
+          verify_remote: bool, progress: ProgressFn | None) -> TierResult | None:
+    """Step 3 for a move just started: hand its bodies to the uploader, then the move to the finisher (None: the
+    finisher has it). A remote already holding the manifest is finished here and now."""
+    manifest = started.manifest
+    if cold.get_manifest(manifest.key) is not None:  # another process got this far first
+        return started.apply(_finish_move(store, manifest, started.manifest_ref, cold, cold.endpoint_url,
+                                          verify_remote=verify_remote, progress=progress, skip_present=False,
+                                          recovered=None))
+    batch = Batch(manifest.run)
+    for entry in manifest.entries:
+        uploader.send(batch, entry)
+    finisher.add(started, batch)
+    return None
+
+
+def _already_tiered(store: Store, run_id: str) -> TierResult:
     tier = store.run(run_id).tier or {}
     return TierResult(run_id, "already_tiered", tier.get("target"), tier.get("manifest_ref"),
                       endpoint=tier.get("endpoint"))
+
+
+class _Finisher:
+    """Finishes started moves in order on a thread of its own (steps 4–6: wait for the uploads, manifest,
+    read-back, ``Tiered``, local delete), with its own connection to the store, while the caller reads and
+    sends the next run's bodies. The first failure stops it; :meth:`raise_failure` hands it to the caller."""
+
+    def __init__(self, path: Path, cold: ColdStore, *, verify_remote: bool) -> None:
+        self._path = path
+        self._cold = cold
+        self._verify_remote = verify_remote
+        self._queue: queue.Queue[tuple[_Started, Batch] | None] = queue.Queue()
+        self._results: dict[str, TierResult] = {}
+        self._failure: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="kvjudge-tier-finish", daemon=True)
+        self._thread.start()
+
+    def __enter__(self) -> _Finisher:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop()
+
+    def add(self, started: _Started, batch: Batch) -> None:
+        self._queue.put((started, batch))
+
+    def raise_failure(self) -> None:
+        if self._failure is not None:
+            raise self._failure
+
+    def close(self) -> dict[str, TierResult]:
+        """Wait for every move handed over; their results (or the first failure)."""
+        self._stop()
+        self.raise_failure()
+        return self._results
+
+    def _stop(self) -> None:
+        if self._thread.is_alive():
+            self._queue.put(None)
+            self._thread.join()
+
+    def _run(self) -> None:
+        store: Store | None = None
+        try:
+            while (item := self._queue.get()) is not None:
+                if self._failure is not None:
+                    continue  # after a failure the rest stay started: the next `tier` or `verify` finishes them
+                started, batch = item
+                store = store or Store.open(self._path)
+                try:
+                    self._results[started.manifest.run] = started.apply(self._finish(store, started, batch))
+                except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+                    self._failure = exc
+        finally:
+            if store is not None:
+                store.close()
+
+    def _finish(self, store: Store, started: _Started, batch: Batch) -> TierResult:
+        try:
+            problems = batch.wait()
+        except BodyVanished as exc:
+            if isinstance(vanished(store, started.manifest, exc), FinishedElsewhere):
+                return _already_tiered(store, started.manifest.run)
+            raise
+        return _complete_move(store, started.manifest, started.manifest_ref, self._cold, self._cold.endpoint_url,
+                              uploaded=batch.sent, problems=problems, verify_remote=self._verify_remote,
+                              recovered=None)
 
 
 @dataclass(frozen=True)
@@ -173,6 +308,10 @@ class _Started:
     ceiling: int | None
     unreduced: dict[str, Any] | None
 
+    def apply(self, result: TierResult) -> TierResult:
+        """``result`` with the figures the move was gated on."""
+        return dataclasses.replace(result, tokens=self.tokens, ceiling=self.ceiling, unreduced=self.unreduced)
+
 
 def _start(store: Store, state: RunState, cold: ColdStore, gate: TierGate | None) -> _Started | TierResult:
     """Inside the ``tier_start`` transaction: gate ``state`` on its ceiling and append ``TierStarted`` — or say
@@ -180,8 +319,8 @@ def _start(store: Store, state: RunState, cold: ColdStore, gate: TierGate | None
     unreduced = None
     tokens = ceiling = None
     if gate is not None:
-        # Counted on the committed state (whose visible bodies are all here); a run reduced first has its
-        # counts stored already, so this reads only bodies never counted.
+        # On the committed state (whose visible bodies are all here), from the counts stored ahead: only a body
+        # a concurrent reduction added since is counted under the lock.
         tokens, ceiling = run_tokens(store, state, gate.counter), gate.ceiling
         if ceiling is None or tokens > ceiling:
             if not gate.unreduced:
@@ -207,25 +346,47 @@ def _finish_move(store: Store, manifest: Manifest, manifest_ref: str, cold: Cold
     remote = cold.get_manifest(manifest.key)
     if remote is None:
         # Each body is read back (stat, or a full re-hash with verify_remote) right after its own upload.
-        uploaded, problems = upload_and_check(store, manifest, cold, skip_present=skip_present,
-                                               rehash=verify_remote, progress=progress)
-        fault_point("tier.after_blobs")
-        cold.put_manifest(manifest.key, raw)
-        fault_point("tier.manifest_response_lost")
-        problems += check_manifest(cold, manifest, raw)
-    elif remote != raw:
+        try:
+            uploaded, problems = upload_and_check(store, manifest, cold, skip_present=skip_present,
+                                                  rehash=verify_remote, progress=progress)
+        except FinishedElsewhere:
+            return _already_tiered(store, manifest.run)
+        return _complete_move(store, manifest, manifest_ref, cold, endpoint, uploaded=uploaded, problems=problems,
+                              verify_remote=verify_remote, recovered=recovered)
+    if remote != raw:
         raise ColdStoreError(f"{cold.url}/{manifest.key} holds a different manifest than run {manifest.run}'s "
                              "move recorded; inspect the cold store before retrying")
-    else:
-        uploaded = 0
-        if progress is not None:
-            progress(manifest.total_bytes)
-        problems = check_remote(cold, manifest, raw, rehash=verify_remote)
+    if progress is not None:
+        progress(manifest.total_bytes)
+    problems = check_remote(cold, manifest, raw, rehash=verify_remote)
+    return _commit_move(store, manifest, manifest_ref, cold, endpoint, uploaded=0, problems=problems,
+                        verify_remote=verify_remote, recovered=recovered)
+
+
+def _complete_move(store: Store, manifest: Manifest, manifest_ref: str, cold: ColdStore, endpoint: str | None, *,
+                   uploaded: int, problems: list[str], verify_remote: bool, recovered: str | None) -> TierResult:
+    """Steps 3 (the manifest, last) to 6, once every body of the move was uploaded and read back."""
+    raw = manifest.to_bytes()
+    fault_point("tier.after_blobs")
+    cold.put_manifest(manifest.key, raw)  # its presence is the remote's commit (blobs made durable first)
+    fault_point("tier.manifest_response_lost")
+    problems = problems + check_manifest(cold, manifest, raw)
+    return _commit_move(store, manifest, manifest_ref, cold, endpoint, uploaded=uploaded, problems=problems,
+                        verify_remote=verify_remote, recovered=recovered)
+
+
+def _commit_move(store: Store, manifest: Manifest, manifest_ref: str, cold: ColdStore, endpoint: str | None, *,
+                 uploaded: int, problems: list[str], verify_remote: bool, recovered: str | None) -> TierResult:
+    """Steps 4–6: a remote that disagrees gets one repair pass; then ``Tiered``; then the local delete."""
+    raw = manifest.to_bytes()
     if problems:
         # One repair pass (the local bodies are all still here): rewrite every body — same bytes, same keys —
         # and the manifest, then check again. A remote that still disagrees is an error; nothing is deleted.
-        rewritten, problems = upload_and_check(store, manifest, cold, skip_present=False, rehash=verify_remote,
-                                                progress=None)
+        try:
+            rewritten, problems = upload_and_check(store, manifest, cold, skip_present=False, rehash=verify_remote,
+                                                   progress=None)
+        except FinishedElsewhere:
+            return _already_tiered(store, manifest.run)
         uploaded += rewritten
         cold.put_manifest(manifest.key, raw)
         problems += check_manifest(cold, manifest, raw)
@@ -250,8 +411,6 @@ def _finish_move(store: Store, manifest: Manifest, manifest_ref: str, cold: Cold
     return TierResult(manifest.run, "already_tiered" if finished_elsewhere else "tiered", manifest.target,
                       manifest_ref, endpoint=endpoint, refs=len(manifest.entries), bytes=manifest.total_bytes,
                       uploaded=uploaded, deleted=deleted, recovered=recovered)
-
-
 
 
 def _release(store: Store, run_id: str) -> int:
