@@ -240,7 +240,8 @@ class _Finisher:
         self._path = path
         self._cold = cold
         self._verify_remote = verify_remote
-        self._queue: queue.Queue[tuple[_Started, Batch] | None] = queue.Queue()
+        # At most two moves wait to be finished: the caller starts no run further ahead than that.
+        self._queue: queue.Queue[tuple[_Started, Batch] | None] = queue.Queue(maxsize=2)
         self._results: dict[str, TierResult] = {}
         self._failure: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="kvjudge-tier-finish", daemon=True)

@@ -79,7 +79,7 @@ class _Readers:
     def body(self, ref: str) -> bytes | None:
         blobs = getattr(self._local, "blobs", None)
         if blobs is None:
-            conn = sqlite3.connect(f"{self._path.resolve().as_uri()}?mode=ro", uri=True, timeout=30.0,
+            conn = sqlite3.connect(f"{self._path.absolute().as_uri()}?mode=ro", uri=True, timeout=30.0,
                                    check_same_thread=False)
             with self._lock:
                 self._opened.append(conn)
