@@ -169,6 +169,8 @@ def tier_runs(store: Store, run_ids: Sequence[str], cold: ColdStore, *,
     ``Tiered``, local delete) on a thread with a connection of its own. Each move still takes its steps in
     order, each durable before the next.
     """
+    if not run_ids:
+        return []
     stores = stores or ColdStores(cold.endpoint_url)
     results: dict[str, TierResult] = {}
     checked = False
