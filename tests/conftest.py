@@ -54,3 +54,12 @@ def capabilities(tmp_path_factory: pytest.TempPathFactory, judge_model: Path) ->
         CapabilityCache(path).put(dataclasses.replace(real, max_context_tokens=figure))
         files[figure] = path
     return files
+
+
+@pytest.fixture
+def ceiling_args(tmp_path: Path, capabilities: dict[int, Path]) -> list[str]:
+    """Options giving `kvjudge tier` and `reduce` a ceiling: a probe figure for the judge model (max_context_tokens
+    160 000, so min(200 000 configured, 80 000) = 80 000 tokens) and chars/4 counting (no tokenizer to load)."""
+    config = tmp_path / "ceiling.toml"
+    config.write_text('[retention]\ncounter = "chars"\n')
+    return ["--capabilities", str(capabilities[160_000]), "--config", str(config)]

@@ -13,7 +13,6 @@ from helpers import kvjudge as run_kvjudge
 from seaweed import free_ports, s3_bucket, seaweed  # noqa: F401 (fixtures)
 from tier_support import (
     GRADED,
-    ceiling_args,  # noqa: F401 (fixture)
     cold_for,
     event_kinds,
     make_store,

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from helpers import free_ports, kvjudge
 from seaweed import SeaweedServer, seaweed  # noqa: F401 (fixture)
-from tier_support import GRADED, ceiling_args, event_kinds, make_store, run_line, texts, tiered_refs  # noqa: F401
+from tier_support import GRADED, event_kinds, make_store, run_line, texts, tiered_refs
 
 from kvjudge.retention import Store
 from kvjudge.retention import events as ev

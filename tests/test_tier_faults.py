@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from helpers import kvjudge
 from seaweed import s3_bucket, seaweed  # noqa: F401 (fixtures)
-from tier_support import ceiling_args, cold_for, event_kinds, make_store, remote_keys, texts, tiered_refs  # noqa: F401
+from tier_support import cold_for, event_kinds, make_store, remote_keys, texts, tiered_refs
 
 from kvjudge.retention import Store
 from kvjudge.retention.cold import blob_key

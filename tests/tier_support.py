@@ -104,19 +104,10 @@ def target(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     return f"s3://{bucket}/tiers"
 
 
-@pytest.fixture
-def ceiling_args(tmp_path: Path, capabilities: dict[int, Path]) -> list[str]:
-    """Options giving `kvjudge tier` and `reduce` a ceiling: a probe figure for the judge model (max_context_tokens
-    160 000, so min(200 000 configured, 80 000) = 80 000 tokens) and chars/4 counting (no tokenizer to load)."""
-    config = tmp_path / "ceiling.toml"
-    config.write_text('[retention]\ncounter = "chars"\n')
-    return ["--capabilities", str(capabilities[160_000]), "--config", str(config)]
-
-
 def cold_for(target_url: str) -> ColdStore:
     """The cold store behind ``target_url`` (S3: the endpoint from AWS_ENDPOINT_URL, as the CLI would)."""
     return open_cold_store(target_url)
 
 
-__all__ = ["GRADED", "SeaweedServer", "ceiling_args", "cold_for", "event_kinds", "make_store", "read_remote",
+__all__ = ["GRADED", "SeaweedServer", "cold_for", "event_kinds", "make_store", "read_remote",
            "remote_keys", "remove", "run_line", "tamper", "target", "texts", "tiered_refs"]
