@@ -74,7 +74,6 @@ TIER_POINTS = (
 )
 
 
-
 @dataclass(frozen=True)
 class TierResult:
     """Outcome of tiering (or recovering) one run.
@@ -204,9 +203,7 @@ def tier_runs(store: Store, run_ids: Sequence[str], cold: ColdStore, *,
                         results[run_id] = moved
                     continue
             recovered = recover_run(store, run_id, stores, verify_remote=verify_remote, progress=progress)
-            tier = store.run(run_id).tier or {}
-            results[run_id] = recovered or TierResult(run_id, "already_tiered", tier.get("target"),
-                                                      tier.get("manifest_ref"), endpoint=tier.get("endpoint"))
+            results[run_id] = recovered or _already_tiered(store, run_id)
         results.update(finisher.close())
     return [results[run_id] for run_id in run_ids]
 
@@ -228,6 +225,7 @@ def _send(store: Store, started: _Started, cold: ColdStore, uploader: Uploader, 
 
 
 def _already_tiered(store: Store, run_id: str) -> TierResult:
+    """Nothing to do: the run's move is committed (by this process earlier, or by another)."""
     tier = store.run(run_id).tier or {}
     return TierResult(run_id, "already_tiered", tier.get("target"), tier.get("manifest_ref"),
                       endpoint=tier.get("endpoint"))
