@@ -101,7 +101,8 @@ class ColdStore(Protocol):
         """Make every blob put so far durable (a local directory batches its directory syncs until here)."""
 
     def stat_blob(self, ref: str) -> ObjectInfo | None:
-        """Size (and the store's own checksum when it keeps one) of a blob, None when absent."""
+        """Size (and the store's own checksum when it keeps one) of a blob, None when absent. A blob found is
+        made durable by the next :meth:`flush` like one put (another process may have written it unsynced)."""
 
     def get_blob(self, ref: str) -> bytes | None:
         """The blob's bytes, checked against the ref (IntegrityError on mismatch), None when absent."""
@@ -257,12 +258,17 @@ class LocalDirColdStore:
 
     def stat_blob(self, ref: str) -> ObjectInfo | None:
         key = blob_key(ref)
+        path = self._path(key)
         try:
-            size = self._path(key).stat().st_size
+            size = path.stat().st_size
         except FileNotFoundError:
             return None
         except OSError as exc:
-            raise ColdStoreError(f"cannot stat {self._path(key)}: {exc.strerror}") from exc
+            raise ColdStoreError(f"cannot stat {path}: {exc.strerror}") from exc
+        # Found is not durable: a writer killed before its flush (or still running) may have renamed it into a
+        # directory not synced yet. A move that counts on it syncs that directory before its manifest.
+        with self._lock:
+            self._unsynced.add(path.parent)
         return ObjectInfo(key=key, size=size, sha256=None)
 
     def _read(self, key: str) -> bytes | None:
