@@ -15,13 +15,11 @@ Two implementations: :class:`LocalDirColdStore` (a directory, e.g. a mounted dis
 from __future__ import annotations
 
 import base64
-import ctypes
-import functools
+import concurrent.futures
 import hashlib
 import os
 import secrets
 import socket
-import sys
 import threading
 import urllib.parse
 from collections.abc import Iterable
@@ -246,11 +244,10 @@ class LocalDirColdStore:
         if not pending:
             return
         try:
-            # Every fsync costs a device cache flush, so one syncfs of the whole file system (Linux) beats one
-            # fsync per directory; elsewhere each directory is synced.
-            if not _syncfs(self.root):
-                for directory in sorted(pending, key=lambda d: (-len(d.parts), d)):
-                    self._fsync_dir(directory)
+            # Every fsync waits for a device cache flush: several in flight at once share the wait.
+            with concurrent.futures.ThreadPoolExecutor(max_workers=min(8, len(pending)),
+                                                       thread_name_prefix="kvjudge-sync") as pool:
+                list(pool.map(self._fsync_dir, pending))
         except OSError as exc:
             with self._lock:
                 self._unsynced |= pending
@@ -319,35 +316,6 @@ class LocalDirColdStore:
                     temp.unlink(missing_ok=True)
                     removed += 1
         return removed
-
-
-def _syncfs(path: Path) -> bool:
-    """``syncfs(2)`` on the file system holding ``path``: every write to it so far is durable when this returns
-    True; False where the call does not exist (not Linux)."""
-    libc = _libc()
-    if libc is None:
-        return False
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        if libc.syncfs(fd) != 0:
-            errno = ctypes.get_errno()
-            raise OSError(errno, os.strerror(errno))
-    finally:
-        os.close(fd)
-    return True
-
-
-@functools.cache
-def _libc() -> Any:
-    """The C library when it has ``syncfs`` (Linux), else None."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.syncfs.argtypes = [ctypes.c_int]
-        return libc
-    except (OSError, AttributeError):
-        return None
 
 
 def _temp_writer(name: str) -> tuple[str | None, int | None]:
