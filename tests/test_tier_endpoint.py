@@ -132,8 +132,8 @@ def test_every_read_goes_to_the_recorded_endpoint(tmp_path: Path, seaweed: Seawe
                         env=environment(seaweed, AWS_ENDPOINT_URL=f"http://127.0.0.1:{dead}"))
     assert elsewhere.returncode == 0, elsewhere.stderr
     assert shown_output(elsewhere.stdout)["text"] == the_text("run-b")
-    judged = kvjudge("judge", "run-a", "run-b", "--model", str(default_model), "--n-ctx", "512", "--no-cache",
-                     *store_args, "--json", env=env, timeout=900)
+    judged = kvjudge("judge", "run-a", "run-b", "--model", str(default_model), "--n-ctx", "512", "--no-certify",
+                     "--no-cache", *store_args, "--json", env=env, timeout=900)
     assert judged.returncode == 0, judged.stderr
     verdict = json.loads(judged.stdout.splitlines()[0])
     assert (verdict["a"], verdict["b"]) == ("run-a", "run-b") and verdict["outcome"] not in ("error", "overflow")
