@@ -75,6 +75,18 @@ def test_manifest_is_conditional(store: ColdStore) -> None:
     assert store.get_manifest(key) == b'{"run": "run/1"}'
 
 
+def test_every_run_id_is_one_bounded_path_segment() -> None:
+    # "." and ".." would name the manifests directory itself or the store root; a 300-character id would
+    # exceed a file system's 255-byte name limit.
+    assert manifest_key(".", 7) == "manifests/%2E/000000000007.json"
+    assert manifest_key("..", 7) == "manifests/%2E%2E/000000000007.json"
+    assert manifest_key("run-1.2", 7) == "manifests/run-1.2/000000000007.json"  # ordinary ids keep their key
+    long_a, long_b = "x" * 300, "x" * 299 + "y"
+    segments = {manifest_key(run, 7).split("/")[1] for run in (long_a, long_b)}
+    assert len(segments) == 2 and all(len(segment) <= 160 and "/" not in segment for segment in segments)
+    assert manifest_key("ü" * 200, 7) != manifest_key("ü" * 201, 7)
+
+
 @pytest.mark.s3
 def test_s3_upload_with_wrong_checksum_is_refused(s3_bucket: str, seaweed: SeaweedServer) -> None:
     store = open_cold_store(f"s3://{s3_bucket}", endpoint_url=seaweed.endpoint)

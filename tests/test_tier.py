@@ -216,6 +216,28 @@ def test_tier_cli_json_and_usage(tmp_path: Path, target: str, ceiling_args: list
         assert len(tiered_refs(store, "run-a")) > 0
 
 
+def test_hostile_run_ids_tier_inside_the_cold_store(tmp_path: Path) -> None:
+    """Run ids are untrusted: ".." or a 300-character id must not put a manifest outside the store, nor fail."""
+    hostile = ["..", ".", "x" * 300, "a/../../b"]
+    path = make_store(tmp_path / "store.sqlite", {run_id: GRADED for run_id in hostile})
+    (tmp_path / "cold").mkdir()
+    target = f"file://{tmp_path / 'cold'}"
+    done = run_kvjudge("tier", "--all", "--to", target, "--unreduced", "--store", str(path), "--json")
+    assert done.returncode == 0, done.stderr
+    assert sorted(r["run"] for r in json.loads(done.stdout)["runs"]) == sorted(hostile)
+    assert sorted(p.name for p in (tmp_path / "cold").iterdir()) == ["manifests", "objects"]
+    assert sorted(p.parent.parent.name for p in (tmp_path / "cold" / "manifests").glob("*/*.json")) == \
+        ["manifests"] * len(hostile)
+    checked = run_kvjudge("verify", "--verify-remote", "--store", str(path), "--json")
+    assert checked.returncode == 0, checked.stderr
+    assert json.loads(checked.stdout)["ok"] is True
+    for run_id in hostile:
+        shown = run_kvjudge("show", run_id, "--full", "--store", str(path), "--json")
+        assert shown.returncode == 0, shown.stderr
+        output = json.loads(shown.stdout)["branches"][0]["transitions"][2]["tool_output"]["output"]
+        assert output["status"] == "tiered" and output["text"].startswith(f"{run_id} line\n")
+
+
 def test_default_target_comes_from_config(tmp_path: Path, capabilities: dict[int, Path]) -> None:
     path = make_store(tmp_path / "store.sqlite", {"r1": GRADED})
     cold_dir = tmp_path / "configured-cold"

@@ -48,13 +48,30 @@ def blob_key(ref: str) -> str:
     return f"objects/{hexdigest[:2]}/{hexdigest[2:4]}/{hexdigest}"
 
 
+# A run id names one directory of a local cold store; file systems cap a name at 255 bytes.
+_MAX_RUN_SEGMENT = 160
+
+
+def _run_segment(run_id: str) -> str:
+    """``run_id`` as one path segment: percent-escaped; ``.`` and ``..`` escaped too (they would name the
+    directory itself or its parent); a long id cut, with a digest of the whole id after a ``%-`` that
+    percent-escaping never produces, so two ids never share a segment."""
+    quoted = urllib.parse.quote(run_id, safe="-._")
+    if quoted in (".", ".."):
+        return "%2E" * len(quoted)
+    if len(quoted) > _MAX_RUN_SEGMENT:
+        digest = hashlib.sha256(run_id.encode("utf-8", "surrogatepass")).hexdigest()[:40]
+        return f"{quoted[:_MAX_RUN_SEGMENT - 42]}%-{digest}"
+    return quoted
+
+
 def manifest_key(run_id: str, last_lsn: int) -> str:
     """The object key of the manifest of ``run_id`` covering the log up to ``last_lsn``.
 
     One key per tiering of a run (a run rehydrated and tiered again covers a longer log), so a manifest is
-    never replaced by another; the run id is percent-escaped to stay one path segment.
+    never replaced by another; the run id stays one path segment whatever it holds (:func:`_run_segment`).
     """
-    return f"manifests/{urllib.parse.quote(run_id, safe='-._')}/{last_lsn:012d}.json"
+    return f"manifests/{_run_segment(run_id)}/{last_lsn:012d}.json"
 
 
 @dataclass(frozen=True)
@@ -316,11 +333,15 @@ class LocalDirColdStore:
     def discard_partial(self, keys: Iterable[str]) -> int:
         removed = 0
         for directory in sorted({self._path(key).parent for key in keys}):
-            for temp in directory.glob(".tmp-*"):
-                host, pid = _temp_writer(temp.name)
-                if host == self._host and pid is not None and not _alive(pid):
-                    temp.unlink(missing_ok=True)
-                    removed += 1
+            try:
+                for temp in directory.glob(".tmp-*"):
+                    host, pid = _temp_writer(temp.name)
+                    if host == self._host and pid is not None and not _alive(pid):
+                        temp.unlink(missing_ok=True)
+                        removed += 1
+            except OSError as exc:
+                raise ColdStoreError(f"cannot clean up unfinished writes in {directory} of the cold store: "
+                                     f"{exc.strerror}") from exc
         return removed
 
 
