@@ -221,8 +221,8 @@ def test_hostile_run_ids_tier_inside_the_cold_store(tmp_path: Path) -> None:
     hostile = ["..", ".", "x" * 300, "a/../../b"]
     path = make_store(tmp_path / "store.sqlite", {run_id: GRADED for run_id in hostile})
     (tmp_path / "cold").mkdir()
-    target = f"file://{tmp_path / 'cold'}"
-    done = run_kvjudge("tier", "--all", "--to", target, "--unreduced", "--store", str(path), "--json")
+    cold_url = f"file://{tmp_path / 'cold'}"
+    done = run_kvjudge("tier", "--all", "--to", cold_url, "--unreduced", "--store", str(path), "--json")
     assert done.returncode == 0, done.stderr
     assert sorted(r["run"] for r in json.loads(done.stdout)["runs"]) == sorted(hostile)
     assert sorted(p.name for p in (tmp_path / "cold").iterdir()) == ["manifests", "objects"]
