@@ -8,15 +8,19 @@ import json
 import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kvjudge import models
 from kvjudge.config import Config, load_config
 from kvjudge.display import visible
+from kvjudge.errors import UsageError
 
 if TYPE_CHECKING:
+    from kvjudge.budget import CeilingBound
     from kvjudge.probe import CapabilityEntry
+    from kvjudge.retention.tiering import ColdStores
     from kvjudge.tokens import TokenCounter
 
 # The figures of a capability entry worth showing (trials are the probe's business).
@@ -42,7 +46,9 @@ def add_store_args(parser: argparse.ArgumentParser) -> None:
 def add_endpoint_args(parser: argparse.ArgumentParser) -> None:
     """``--endpoint-url URL`` (commands that reach an S3 cold store)."""
     parser.add_argument("--endpoint-url", metavar="URL",
-                        help="S3 endpoint (default: [retention] endpoint_url, else AWS_ENDPOINT_URL / AWS config)")
+                        help="S3 endpoint for new moves (default: [retention] endpoint_url, else AWS_ENDPOINT_URL / "
+                             "AWS config); a tiered run is read where its log says it went, and this overrides "
+                             "that only when the store at URL holds the same manifest (the store moved)")
 
 
 def staleness_days(args: argparse.Namespace) -> float | None:
@@ -81,6 +87,55 @@ def counter_for(args: argparse.Namespace, config: Config) -> TokenCounter:
     if spec.partition(":")[0] == "model":
         return make_counter(spec, judge_model(args, config))
     return make_counter(spec)
+
+
+def add_ceiling_args(parser: argparse.ArgumentParser) -> None:
+    """``--ceiling``, ``--capabilities``, ``--model``: what a run's effective ceiling is computed from."""
+    parser.add_argument("--ceiling", type=int, metavar="N",
+                        help="lower the configured ceiling to N tokens (the hardware bound still applies)")
+    parser.add_argument("--capabilities", metavar="FILE",
+                        help="capability cache file (e.g. copied from the judge host; default: in the cache dir)")
+    parser.add_argument("--model", metavar="PATH", help="judge model GGUF (default: [judge] model or the default "
+                                                        "judge model)")
+
+
+@dataclass(frozen=True)
+class Ceilings:
+    """Effective ceilings per tenant: ``min(configured, max_context_tokens // 2)`` of the judge model on this
+    device, the configured value lowered by ``--ceiling``. Never the configured value alone: without a probe
+    figure :meth:`bound` raises CapabilityMissing."""
+
+    config: Config
+    model_path: Path
+    max_context_tokens: int | None
+    capability: dict[str, Any] | None
+    lowered_to: int | None = None
+
+    def bound(self, tenant: str) -> CeilingBound:
+        from kvjudge.budget import configured_ceiling, effective_ceiling
+
+        configured = configured_ceiling(self.config, tenant)
+        if self.lowered_to is not None:
+            configured = min(configured, self.lowered_to)
+        return effective_ceiling(configured, self.max_context_tokens)
+
+    def describe(self, tenant: str) -> dict[str, Any]:
+        """The figures behind a tenant's ceiling (``--json``'s ``ceilings``)."""
+        bound = self.bound(tenant)
+        return {"configured": bound.configured, "max_context_tokens": self.max_context_tokens,
+                "hardware_bound": bound.hardware_bound, "effective": bound.effective, "winner": bound.winner}
+
+
+def ceilings_from(args: argparse.Namespace, config: Config) -> Ceilings:
+    """The :class:`Ceilings` of a command with :func:`add_ceiling_args` (reads the capability cache, never probes)."""
+    if args.ceiling is not None and args.ceiling <= 0:
+        raise UsageError(f"--ceiling must be a positive number of tokens, got {args.ceiling}")
+    model_path = judge_model(args, config)
+    entry = lookup_entry(model_path, args.capabilities)
+    warn_if_stale(entry, model_path)
+    return Ceilings(config=config, model_path=model_path,
+                    max_context_tokens=None if entry is None else entry.max_context_tokens,
+                    capability=entry_summary(entry), lowered_to=args.ceiling)
 
 
 def lookup_entry(model_path: Path, cache_path: str | os.PathLike[str] | None = None,
@@ -157,18 +212,29 @@ def print_table(columns: Sequence[str], rows: Sequence[Sequence[Any]], title: st
     Console(file=stream, soft_wrap=False, width=max(100, Console(file=stream).width)).print(table)
 
 
-def open_store(args: argparse.Namespace, config: Config, *, read_tiered: bool = True) -> Any:
+def cold_stores(args: argparse.Namespace, config: Config) -> ColdStores:
+    """The cold stores a command opens: new moves at ``--endpoint-url`` / ``[retention] endpoint_url`` / boto3's
+    resolution; recorded moves where their log says (``--endpoint-url`` overrides that only when it holds the
+    same manifest). Notices (an old log without endpoints) go to stderr, once."""
+    from kvjudge.retention.tiering import ColdStores
+
+    return ColdStores.from_config(config, getattr(args, "endpoint_url", None), notice=info)
+
+
+def open_store(args: argparse.Namespace, config: Config, *, read_tiered: bool = True,
+               stores: ColdStores | None = None) -> Any:
     """The store named by ``--store``, ``[retention] store`` or the default path.
 
-    With ``read_tiered`` the store reads tiered bodies from their cold store (``show``, the judge); tiering
-    itself moves local bodies and opens the store without that reader.
+    With ``read_tiered`` the store reads tiered bodies from their cold store (``show``, the judge) through
+    ``stores`` (default: :func:`cold_stores`); tiering itself moves local bodies and opens the store without
+    that reader.
     """
     from kvjudge.retention import Store
-    from kvjudge.retention.tier import fallback_reader
+    from kvjudge.retention.tiering import ColdReader
 
     store = Store.open(getattr(args, "store", None) or config.get("retention.store", str, None))
     if read_tiered:  # the reader looks up where each tiered body went, so it needs the store
-        store.fallback = fallback_reader(config, store, endpoint_url=getattr(args, "endpoint_url", None))
+        store.fallback = ColdReader(store, stores or cold_stores(args, config))
     return store
 
 
@@ -235,6 +301,7 @@ def add_judge_args(parser: argparse.ArgumentParser, *, also_templates: tuple[str
                                                                    "(experiments only)")
     parser.add_argument("--no-cache", action="store_true", help="do not read or write cached judgments")
     add_store_args(parser)
+    add_endpoint_args(parser)  # tiered runs are read where their moves went (--endpoint-url: the store moved)
     add_output_args(parser)
 
 
