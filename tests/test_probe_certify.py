@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -70,6 +73,33 @@ def test_an_allocation_beyond_a_hard_limit_is_out_of_memory(default_model: Path)
     trial = run_trial(default_model, 1024, settings=RuntimeSettings(), usable_bytes=None,
                       margin_bytes=HOST_RUNTIME_MARGIN, hard_limit_bytes=300 * MIB)
     assert trial.outcome == "oom" and trial.prompt_tokens == 0
+
+
+@pytest.mark.model
+def test_a_trial_started_from_a_large_process_measures_only_itself(default_model: Path) -> None:
+    """Linux carries a parent's peak RSS across fork and exec (``ru_maxrss``): a trial started by a process that
+    once held more than the budget (the judge, the demo, a long test session) must still measure only its own."""
+    budget = memory_budget_for(default_model, 1024)
+    script = f"""
+import json, resource, sys
+held = bytearray({budget} + 256 * 2**20)
+for i in range(0, len(held), 4096):
+    held[i] = 1
+del held
+from kvjudge.probe import RuntimeSettings
+from kvjudge.probe.certify import run_trial
+from kvjudge.probe.kv_math import HOST_RUNTIME_MARGIN
+trial = run_trial(sys.argv[1], 1024, settings=RuntimeSettings(), usable_bytes={budget},
+                  margin_bytes=HOST_RUNTIME_MARGIN)
+print(json.dumps({{"parent_peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                  "outcome": trial.outcome, "trial_peak": trial.peak_rss_bytes}}))
+"""
+    proc = subprocess.run([sys.executable, "-c", script, str(default_model)], capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["parent_peak"] > budget  # the parent really held more than the trial may use
+    assert result["outcome"] == "ok" and 0 < result["trial_peak"] < budget
 
 
 @pytest.mark.parametrize(("certified", "safe"), [

@@ -97,7 +97,21 @@ def _rss() -> int:
 
 
 def _peak_rss() -> int:
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # KiB on Linux
+    """This process's own peak resident memory since it started.
+
+    Not ``getrusage().ru_maxrss`` on Linux: the kernel carries the parent's peak across fork and exec into it,
+    so a trial started from a large process (the judge, the demo, a test session) would read its parent's peak
+    as its own and be ruled over budget. ``VmHWM`` is the high-water mark of this program's own memory map.
+    """
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024  # kB
+    except OSError:
+        pass
+    peak = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+    return peak if sys.platform == "darwin" else peak * 1024  # bytes on macOS, KiB elsewhere
 
 
 def run(spec: dict[str, Any], result_path: Path) -> int:
