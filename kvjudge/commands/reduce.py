@@ -16,10 +16,12 @@ from kvjudge.commands._common import (
     entry_summary,
     info,
     judge_model,
+    judge_servers,
     lookup_entry,
     open_store,
     print_table,
     progress,
+    served_entry,
     warn_if_stale,
 )
 from kvjudge.errors import RunStateError, UsageError
@@ -42,7 +44,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--capabilities", metavar="FILE",
                         help="capability cache file (e.g. copied from the judge host; default: in the cache dir)")
     parser.add_argument("--model", metavar="PATH", help="judge model GGUF (default: [judge] model or the default "
-                                                        "judge model)")
+                                                        "judge model); with --server: a local copy of the served "
+                                                        "GGUF to count tokens with")
+    parser.add_argument("--server", metavar="URL",
+                        help="the judge is this OpenAI-compatible server: the ceiling comes from its `kvjudge probe "
+                             "--server` entry (default: [judge] server, unless --model is given)")
     add_store_args(parser)
     add_output_args(parser)
     parser.set_defaults(func=_reduce)
@@ -61,8 +67,18 @@ def _reduce(args: argparse.Namespace) -> int:
         raise UsageError(f"--ceiling must be a positive number of tokens, got {args.ceiling}")
     if args.tenant is not None and not args.all:
         raise UsageError("--tenant only applies with --all; name a run or add --all")
-    model_path = judge_model(args, config)
-    max_context, capability = _max_context_tokens(model_path, args.capabilities)
+    served = None
+    servers = [args.server] if args.server else ([] if args.model else judge_servers(args, config))
+    if servers:
+        # The judge that will read the runs is a server: its entry bounds the ceiling (and its tokenizer counts).
+        served = served_entry(args, servers[0], args.capabilities)
+        assert served is not None
+        judge_label = f"{served.server['model_id']} @ {served.server['url']}"
+        max_context, capability = served.max_context_tokens, entry_summary(served)
+    else:
+        model_path = judge_model(args, config)
+        judge_label = str(model_path)
+        max_context, capability = _max_context_tokens(model_path, args.capabilities)
     with open_store(args, config) as store:
         if args.all:
             candidates = [store.run(run_id) for run_id in store.run_ids(args.tenant)]
@@ -73,7 +89,7 @@ def _reduce(args: argparse.Namespace) -> int:
             state = refused[0]
             raise RunStateError(f"run {state.id} is {state.state}; only graded, ungraded or archived runs can be "
                                 f"reduced (finish grading first: `kvjudge mark {state.id} graded|ungraded`)")
-        counter = counter_for(args, config)
+        counter = counter_for(args, config, served)
         results: list[dict[str, Any]] = []
         targets: dict[str, dict[str, Any]] = {}
         reducible = [s for s in candidates if s.is_reducible]
@@ -100,7 +116,7 @@ def _reduce(args: argparse.Namespace) -> int:
                     info(f"run {state.id}: {outcome['tokens_after']} tokens remain above the target "
                          f"{bound.effective} after every loss step (kept: transitions, live-branch markers)")
                 advance(description=f"reducing {state.id}")
-    payload = {"store": str(store.path), "model": str(model_path), "counter": counter.name, "ceilings": targets,
+    payload = {"store": str(store.path), "model": judge_label, "counter": counter.name, "ceilings": targets,
                "capability": capability, "runs": results,
                "refused": [{"run": s.id, "state": s.state,
                             "reason": "grading has not terminated (only graded, ungraded, archived reduce)"}
