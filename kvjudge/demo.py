@@ -39,7 +39,7 @@ from kvjudge.probe import RuntimeSettings, lookup_capability, memory_needed, pro
 from kvjudge.retention import Store, verify
 from kvjudge.retention.cold import LocalDirColdStore
 from kvjudge.retention.reduce import reduce_run, run_tokens
-from kvjudge.retention.tier import ColdReader, ColdStores, tier_run, verify_checks
+from kvjudge.retention.tiering import ColdReader, ColdStores, tier_run, verify_checks
 from kvjudge.tokens import ModelTokenizer
 
 SAMPLE_RUNS = "sample_runs.jsonl"
@@ -218,7 +218,7 @@ def run_demo(options: DemoOptions, say: Say, progress: ProgressFactory) -> dict[
 
         # 7. verify -----------------------------------------------------------------------------------
         with clock.step("verify"):
-            checked = verify(store, extra_checks=verify_checks(None, store))
+            checked = verify(store, extra_checks=verify_checks(store, ColdStores()))
         report["verify"] = checked.to_dict()
         say(f"[7/7] verify: {'ok' if checked.ok else 'FAILED'} — {checked.runs} runs re-folded from LSN 0, "
             f"{checked.blobs_rehashed} bodies re-hashed, {len(checked.violations)} violation(s)")

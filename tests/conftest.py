@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
@@ -38,3 +39,27 @@ def judge_model() -> Path:
     """The verified default judge model GGUF (Qwen2.5-Coder-0.5B-Instruct)."""
     return models.judge_model_path()
 
+
+@pytest.fixture(scope="session")
+def capabilities(tmp_path_factory: pytest.TempPathFactory, judge_model: Path) -> dict[int, Path]:
+    """Real capability cache files (the probe's own format) for the judge model on this device, with
+    max_context_tokens set to a chosen figure (160 000 or 4 000): what `--capabilities FILE` reads."""
+    from kvjudge.probe import CapabilityCache, ensure_capability
+
+    root = tmp_path_factory.mktemp("caps")
+    real = ensure_capability(judge_model, cache_path=root / "real.json", certify=False)
+    files = {}
+    for figure in (160_000, 4_000):
+        path = root / f"cap-{figure}.json"
+        CapabilityCache(path).put(dataclasses.replace(real, max_context_tokens=figure))
+        files[figure] = path
+    return files
+
+
+@pytest.fixture
+def ceiling_args(tmp_path: Path, capabilities: dict[int, Path]) -> list[str]:
+    """Options giving `kvjudge tier` and `reduce` a ceiling: a probe figure for the judge model (max_context_tokens
+    160 000, so min(200 000 configured, 80 000) = 80 000 tokens) and chars/4 counting (no tokenizer to load)."""
+    config = tmp_path / "ceiling.toml"
+    config.write_text('[retention]\ncounter = "chars"\n')
+    return ["--capabilities", str(capabilities[160_000]), "--config", str(config)]

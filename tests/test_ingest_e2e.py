@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 from helpers import kvjudge, kvjudge_json
-from test_reduction import capabilities  # noqa: F401  (a real capability cache file, module-scoped)
 
 from kvjudge.judge import SCORED, Judge, LlamaBackend
 from kvjudge.retention import Store
@@ -46,7 +45,7 @@ def write_runs(root: Path) -> list[Path]:
 
 
 def test_two_agents_graded_reduced_verified_and_judged(tmp_path: Path, default_model: Path,
-                                                        capabilities: dict[int, Path]) -> None:  # noqa: F811
+                                                        capabilities: dict[int, Path]) -> None:
     reports = write_runs(tmp_path / "runs")
     store = str(tmp_path / "store.sqlite")
     config = tmp_path / "kvjudge.toml"

@@ -5,14 +5,13 @@ Every fault test kills a real child process (``python -m kvjudge reduce`` with `
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import re
 from pathlib import Path
 
 import pytest
-from helpers import kvjudge
+from helpers import cli_json, kvjudge
 
 from kvjudge.cli import main
 from kvjudge.errors import RunStateError
@@ -165,22 +164,6 @@ def test_step5_get_original_is_none_and_the_fold_explains_it(tmp_path: Path) -> 
 
 
 # ------------------------------------------------------------ step 6: crashes in a killed child
-@pytest.fixture(scope="module")
-def capabilities(tmp_path_factory: pytest.TempPathFactory, judge_model: Path) -> dict[int, Path]:
-    """Real capability cache files (the probe's own format) for the judge model on this device, with
-    max_context_tokens set to a chosen figure."""
-    from kvjudge.probe import CapabilityCache, ensure_capability
-
-    root = tmp_path_factory.mktemp("caps")
-    real = ensure_capability(judge_model, cache_path=root / "real.json", certify=False)
-    files = {}
-    for figure in (160_000, 4_000):
-        path = root / f"cap-{figure}.json"
-        CapabilityCache(path).put(dataclasses.replace(real, max_context_tokens=figure))
-        files[figure] = path
-    return files
-
-
 def write_config(directory: Path, text: str = "") -> Path:
     path = directory / "kvjudge.toml"
     path.write_text('[retention]\ncounter = "chars"\n' + text)
@@ -392,6 +375,81 @@ def test_a_body_shared_with_another_run_is_kept_for_it(tmp_path: Path) -> None:
         assert store.run("a").bodies[ref].status == "reduced"
         assert store.text(ref) is not None  # b still reads it
         assert verify(store).ok
+
+
+def sharing_runs() -> list[dict]:
+    """Three graded runs that all hold one large body (a system prompt, say), each with a body of its own."""
+    shared = filler(7, 3000)
+    return [make_run(run_id, [shared, filler(20 + index, 600)]) for index, run_id in enumerate(("a", "b", "c"))]
+
+
+def shared_ref(store: Store) -> str:
+    return store.run("a").branches[0].transitions[2].tool_output["output_ref"]
+
+
+def test_a_shared_body_is_kept_until_the_last_run_reading_it_is_reduced(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    from kvjudge.commands.show import render_run
+
+    with open_with(tmp_path, *sharing_runs()) as store:
+        ref = shared_ref(store)
+        assert all(ref in store.run(run_id).bodies for run_id in ("a", "b", "c"))
+        for step, run_id in enumerate(("a", "b", "c"), start=1):
+            reduce_run(store, run_id, 400, CHARS)
+            assert store.run(run_id).bodies[ref].status == "reduced"
+            readers = [r for r in ("a", "b", "c") if store.run(r).bodies[ref].status == LOCAL]
+            assert readers == ["a", "b", "c"][step:]
+            # Stored while any run reads it, deleted by the reduction of the last one: never a later `reduce a`.
+            assert (store.blobs.get(ref) is not None) == bool(readers)
+            report = verify(store)
+            assert report.ok and report.notes == [], report.to_dict()
+            assert report.shared_bodies == (1 if readers else 0)
+            if step == 1:
+                # `show a` reads a's summary, never the original a's log says was reduced (b and c still hold it).
+                read: list[str] = []
+                real_get = store.blobs.get
+                monkeypatch.setattr(store.blobs, "get", lambda r: read.append(r) or real_get(r))
+                rendered = render_run(store, store.run("a"))
+                monkeypatch.undo()
+                entry = rendered["branches"][0]["transitions"][2]["tool_output"]["output"]
+                summary = store.run("a").bodies[ref].summary_ref
+                assert entry["summary_ref"] == summary and entry["text"] == store.text(summary)
+                assert summary in read and ref not in read
+        projected = {run_id: store.run(run_id).canonical_bytes() for run_id in ("a", "b", "c")}
+        store.rebuild_projection()
+        assert {run_id: store.run(run_id).canonical_bytes() for run_id in ("a", "b", "c")} == projected
+        assert all(store.refold(r).canonical_bytes() == projected[r] for r in projected)
+    code, payload = cli_json(capsys, "verify", "--store", str(tmp_path / "store.sqlite"))
+    assert code == 0 and payload["ok"] and payload["notes"] == [] and payload["shared_bodies"] == 0
+
+
+def test_an_interrupted_reduction_gets_the_note_and_the_named_command_removes_it(
+        tmp_path: Path, capabilities: dict[int, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    config = write_config(tmp_path)
+    with open_with(tmp_path, *sharing_runs()) as store:
+        ref = shared_ref(store)
+        for run_id in ("a", "b"):
+            reduce_run(store, run_id, 400, CHARS)
+    common = ("--store", str(tmp_path / "store.sqlite"), "--config", str(config))
+    reduce_args = ("--ceiling", "400", "--capabilities", str(capabilities[160_000]), *common)
+    killed = kvjudge("reduce", "c", *reduce_args, cwd=tmp_path, faults="after_commit_reduction")
+    assert killed.returncode == -9, killed.stderr
+    with Store.open(tmp_path / "store.sqlite") as store:
+        assert store.run("c").bodies[ref].status == "reduced" and store.blobs.get(ref) is not None
+    code, payload = cli_json(capsys, "verify", *common)
+    assert code == 0 and payload["ok"] and payload["shared_bodies"] == 0
+    (note,) = payload["notes"]  # once, for the run whose reduction stopped
+    assert note.startswith("run c: ") and "a reduction stopped before deleting them" in note
+    fix = re.search(r"run `kvjudge (reduce c)` to finish", note)
+    assert fix, note
+    done = kvjudge(*fix.group(1).split(), *reduce_args, "--json", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["runs"][0]["bodies_deleted"] >= 1
+    code, payload = cli_json(capsys, "verify", *common)
+    assert code == 0 and payload["ok"] and payload["notes"] == []
+    with Store.open(tmp_path / "store.sqlite") as store:
+        assert store.blobs.get(ref) is None and store.explain(ref).explained
 
 
 @pytest.mark.model

@@ -14,7 +14,6 @@ from kvjudge.retention import Store
 from kvjudge.retention.reduce import reduce_run, run_tokens
 from kvjudge.retention.synthetic import filler, make_run, write_jsonl
 from kvjudge.tokens import CharsPerToken
-from test_reduction import capabilities  # noqa: F401  (a real capability cache file, module-scoped)
 
 CHARS = CharsPerToken(4)
 
@@ -108,7 +107,7 @@ def test_verify_exit_codes(setup: dict[str, Path], capsys: pytest.CaptureFixture
     assert "no run 'nope'" in capsys.readouterr().err
 
 
-def test_reduce_dry_run_writes_nothing(setup: dict[str, Path], capabilities: dict[int, Path],  # noqa: F811
+def test_reduce_dry_run_writes_nothing(setup: dict[str, Path], capabilities: dict[int, Path],
                                        capsys: pytest.CaptureFixture[str]) -> None:
     main(["ingest", str(setup["runs"]), "--config", str(setup["config"])])
     capsys.readouterr()

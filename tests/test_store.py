@@ -47,6 +47,7 @@ def test_pragmas_wal_full_sync_and_schema_version(store: Store) -> None:
     conn = store.connection
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     assert conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+    assert conn.execute("PRAGMA auto_vacuum").fetchone()[0] == 2  # INCREMENTAL: freeing a body reads none of it
     assert store.schema_version() == SCHEMA_VERSION
     tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
     assert {"events", "blobs", "blob_tokens", "runs", "run_bodies", "judgments"} <= tables

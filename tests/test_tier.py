@@ -30,7 +30,7 @@ from kvjudge.errors import ColdStoreError, IntegrityError, RunStateError
 from kvjudge.retention import Store
 from kvjudge.retention.blobs import ref_of
 from kvjudge.retention.cold import blob_key
-from kvjudge.retention.tier import (
+from kvjudge.retention.tiering import (
     ColdStores,
     Manifest,
     fallback_reader,
@@ -42,7 +42,7 @@ from kvjudge.retention.verify import verify
 
 
 def verify_all(store: Store, *, rehash: bool = False) -> list[str]:
-    checks = verify_checks(None, store, rehash=rehash)
+    checks = verify_checks(store, ColdStores(), rehash=rehash)
     return [v.message for v in verify(store, extra_checks=checks).violations]
 
 
@@ -182,18 +182,20 @@ def test_tampered_remote_bytes_are_caught(tmp_path: Path, target: str) -> None:
         assert verify_all(store, rehash=True) == []
 
 
-def test_tier_cli_json_and_usage(tmp_path: Path, target: str) -> None:
+def test_tier_cli_json_and_usage(tmp_path: Path, target: str, ceiling_args: list[str]) -> None:
     path = make_store(tmp_path / "store.sqlite")
 
     def kvjudge(*args: str) -> subprocess.CompletedProcess[str]:
         return run_kvjudge(*args, "--store", str(path))
 
-    done = kvjudge("tier", "--all", "--to", target, "--json")
+    done = kvjudge("tier", "--all", "--to", target, *ceiling_args, "--json")
     assert done.returncode == 0, done.stderr
     payload = json.loads(done.stdout)
     assert [r["run"] for r in payload["runs"]] == ["run-a", "run-b"]
     assert {r["status"] for r in payload["runs"]} == {"tiered"}
     assert payload["skipped"] == {"run-live": "running (not terminal)"}
+    assert payload["left_behind"] == [] and payload["ceilings"] == {"acme": 80_000}
+    assert all(r["tokens"] <= r["ceiling"] == 80_000 and r["unreduced"] is None for r in payload["runs"])
     # `kvjudge show` reads a tiered run through the cold store, transparently.
     shown = kvjudge("show", "run-a", "--json")
     assert shown.returncode == 0, shown.stderr
@@ -201,9 +203,9 @@ def test_tier_cli_json_and_usage(tmp_path: Path, target: str) -> None:
     assert output["status"] == "tiered"
     assert output["text"] == json.loads(run_line("run-a", GRADED))["branches"][0]["transitions"][2][
         "tool_output"]["output"]
-    again = json.loads(kvjudge("tier", "run-a", "--to", target, "--json").stdout)
+    again = json.loads(kvjudge("tier", "run-a", "--to", target, *ceiling_args, "--json").stdout)
     assert again["runs"][0]["status"] == "already_tiered"
-    wrong = kvjudge("tier", "run-live", "--to", target)
+    wrong = kvjudge("tier", "run-live", "--to", target, *ceiling_args)
     assert wrong.returncode != 0 and wrong.stderr.count("\n") == 1 and "is running" in wrong.stderr
     usage = kvjudge("tier", "--to", target)
     assert usage.returncode == 2 and "name one RUN or pass --all" in usage.stderr
@@ -214,13 +216,36 @@ def test_tier_cli_json_and_usage(tmp_path: Path, target: str) -> None:
         assert len(tiered_refs(store, "run-a")) > 0
 
 
-def test_default_target_comes_from_config(tmp_path: Path) -> None:
+def test_hostile_run_ids_tier_inside_the_cold_store(tmp_path: Path) -> None:
+    """Run ids are untrusted: ".." or a 300-character id must not put a manifest outside the store, nor fail."""
+    hostile = ["..", ".", "x" * 300, "a/../../b"]
+    path = make_store(tmp_path / "store.sqlite", {run_id: GRADED for run_id in hostile})
+    (tmp_path / "cold").mkdir()
+    cold_url = f"file://{tmp_path / 'cold'}"
+    done = run_kvjudge("tier", "--all", "--to", cold_url, "--unreduced", "--store", str(path), "--json")
+    assert done.returncode == 0, done.stderr
+    assert sorted(r["run"] for r in json.loads(done.stdout)["runs"]) == sorted(hostile)
+    assert sorted(p.name for p in (tmp_path / "cold").iterdir()) == ["manifests", "objects"]
+    assert sorted(p.parent.parent.name for p in (tmp_path / "cold" / "manifests").glob("*/*.json")) == \
+        ["manifests"] * len(hostile)
+    checked = run_kvjudge("verify", "--verify-remote", "--store", str(path), "--json")
+    assert checked.returncode == 0, checked.stderr
+    assert json.loads(checked.stdout)["ok"] is True
+    for run_id in hostile:
+        shown = run_kvjudge("show", run_id, "--full", "--store", str(path), "--json")
+        assert shown.returncode == 0, shown.stderr
+        output = json.loads(shown.stdout)["branches"][0]["transitions"][2]["tool_output"]["output"]
+        assert output["status"] == "tiered" and output["text"].startswith(f"{run_id} line\n")
+
+
+def test_default_target_comes_from_config(tmp_path: Path, capabilities: dict[int, Path]) -> None:
     path = make_store(tmp_path / "store.sqlite", {"r1": GRADED})
     cold_dir = tmp_path / "configured-cold"
     cold_dir.mkdir()
-    (tmp_path / "kvjudge.toml").write_text(f'[retention]\ncold = "file://{cold_dir}"\nstore = "{path}"\n')
-    done = subprocess.run([sys.executable, "-m", "kvjudge", "tier", "r1", "--json", "--config",
-                           str(tmp_path / "kvjudge.toml")], capture_output=True, text=True, timeout=120)
+    (tmp_path / "kvjudge.toml").write_text(f'[retention]\ncold = "file://{cold_dir}"\nstore = "{path}"\n'
+                                           'counter = "chars"\n')
+    done = run_kvjudge("tier", "r1", "--json", "--config", str(tmp_path / "kvjudge.toml"),
+                       "--capabilities", str(capabilities[160_000]))
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["target"] == f"file://{cold_dir}"
     assert (cold_dir / "manifests" / "r1").is_dir()
@@ -273,22 +298,23 @@ def test_a_corrupt_local_body_is_never_uploaded(tmp_path: Path) -> None:
 def test_rehydrate_survives_a_concurrent_recovery(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A `tier` recovery running between rehydrate's puts and its event releases the bodies; the event still
     commits only with every body here."""
-    import kvjudge.retention.tier as tier_module
+    import kvjudge.retention.tiering.rehydrate as rehydrate_module
+    from kvjudge.retention.tiering import recover
 
     path = make_store(tmp_path / "store.sqlite")
     (tmp_path / "cold").mkdir()
     with Store.open(path) as store:
         before = texts(store, "run-a")
         tier_run(store, "run-a", cold_for(f"file://{tmp_path / 'cold'}"))
-        real_fault_point = tier_module.fault_point
+        real_fault_point = rehydrate_module.fault_point
 
         def interleave(name: str) -> None:
             if name == "rehydrate.after_bodies":
                 with Store.open(path) as other:  # another process's view of the same store
-                    assert tier_module.recover(other, ColdStores())[0].recovered == "delete"
+                    assert recover(other, ColdStores())[0].recovered == "delete"
             real_fault_point(name)
 
-        monkeypatch.setattr(tier_module, "fault_point", interleave)
+        monkeypatch.setattr(rehydrate_module, "fault_point", interleave)
         assert rehydrate_run(store, "run-a", ColdStores()).status == "rehydrated"
         assert tiered_refs(store, "run-a") == []
         assert texts(store, "run-a") == before  # no fallback: every body is local

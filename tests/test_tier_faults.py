@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import signal
 from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers import kvjudge
@@ -14,7 +15,7 @@ from tier_support import cold_for, event_kinds, make_store, remote_keys, texts, 
 
 from kvjudge.retention import Store
 from kvjudge.retention.cold import blob_key
-from kvjudge.retention.tier import REHYDRATE_POINTS, TIER_POINTS, fallback_reader, verify_checks
+from kvjudge.retention.tiering import REHYDRATE_POINTS, TIER_POINTS, ColdStores, fallback_reader, verify_checks
 from kvjudge.retention.verify import verify
 
 #: The S3 variant runs the points where the remote matters most (keeps the SeaweedFS part short).
@@ -34,7 +35,7 @@ def assert_converged(path: Path, target: str, before: dict[str, str | None]) -> 
         assert len([k for k in keys if k.startswith("manifests/")]) == 1
         shared = set(refs) & set(store.run("run-b").refs())
         assert [r for r in refs if store.blobs.has_body(r)] == sorted(shared)
-        checks = verify_checks(None, store, rehash=True)
+        checks = verify_checks(store, ColdStores(), rehash=True)
         report = verify(store, extra_checks=checks)
         assert report.ok, report.violations
         assert report.notes == []  # no stray bodies: the manifest is rebuilt from the log, never stored locally
@@ -49,78 +50,84 @@ def assert_nothing_lost(path: Path, before: dict[str, str | None]) -> None:
         assert texts(store, "run-a") == before
 
 
-def crash_then_rerun(tmp_path: Path, target: str, point: str) -> None:
+def tier(path: Path, target: str, ceiling_args: list[str], *extra: str, **kwargs: Any) -> Any:
+    """`kvjudge tier run-a` into ``target`` (a child process; ``faults=`` arms a fault point)."""
+    return kvjudge("tier", "run-a", "--to", target, "--store", str(path), *ceiling_args, *extra, **kwargs)
+
+
+def crash_then_rerun(tmp_path: Path, target: str, point: str, ceiling_args: list[str]) -> None:
     path = make_store(tmp_path / "store.sqlite")
     with Store.open(path) as store:
         before = texts(store, "run-a")
-    crashed = kvjudge("tier", "run-a", "--to", target, "--store", str(path), faults=point)
+    crashed = tier(path, target, ceiling_args, faults=point)
     assert crashed.returncode == -signal.SIGKILL, (crashed.returncode, crashed.stderr)
     assert_nothing_lost(path, before)
-    rerun = kvjudge("tier", "run-a", "--to", target, "--store", str(path), "--json")
+    rerun = tier(path, target, ceiling_args, "--json")
     assert rerun.returncode == 0, rerun.stderr
     assert_converged(path, target, before)
     # And once more: nothing left to do.
-    again = kvjudge("tier", "run-a", "--to", target, "--store", str(path), "--json")
+    again = tier(path, target, ceiling_args, "--json")
     assert again.returncode == 0 and '"already_tiered"' in again.stdout
     assert_converged(path, target, before)
 
 
 @pytest.mark.parametrize("point", TIER_POINTS)
-def test_kill_at_each_point_local(tmp_path: Path, point: str) -> None:
+def test_kill_at_each_point_local(tmp_path: Path, point: str, ceiling_args: list[str]) -> None:
     (tmp_path / "cold").mkdir()
-    crash_then_rerun(tmp_path, f"file://{tmp_path / 'cold'}", point)
+    crash_then_rerun(tmp_path, f"file://{tmp_path / 'cold'}", point, ceiling_args)
 
 
 @pytest.mark.s3
 @pytest.mark.parametrize("point", S3_POINTS)
-def test_kill_at_each_point_s3(tmp_path: Path, point: str, s3_bucket: str) -> None:  # noqa: F811
-    crash_then_rerun(tmp_path, f"s3://{s3_bucket}/t", point)
+def test_kill_at_each_point_s3(tmp_path: Path, point: str, s3_bucket: str,  # noqa: F811
+                               ceiling_args: list[str]) -> None:
+    crash_then_rerun(tmp_path, f"s3://{s3_bucket}/t", point, ceiling_args)
 
 
-def test_recovery_repairs_a_remote_that_lost_an_object(tmp_path: Path) -> None:
+def test_recovery_repairs_a_remote_that_lost_an_object(tmp_path: Path, ceiling_args: list[str]) -> None:
     """The manifest made it but a body was lost remotely before Tiered: recovery rewrites it, then commits."""
     (tmp_path / "cold").mkdir()
     target = f"file://{tmp_path / 'cold'}"
     path = make_store(tmp_path / "store.sqlite")
     with Store.open(path) as store:
         before = texts(store, "run-a")
-    crashed = kvjudge("tier", "run-a", "--to", target, "--store", str(path), faults="tier.manifest_response_lost")
+    crashed = tier(path, target, ceiling_args, faults="tier.manifest_response_lost")
     assert crashed.returncode == -signal.SIGKILL
     lost = sorted(before)[0]
     (tmp_path / "cold" / blob_key(lost)).unlink()
-    rerun = kvjudge("tier", "run-a", "--to", target, "--store", str(path), "--json")
+    rerun = tier(path, target, ceiling_args, "--json")
     assert rerun.returncode == 0, rerun.stderr
     assert json.loads(rerun.stdout)["runs"][0]["recovered"] == "upload"
     assert_converged(path, target, before)
 
 
-def test_cold_store_down_during_recovery_deletes_nothing(tmp_path: Path) -> None:
+def test_cold_store_down_during_recovery_deletes_nothing(tmp_path: Path, ceiling_args: list[str]) -> None:
     (tmp_path / "cold").mkdir()
     target = f"file://{tmp_path / 'cold'}"
     path = make_store(tmp_path / "store.sqlite")
     with Store.open(path) as store:
         before = texts(store, "run-a")
-    crashed = kvjudge("tier", "run-a", "--to", target, "--store", str(path), faults="tier.after_blobs")
+    crashed = tier(path, target, ceiling_args, faults="tier.after_blobs")
     assert crashed.returncode == -signal.SIGKILL
     (tmp_path / "cold").rename(tmp_path / "unmounted")
-    down = kvjudge("tier", "run-a", "--to", target, "--store", str(path))
+    down = tier(path, target, ceiling_args)
     assert down.returncode != 0 and down.stderr.count("\n") == 1 and "does not exist" in down.stderr
     with Store.open(path) as store:
         assert store.run("run-a").tier["status"] == "started"
         assert texts(store, "run-a") == before  # every body still local: no fallback attached
     (tmp_path / "unmounted").rename(tmp_path / "cold")
-    assert kvjudge("tier", "run-a", "--to", target, "--store", str(path)).returncode == 0
+    assert tier(path, target, ceiling_args).returncode == 0
     assert_converged(path, target, before)
 
 
-def test_verify_recovers_a_crashed_move(tmp_path: Path) -> None:
+def test_verify_recovers_a_crashed_move(tmp_path: Path, ceiling_args: list[str]) -> None:
     """Recovery also runs at the start of verify: TierStarted without Tiered is finished there."""
     (tmp_path / "cold").mkdir()
     target = f"file://{tmp_path / 'cold'}"
     path = make_store(tmp_path / "store.sqlite")
     with Store.open(path) as store:
         before = texts(store, "run-a")
-    crashed = kvjudge("tier", "run-a", "--to", target, "--store", str(path), faults="tier.after_blobs")
+    crashed = tier(path, target, ceiling_args, faults="tier.after_blobs")
     assert crashed.returncode == -signal.SIGKILL
     with Store.open(path) as store:
         assert store.run("run-a").tier["status"] == "started"
@@ -131,13 +138,13 @@ def test_verify_recovers_a_crashed_move(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("point", REHYDRATE_POINTS)
-def test_kill_rehydrate_then_rerun(tmp_path: Path, point: str) -> None:
+def test_kill_rehydrate_then_rerun(tmp_path: Path, point: str, ceiling_args: list[str]) -> None:
     (tmp_path / "cold").mkdir()
     target = f"file://{tmp_path / 'cold'}"
     path = make_store(tmp_path / "store.sqlite")
     with Store.open(path) as store:
         before = texts(store, "run-a")
-    assert kvjudge("tier", "run-a", "--to", target, "--store", str(path)).returncode == 0
+    assert tier(path, target, ceiling_args).returncode == 0
     crashed = kvjudge("rehydrate", "run-a", "--store", str(path), faults=point)
     assert crashed.returncode == -signal.SIGKILL
     assert_nothing_lost(path, before)
@@ -147,5 +154,5 @@ def test_kill_rehydrate_then_rerun(tmp_path: Path, point: str) -> None:
         assert event_kinds(store, "run-a").count("Rehydrated") == 1
         assert tiered_refs(store, "run-a") == []
         assert texts(store, "run-a") == before  # no fallback attached: every body is local again
-        checks = verify_checks(None, store)
+        checks = verify_checks(store, ColdStores())
         assert verify(store, extra_checks=checks).ok

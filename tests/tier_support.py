@@ -109,5 +109,5 @@ def cold_for(target_url: str) -> ColdStore:
     return open_cold_store(target_url)
 
 
-__all__ = ["GRADED", "SeaweedServer", "cold_for", "event_kinds", "make_store", "read_remote", "remote_keys", "remove",
-           "run_line", "tamper", "target", "texts", "tiered_refs"]
+__all__ = ["GRADED", "SeaweedServer", "cold_for", "event_kinds", "make_store", "read_remote",
+           "remote_keys", "remove", "run_line", "tamper", "target", "texts", "tiered_refs"]

@@ -8,16 +8,19 @@ import json
 import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kvjudge import models
 from kvjudge.config import Config, load_config
 from kvjudge.display import visible
-from kvjudge.errors import CapabilityMissing, ConfigError
+from kvjudge.errors import CapabilityMissing, ConfigError, UsageError
 
 if TYPE_CHECKING:
+    from kvjudge.budget import CeilingBound
     from kvjudge.probe import CapabilityEntry
+    from kvjudge.retention.tiering import ColdStores
     from kvjudge.tokens import TokenCounter
 
 # The figures of a capability entry worth showing (trials are the probe's business).
@@ -43,7 +46,9 @@ def add_store_args(parser: argparse.ArgumentParser) -> None:
 def add_endpoint_args(parser: argparse.ArgumentParser) -> None:
     """``--endpoint-url URL`` (commands that reach an S3 cold store)."""
     parser.add_argument("--endpoint-url", metavar="URL",
-                        help="S3 endpoint (default: [retention] endpoint_url, else AWS_ENDPOINT_URL / AWS config)")
+                        help="S3 endpoint for new moves (default: [retention] endpoint_url, else AWS_ENDPOINT_URL / "
+                             "AWS config); a tiered run is read where its log says it went, and this overrides "
+                             "that only when the store at URL holds the same manifest (the store moved)")
 
 
 def staleness_days(args: argparse.Namespace) -> float | None:
@@ -139,6 +144,75 @@ def served_entry(args: argparse.Namespace, url: str, cache_path: str | os.PathLi
     return found.entry
 
 
+def add_ceiling_args(parser: argparse.ArgumentParser) -> None:
+    """``--ceiling``, ``--capabilities``, ``--model``, ``--server``: what a run's effective ceiling is computed from."""
+    parser.add_argument("--ceiling", type=int, metavar="N",
+                        help="lower the configured ceiling to N tokens (the hardware bound still applies)")
+    parser.add_argument("--capabilities", metavar="FILE",
+                        help="capability cache file (e.g. copied from the judge host; default: in the cache dir)")
+    parser.add_argument("--model", metavar="PATH", help="judge model GGUF (default: [judge] model or the default "
+                                                        "judge model); with --server: a local copy of the served "
+                                                        "GGUF to count tokens with")
+    parser.add_argument("--server", metavar="URL",
+                        help="the judge is this OpenAI-compatible server: the ceiling comes from its `kvjudge probe "
+                             "--server` entry (default: [judge] servers / server, unless --model is given)")
+
+
+@dataclass(frozen=True)
+class Ceilings:
+    """Effective ceilings per tenant: ``min(configured, max_context_tokens // 2)`` of the judge (a local model on
+    this device, or the served model of a judge server), the configured value lowered by ``--ceiling``. Never the
+    configured value alone: without a probe figure :meth:`bound` raises CapabilityMissing."""
+
+    config: Config
+    judge: str                      # the local GGUF's path, or "MODEL_ID @ URL" for a server
+    max_context_tokens: int | None
+    capability: dict[str, Any] | None
+    lowered_to: int | None = None
+    served: CapabilityEntry | None = None   # the server's entry (its tokenizer counts) when the judge is served
+
+    def bound(self, tenant: str) -> CeilingBound:
+        from kvjudge.budget import configured_ceiling, effective_ceiling
+
+        configured = configured_ceiling(self.config, tenant)
+        if self.lowered_to is not None:
+            configured = min(configured, self.lowered_to)
+        return effective_ceiling(configured, self.max_context_tokens)
+
+    def describe(self, tenant: str) -> dict[str, Any]:
+        """The figures behind a tenant's ceiling (``--json``'s ``ceilings``)."""
+        bound = self.bound(tenant)
+        return {"configured": bound.configured, "max_context_tokens": self.max_context_tokens,
+                "hardware_bound": bound.hardware_bound, "effective": bound.effective, "winner": bound.winner}
+
+
+def ceilings_from(args: argparse.Namespace, config: Config) -> Ceilings:
+    """The :class:`Ceilings` of a command with :func:`add_ceiling_args` (reads the capability cache, never probes).
+
+    With judge servers the smallest ``max_context_tokens`` among their entries bounds the ceiling: a pair may be
+    read by any of them. A missing server entry is CapabilityMissing, as for a local model."""
+    if args.ceiling is not None and args.ceiling <= 0:
+        raise UsageError(f"--ceiling must be a positive number of tokens, got {args.ceiling}")
+    servers = judge_servers(args, config)
+    if servers:
+        # `tier --unreduced` moves runs whatever their size: a missing figure is no reason to stop there.
+        required = not getattr(args, "unreduced", False)
+        entries = [e for e in (served_entry(args, url, args.capabilities, required=required) for url in servers) if e]
+        if not entries:
+            return Ceilings(config=config, judge=", ".join(servers), max_context_tokens=None, capability=None,
+                            lowered_to=args.ceiling)
+        served = min(entries, key=lambda e: e.max_context_tokens)
+        return Ceilings(config=config, judge=f"{served.server['model_id']} @ {served.server['url']}",
+                        max_context_tokens=served.max_context_tokens, capability=entry_summary(served),
+                        lowered_to=args.ceiling, served=served)
+    model_path = judge_model(args, config)
+    entry = lookup_entry(model_path, args.capabilities)
+    warn_if_stale(entry, model_path)
+    return Ceilings(config=config, judge=str(model_path),
+                    max_context_tokens=None if entry is None else entry.max_context_tokens,
+                    capability=entry_summary(entry), lowered_to=args.ceiling)
+
+
 def lookup_entry(model_path: Path, cache_path: str | os.PathLike[str] | None = None,
                  memory_budget: int | str | None = None) -> CapabilityEntry | None:
     """The capability cache entry for ``model_path`` on this device, or None (never probes)."""
@@ -213,18 +287,29 @@ def print_table(columns: Sequence[str], rows: Sequence[Sequence[Any]], title: st
     Console(file=stream, soft_wrap=False, width=max(100, Console(file=stream).width)).print(table)
 
 
-def open_store(args: argparse.Namespace, config: Config, *, read_tiered: bool = True) -> Any:
+def cold_stores(args: argparse.Namespace, config: Config) -> ColdStores:
+    """The cold stores a command opens: new moves at ``--endpoint-url`` / ``[retention] endpoint_url`` / boto3's
+    resolution; recorded moves where their log says (``--endpoint-url`` overrides that only when it holds the
+    same manifest). Notices (an old log without endpoints) go to stderr, once."""
+    from kvjudge.retention.tiering import ColdStores
+
+    return ColdStores.from_config(config, getattr(args, "endpoint_url", None), notice=info)
+
+
+def open_store(args: argparse.Namespace, config: Config, *, read_tiered: bool = True,
+               stores: ColdStores | None = None) -> Any:
     """The store named by ``--store``, ``[retention] store`` or the default path.
 
-    With ``read_tiered`` the store reads tiered bodies from their cold store (``show``, the judge); tiering
-    itself moves local bodies and opens the store without that reader.
+    With ``read_tiered`` the store reads tiered bodies from their cold store (``show``, the judge) through
+    ``stores`` (default: :func:`cold_stores`); tiering itself moves local bodies and opens the store without
+    that reader.
     """
     from kvjudge.retention import Store
-    from kvjudge.retention.tier import fallback_reader
+    from kvjudge.retention.tiering import ColdReader
 
     store = Store.open(getattr(args, "store", None) or config.get("retention.store", str, None))
     if read_tiered:  # the reader looks up where each tiered body went, so it needs the store
-        store.fallback = fallback_reader(config, store, endpoint_url=getattr(args, "endpoint_url", None))
+        store.fallback = ColdReader(store, stores or cold_stores(args, config))
     return store
 
 
@@ -298,6 +383,7 @@ def add_judge_args(parser: argparse.ArgumentParser, *, also_templates: tuple[str
                                                                    "(experiments only)")
     parser.add_argument("--no-cache", action="store_true", help="do not read or write cached judgments")
     add_store_args(parser)
+    add_endpoint_args(parser)  # tiered runs are read where their moves went (--endpoint-url: the store moved)
     add_output_args(parser)
 
 

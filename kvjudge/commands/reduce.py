@@ -1,31 +1,34 @@
-"""`kvjudge reduce RUN | --all`: reduce runs to the effective ceiling of the judge model."""
+"""`kvjudge reduce RUN | --all`: reduce runs to the effective ceiling of the judge model.
+
+A run whose bodies are in cold storage is not reduced: reduction reads local bodies only, so such a run above its
+ceiling is listed with the command that makes it reducible (`kvjudge rehydrate RUN`). Whenever a run is left
+above its ceiling the command exits 1.
+"""
 
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any
 
-from kvjudge.budget import configured_ceiling, effective_ceiling
 from kvjudge.commands._common import (
+    add_ceiling_args,
     add_output_args,
     add_store_args,
+    ceilings_from,
     config_from,
     counter_for,
     emit,
-    entry_summary,
     info,
-    judge_model,
-    judge_servers,
-    lookup_entry,
     open_store,
     print_table,
     progress,
-    served_entry,
-    warn_if_stale,
 )
 from kvjudge.errors import RunStateError, UsageError
-from kvjudge.retention.reduce import apply_plan, plan_reduction, store_counter_view
+from kvjudge.retention.reduce import ReductionPlan, RunInColdStorage, plan_stored, reduce_run
+
+# What each loss step did, as plan.steps names it.
+_STEPS = (("bodies_reduced", "bodies reduced to summaries"), ("branches_summarised", "dead branches summarised"),
+          ("dropped", "dead-branch texts dropped"))
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -33,52 +36,32 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "reduce", help="reduce runs to the effective ceiling (min(configured, max_context_tokens // 2))",
         description="Reduce a run (or every run whose grading has terminated, with --all) to the effective "
                     "ceiling of the judge model: min(configured ceiling, max_context_tokens // 2). Loss order: "
-                    "bodies → summaries, dead branches → summary, then dead-branch text dropped.")
+                    "bodies → summaries, dead branches → summary, then dead-branch text dropped. A tiered run is "
+                    "not reduced (rehydrate it first). Exits 1 when any run is left above its ceiling.")
     target = parser.add_mutually_exclusive_group(required=True)
     target.add_argument("run", nargs="?", help="run id")
     target.add_argument("--all", action="store_true", help="every graded, ungraded or archived run")
     parser.add_argument("--tenant", metavar="NAME", help="with --all: only this tenant's runs")
-    parser.add_argument("--ceiling", type=int, metavar="N",
-                        help="lower the configured ceiling to N tokens (the hardware bound still applies)")
     parser.add_argument("--dry-run", action="store_true", help="plan and report; write nothing")
-    parser.add_argument("--capabilities", metavar="FILE",
-                        help="capability cache file (e.g. copied from the judge host; default: in the cache dir)")
-    parser.add_argument("--model", metavar="PATH", help="judge model GGUF (default: [judge] model or the default "
-                                                        "judge model); with --server: a local copy of the served "
-                                                        "GGUF to count tokens with")
-    parser.add_argument("--server", metavar="URL",
-                        help="the judge is this OpenAI-compatible server: the ceiling comes from its `kvjudge probe "
-                             "--server` entry (default: [judge] server, unless --model is given)")
+    add_ceiling_args(parser)
     add_store_args(parser)
     add_output_args(parser)
     parser.set_defaults(func=_reduce)
 
 
-def _max_context_tokens(model_path: Path, capabilities: str | None) -> tuple[int | None, Any]:
-    """``max_context_tokens`` of the judge model on this device from the capability cache (None when unknown)."""
-    entry = lookup_entry(model_path, capabilities)
-    warn_if_stale(entry, model_path)
-    return (None if entry is None else entry.max_context_tokens), entry_summary(entry)
+def _left_above(plan: ReductionPlan) -> str:
+    """Why a planned run stays above its target: only the loss steps that were taken are named."""
+    taken = [f"{plan.steps.get(key, 0)} {label}" for key, label in _STEPS if plan.steps.get(key, 0)]
+    how = f"after every loss step ({', '.join(taken)})" if taken else "and no loss step could shrink it"
+    return (f"run {plan.run_id}: {plan.tokens_after} tokens remain above the target {plan.target_tokens} {how}; "
+            "kept: transitions, live-branch markers")
 
 
 def _reduce(args: argparse.Namespace) -> int:
     config = config_from(args)
-    if args.ceiling is not None and args.ceiling <= 0:
-        raise UsageError(f"--ceiling must be a positive number of tokens, got {args.ceiling}")
     if args.tenant is not None and not args.all:
         raise UsageError("--tenant only applies with --all; name a run or add --all")
-    served = None
-    servers = [args.server] if args.server else ([] if args.model else judge_servers(args, config))
-    if servers:
-        # The judge that will read the runs is a server: its entry bounds the ceiling (and its tokenizer counts).
-        served = served_entry(args, servers[0], args.capabilities)
-        assert served is not None
-        judge_label = f"{served.server['model_id']} @ {served.server['url']}"
-        max_context, capability = served.max_context_tokens, entry_summary(served)
-    else:
-        model_path = judge_model(args, config)
-        judge_label = str(model_path)
-        max_context, capability = _max_context_tokens(model_path, args.capabilities)
+    ceilings = ceilings_from(args, config)
     with open_store(args, config) as store:
         if args.all:
             candidates = [store.run(run_id) for run_id in store.run_ids(args.tenant)]
@@ -89,35 +72,38 @@ def _reduce(args: argparse.Namespace) -> int:
             state = refused[0]
             raise RunStateError(f"run {state.id} is {state.state}; only graded, ungraded or archived runs can be "
                                 f"reduced (finish grading first: `kvjudge mark {state.id} graded|ungraded`)")
-        counter = counter_for(args, config, served)
+        counter = counter_for(args, config, ceilings.served)
         results: list[dict[str, Any]] = []
         targets: dict[str, dict[str, Any]] = {}
+        above: list[dict[str, Any]] = []
         reducible = [s for s in candidates if s.is_reducible]
         with progress("reducing", len(reducible)) as advance:
             for listed in reducible:
                 state = store.run(listed.id)
-                configured = configured_ceiling(config, state.tenant)
-                if args.ceiling is not None:
-                    configured = min(configured, args.ceiling)
                 # Never the configured value alone: without max_context_tokens this raises CapabilityMissing.
-                bound = effective_ceiling(configured, max_context)
-                targets[state.tenant] = {"configured": bound.configured, "max_context_tokens": max_context,
-                                         "hardware_bound": bound.hardware_bound, "effective": bound.effective,
-                                         "winner": bound.winner}
-                plan = plan_reduction(state, store.text, counter, bound.effective,
-                                      counts=store_counter_view(store, state, counter))
-                if args.dry_run:
-                    outcome = {**plan.to_dict(), "dry_run": True}
-                else:
-                    outcome = apply_plan(store, plan).to_dict()
+                targets[state.tenant] = ceilings.describe(state.tenant)
+                target = targets[state.tenant]["effective"]
+                try:
+                    if args.dry_run:
+                        plan = plan_stored(store, state, target, counter)
+                        outcome = {**plan.to_dict(), "dry_run": True}
+                    else:
+                        result = reduce_run(store, state.id, target, counter)
+                        plan, outcome = result.plan, result.to_dict()
+                    if not plan.fits:
+                        above.append({"run": state.id, "tokens": plan.tokens_after, "target": target,
+                                      "reason": _left_above(plan), "fix": None})
+                except RunInColdStorage as exc:
+                    outcome = {"run": state.id, "counter": counter.name, "target_tokens": target,
+                               "tokens_before": exc.tokens, "tokens_after": exc.tokens, "fits": False, "events": 0,
+                               "in_cold_storage": True}
+                    above.append({"run": state.id, "tokens": exc.tokens, "target": target, "reason": str(exc),
+                                  "fix": f"kvjudge rehydrate {state.id}"})
                 outcome["tenant"] = state.tenant
                 results.append(outcome)
-                if not outcome["fits"]:
-                    info(f"run {state.id}: {outcome['tokens_after']} tokens remain above the target "
-                         f"{bound.effective} after every loss step (kept: transitions, live-branch markers)")
                 advance(description=f"reducing {state.id}")
-    payload = {"store": str(store.path), "model": judge_label, "counter": counter.name, "ceilings": targets,
-               "capability": capability, "runs": results,
+    payload = {"store": str(store.path), "model": ceilings.judge, "counter": counter.name,
+               "ceilings": targets, "capability": ceilings.capability, "runs": results, "above_ceiling": above,
                "refused": [{"run": s.id, "state": s.state,
                             "reason": "grading has not terminated (only graded, ungraded, archived reduce)"}
                            for s in refused]}
@@ -134,4 +120,9 @@ def _reduce(args: argparse.Namespace) -> int:
             info(f"refused {item['run']}: it is {item['state']}; {item['reason']}")
 
     emit(args, payload, human)
-    return 0
+    # Stderr names every run left above its ceiling, --json or not (the exit code says there is one).
+    for item in above:
+        info(item["reason"])
+    if above:
+        info(f"{len(above)} run(s) left above their ceiling: {', '.join(item['run'] for item in above)}")
+    return 1 if above else 0

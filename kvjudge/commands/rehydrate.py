@@ -8,6 +8,7 @@ from kvjudge.commands._common import (
     add_endpoint_args,
     add_output_args,
     add_store_args,
+    cold_stores,
     config_from,
     emit,
     megabytes,
@@ -15,7 +16,7 @@ from kvjudge.commands._common import (
     print_table,
     progress,
 )
-from kvjudge.retention.tier import ColdStores, rehydrate_run, resolve_endpoint
+from kvjudge.retention.tiering import rehydrate_run
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -32,7 +33,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _rehydrate(args: argparse.Namespace) -> int:
     config = config_from(args)
-    stores = ColdStores(resolve_endpoint(config, args.endpoint_url))
+    stores = cold_stores(args, config)
     with open_store(args, config, read_tiered=False) as store:
         tiered = sum(1 for loc in store.run(args.run).bodies.values() if loc.status == "tiered")
         with progress(f"rehydrating {args.run}", tiered) as advance:
@@ -40,8 +41,9 @@ def _rehydrate(args: argparse.Namespace) -> int:
     payload = result.to_dict()
 
     def human() -> None:
+        source = (result.target or "") + (f" at {result.endpoint}" if result.endpoint else "")
         print_table(["run", "status", "bodies", "MB", "from"],
-                    [[result.run, result.status, result.refs, megabytes(result.bytes), result.target or ""]])
+                    [[result.run, result.status, result.refs, megabytes(result.bytes), source]])
 
     emit(args, payload, human)
     return 0

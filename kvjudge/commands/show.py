@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from kvjudge.commands._common import add_output_args, add_store_args, config_from, emit, open_store
+from kvjudge.commands._common import add_endpoint_args, add_output_args, add_store_args, config_from, emit, open_store
 from kvjudge.retention.blobs import short
 from kvjudge.retention.reduce import resolve
 from kvjudge.retention.state import REDUCED, TIERED, RunState
@@ -22,6 +22,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("run", help="run id")
     parser.add_argument("--full", action="store_true", help="do not shorten long texts")
     add_store_args(parser)
+    add_endpoint_args(parser)
     add_output_args(parser)
     parser.set_defaults(func=_show)
 

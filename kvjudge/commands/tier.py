@@ -1,4 +1,9 @@
-"""`kvjudge tier RUN | --all`: move the bodies of terminal runs to cold storage."""
+"""`kvjudge tier RUN | --all`: move the bodies of terminal runs that are within their ceiling to cold storage.
+
+The order is the seed's: reduce runs to their ceiling, then move them. A run above its effective ceiling (the
+same one `kvjudge reduce` targets) is not moved: one line names `kvjudge reduce RUN`, and the command exits 1.
+`--unreduced` moves such runs anyway (raw archives); their log records it.
+"""
 
 from __future__ import annotations
 
@@ -6,10 +11,14 @@ import argparse
 from typing import Any
 
 from kvjudge.commands._common import (
+    add_ceiling_args,
     add_endpoint_args,
     add_output_args,
     add_store_args,
+    ceilings_from,
+    cold_stores,
     config_from,
+    counter_for,
     emit,
     info,
     megabytes,
@@ -17,31 +26,28 @@ from kvjudge.commands._common import (
     print_table,
     progress,
 )
-from kvjudge.errors import UsageError
-from kvjudge.retention.tier import (
-    ColdStores,
-    local_body_bytes,
-    plan_all,
-    recover,
-    resolve_endpoint,
-    resolve_target,
-    tier_run,
-)
+from kvjudge.errors import CapabilityMissing, UsageError
+from kvjudge.retention.tiering import TierGate, local_body_bytes, plan_all, recover, resolve_target, tier_runs
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     tier = subparsers.add_parser(
-        "tier", help="move the bodies of terminal runs to cold storage (a directory or S3)",
-        description="Move the local bodies of graded/ungraded/archived runs to a cold store: upload, write the "
-                    "manifest last, read back and check, record Tiered, then delete the local copies. "
-                    "Idempotent; a crashed move is finished first. Reading a tiered run fetches its bodies.")
+        "tier", help="move the bodies of terminal runs within their ceiling to cold storage (a directory or S3)",
+        description="Move the local bodies of graded/ungraded/archived runs that are within their effective "
+                    "ceiling (min(configured, max_context_tokens // 2), as `kvjudge reduce` targets) to a cold "
+                    "store: upload, write the manifest last, read back and check, record Tiered, then delete the "
+                    "local copies. Idempotent; a crashed move is finished first. Reading a tiered run fetches its "
+                    "bodies. Exits 1 when a run above its ceiling was left behind.")
     tier.add_argument("run", nargs="?", metavar="RUN", help="run id to tier")
     tier.add_argument("--all", action="store_true", help="every eligible run not tiered yet")
     tier.add_argument("--to", metavar="URL",
                       help="cold store: file:///path or s3://bucket/prefix (default: [retention] cold, else a "
                            "'cold' directory in the data dir)")
+    tier.add_argument("--unreduced", action="store_true",
+                      help="also move runs above their ceiling (raw archives); the log records it")
     tier.add_argument("--verify-remote", action="store_true",
                       help="re-hash every uploaded body by downloading it (default: sizes and stored checksums)")
+    add_ceiling_args(tier)
     add_store_args(tier)
     add_endpoint_args(tier)
     add_output_args(tier)
@@ -52,8 +58,8 @@ def _tier(args: argparse.Namespace) -> int:
     if bool(args.run) == bool(args.all):
         raise UsageError("name one RUN or pass --all (not both)")
     config = config_from(args)
-    endpoint = resolve_endpoint(config, args.endpoint_url)
-    stores = ColdStores(endpoint)
+    ceilings = ceilings_from(args, config)
+    stores = cold_stores(args, config)
     cold = stores.get(resolve_target(config, args.to))
     results: list[dict[str, Any]] = []
     skipped: dict[str, str] = {}
@@ -66,25 +72,53 @@ def _tier(args: argparse.Namespace) -> int:
             run_ids, skipped = plan.runs, plan.skipped
         else:
             run_ids = [args.run]
-        for run_id in run_ids:
-            if run_id in finished and store.run(run_id).tier["status"] == "tiered":
-                continue
-            total = local_body_bytes(store, run_id) if store.has_run(run_id) else None
-            with progress(f"tiering {run_id}", total) as advance:
-                result = tier_run(store, run_id, cold, stores=stores, verify_remote=args.verify_remote,
-                                  progress=lambda n: advance(n))
-            results.append(result.to_dict())
-    payload = {"target": cold.url, "runs": results, "skipped": skipped}
+        run_ids = [run_id for run_id in run_ids
+                   if not (run_id in finished and store.run(run_id).tier["status"] == "tiered")]
+        counter = counter_for(args, config, ceilings.served) if run_ids else None
+        gates: dict[str, TierGate] = {}
+        for run_id in run_ids:  # every tenant's ceiling before anything moves (CapabilityMissing first)
+            tenant = store.run(run_id).tenant  # StoreError for an unknown run
+            if tenant not in gates:
+                gates[tenant] = TierGate(_ceiling(ceilings, tenant, args.unreduced), counter, args.unreduced)
+        total = sum(local_body_bytes(store, run_id) for run_id in run_ids)
+        with progress(f"tiering {len(run_ids)} run(s)", total) as advance:
+            moved = tier_runs(store, run_ids, cold, gates=lambda state: gates[state.tenant], stores=stores,
+                              verify_remote=args.verify_remote, progress=lambda n: advance(n))
+        results.extend(result.to_dict() for result in moved)
+    left = [r for r in results if r["status"] == "above_ceiling"]
+    payload = {"target": cold.url, "endpoint": cold.endpoint_url, "runs": results, "skipped": skipped,
+               "ceilings": {tenant: gate.ceiling for tenant, gate in gates.items()},
+               "left_behind": [r["run"] for r in left]}
 
     def human() -> None:
-        if results:
+        shown = [r for r in results if r["status"] != "above_ceiling"]
+        if shown:
             print_table(["run", "status", "bodies", "MB", "uploaded", "deleted", "recovered", "target"],
                         [[r["run"], r["status"], r["refs"], megabytes(r["bytes"]), r["uploaded"], r["deleted"],
-                          r["recovered"] or "", r["target"]] for r in results])
-        else:
+                          r["recovered"] or "", r["target"]] for r in shown])
+        elif not left:
             info("no run to tier")
         for run_id, reason in skipped.items():
             info(f"skipped {run_id}: {reason}")
 
     emit(args, payload, human)
-    return 0
+    for r in results:
+        if r["unreduced"]:
+            ceiling = r["unreduced"]["ceiling"]
+            info(f"run {r['run']}: moved unreduced as asked ({r['unreduced']['tokens']} tokens, ceiling "
+                 f"{'unknown' if ceiling is None else ceiling}); its log records it")
+    # Stderr names every run left behind, --json or not (the exit code says there is one).
+    for r in left:
+        info(f"run {r['run']}: {r['tokens']} tokens, above its ceiling {r['ceiling']}; not moved — run "
+             f"`kvjudge reduce {r['run']}` first (or `kvjudge tier {r['run']} --unreduced` to move it as it is)")
+    return 1 if left else 0
+
+
+def _ceiling(ceilings: Any, tenant: str, unreduced: bool) -> int | None:
+    """The tenant's effective ceiling; with ``--unreduced`` a missing probe figure is no reason to stop."""
+    try:
+        return ceilings.bound(tenant).effective
+    except CapabilityMissing:
+        if unreduced:
+            return None
+        raise

@@ -8,6 +8,7 @@ from kvjudge.commands._common import (
     add_endpoint_args,
     add_output_args,
     add_store_args,
+    cold_stores,
     config_from,
     emit,
     info,
@@ -16,7 +17,7 @@ from kvjudge.commands._common import (
     progress,
 )
 from kvjudge.retention.blobs import short
-from kvjudge.retention.tier import verify_checks
+from kvjudge.retention.tiering import verify_checks
 from kvjudge.retention.verify import verify
 
 
@@ -33,9 +34,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _verify(args: argparse.Namespace) -> int:
     config = config_from(args)
-    with open_store(args, config) as store:
+    stores = cold_stores(args, config)
+    with open_store(args, config, stores=stores) as store:
         # Tiering finishes crashed moves first (recovery), then adds its remote check.
-        checks = verify_checks(config, store, rehash=args.verify_remote, endpoint_url=args.endpoint_url)
+        checks = verify_checks(store, stores, rehash=args.verify_remote)
         if args.run is not None:
             store.run(args.run)  # StoreError for an unknown run
         total = 1 if args.run is not None else len(store.run_ids())
@@ -45,7 +47,10 @@ def _verify(args: argparse.Namespace) -> int:
     payload = report.to_dict()
 
     def human() -> None:
-        print(f"{'OK' if report.ok else 'VIOLATIONS'}: {report.runs} run(s), {report.blobs_rehashed} bodies re-hashed")
+        shared = f"; {report.shared_bodies} reduced bodies kept for other runs that still read them" \
+            if report.shared_bodies else ""
+        print(f"{'OK' if report.ok else 'VIOLATIONS'}: {report.runs} run(s), {report.blobs_rehashed} bodies "
+              f"re-hashed{shared}")
         if report.violations:
             print_table(("check", "run", "ref", "problem"),
                         [(v.check, v.run or "", short(v.ref) if v.ref else "", v.message) for v in report.violations])

@@ -4,7 +4,7 @@ Public API (see docs/contracts.md, "retention → tiering, judge, demo")::
 
     from kvjudge.retention import Store, fold, RunState, plan_reduction, apply_plan, verify
     from kvjudge.retention import ingest_paths, IngestReport          # getting runs in (or store.ingest)
-    from kvjudge.retention import open_cold_store, tier_run, rehydrate_run   # tiering
+    from kvjudge.retention import open_cold_store, tier_run, rehydrate_run   # tiering (kvjudge.retention.tiering)
 """
 
 from kvjudge.retention.blobs import BlobStore, ref_of
@@ -33,6 +33,8 @@ from kvjudge.retention.lifecycle import STATES, is_reducible
 from kvjudge.retention.reduce import (
     ReductionPlan,
     ReductionResult,
+    RunInColdStorage,
+    StalePlan,
     apply_plan,
     plan_reduction,
     reduce_run,
@@ -43,14 +45,25 @@ from kvjudge.retention.state import BodyLocation, Branch, RunState, Transition, 
 from kvjudge.retention.store import Explanation, Store
 from kvjudge.retention.summarize import summarize
 from kvjudge.retention.text_check import TextError, parse_checked
-from kvjudge.retention.tier import (
+from kvjudge.retention.tiering import (
+    REHYDRATE_POINTS,
+    TIER_POINTS,
+    ColdReader,
     ColdStores,
+    Manifest,
     RehydrateResult,
+    TierGate,
+    TierPlan,
     TierResult,
     fallback_reader,
+    local_body_bytes,
+    plan_all,
     recover,
     rehydrate_run,
+    resolve_endpoint,
+    resolve_target,
     tier_run,
+    tier_runs,
     verify_checks,
 )
 from kvjudge.retention.verify import Violation, VerifyReport, verify
@@ -61,8 +74,10 @@ __all__ = [
     "Store", "TextError", "TextRepaired", "TierStarted", "Tiered", "Transition", "TransitionRecorded",
     "VerifierRecorded", "canonical_json", "IngestReport", "fault_point", "fold", "fold_onto", "ingest_paths",
     "is_reducible", "parse_checked", "ref_of",
-    "ReductionPlan", "ReductionResult", "Violation", "VerifyReport", "apply_plan", "plan_reduction", "reduce_run",
-    "run_tokens", "summarize", "verify", "view_refs",
-    "ColdStore", "ColdStores", "LocalDirColdStore", "RehydrateResult", "S3ColdStore", "TierResult",
-    "fallback_reader", "open_cold_store", "recover", "rehydrate_run", "tier_run", "verify_checks",
+    "ReductionPlan", "ReductionResult", "RunInColdStorage", "StalePlan", "Violation", "VerifyReport", "apply_plan",
+    "plan_reduction", "reduce_run", "run_tokens", "summarize", "verify", "view_refs",
+    "REHYDRATE_POINTS", "TIER_POINTS", "ColdReader", "ColdStore", "ColdStores", "LocalDirColdStore", "Manifest",
+    "RehydrateResult", "S3ColdStore", "TierGate", "TierPlan", "TierResult", "fallback_reader", "local_body_bytes",
+    "open_cold_store", "plan_all", "recover", "rehydrate_run", "resolve_endpoint", "resolve_target", "tier_run",
+    "tier_runs", "verify_checks",
 ]

@@ -15,10 +15,15 @@ Two implementations: :class:`LocalDirColdStore` (a directory, e.g. a mounted dis
 from __future__ import annotations
 
 import base64
+import concurrent.futures
+import ctypes
+import functools
 import hashlib
 import os
 import secrets
 import socket
+import sys
+import threading
 import urllib.parse
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -43,13 +48,30 @@ def blob_key(ref: str) -> str:
     return f"objects/{hexdigest[:2]}/{hexdigest[2:4]}/{hexdigest}"
 
 
+# A run id names one directory of a local cold store; file systems cap a name at 255 bytes.
+_MAX_RUN_SEGMENT = 160
+
+
+def _run_segment(run_id: str) -> str:
+    """``run_id`` as one path segment: percent-escaped; ``.`` and ``..`` escaped too (they would name the
+    directory itself or its parent); a long id cut, with a digest of the whole id after a ``%-`` that
+    percent-escaping never produces, so two ids never share a segment."""
+    quoted = urllib.parse.quote(run_id, safe="-._")
+    if quoted in (".", ".."):
+        return "%2E" * len(quoted)
+    if len(quoted) > _MAX_RUN_SEGMENT:
+        digest = hashlib.sha256(run_id.encode("utf-8", "surrogatepass")).hexdigest()[:40]
+        return f"{quoted[:_MAX_RUN_SEGMENT - 42]}%-{digest}"
+    return quoted
+
+
 def manifest_key(run_id: str, last_lsn: int) -> str:
     """The object key of the manifest of ``run_id`` covering the log up to ``last_lsn``.
 
     One key per tiering of a run (a run rehydrated and tiered again covers a longer log), so a manifest is
-    never replaced by another; the run id is percent-escaped to stay one path segment.
+    never replaced by another; the run id stays one path segment whatever it holds (:func:`_run_segment`).
     """
-    return f"manifests/{urllib.parse.quote(run_id, safe='-._')}/{last_lsn:012d}.json"
+    return f"manifests/{_run_segment(run_id)}/{last_lsn:012d}.json"
 
 
 @dataclass(frozen=True)
@@ -77,27 +99,36 @@ class ManifestWrite:
 class ColdStore(Protocol):
     """The small interface every cold store implements.
 
-    ``url`` is the canonical target recorded in the log (``file:///abs/path`` or ``s3://bucket/prefix``).
-    Every method raises :class:`~kvjudge.errors.ColdStoreError` (one actionable line) when the store is
+    ``url`` is the canonical target recorded in the log (``file:///abs/path`` or ``s3://bucket/prefix``);
+    ``endpoint_url`` is where an S3 store is reached (recorded in the log beside the target, so every later
+    read goes there), None for a local directory. Every method raises :class:`~kvjudge.errors.ColdStoreError` (one actionable line) when the store is
     unreachable or refuses; none of them ever deletes a stored object.
     """
 
     url: str
+    endpoint_url: str | None
 
     def check(self) -> None:
         """Raise ColdStoreError unless the store is reachable and writable-looking."""
 
     def put_blob(self, ref: str, body: bytes) -> None:
-        """Store ``body`` under its ref's key; durable when this returns (the remote acknowledged)."""
+        """Store ``body`` under its ref's key: complete or absent after a crash, durable once :meth:`flush`
+        (or :meth:`put_manifest`) returned (for S3 at once: the remote acknowledged)."""
+
+    def flush(self) -> None:
+        """Make every blob put so far durable (a local directory batches its directory syncs until here)."""
 
     def stat_blob(self, ref: str) -> ObjectInfo | None:
-        """Size (and the store's own checksum when it keeps one) of a blob, None when absent."""
+        """Size (and the store's own checksum when it keeps one) of a blob, None when absent. A blob found is
+        made durable by the next :meth:`flush` like one put (another process may have written it unsynced)."""
 
     def get_blob(self, ref: str) -> bytes | None:
         """The blob's bytes, checked against the ref (IntegrityError on mismatch), None when absent."""
 
     def put_manifest(self, key: str, data: bytes) -> ManifestWrite:
-        """Create the manifest at ``key`` unless it exists; if it does, it must hold exactly ``data``."""
+        """Create the manifest at ``key`` unless it exists; if it does, it must hold exactly ``data``.
+
+        Every blob put before is durable first: a manifest present means its move's blobs are there."""
 
     def get_manifest(self, key: str) -> bytes | None:
         """The manifest's bytes, None when absent."""
@@ -128,16 +159,23 @@ class LocalDirColdStore:
     """A directory as cold store: content-addressed files, each written crash-safely.
 
     Every object is written to a temporary name in its final directory, fsynced, then renamed into place
-    and the directory fsynced — so after a crash an object is either absent or complete, never torn.
-    Manifests are linked into place with ``os.link`` (fails if the name exists), the local equivalent of
-    S3's ``If-None-Match: *``.
+    — so after a crash an object is either absent or complete, never torn. The directories a blob's rename
+    (or a new directory) changed are fsynced together by :meth:`flush`, which every manifest write runs
+    first: one sync per directory per move instead of one per object, and a manifest is never durable
+    before the blobs it names. Manifests are linked into place with ``os.link`` (fails if the name exists),
+    the local equivalent of S3's ``If-None-Match: *``, and their directory is synced at once.
     """
 
     def __init__(self, root: str | os.PathLike[str], *, create: bool = False) -> None:
         self.root = Path(root).expanduser().resolve()
         self.url = "file://" + urllib.parse.quote(str(self.root))
+        self.endpoint_url: str | None = None
         self._create = create
         self._host = socket.gethostname().replace("-", "_")
+        # Several writer threads share one store: directories known to exist, and those awaiting a sync.
+        self._lock = threading.Lock()
+        self._known_dirs: set[Path] = set()
+        self._unsynced: set[Path] = set()
 
     def __repr__(self) -> str:
         return f"LocalDirColdStore({str(self.root)!r})"
@@ -159,9 +197,28 @@ class LocalDirColdStore:
     def _path(self, key: str) -> Path:
         return self.root / key
 
+    def _ensure_dir(self, directory: Path) -> None:
+        """Create ``directory`` (and missing parents); a directory this call creates is an entry in its parent,
+        which then awaits a sync like a renamed blob."""
+        if directory in self._known_dirs:
+            return
+        try:
+            os.mkdir(directory)
+        except FileNotFoundError:
+            self._ensure_dir(directory.parent)
+            self._ensure_dir(directory)
+            return
+        except FileExistsError:
+            pass
+        else:
+            with self._lock:
+                self._unsynced.add(directory.parent)
+        with self._lock:
+            self._known_dirs.add(directory)
+
     def _write_temp(self, final: Path, data: bytes) -> Path:
         try:
-            final.parent.mkdir(parents=True, exist_ok=True)
+            self._ensure_dir(final.parent)
         except OSError as exc:
             raise ColdStoreError(f"cannot create {final.parent} in the cold store: {exc.strerror}") from exc
         # The writer's host and pid are in the name, so a later run can tell a dead writer's leftovers.
@@ -195,19 +252,43 @@ class LocalDirColdStore:
         try:
             # Content-addressed: replacing an existing object writes the same bytes (or repairs a bad copy).
             os.replace(temp, final)
-            self._fsync_dir(final.parent)
         except OSError as exc:
             temp.unlink(missing_ok=True)
             raise ColdStoreError(f"cannot store {final} in the cold store: {exc.strerror}") from exc
+        with self._lock:
+            self._unsynced.add(final.parent)
+
+    def flush(self) -> None:
+        with self._lock:
+            pending, self._unsynced = self._unsynced, set()
+        if not pending:
+            return
+        try:
+            # Each fsync waits for a device cache flush, and a move touches a directory per blob: on Linux one
+            # syncfs of the file system holding the store (on a disk of its own, that is this move's writes)
+            # replaces them all; elsewhere the directories are synced several at a time, so the waits overlap.
+            if not _syncfs(self.root):
+                with concurrent.futures.ThreadPoolExecutor(max_workers=min(8, len(pending)),
+                                                           thread_name_prefix="kvjudge-sync") as pool:
+                    list(pool.map(self._fsync_dir, pending))
+        except OSError as exc:
+            with self._lock:
+                self._unsynced |= pending
+            raise ColdStoreError(f"cannot sync the cold store directory {self.root}: {exc.strerror}") from exc
 
     def stat_blob(self, ref: str) -> ObjectInfo | None:
         key = blob_key(ref)
+        path = self._path(key)
         try:
-            size = self._path(key).stat().st_size
+            size = path.stat().st_size
         except FileNotFoundError:
             return None
         except OSError as exc:
-            raise ColdStoreError(f"cannot stat {self._path(key)}: {exc.strerror}") from exc
+            raise ColdStoreError(f"cannot stat {path}: {exc.strerror}") from exc
+        # Found is not durable: a writer killed before its flush (or still running) may have renamed it into a
+        # directory not synced yet. A move that counts on it syncs that directory before its manifest.
+        with self._lock:
+            self._unsynced.add(path.parent)
         return ObjectInfo(key=key, size=size, sha256=None)
 
     def _read(self, key: str) -> bytes | None:
@@ -225,6 +306,11 @@ class LocalDirColdStore:
 
     def put_manifest(self, key: str, data: bytes) -> ManifestWrite:
         final = self._path(key)
+        try:
+            self._ensure_dir(final.parent)
+        except OSError as exc:
+            raise ColdStoreError(f"cannot create {final.parent} in the cold store: {exc.strerror}") from exc
+        self.flush()  # the blobs (and new directories) first: a manifest is never durable without them
         temp = self._write_temp(final, data)
         try:
             try:
@@ -247,12 +333,45 @@ class LocalDirColdStore:
     def discard_partial(self, keys: Iterable[str]) -> int:
         removed = 0
         for directory in sorted({self._path(key).parent for key in keys}):
-            for temp in directory.glob(".tmp-*"):
-                host, pid = _temp_writer(temp.name)
-                if host == self._host and pid is not None and not _alive(pid):
-                    temp.unlink(missing_ok=True)
-                    removed += 1
+            try:
+                for temp in directory.glob(".tmp-*"):
+                    host, pid = _temp_writer(temp.name)
+                    if host == self._host and pid is not None and not _alive(pid):
+                        temp.unlink(missing_ok=True)
+                        removed += 1
+            except OSError as exc:
+                raise ColdStoreError(f"cannot clean up unfinished writes in {directory} of the cold store: "
+                                     f"{exc.strerror}") from exc
         return removed
+
+
+def _syncfs(path: Path) -> bool:
+    """``syncfs(2)`` on the file system holding ``path``: every write to it so far is durable when this returns
+    True; False where the call does not exist (not Linux)."""
+    libc = _libc()
+    if libc is None:
+        return False
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        if libc.syncfs(fd) != 0:
+            errno = ctypes.get_errno()
+            raise OSError(errno, os.strerror(errno))
+    finally:
+        os.close(fd)
+    return True
+
+
+@functools.cache
+def _libc() -> Any:
+    """The C library when it has ``syncfs`` (Linux), else None."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.syncfs.argtypes = [ctypes.c_int]
+        return libc
+    except (OSError, AttributeError):
+        return None
 
 
 def _temp_writer(name: str) -> tuple[str | None, int | None]:
@@ -292,7 +411,7 @@ class S3ColdStore:
     body that does not hash to its ref and keeps the checksum for a cheap read-back check (HEAD). Manifests
     are written with ``If-None-Match: *``; if one exists it is read back and compared. Credentials, region
     and (when ``endpoint_url`` is None) the endpoint come from boto3's usual sources: ``AWS_*`` environment
-    variables, ``~/.aws``, instance roles.
+    variables, ``~/.aws``, instance roles; ``endpoint_url`` is then the endpoint boto3 resolved.
     """
 
     def __init__(self, bucket: str, prefix: str = "", *, endpoint_url: str | None = None,
@@ -301,9 +420,10 @@ class S3ColdStore:
             raise UsageError("an s3:// target needs a bucket: s3://BUCKET[/PREFIX]")
         self.bucket = bucket
         self.prefix = prefix.strip("/")
-        self.endpoint_url = endpoint_url
         self.url = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
         self._client = client if client is not None else _make_s3_client(endpoint_url)
+        # The endpoint really used (boto3's resolution when none was given): the one a move records.
+        self.endpoint_url: str | None = endpoint_url or self._client.meta.endpoint_url
 
     def __repr__(self) -> str:
         return f"S3ColdStore({self.url!r}, endpoint_url={self.endpoint_url!r})"
@@ -312,7 +432,7 @@ class S3ColdStore:
         return f"{self.prefix}/{key}" if self.prefix else key
 
     def _where(self) -> str:
-        return f"{self.url}" + (f" at {self.endpoint_url}" if self.endpoint_url else "")
+        return f"{self.url} at {self.endpoint_url}"
 
     def _fail(self, exc: Exception, action: str) -> ColdStoreError:
         """One actionable line for any boto3/botocore failure."""
@@ -392,6 +512,9 @@ class S3ColdStore:
     def get_blob(self, ref: str) -> bytes | None:
         body = self._get(blob_key(ref), ref)
         return None if body is None else _checked(ref, body, f"{self.url}/{blob_key(ref)}")
+
+    def flush(self) -> None:
+        pass  # every acknowledged PUT is durable already
 
     def put_manifest(self, key: str, data: bytes) -> ManifestWrite:
         checksum = base64.b64encode(hashlib.sha256(data).digest()).decode()

@@ -42,11 +42,15 @@ class Event:
     """Base of every event: ``run`` is the run id the event belongs to."""
 
     kind: ClassVar[str] = "Event"
+    #: Fields added after the kind was first written: left out of the payload while None, so that logs written
+    #: before them keep their exact bytes.
+    optional: ClassVar[tuple[str, ...]] = ()
     run: str
 
     def payload(self) -> dict[str, Any]:
         """The event's fields as plain JSON values (a new dict; the values are the event's own, not copies)."""
-        return {name: getattr(self, name) for name in _field_names(type(self))}
+        return {name: value for name in _field_names(type(self))
+                if (value := getattr(self, name)) is not None or name not in self.optional}
 
     def to_json(self) -> str:
         """The canonical JSON stored in the log (its ``kind`` lives in its own column)."""
@@ -66,19 +70,13 @@ class RunStarted(Event):
     written before them keep their exact bytes."""
 
     kind: ClassVar[str] = "RunStarted"
+    optional: ClassVar[tuple[str, ...]] = ("agent", "metadata", "content_hash")
     tenant: str
     task_id: str | None
     task_prompt_ref: str | None
     agent: str | None = None
     metadata: dict[str, Any] | None = None
     content_hash: str | None = None
-
-    def payload(self) -> dict[str, Any]:
-        data = super().payload()
-        for name in ("agent", "metadata", "content_hash"):
-            if data[name] is None:
-                del data[name]
-        return data
 
 
 @dataclass(frozen=True)
@@ -157,19 +155,33 @@ class Dropped(Event):
 
 @dataclass(frozen=True)
 class TierStarted(Event):
+    """A move of the run's local bodies to ``target`` began; ``manifest_ref`` names what it carries.
+
+    ``endpoint`` is the S3 endpoint the move writes to (None: a ``file://`` target, or a log written before
+    kvjudge recorded endpoints). ``unreduced`` is set when the run was moved although it was not known to be
+    within its token ceiling (``kvjudge tier --unreduced``): ``{"tokens", "ceiling", "counter"}``, ``ceiling``
+    None when no probe figure was known.
+    """
+
     kind: ClassVar[str] = "TierStarted"
+    optional: ClassVar[tuple[str, ...]] = ("endpoint", "unreduced")
     target: str
     manifest_ref: str
+    endpoint: str | None = None
+    unreduced: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
 class Tiered(Event):
-    """The bodies of ``refs`` live at ``target`` (remote commit acknowledged); local copies may go."""
+    """The bodies of ``refs`` live at ``target`` (at ``endpoint`` for S3; remote commit acknowledged); local
+    copies may go."""
 
     kind: ClassVar[str] = "Tiered"
+    optional: ClassVar[tuple[str, ...]] = ("endpoint",)
     target: str
     manifest_ref: str
     refs: list[str]
+    endpoint: str | None = None
 
 
 @dataclass(frozen=True)

@@ -28,11 +28,11 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvjudge.errors import IntegrityError, RunStateError, UsageError
+from kvjudge.errors import ColdStoreError, IntegrityError, RunStateError, UsageError
 from kvjudge.retention import events as ev
 from kvjudge.retention.blobs import ref_of, short
 from kvjudge.retention.faults import fault_point
-from kvjudge.retention.state import DROPPED, LOCAL, REDUCED, RunState, fold_onto
+from kvjudge.retention.state import DROPPED, LOCAL, REDUCED, TIERED, RunState, fold_onto
 from kvjudge.retention.summarize import summarize
 from kvjudge.tokens import TokenCounter
 
@@ -373,17 +373,45 @@ class ReductionResult:
                 "bodies_deleted": self.bodies_deleted, "reduced": self.plan.state_after.reduced}
 
 
-def apply_plan(store: Any, plan: ReductionPlan) -> ReductionResult:
-    """Execute ``plan`` on ``store``: put summaries → commit events → delete bodies, each durable first.
+class StalePlan(RunStateError):
+    """The run changed (another process reduced or tiered it) since the plan was made: plan again."""
 
-    Also finishes a crashed earlier reduction: a body the log already explains is deleted here.
-    Refuses a plan made from a state the run no longer has.
-    """
-    state = store.run(plan.run_id)
+
+class RunInColdStorage(RunStateError):
+    """The run's bodies are in cold storage (or on their way there): reduction reads local bodies only, so the
+    run must be rehydrated first. Carries the run's visible ``tokens`` and the ``target`` it is above."""
+
+    def __init__(self, state: RunState, tokens: int, target: int) -> None:
+        tier = state.tier or {}
+        where = "are in cold storage" if tier.get("status") == "tiered" else "are being moved to cold storage"
+        super().__init__(f"run {state.id}: {tokens} tokens, above the target {target}; its bodies {where} at "
+                         f"{tier.get('target')} — run `kvjudge rehydrate {state.id}`, then reduce it")
+        self.run_id, self.tokens, self.target = state.id, tokens, target
+
+
+def in_cold_storage(state: RunState) -> bool:
+    """True when a move of the run's bodies to cold storage has started or finished (and no rehydrate since)."""
+    return bool(state.tier) and state.tier["status"] in ("started", "tiered")  # type: ignore[index]
+
+
+def _check_applicable(state: RunState, plan: ReductionPlan) -> None:
     if not state.is_reducible:
         raise RunStateError(f"run {state.id} is {state.state}; only graded, ungraded or archived runs can be reduced")
     if _state_digest(state) != plan.base_digest:
-        raise RunStateError(f"run {plan.run_id} changed since this reduction was planned; plan it again")
+        raise StalePlan(f"run {plan.run_id} changed since this reduction was planned; plan it again")
+    if plan.events and in_cold_storage(state):
+        raise RunInColdStorage(state, plan.tokens_before, plan.target_tokens)
+
+
+def apply_plan(store: Any, plan: ReductionPlan) -> ReductionResult:
+    """Execute ``plan`` on ``store``: put summaries → commit events → delete bodies, each durable first.
+
+    Also finishes a crashed earlier reduction: a body the log already explains is deleted here. Whether the
+    events commit is decided inside their own write transaction, on the committed state: a plan made from a
+    state the run no longer has (another process reduced or tiered it meanwhile) raises :class:`StalePlan`,
+    and nothing of it is appended.
+    """
+    _check_applicable(store.run(plan.run_id), plan)  # early: no summaries put for a plan already stale
     put = 0
     if plan.blobs or plan.new_counts:
         with store.transaction("put_summary"):
@@ -395,7 +423,9 @@ def apply_plan(store: Any, plan: ReductionPlan) -> ReductionResult:
             fault_point("after_put_summary")
     appended = 0
     if plan.events:
-        appended = len(store.append_many(plan.run_id, list(plan.events), label="commit_reduction"))
+        with store.transaction("commit_reduction"):
+            _check_applicable(store.run(plan.run_id), plan)
+            appended = len(store.append_many(plan.run_id, list(plan.events), label="commit_reduction"))
         fault_point("after_commit_reduction")
     deleted = finish_deletions(store, plan.run_id)
     return ReductionResult(plan=plan, appended=appended, blobs_put=put, bodies_deleted=deleted)
@@ -418,29 +448,86 @@ def store_counter_view(store: Any, state: RunState, counter: TokenCounter) -> di
     return store.cached_counts(state.bodies.keys(), counter.name)
 
 
-def reduce_run(store: Any, run_id: str, target_tokens: int, counter: TokenCounter) -> ReductionResult:
-    """Plan and apply the reduction of one run (a no-op when it already fits; resumes a crashed one)."""
-    state = store.run(run_id)
-    plan = plan_reduction(state, store.text, counter, target_tokens, counts=store_counter_view(store, state, counter))
-    return apply_plan(store, plan)
+def plan_stored(store: Any, state: RunState, target_tokens: int, counter: TokenCounter) -> ReductionPlan:
+    """:func:`plan_reduction` of a stored run (its texts, its stored counts).
+
+    A run in cold storage is never planned from its cold bodies: RunInColdStorage when it is above
+    ``target_tokens`` (counted from stored counts, reading through the store's fallback only for bodies never
+    counted), else the no-op plan.
+    """
+    if in_cold_storage(state):
+        tokens = run_tokens(store, state, counter)
+        if tokens > target_tokens:
+            raise RunInColdStorage(state, tokens, target_tokens)
+    return plan_reduction(state, store.text, counter, target_tokens, counts=store_counter_view(store, state, counter))
+
+
+def reduce_run(store: Any, run_id: str, target_tokens: int, counter: TokenCounter, *,
+               attempts: int = 5) -> ReductionResult:
+    """Plan and apply the reduction of one run (a no-op when it already fits; resumes a crashed one).
+
+    When another process changes the run between planning and committing, the reduction is planned again from
+    the new state (up to ``attempts`` times). A run in cold storage above the target is refused
+    (:class:`RunInColdStorage`: ``kvjudge rehydrate`` it first); the deletions a crashed reduction left are
+    finished first all the same.
+    """
+    for _ in range(attempts):
+        state = store.run(run_id)
+        try:
+            plan = plan_stored(store, state, target_tokens, counter)
+        except RunInColdStorage:
+            finish_deletions(store, run_id)
+            raise
+        except IntegrityError:
+            if _state_digest(store.run(run_id)) != _state_digest(state):
+                continue  # a body went with another process's reduction while this one read it: plan again
+            raise
+        try:
+            return apply_plan(store, plan)
+        except StalePlan:
+            continue
+    raise RunStateError(f"run {run_id} changed {attempts} times while its reduction was planned; run `kvjudge "
+                        f"reduce {run_id}` again")
 
 
 def run_tokens(store: Any, state: RunState, counter: TokenCounter) -> int:
     """Tokens of visible text in ``state`` under ``counter``, counting (and storing) only bodies never counted."""
+    total = _count_view(store, state, counter, missing_ok=False)
+    assert total is not None
+    return total
+
+
+def count_ahead(store: Any, state: RunState, counter: TokenCounter) -> None:
+    """Count and store what :func:`run_tokens` of ``state`` would count, without holding any lock, so a later
+    :func:`run_tokens` under a write lock reads stored counts only. Best effort: a body gone meanwhile (another
+    process reduced or tiered the run) is skipped — the later call counts whatever the new state shows."""
+    _count_view(store, state, counter, missing_ok=True)
+
+
+def _count_view(store: Any, state: RunState, counter: TokenCounter, *, missing_ok: bool) -> int | None:
     known = store.cached_counts(state.bodies.keys(), counter.name)
     fresh: dict[str, int] = {}
-    total = 0
+    total: int | None = 0
     for ref in view_refs(state):
         if ref not in known and ref not in fresh:
             text = store.text(ref)
             if text is None:
+                if missing_ok:
+                    total = None
+                    continue
+                location = state.bodies[ref]
+                if location.status == TIERED:  # a store opened without its cold reader
+                    raise ColdStoreError(f"run {state.id}: {short(ref)} is in cold storage at {location.target}; "
+                                         "counting it needs the store's cold reader")
                 raise IntegrityError(f"run {state.id}: the body of {short(ref)} is missing and no event explains it; "
                                      f"run `kvjudge verify`")
             fresh[ref] = counter.count(text)
-        total += known.get(ref, fresh.get(ref, 0))
+        if total is not None:
+            total += known.get(ref, fresh.get(ref, 0))
     store.put_counts(counter.name, fresh)
     return total
 
 
-__all__ = ["ReductionPlan", "ReductionResult", "apply_plan", "branch_view", "finish_deletions", "plan_reduction",
-           "reduce_run", "resolve", "run_tokens", "view_refs", "view_tokens"]
+__all__ = ["ReductionPlan", "ReductionResult", "RunInColdStorage", "StalePlan", "apply_plan", "branch_view",
+           "count_ahead", "finish_deletions", "in_cold_storage", "plan_reduction", "plan_stored", "reduce_run", "resolve",
+           "run_tokens", "view_refs", "view_tokens"]

@@ -85,7 +85,8 @@ class RunState:
     grades: tuple[dict[str, Any], ...]
     bodies: Mapping[str, BodyLocation]
     reduced: bool = False
-    tier: dict[str, Any] | None = None  # {"status": started|tiered|rehydrated, "target", "manifest_ref", "lsn"}
+    # {"status": started|tiered|rehydrated, "target", "manifest_ref", "lsn"} (+ "endpoint", "unreduced" when set)
+    tier: dict[str, Any] | None = None
     # One entry per TextRepaired event: {"lsn", "paths", "refs", "code_units"}.
     text_repairs: tuple[dict[str, Any], ...] = ()
     agent: str | None = None  # the model or harness that produced the run (RunStarted.agent)
@@ -235,9 +236,12 @@ class RunFolder:
             self.bodies[event.original] = BodyLocation(ref=event.original, status=DROPPED, summary_ref=None, lsn=lsn)
             self.reduced = True
         elif isinstance(event, ev.TierStarted):
-            self.tier = {"status": "started", "target": event.target, "manifest_ref": event.manifest_ref, "lsn": lsn}
+            self.tier = _tier_entry("started", event.target, event.manifest_ref, lsn, endpoint=event.endpoint,
+                                    unreduced=event.unreduced)
         elif isinstance(event, ev.Tiered):
-            self.tier = {"status": "tiered", "target": event.target, "manifest_ref": event.manifest_ref, "lsn": lsn}
+            started = self.tier if self.tier and self.tier["manifest_ref"] == event.manifest_ref else {}
+            self.tier = _tier_entry("tiered", event.target, event.manifest_ref, lsn, endpoint=event.endpoint,
+                                    unreduced=started.get("unreduced"))
             for ref in event.refs:
                 current = self.bodies.get(ref)
                 # Only a body that is here can move; reduced/dropped refs have none.
@@ -256,6 +260,18 @@ class RunFolder:
                                       "code_units": event.code_units})
         else:  # pragma: no cover - EVENT_TYPES and this function are kept in step by test_fold_handles_every_kind
             raise TypeError(f"fold has no rule for {type(event).__name__}")
+
+
+def _tier_entry(status: str, target: str, manifest_ref: str, lsn: int, *, endpoint: str | None,
+                unreduced: dict[str, Any] | None) -> dict[str, Any]:
+    """``RunState.tier``. ``endpoint`` and ``unreduced`` appear only when set, so a log written before they
+    existed folds to the same bytes as it did then."""
+    entry: dict[str, Any] = {"status": status, "target": target, "manifest_ref": manifest_ref, "lsn": lsn}
+    if endpoint is not None:
+        entry["endpoint"] = endpoint
+    if unreduced is not None:
+        entry["unreduced"] = unreduced
+    return entry
 
 
 def fold(events: Iterable[tuple[int, ev.Event]]) -> dict[str, RunState]:

@@ -1,0 +1,40 @@
+"""Tiering: move the bodies of terminal runs to a cold store — moved, not copied; idempotent; crash-proof.
+
+One module per job:
+
+- :mod:`.targets` — the target URL and S3 endpoint a command resolves, and the cold stores it opens;
+- :mod:`.manifest` — what one move carried, rebuilt from the log (never stored locally);
+- :mod:`.transfer` — parallel uploads, each read back and checked;
+- :mod:`.move` — the move as events (``TierStarted`` → upload → manifest → ``Tiered`` → local delete) and its
+  recovery after a crash;
+- :mod:`.reader` — the store's fallback reader for tiered bodies;
+- :mod:`.rehydrate` — bodies back into the local store (``Rehydrated``);
+- :mod:`.checks` — what ``kvjudge verify`` adds for tiered runs.
+"""
+
+from kvjudge.retention.tiering.checks import tier_check, verify_checks, verify_tiered_run
+from kvjudge.retention.tiering.manifest import Manifest, ManifestEntry
+from kvjudge.retention.tiering.move import (
+    TIER_POINTS,
+    TierGate,
+    TierPlan,
+    TierResult,
+    local_body_bytes,
+    pending_runs,
+    plan_all,
+    recover,
+    recover_run,
+    tier_run,
+    tier_runs,
+)
+from kvjudge.retention.tiering.reader import ColdReader, fallback_reader
+from kvjudge.retention.tiering.rehydrate import REHYDRATE_POINTS, RehydrateResult, rehydrate_run
+from kvjudge.retention.tiering.targets import ColdStores, default_target, resolve_endpoint, resolve_target
+from kvjudge.retention.tiering.transfer import check_remote
+
+__all__ = [
+    "REHYDRATE_POINTS", "TIER_POINTS", "ColdReader", "ColdStores", "Manifest", "ManifestEntry", "RehydrateResult",
+    "TierGate", "TierPlan", "TierResult", "check_remote", "default_target", "fallback_reader", "local_body_bytes",
+    "pending_runs", "plan_all", "recover", "recover_run", "rehydrate_run", "resolve_endpoint", "resolve_target",
+    "tier_check", "tier_run", "tier_runs", "verify_checks", "verify_tiered_run",
+]
