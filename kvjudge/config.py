@@ -11,7 +11,8 @@ Sections::
     [retention]           ceiling = 200000, store = "path.sqlite", cold = "file:///path" | "s3://bucket/prefix",
                           counter = "model" | "tiktoken", endpoint_url = "http://..."
     [retention.tenants.NAME] ceiling = N
-    [judge]               model = "path.gguf", server = "http://host:port", margin = 0.05, threads = N
+    [judge]               model = "path.gguf", server = "http://host:port" | servers = ["http://…", …],
+                          parallel = 2, timeout = 600, margin = 0.05, threads = N
     [probe]               memory_budget = "6GiB", staleness_days = 30
 """
 

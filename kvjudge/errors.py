@@ -65,3 +65,30 @@ class ColdStoreError(KvjudgeError):
 
 class JudgeError(KvjudgeError):
     """The judge could not produce a verdict (backend failure, bad pair)."""
+
+
+class ServerError(KvjudgeError):
+    """An OpenAI-compatible server answered something kvjudge cannot use (not JSON, a refusal)."""
+
+
+class ServerUnavailable(ServerError):
+    """The server could not be reached or did not answer in time, or answered 429/5xx (transient).
+
+    ``reason`` is ``connection`` (refused, reset, unreachable), ``timeout`` or ``http <status>``.
+    """
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class ContextRefused(ServerError):
+    """The server refused a prompt as longer than its context: a measured overflow.
+
+    ``n_ctx`` and ``prompt_tokens`` are what the refusal said, when it said them.
+    """
+
+    def __init__(self, message: str, n_ctx: int | None = None, prompt_tokens: int | None = None) -> None:
+        super().__init__(message)
+        self.n_ctx = n_ctx
+        self.prompt_tokens = prompt_tokens

@@ -1,6 +1,6 @@
 """The dependency rule of DESIGN.md, checked on the source: a package imports only from packages before it.
 
-``tokens ← probe ← budget ← retention ← judge ← demo / commands ← cli``, with the foundation modules (errors,
+``tokens, server_client ← probe ← budget ← retention ← judge ← demo / commands ← cli``, with the foundation modules (errors,
 config, file writes, the bundled models, terminal display, the llama-cpp-python adapter) usable by all. Every import counts,
 including the ones inside functions.
 """
@@ -13,7 +13,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "kvjudge"
 LAYERS = [
     {"errors", "config", "atomic", "models", "display", "_llama", "__init__"},
-    {"tokens"},
+    {"tokens", "server_client"},
     {"probe"},
     {"budget"},
     {"retention"},

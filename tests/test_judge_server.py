@@ -1,144 +1,251 @@
-"""The OpenAI-compatible server backend against a real llama-cpp-python server on 127.0.0.1.
+"""Judge servers against real llama-cpp-python servers on 127.0.0.1 (`python -m llama_cpp.server`, the default model).
 
-The server runs the default model in a child process (`python -m llama_cpp.server`, n_ctx 2048); it needs
-the server extras (fastapi, uvicorn, sse-starlette, starlette-context, pydantic-settings: the `test` extra).
+Two servers run for the module (n_ctx 1024: servers on two shared cores are slow); the crash test starts a third
+and kills it with SIGKILL mid-batch. The judge's window is given with --n-ctx here (certifying a served model is
+tests/test_probe_server.py's business).
 """
 
 from __future__ import annotations
 
 import json
+import shutil
+import sqlite3
 import subprocess
 import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import free_ports
+from helpers import free_ports, store_from_runs
+from llama_server import LlamaServer, server_extras_missing
 
-from kvjudge.cli import main
-from kvjudge.errors import JudgeError
-from kvjudge.judge import SCORED, Judge, ServerBackend
+from kvjudge.errors import ContextRefused, JudgeError, ServerUnavailable
+from kvjudge.judge import SCORED, Judge, ServerBackend, ServerPool, judge_batch
+from kvjudge.judge.prompt import RAW, TemplateText
+from kvjudge.judge.servers import top_logprobs
 from kvjudge.retention import Store
-from kvjudge.retention.synthetic import make_run, write_jsonl
+from kvjudge.retention.synthetic import make_run
+from kvjudge.server_client import RetryPolicy, ServerClient
+from kvjudge.tokens import ModelTokenizer
 
 pytestmark = pytest.mark.model
-N_CTX = 1024  # what the judge may use of the server's 2048
+N_CTX = 1024       # each server's context
+JUDGE_N_CTX = 768  # the judge's window on them
+# Two runs of the same pair on a llama-cpp-python server differ slightly: it reuses the KV of whatever prompt
+# it evaluated last, so batches split differently. Measured here: |Δp| ≤ 0.005 per order.
+LOGPROB_TOLERANCE = 0.02
+FAST_RETRY = RetryPolicy(attempts=3, backoff_s=0.01, max_backoff_s=0.05)
 
 
 @pytest.fixture(scope="module")
-def server(default_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, subprocess.Popen]]:
+def servers(default_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[LlamaServer]]:
+    missing = server_extras_missing()
+    if missing:
+        pytest.fail(missing)  # a missing extra fails loudly, never skips
+    started: list[LlamaServer] = []
     try:
-        import fastapi  # noqa: F401  (llama_cpp.server needs it; a missing extra fails loudly, never skips)
-    except ImportError:
-        pytest.fail("llama-cpp-python's server extras are missing: pip install fastapi uvicorn sse-starlette "
-                    "starlette-context pydantic-settings (the `test` extra)")
-    port = free_ports(1)[0]
-    log_path = tmp_path_factory.mktemp("server") / "server.log"
-    log = log_path.open("wb")
-    process = subprocess.Popen([sys.executable, "-m", "llama_cpp.server", "--model", str(default_model),
-                                "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "2048"],
-                               stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    try:
-        while True:
-            if process.poll() is not None:
-                pytest.fail(f"the llama-cpp-python server exited ({process.returncode}): "
-                            f"{log_path.read_text(errors='replace')[-2000:]}")
-            try:
-                with urllib.request.urlopen(url + "/v1/models", timeout=5) as response:
-                    if response.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"the llama-cpp-python server did not come up: {log_path.read_text(errors='replace')[-2000:]}")
-            time.sleep(0.5)
-        yield url, process
+        for number in range(2):
+            started.append(LlamaServer(default_model, N_CTX, tmp_path_factory.mktemp(f"server{number}")).start())
+        yield started
     finally:
-        if process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-        log.close()
+        for server in started:
+            server.stop()
+
+
+def _runs() -> list[dict]:
+    good = make_run("good", ["collected 12 items\n12 passed"], passed=True)
+    bad = make_run("bad", ["collected 12 items\nFAILED test_quote"], passed=False, final="1 failed, 11 passed")
+    skipped = make_run("skipped", ["collected 12 items\n11 passed, 1 skipped"], passed=True)
+    for run in (good, bad, skipped):
+        run["task"]["id"] = "fix-csv"
+    return [good, bad, skipped]
 
 
 @pytest.fixture
 def store(tmp_path: Path) -> Iterator[Store]:
-    source = tmp_path / "runs.jsonl"
-    good = make_run("good", ["collected 12 items\n12 passed"], passed=True)
-    bad = make_run("bad", ["collected 12 items\nFAILED test_quote"], passed=False, final="1 failed, 11 passed")
-    for run in (good, bad):
-        run["task"]["id"] = "fix-csv"
-    write_jsonl(source, [good, bad])
-    opened = Store.open(tmp_path / "store.sqlite")
-    opened.ingest_file(source)
+    opened = store_from_runs(tmp_path / "store.sqlite", _runs())
     yield opened
     opened.close()
 
 
-def test_the_server_backend_judges_a_pair_from_label_logprobs(server: tuple[str, subprocess.Popen],
-                                                              store: Store) -> None:
-    url, _ = server
-    backend = ServerBackend(url=url, n_ctx=N_CTX)
-    assert backend.count("collected 12 items") > 0  # the server's own tokenizer endpoint
+def _dead_url() -> str:
+    return f"http://127.0.0.1:{free_ports(1)[0]}"  # nothing listens there: connections are refused
+
+
+def test_the_server_backend_judges_a_pair_from_label_logprobs(servers: list[LlamaServer], store: Store,
+                                                              default_model: Path) -> None:
+    url = servers[0].url
+    backend = ServerBackend(url=url, n_ctx=JUDGE_N_CTX)
+    text = "collected 12 items"
+    # The server's own tokenizer endpoint, without the BOS it adds to every tokenization.
+    assert backend.count(text) == ModelTokenizer(default_model).count(text) > 0
     verdict = Judge(backend).judge_pair(store, "good", "bad")
     assert verdict.outcome in SCORED, verdict.error
     assert backend.calls == 2
     assert all(0.0 < p < 1.0 for p in verdict.p_a_by_order.values())
-    assert verdict.manifest["backend"] == "openai-server" and verdict.manifest["server"] == url
-    assert verdict.manifest["n_ctx"] == N_CTX and verdict.manifest["backend_version"]["id"]
+    manifest = verdict.manifest
+    assert manifest["backend"] == "openai-server" and manifest["n_ctx"] == JUDGE_N_CTX
+    assert manifest["backend_version"] == {"kind": "llama-cpp-python",
+                                           "version": manifest["backend_version"]["version"]}
+    assert url not in json.dumps(manifest)  # what judged, never where: a pool keys its cache like one server
+    assert {o.server for o in verdict.orders} == {url}
     # Same pair again: read from the store's judgment cache, no request to the server.
     again = Judge(backend).judge_pair(store, "good", "bad")
     assert backend.calls == 2 and again.cached and again.p_a == verdict.p_a
 
 
-def test_judge_server_through_the_cli(server: tuple[str, subprocess.Popen], store: Store,
-                                     capsys: pytest.CaptureFixture[str]) -> None:
-    url, _ = server
-    code = main(["judge", "good", "bad", "--server", url, "--n-ctx", str(N_CTX), "--store", str(store.path),
-                 "--json"])
-    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    assert code == 0 and len(lines) == 2
-    pair, summary = lines[0], lines[1]["summary"]
-    assert (pair["a"], pair["b"]) == ("good", "bad") and pair["outcome"] in SCORED, pair["error"]
-    assert all(0.0 < p < 1.0 for p in pair["p_a_by_order"].values())
-    assert pair["manifest"]["backend"] == "openai-server" and pair["manifest"]["server"] == url
-    assert pair["manifest"]["n_ctx"] == N_CTX
-    assert (summary["pairs"], summary["coverage"], summary["outcomes"][pair["outcome"]]) == (1, 1.0, 1)
-    # The verdict is in the store's judgment cache: the same pair again is answered from it.
-    assert main(["judge", "good", "bad", "--server", url, "--n-ctx", str(N_CTX), "--store", str(store.path),
-                 "--json"]) == 0
-    again = json.loads(capsys.readouterr().out.splitlines()[0])
-    assert again["cached"] is True and again["p_a"] == pair["p_a"]
+def test_the_chat_framing_goes_to_the_chat_completions_api(servers: list[LlamaServer]) -> None:
+    # Template text (TemplateText segments) stays out of the request: the server applies its own template to the
+    # user message, and the answer comes back in the chat shape (logprobs.content[0].top_logprobs). The base
+    # model answers the forced choice only after an "Answer:" cue, so the raw question is what is wrapped here.
+    backend = ServerBackend(url=servers[1].url, n_ctx=JUDGE_N_CTX)
+    segments = [TemplateText("<start_of_turn>user\n"), *RAW.segments("Task t: the tests pass.", "Task t: they fail."),
+                TemplateText("<end_of_turn>\n<start_of_turn>model\n")]
+    score = backend.score(segments)
+    assert 0.0 < score.probs["A"] < 1.0 and score.label_mass > 0 and score.prompt_tokens > 0
+    assert score.server == backend.url
+    assert servers[1].log(tail=None).count('"POST /v1/chat/completions HTTP/1.1" 200') == 1
+    # The chat shape as the server wrote it: a list of {token, logprob} for the first generated token.
+    answer = backend.client.chat([{"role": "user", "content": "".join(RAW.segments("x", "y"))}], top_logprobs=20)
+    entries = answer["choices"][0]["logprobs"]["content"][0]["top_logprobs"]
+    assert top_logprobs(answer) == {e["token"]: e["logprob"] for e in entries} and len(entries) == 20
 
 
-def test_a_server_that_does_not_report_its_context_needs_n_ctx(server: tuple[str, subprocess.Popen]) -> None:
-    with pytest.raises(JudgeError, match="--n-ctx"):
-        ServerBackend(url=server[0])
+def test_a_server_that_does_not_report_its_context_needs_a_probe_or_n_ctx(servers: list[LlamaServer]) -> None:
+    with pytest.raises(JudgeError, match=r"kvjudge probe --server .* or pass --n-ctx"):
+        ServerBackend(url=servers[0].url)
 
 
-def test_labels_missing_from_the_top_logprobs_are_an_error_not_a_guess(server: tuple[str, subprocess.Popen],
+def test_labels_missing_from_the_top_logprobs_are_an_error_not_a_guess(servers: list[LlamaServer],
                                                                        store: Store) -> None:
     # With only the single most likely token returned, at most one label can be among them.
-    backend = ServerBackend(url=server[0], n_ctx=N_CTX, top_logprobs=1)
+    backend = ServerBackend(url=servers[0].url, n_ctx=JUDGE_N_CTX, top_logprobs=1)
     verdict = Judge(backend, use_cache=False).judge_pair(store, "good", "bad")
     assert verdict.outcome == "error" and verdict.p_a is None
     assert "not among the server's top 1" in (verdict.error or "")
 
 
-def test_a_server_that_dies_gives_error(server: tuple[str, subprocess.Popen], store: Store,
-                                        default_model: Path) -> None:
-    url, process = server
-    # Count tokens locally (the served GGUF), so the failure happens at the completion request itself.
-    backend = ServerBackend(url=url, n_ctx=N_CTX, model_path=default_model)
-    process.terminate()
-    process.wait(timeout=30)
-    verdict = Judge(backend, use_cache=False).judge_pair(store, "good", "bad")
-    assert verdict.outcome == "error" and verdict.p_a is None and not verdict.scored
-    assert "cannot reach the judge server" in (verdict.error or "")
+def test_a_batch_sends_each_distinct_call_once_and_decides_as_the_sequential_path(
+        servers: list[LlamaServer], store: Store, default_model: Path) -> None:
+    pool = ServerPool([ServerBackend(url=s.url, n_ctx=JUDGE_N_CTX) for s in servers], parallel=2,
+                      tokenizer=ModelTokenizer(default_model))
+    judge = Judge(pool)
+    # The same pair twice in one batch: one request per order; the second reads it as from the cache.
+    first, second = judge_batch(judge, store, [("good", "bad"), ("good", "bad")])
+    assert pool.calls == 2 and first.outcome in SCORED and not first.cached
+    assert second.cached and second.p_a_by_order == first.p_a_by_order
+    assert set(first.to_json()["answered_by"].values()) <= {s.url for s in servers}
+    # The sequential path over the same store reads the batch's cache entries: the same keys.
+    again = judge.judge_pair(store, "good", "bad")
+    assert again.cached and again.p_a == first.p_a and pool.calls == 2
+
+
+def test_transient_failures_are_retried_and_refusals_are_not(servers: list[LlamaServer]) -> None:
+    url = servers[0].url
+    refused = ServerClient(_dead_url(), retry=FAST_RETRY)
+    with pytest.raises(ServerUnavailable) as dead:
+        refused.identify()
+    assert dead.value.reason == "connection" and refused.requests_sent == FAST_RETRY.attempts
+    # A real 5xx: llama-cpp-python fails inside on a logit bias that is not a token id.
+    failing = ServerClient(url, retry=FAST_RETRY)
+    with pytest.raises(ServerUnavailable) as five:
+        failing.request("POST", "/v1/completions", {"prompt": "x", "max_tokens": 1, "logit_bias": {"abc": 1.0}})
+    assert five.value.reason == "http 500" and failing.requests_sent == FAST_RETRY.attempts
+    # A context refusal is an answer (a measured overflow), not a failure: asked once.
+    too_long = ServerClient(url, retry=FAST_RETRY)
+    with pytest.raises(ContextRefused) as over:
+        too_long.complete("word " * 1500, max_tokens=1)
+    assert over.value.n_ctx == N_CTX and over.value.prompt_tokens > N_CTX and too_long.requests_sent == 1
+    # A time-out is not retried on the same server (the same prompt would take as long again).
+    slow = ServerClient(url, retry=FAST_RETRY, timeout_s=0.01)
+    with pytest.raises(ServerUnavailable) as late:
+        slow.complete("word " * 200, max_tokens=1)
+    assert late.value.reason == "timeout" and slow.requests_sent == 1
+
+
+def test_a_pool_sends_a_call_to_another_server_when_one_refuses_connections(servers: list[LlamaServer],
+                                                                           store: Store, default_model: Path) -> None:
+    live = ServerBackend(url=servers[0].url, n_ctx=JUDGE_N_CTX)
+    dead = ServerBackend(url=_dead_url(), n_ctx=JUDGE_N_CTX, info=live.info, retry=FAST_RETRY)
+    # Count locally, so the dead server is first met by the judge call itself (it is first in line).
+    pool = ServerPool([dead, live], parallel=1, tokenizer=ModelTokenizer(default_model))
+    verdict = Judge(pool, use_cache=False).judge_pair(store, "good", "bad")
+    assert verdict.outcome in SCORED, verdict.error
+    assert set(pool.dropped) == {dead.url} and pool.resent == 1
+    assert {o.server for o in verdict.orders} == {live.url} and dead.calls == 0
+
+
+def test_a_server_whose_calls_keep_failing_is_dropped_and_its_calls_go_elsewhere(
+        servers: list[LlamaServer], store: Store, default_model: Path) -> None:
+    fine = ServerBackend(url=servers[1].url, n_ctx=JUDGE_N_CTX)
+    # Alive, but no answer ever comes within its time-out: each call fails (a time-out is not retried there).
+    hopeless = ServerBackend(url=servers[0].url, n_ctx=JUDGE_N_CTX, info=fine.info, timeout_s=0.01)
+    pool = ServerPool([hopeless, fine], parallel=1, tokenizer=ModelTokenizer(default_model))
+    verdicts = judge_batch(Judge(pool, use_cache=False), store, [("good", "bad"), ("good", "skipped")])
+    assert all(v.outcome in SCORED for v in verdicts), [v.error for v in verdicts]
+    assert all(o.server == fine.url for v in verdicts for o in v.orders)
+    assert list(pool.dropped) == [hopeless.url] and "3 calls in a row failed" in pool.dropped[hopeless.url]
+    assert pool.resent == 3 and hopeless.calls == 0 and fine.calls == 4
+
+
+def test_when_every_server_fails_the_pair_is_an_error_never_a_score(servers: list[LlamaServer], store: Store,
+                                                                    default_model: Path) -> None:
+    live = ServerBackend(url=servers[0].url, n_ctx=JUDGE_N_CTX)
+    dead = [ServerBackend(url=_dead_url(), n_ctx=JUDGE_N_CTX, info=live.info, retry=FAST_RETRY) for _ in range(2)]
+    live.close()
+    pool = ServerPool(dead, parallel=2, tokenizer=ModelTokenizer(default_model))
+    verdicts = judge_batch(Judge(pool, use_cache=False), store, [("good", "bad"), ("good", "skipped")])
+    assert [v.outcome for v in verdicts] == ["error", "error"]
+    assert all(v.p_a is None and not v.scored for v in verdicts)
+    assert "every judge server failed" in (verdicts[0].error or "")
+    assert set(pool.dropped) == {b.url for b in dead}
+
+
+def _judgment_keys(path: Path) -> set[str]:
+    with sqlite3.connect(path) as db:
+        return {row[0] for row in db.execute("SELECT key FROM judgments")}
+
+
+def test_a_pool_survives_a_server_killed_mid_batch(servers: list[LlamaServer], default_model: Path,
+                                                  tmp_path: Path) -> None:
+    survivor = servers[0]
+    pool_store, seq_store = tmp_path / "pool.sqlite", tmp_path / "sequential.sqlite"
+    store_from_runs(pool_store, _runs()).close()
+    shutil.copy(pool_store, seq_store)
+    with LlamaServer(default_model, N_CTX, tmp_path / "doomed") as doomed:
+        command = [sys.executable, "-m", "kvjudge", "judge", "--task", "fix-csv", "--server", survivor.url,
+                   "--server", doomed.url, "--n-ctx", str(JUDGE_N_CTX), "--store", str(pool_store), "--json"]
+        child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert child.stdout is not None
+        first = child.stdout.readline()  # the first pair is decided; the other pairs' calls are in flight
+        doomed.kill()
+        rest, errors = child.communicate(timeout=900)
+        assert doomed.process is not None and doomed.process.returncode == -9
+    assert child.returncode == 0, errors
+    lines = [json.loads(line) for line in [first, *rest.splitlines()]]
+    pairs, summary = lines[:-1], lines[-1]["summary"]
+    assert len(pairs) == 3
+    # Both orders of the first pair went out at once, one to each server.
+    assert set(pairs[0]["answered_by"].values()) == {survivor.url, doomed.url}
+    # Every pair still has a verdict. The calls in flight on the killed server were sent to the survivor: every
+    # order attributed to the killed server is one its own access log shows it answered (200), none a failed call.
+    assert all(p["outcome"] in SCORED and p["error"] is None for p in pairs)
+    answered_by_doomed = sum(url == doomed.url for p in pairs for url in p["answered_by"].values())
+    assert answered_by_doomed == doomed.log(tail=None).count('"POST /v1/completions HTTP/1.1" 200') >= 1
+    assert summary["servers"]["calls"][doomed.url] == answered_by_doomed
+    assert list(summary["servers"]["dropped"]) == [doomed.url] and summary["servers"]["resent"] >= 1
+
+    sequential = subprocess.run([sys.executable, "-m", "kvjudge", "judge", "--task", "fix-csv", "--server",
+                                 survivor.url, "--n-ctx", str(JUDGE_N_CTX), "--store", str(seq_store), "--json"],
+                                capture_output=True, text=True, timeout=900)
+    assert sequential.returncode == 0, sequential.stderr
+    alone = [json.loads(line) for line in sequential.stdout.splitlines()][:-1]
+    # The same pairs, the same cache keys, the same manifests, the same verdicts within logprob rounding.
+    assert _judgment_keys(pool_store) == _judgment_keys(seq_store) and len(_judgment_keys(seq_store)) == 6
+    for pooled, single in zip(pairs, alone, strict=True):
+        assert (pooled["a"], pooled["b"]) == (single["a"], single["b"])
+        assert pooled["manifest"] == single["manifest"]
+        assert pooled["outcome"] == single["outcome"]
+        for order in ("ab", "ba"):
+            assert pooled["p_a_by_order"][order] == pytest.approx(single["p_a_by_order"][order],
+                                                                  abs=LOGPROB_TOLERANCE)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from kvjudge import models
 from kvjudge.config import Config, load_config
 from kvjudge.display import visible
-from kvjudge.errors import UsageError
+from kvjudge.errors import CapabilityMissing, ConfigError, UsageError
 
 if TYPE_CHECKING:
     from kvjudge.budget import CeilingBound
@@ -79,37 +79,97 @@ def judge_model(args: argparse.Namespace, config: Config) -> Path:
     return models.resolve_model(chosen) if chosen else models.judge_model_path()
 
 
-def counter_for(args: argparse.Namespace, config: Config) -> TokenCounter:
-    """``[retention] counter``: ``model`` (the judge model's tokenizer, default), ``tiktoken`` or ``chars``."""
-    from kvjudge.tokens import make_counter
+def counter_for(args: argparse.Namespace, config: Config, served: CapabilityEntry | None = None) -> TokenCounter:
+    """``[retention] counter``: ``model`` (the judge model's tokenizer, default), ``tiktoken`` or ``chars``.
+
+    With ``served`` (the entry of a judge server) ``model`` is the served model's tokenizer: ``--model`` (a local
+    copy of the served GGUF), else the served file when it is readable here, else the server's tokenize endpoint.
+    """
+    from kvjudge.tokens import ModelTokenizer, make_counter
 
     spec = config.get("retention.counter", str, "model")
-    if spec.partition(":")[0] == "model":
+    if spec.partition(":")[0] != "model":
+        return make_counter(spec)
+    if served is None:
         return make_counter(spec, judge_model(args, config))
-    return make_counter(spec)
+    if getattr(args, "model", None):
+        return ModelTokenizer(models.resolve_model(args.model))
+    if served.model_sha256 and Path(served.model_path).is_file() \
+            and models.file_sha256(Path(served.model_path)) == served.model_sha256:
+        return ModelTokenizer(served.model_path, sha256=served.model_sha256)
+    from kvjudge.server_client import ServerClient, ServerTokenCounter
+
+    return ServerTokenCounter(ServerClient(served.server["url"]), served.server["model_id"])
+
+
+def judge_servers(args: argparse.Namespace, config: Config) -> list[str]:
+    """``--server URL`` (repeatable), else ``[judge] servers`` or ``[judge] server`` — unless ``--model`` names a
+    local model. Empty: judge in-process."""
+    given = getattr(args, "server", None)
+    if given:
+        return list(given) if isinstance(given, list) else [given]
+    if getattr(args, "model", None):
+        return []
+    servers = config.get("judge.servers", list, None)
+    if servers is not None:
+        if not servers or not all(isinstance(url, str) and url for url in servers):
+            raise ConfigError(f"{config.source}: [judge] servers must be a non-empty list of URLs, got {servers!r}; "
+                              f"fix the config file")
+        return list(servers)
+    server = config.get("judge.server", str, None)
+    return [server] if server else []
+
+
+def served_entry(args: argparse.Namespace, url: str, cache_path: str | os.PathLike[str] | None = None, *,
+                 required: bool = True) -> CapabilityEntry | None:
+    """The capability entry of the model served at ``url`` (never probes). Missing: CapabilityMissing when
+    ``required``, else None with a note. A stale entry, or one that could not be checked against an unreachable
+    server, is used with a note on stderr."""
+    from kvjudge.probe import lookup_served
+
+    found = lookup_served(url, cache_path=cache_path, staleness_days=staleness_days(args))
+    if found.entry is None:
+        why = f" ({found.reason})" if found.reason not in ("", "no entry") else ""
+        message = (f"no probe figure for the model served at {found.url}{why}; run `kvjudge probe --server "
+                   f"{found.url}`")
+        if required:
+            raise CapabilityMissing(message)
+        info(message)
+        return None
+    if not found.verified and found.reason:
+        info(f"note: {found.reason}; using the figures probed at {found.entry.age_reference()}")
+    if found.entry.stale:
+        info(f"the capability entry for the model served at {found.url} is stale; rerun "
+             f"`kvjudge probe --server {found.url} --refresh`")
+    return found.entry
 
 
 def add_ceiling_args(parser: argparse.ArgumentParser) -> None:
-    """``--ceiling``, ``--capabilities``, ``--model``: what a run's effective ceiling is computed from."""
+    """``--ceiling``, ``--capabilities``, ``--model``, ``--server``: what a run's effective ceiling is computed from."""
     parser.add_argument("--ceiling", type=int, metavar="N",
                         help="lower the configured ceiling to N tokens (the hardware bound still applies)")
     parser.add_argument("--capabilities", metavar="FILE",
                         help="capability cache file (e.g. copied from the judge host; default: in the cache dir)")
     parser.add_argument("--model", metavar="PATH", help="judge model GGUF (default: [judge] model or the default "
-                                                        "judge model)")
+                                                        "judge model); with --server: a local copy of the served "
+                                                        "GGUF to count tokens with")
+    parser.add_argument("--server", metavar="URL",
+                        help="the judge is this OpenAI-compatible server: the ceiling comes from its `kvjudge probe "
+                             "--server` entry (default: [judge] servers / server, unless --model is given)")
 
 
 @dataclass(frozen=True)
 class Ceilings:
-    """Effective ceilings per tenant: ``min(configured, max_context_tokens // 2)`` of the judge model on this
-    device, the configured value lowered by ``--ceiling``. Never the configured value alone: without a probe
-    figure :meth:`bound` raises CapabilityMissing."""
+    """Effective ceilings per tenant: ``min(configured, max_context_tokens // 2)`` of the judge (a local model on
+    this device, or the served model of a judge server), the configured value lowered by ``--ceiling``. Never the
+    configured value alone: without a probe figure :meth:`bound` raises CapabilityMissing."""
 
     config: Config
-    model_path: Path
+    judge: str                      # the local GGUF's path, or "MODEL_ID @ URL" for a server
     max_context_tokens: int | None
     capability: dict[str, Any] | None
     lowered_to: int | None = None
+    served: CapabilityEntry | None = None   # the server's entry (its tokenizer counts) when the judge is served
 
     def bound(self, tenant: str) -> CeilingBound:
         from kvjudge.budget import configured_ceiling, effective_ceiling
@@ -127,13 +187,28 @@ class Ceilings:
 
 
 def ceilings_from(args: argparse.Namespace, config: Config) -> Ceilings:
-    """The :class:`Ceilings` of a command with :func:`add_ceiling_args` (reads the capability cache, never probes)."""
+    """The :class:`Ceilings` of a command with :func:`add_ceiling_args` (reads the capability cache, never probes).
+
+    With judge servers the smallest ``max_context_tokens`` among their entries bounds the ceiling: a pair may be
+    read by any of them. A missing server entry is CapabilityMissing, as for a local model."""
     if args.ceiling is not None and args.ceiling <= 0:
         raise UsageError(f"--ceiling must be a positive number of tokens, got {args.ceiling}")
+    servers = judge_servers(args, config)
+    if servers:
+        # `tier --unreduced` moves runs whatever their size: a missing figure is no reason to stop there.
+        required = not getattr(args, "unreduced", False)
+        entries = [e for e in (served_entry(args, url, args.capabilities, required=required) for url in servers) if e]
+        if not entries:
+            return Ceilings(config=config, judge=", ".join(servers), max_context_tokens=None, capability=None,
+                            lowered_to=args.ceiling)
+        served = min(entries, key=lambda e: e.max_context_tokens)
+        return Ceilings(config=config, judge=f"{served.server['model_id']} @ {served.server['url']}",
+                        max_context_tokens=served.max_context_tokens, capability=entry_summary(served),
+                        lowered_to=args.ceiling, served=served)
     model_path = judge_model(args, config)
     entry = lookup_entry(model_path, args.capabilities)
     warn_if_stale(entry, model_path)
-    return Ceilings(config=config, model_path=model_path,
+    return Ceilings(config=config, judge=str(model_path),
                     max_context_tokens=None if entry is None else entry.max_context_tokens,
                     capability=entry_summary(entry), lowered_to=args.ceiling)
 
@@ -278,10 +353,17 @@ def add_judge_args(parser: argparse.ArgumentParser, *, also_templates: tuple[str
     backend = parser.add_mutually_exclusive_group()
     backend.add_argument("--model", metavar="PATH", help="judge model GGUF (default: [judge] model, else the "
                                                          "default judge model)")
-    backend.add_argument("--server", metavar="URL", help="OpenAI-compatible server (llama.cpp, vLLM) instead of "
-                                                         "in-process llama-cpp-python")
+    backend.add_argument("--server", metavar="URL", action="append",
+                         help="OpenAI-compatible server (llama.cpp, llama-cpp-python, vLLM) instead of in-process "
+                              "llama-cpp-python; repeat for a pool of servers of one model (default: [judge] servers "
+                              "or [judge] server; probe each first: kvjudge probe --server URL)")
+    parser.add_argument("--parallel", type=int, metavar="N",
+                        help="with servers: requests in flight per server (default: [judge] parallel or 2)")
+    parser.add_argument("--timeout", type=float, metavar="S",
+                        help="with servers: seconds per request (default: [judge] timeout or 600)")
     parser.add_argument("--tokenizer-model", metavar="PATH",
-                        help="with --server: a local copy of the served GGUF, to count tokens without the server")
+                        help="with --server: a local copy of the served GGUF, to count tokens without the server "
+                             "(and read its chat template)")
     parser.add_argument("--n-ctx", type=int, metavar="N",
                         help="upper bound on the judge window (default: sized to each batch of pairs, capped by "
                              "the certified safe_context, else the analytic max_context_tokens)")
@@ -390,18 +472,48 @@ def select_pairs(args: argparse.Namespace, store: Any, *, default_all: bool = Fa
     return pairs
 
 
-def open_judge(args: argparse.Namespace, config: Config, *, template: str | None = None) -> Any:
-    """The Judge for a judging command: backend (not yet loaded), framing, held-out inputs, window planner."""
+def _server_options(args: argparse.Namespace, config: Config, servers: list[str]) -> tuple[int, float]:
+    """``--parallel`` and ``--timeout`` (or ``[judge] parallel`` / ``timeout``), which only apply to servers."""
     from kvjudge.errors import UsageError
-    from kvjudge.judge import DEFAULT_MARGIN, Judge, WindowPlanner, open_backend
+    from kvjudge.judge.servers import DEFAULT_PARALLEL
+    from kvjudge.server_client import DEFAULT_TIMEOUT_S
 
-    if args.tokenizer_model and not args.server:
-        raise UsageError("--tokenizer-model only applies with --server")
+    if not servers:
+        given = [flag for flag, value in (("--parallel", args.parallel), ("--timeout", args.timeout),
+                                          ("--tokenizer-model", args.tokenizer_model)) if value is not None]
+        if given:
+            raise UsageError(f"{', '.join(given)} only apply to judge servers (--server URL)")
+        return DEFAULT_PARALLEL, DEFAULT_TIMEOUT_S
+    if args.threads is not None:
+        raise UsageError("--threads applies to the in-process judge; a server uses its own threads")
+    parallel = args.parallel if args.parallel is not None else config.get("judge.parallel", int, DEFAULT_PARALLEL)
+    timeout = args.timeout if args.timeout is not None else config.get("judge.timeout", (int, float),
+                                                                       DEFAULT_TIMEOUT_S)
+    if parallel < 1:
+        raise UsageError(f"--parallel must be at least 1, got {parallel}")
+    if timeout <= 0:
+        raise UsageError(f"--timeout must be positive, got {timeout}")
+    return parallel, float(timeout)
+
+
+def open_judge(args: argparse.Namespace, config: Config, *, template: str | None = None) -> Any:
+    """The Judge for a judging command: backend (not yet loaded), framing, held-out inputs, window planner.
+
+    With judge servers (``--server`` …, ``[judge] servers`` / ``server``) the backend is a
+    :class:`~kvjudge.judge.ServerPool` windowed from each server's ``kvjudge probe --server`` entry."""
+    from kvjudge.judge import DEFAULT_MARGIN, Judge, WindowPlanner, open_backend, open_servers
+
+    servers = judge_servers(args, config)
+    parallel, timeout = _server_options(args, config, servers)
     margin = args.margin if args.margin is not None else config.get("judge.margin", (int, float), DEFAULT_MARGIN)
     template = template or args.template or config.get("judge.template", str, "auto")
     info("loading the judge backend…")
-    backend = open_backend(model=args.tokenizer_model if args.server else args.model, server=args.server,
-                           n_ctx=args.n_ctx, threads=args.threads, config=config)
+    if servers:
+        backend = open_servers(servers, n_ctx=args.n_ctx, tokenizer_model=args.tokenizer_model, parallel=parallel,
+                               timeout_s=timeout, staleness_days=staleness_days(args),
+                               on_drop=lambda url, why: info(f"judge server {url} dropped: {why}"))
+    else:
+        backend = open_backend(model=args.model, n_ctx=args.n_ctx, threads=args.threads, config=config)
     planner = WindowPlanner(backend, requested=args.n_ctx, certify=not args.no_certify, say=info)
     try:
         return Judge(backend, margin=float(margin), show_grades=args.show_grades, show_verifier=args.show_verifier,

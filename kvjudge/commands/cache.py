@@ -26,8 +26,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _status(entry: Any) -> str:
+    from kvjudge.probe import served_status
     from kvjudge.probe.core import current_components
 
+    if entry.served:
+        return served_status(entry)
     if entry.stale:
         return "stale"
     try:
@@ -51,6 +54,13 @@ def _age(entry: Any) -> str:
     return f"{days:.1f} d" if days >= 1 else f"{days * 24:.1f} h"
 
 
+def _model_label(entry: Any) -> str:
+    """The file name of a local model; ``name @ URL`` for a served one."""
+    if entry.served:
+        return f"{Path(entry.server.get('model_id', '')).name} @ {entry.server.get('url')}"
+    return Path(entry.model_path).name
+
+
 def _cache(args: argparse.Namespace) -> Any:
     from kvjudge.probe import CapabilityCache
 
@@ -68,7 +78,7 @@ def _cache_show(args: argparse.Namespace) -> int:
     def human() -> None:
         print_table(["fingerprint", "model", "budget", "max_context", "max_ok_input", "safe_context", "method",
                      "age", "status"],
-                    [[r["fingerprint"][:12], Path(r["model_path"]).name, format_mib(r["memory_budget"]),
+                    [[r["fingerprint"][:12], _model_label(e), format_mib(r["memory_budget"]),
                       r["max_context_tokens"], r["max_ok_input"], r["safe_context"], r["method"],
                       _age(e), r["status"]] for r, e in zip(rows, entries)],
                     title=f"capability cache {cache.path}")
@@ -86,9 +96,12 @@ def _cache_refresh(args: argparse.Namespace) -> int:
         status = _status(entry)
         if args.stale_only and status == "fresh":
             continue
+        if entry.served:
+            results.append(_refresh_served(cache, entry, status))
+            continue
         if not Path(entry.model_path).is_file():
             results.append({"fingerprint": entry.fingerprint, "model_path": entry.model_path,
-                            "result": "skipped: the model file is gone"})
+                            "label": _model_label(entry), "result": "skipped: the model file is gone"})
             continue
         info(f"refreshing {Path(entry.model_path).name} ({status})…")
         with progress("certifying", total=None) as advance:
@@ -99,7 +112,8 @@ def _cache_refresh(args: argparse.Namespace) -> int:
                            staleness_days=cache.staleness_days)
         if report.entry.fingerprint != entry.fingerprint:
             cache.remove(entry.fingerprint)  # superseded: the file, device or runtime changed
-        results.append({"fingerprint": entry.fingerprint, "model_path": entry.model_path, "was": status,
+        results.append({"fingerprint": entry.fingerprint, "model_path": entry.model_path, "label": _model_label(entry),
+                        "was": status,
                         "new_fingerprint": report.entry.fingerprint, "result": report.entry.method,
                         "max_context_tokens": report.max_context_tokens, "max_ok_input": report.entry.max_ok_input,
                         "safe_context": report.entry.safe_context})
@@ -110,11 +124,35 @@ def _cache_refresh(args: argparse.Namespace) -> int:
             print("nothing to refresh")
             return
         print_table(["fingerprint", "model", "was", "now", "max_context", "max_ok_input", "safe_context"],
-                    [[r["fingerprint"][:12], Path(r["model_path"]).name, r.get("was", "-"), r["result"],
+                    [[r["fingerprint"][:12], r["label"], r.get("was", "-"), r["result"],
                       r.get("max_context_tokens"), r.get("max_ok_input"), r.get("safe_context")] for r in results])
 
     emit(args, payload, human)
     return 0
+
+
+def _refresh_served(cache: Any, entry: Any, status: str) -> dict[str, Any]:
+    """Probe a served entry again through its URL (an unreachable server is skipped, its entry kept)."""
+    from kvjudge.probe import probe_server
+
+    url = entry.server["url"]
+    row = {"fingerprint": entry.fingerprint, "model_path": entry.model_path, "label": _model_label(entry),
+           "was": status}
+    if status == "unreachable":
+        return row | {"result": "skipped: the server is unreachable"}
+    info(f"refreshing the model served at {url} ({status})…")
+    try:
+        with progress("certifying the served model", total=None) as advance:
+            report = probe_server(url, certify=entry.certified or entry.method == "measured", cache_path=cache.path,
+                                  refresh=True, progress=lambda message: advance(1, description=message),
+                                  staleness_days=cache.staleness_days)
+    except KvjudgeError as exc:
+        return row | {"result": f"failed: {exc}"}
+    if report.entry.fingerprint != entry.fingerprint:
+        cache.remove(entry.fingerprint)  # superseded: the server now serves another model, context or version
+    return row | {"new_fingerprint": report.entry.fingerprint, "result": report.entry.method,
+                  "max_context_tokens": report.entry.max_context_tokens, "max_ok_input": report.entry.max_ok_input,
+                  "safe_context": report.entry.safe_context}
 
 
 def _cache_clear(args: argparse.Namespace) -> int:

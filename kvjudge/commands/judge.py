@@ -4,6 +4,7 @@
                               [--show-verifier] [--no-certify] [--json]
     kvjudge judge --pairs FILE.jsonl        (lines {"a": RUN, "b": RUN})
     kvjudge judge --task TASK               (every pair of runs on one task)
+    kvjudge judge … --server URL --server URL [--parallel N]   (a pool: every pair's orders in flight at once)
 
 With ``--json``: one JSON object per pair, then one ``{"summary": …}`` object.
 """
@@ -11,6 +12,8 @@ With ``--json``: one JSON object per pair, then one ``{"summary": …}`` object.
 from __future__ import annotations
 
 import argparse
+import time
+from collections.abc import Callable
 from typing import Any
 
 from kvjudge.commands._common import (
@@ -22,13 +25,16 @@ from kvjudge.commands._common import (
     print_table,
     progress,
     select_pairs,
+    served_entry,
 )
 from kvjudge.config import Config
 from kvjudge.errors import UsageError
 from kvjudge.judge import (
     LlamaBackend,
+    ServerPool,
     StillGrades,
     Verdict,
+    judge_batch,
     still_grades_summary,
     summarize_verdicts,
 )
@@ -62,10 +68,14 @@ def _reduce_target(args: argparse.Namespace, config: Config, store: Any, pairs: 
     from kvjudge.budget import configured_ceiling, effective_ceiling
     from kvjudge.probe import lookup_capability
 
-    if not isinstance(backend, LlamaBackend):
-        raise UsageError("with --server, --still-grades needs --reduce-to N (the probe figures are per local model)")
-    entry = lookup_capability(backend.model_path)
-    max_context = None if entry is None else entry.max_context_tokens
+    if isinstance(backend, ServerPool):
+        # The smallest served context of the pool bounds what every server's judge can read.
+        max_context = min(served_entry(args, url).max_context_tokens for url in backend.urls)
+    elif isinstance(backend, LlamaBackend):
+        entry = lookup_capability(backend.model_path)
+        max_context = None if entry is None else entry.max_context_tokens
+    else:
+        raise UsageError("--still-grades needs --reduce-to N with this backend")
     # Never the configured ceiling alone: without a probe figure effective_ceiling raises CapabilityMissing.
     return {tenant: effective_ceiling(configured_ceiling(config, tenant), max_context).effective
             for tenant in tenants}
@@ -79,22 +89,34 @@ def _judge(args: argparse.Namespace) -> int:
         backend = judge.backend
         try:
             targets = _reduce_target(args, config, store, pairs, backend) if args.still_grades else {}
-            calls = len(pairs) * 2 * (2 if args.still_grades else 1)
-            with progress("judging", calls) as advance:
+            sides = 2 if args.still_grades else 1
+            with progress("judging", len(pairs) * 2 * sides) as advance:
                 judge.planner.progress = lambda message: advance(0, description=message)
+                tracker = _PairProgress(advance, len(pairs) * sides)
                 if args.still_grades:
-                    full = judge.judge_pairs(store, pairs, full=True, bound="analytic", on_call=advance)
+                    full = judge_batch(judge, store, pairs, full=True, bound="analytic", on_call=tracker.call,
+                                       on_verdict=tracker.verdict)
                     full_window = judge.window
-                    reduced = judge.judge_pairs(store, pairs, on_call=advance,
-                                                reduce_to={(a, b): targets[store.run(a).tenant] for a, b in pairs})
+                    reduced = judge_batch(judge, store, pairs, on_call=tracker.call, on_verdict=tracker.verdict,
+                                          reduce_to={(a, b): targets[store.run(a).tenant] for a, b in pairs})
                     results = [StillGrades(f, r) for f, r in zip(full, reduced)]
                     verdicts = reduced
                 else:
-                    verdicts = judge.judge_pairs(store, pairs, on_call=advance)
-            for index, verdict in enumerate(verdicts):
-                _emit_pair(args, verdict, results[index] if args.still_grades else None)
+                    def decided(index: int, verdict: Verdict) -> None:
+                        tracker.verdict(index, verdict)
+                        _emit_pair(args, verdict, None)  # each pair as soon as it and those before it are decided
+
+                    verdicts = judge_batch(judge, store, pairs, on_call=tracker.call, on_verdict=decided)
+            if args.still_grades:
+                for index, verdict in enumerate(verdicts):
+                    _emit_pair(args, verdict, results[index])
             summary = (still_grades_summary(results) if args.still_grades else summarize_verdicts(verdicts))
             summary["prefix_tokens_saved"] = getattr(backend, "tokens_saved", 0)
+            wall = time.monotonic() - tracker.started
+            summary["wall_seconds"] = round(wall, 3)
+            summary["pairs_per_minute"] = round(len(pairs) * sides / (wall / 60), 2) if wall > 0 else None
+            if isinstance(backend, ServerPool):
+                summary["servers"] = backend.stats()
             summary["window"] = None if judge.window is None else judge.window.to_json()
             summary["room"] = judge.room
             if args.still_grades:
@@ -104,6 +126,27 @@ def _judge(args: argparse.Namespace) -> int:
             backend.close()
     emit(args, {"summary": summary}, lambda: _print_summary(summary, args.still_grades))
     return 0
+
+
+class _PairProgress:
+    """The bar advances per call; its description says pairs done, pairs per minute and errors."""
+
+    def __init__(self, advance: Callable[..., None], total: int) -> None:
+        self.advance = advance
+        self.total = total
+        self.started = time.monotonic()
+        self.done = 0
+        self.errors = 0
+
+    def call(self) -> None:
+        self.advance(1)
+
+    def verdict(self, _index: int, verdict: Verdict) -> None:
+        self.done += 1
+        self.errors += verdict.outcome == "error"
+        minutes = max(time.monotonic() - self.started, 1e-6) / 60
+        self.advance(0, description=f"judging · {self.done}/{self.total} pairs · {self.done / minutes:.1f} "
+                                    f"pairs/min · {self.errors} error(s)")
 
 
 def _emit_pair(args: argparse.Namespace, verdict: Verdict, still: StillGrades | None) -> None:
@@ -160,4 +203,10 @@ def _print_summary(summary: dict[str, Any], still: bool) -> None:
         rows.append(["window n_ctx", f"{window['n_ctx']} (needed {window['needed']}, cap {window['cap']} from "
                                      f"{window['cap_source']}; {'measured' if window['measured'] else 'not certified'})"])
     rows.append(["prefix tokens saved", summary["prefix_tokens_saved"]])
+    if "servers" in summary:
+        pool = summary["servers"]
+        rows.append(["servers (calls answered)", ", ".join(f"{url} {n}" for url, n in pool["calls"].items())])
+        if pool["dropped"]:
+            rows.append(["servers dropped", ", ".join(pool["dropped"])])
+        rows.append(["requests sent to another server", pool["resent"]])
     print_table(["", "value"], rows, title="summary")

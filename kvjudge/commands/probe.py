@@ -34,8 +34,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "probe", help="how much context a model really holds on this device (devices, KV math, certified run)",
         description="Probe the model (default: the bundled default model): device memory, the GGUF shape, the "
                     "KV-cache math → max_context_tokens; then certify by running it in child processes → "
-                    "max_ok_input and safe_context. Results go to the capability cache.")
-    parser.add_argument("--model", metavar="PATH", help="GGUF file (default: the bundled default model)")
+                    "max_ok_input and safe_context. Results go to the capability cache. With --server: identify the "
+                    "model an OpenAI-compatible server serves and certify it with real requests instead.")
+    target = parser.add_mutually_exclusive_group()
+    target.add_argument("--model", metavar="PATH", help="GGUF file (default: the bundled default model)")
+    target.add_argument("--server", metavar="URL",
+                        help="an OpenAI-compatible server (llama.cpp, llama-cpp-python, vLLM): probe what it serves")
     parser.add_argument("--n-ctx", type=_positive_int, metavar="N", help="also report the KV bytes for this n_ctx")
     parser.add_argument("--type-k", choices=KV_TYPE_NAMES, default="f16", help="K cache type (default f16)")
     parser.add_argument("--type-v", choices=KV_TYPE_NAMES, default="f16", help="V cache type (default f16)")
@@ -51,7 +55,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="cap the usable memory, e.g. 6GiB, 512MiB, 1.5GB (default: [probe] memory_budget)")
     parser.add_argument("--no-certify", action="store_true", help="analytic figure only; do not run the model")
     parser.add_argument("--refresh", action="store_true", help="certify again even if the cache holds a fresh result")
-    parser.add_argument("--timeout", type=float, metavar="S", help="seconds per certification trial")
+    parser.add_argument("--timeout", type=float, metavar="S", help="seconds per certification trial (or request)")
     parser.add_argument("--cache", metavar="PATH", help="capability cache file (default: in the cache dir)")
     add_output_args(parser)
     parser.set_defaults(func=_probe)
@@ -67,10 +71,17 @@ def _settings(args: argparse.Namespace) -> Any:
                            n_ubatch=args.n_ubatch)
 
 
+# Options that describe a local runtime; a server's runtime is its own business.
+_LOCAL_ONLY = {"n_ctx": None, "type_k": "f16", "type_v": "f16", "flash_attn": False, "swa_full": True, "n_seq": 1,
+               "gpu_layers": 0, "n_ubatch": 512, "memory_budget": None}
+
+
 def _probe(args: argparse.Namespace) -> int:
     from kvjudge.probe import probe
     from kvjudge.probe.settings import parse_size
 
+    if args.server:
+        return _probe_server(args)
     settings = _settings(args)
     config = config_from(args)
     budget = args.memory_budget if args.memory_budget is not None else config.get("probe.memory_budget", (str, int))
@@ -86,6 +97,46 @@ def _probe(args: argparse.Namespace) -> int:
     payload = report.as_dict()
     emit(args, payload, lambda: _print_report(payload))
     return 0
+
+
+def _probe_server(args: argparse.Namespace) -> int:
+    from kvjudge.probe import probe_server
+
+    local = [f"--{name.replace('_', '-')}" for name, default in _LOCAL_ONLY.items()
+             if getattr(args, name) != default]
+    if local:
+        raise UsageError(f"{', '.join(local)} describe(s) a local runtime; with --server the server's own settings "
+                         f"apply (drop them)")
+    if args.timeout is not None and args.timeout <= 0:
+        raise UsageError(f"--timeout must be positive, got {args.timeout}")
+    with progress("certifying the served model", total=None) as advance:
+        report = probe_server(args.server, certify=not args.no_certify, cache_path=args.cache, refresh=args.refresh,
+                              progress=lambda message: advance(1, description=message), timeout_s=args.timeout,
+                              staleness_days=staleness_days(args))
+    payload = report.as_dict()
+    emit(args, payload, lambda: _print_served(payload))
+    return 0
+
+
+def _print_served(data: dict[str, Any]) -> None:
+    server = data["server"]
+    rows = [
+        ["server", f"{server['url']} ({server['kind']}{' ' + server['version'] if server['version'] else ''})"],
+        ["model", server["model_id"]],
+        ["sha256", (data["model_sha256"] or "")[:16] + "…" if data["model_sha256"] else "- (the file is not here)"],
+        ["served context", f"{data['max_context_tokens']} ({server['n_ctx_source']})"],
+        ["max_ok_input", data["max_ok_input"] if data["max_ok_input"] is not None else "- (not certified)"],
+        ["safe_context", data["safe_context"] if data["safe_context"] is not None else "- (not certified)"],
+        ["method", data["method"] + (" (from cache)" if data["cached"] else "")],
+    ]
+    print_table(["", ""], rows, title="probe (served model)")
+    if data["trials"]:
+        print_table(["prompt tokens", "outcome", "context named", "seconds"],
+                    [[t["prompt_tokens"] if t["prompt_tokens"] is not None else f"~{t['target_tokens']}", t["outcome"],
+                      t["n_ctx_reported"] or "", f"{t['seconds']:.1f}"] for t in data["trials"]],
+                    title="certification requests")
+    for note in data["notes"]:
+        print(f"  note: {note}")
 
 
 def _print_report(data: dict[str, Any]) -> None:

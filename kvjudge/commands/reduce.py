@@ -72,7 +72,7 @@ def _reduce(args: argparse.Namespace) -> int:
             state = refused[0]
             raise RunStateError(f"run {state.id} is {state.state}; only graded, ungraded or archived runs can be "
                                 f"reduced (finish grading first: `kvjudge mark {state.id} graded|ungraded`)")
-        counter = counter_for(args, config)
+        counter = counter_for(args, config, ceilings.served)
         results: list[dict[str, Any]] = []
         targets: dict[str, dict[str, Any]] = {}
         above: list[dict[str, Any]] = []
@@ -102,7 +102,7 @@ def _reduce(args: argparse.Namespace) -> int:
                 outcome["tenant"] = state.tenant
                 results.append(outcome)
                 advance(description=f"reducing {state.id}")
-    payload = {"store": str(store.path), "model": str(ceilings.model_path), "counter": counter.name,
+    payload = {"store": str(store.path), "model": ceilings.judge, "counter": counter.name,
                "ceilings": targets, "capability": ceilings.capability, "runs": results, "above_ceiling": above,
                "refused": [{"run": s.id, "state": s.state,
                             "reason": "grading has not terminated (only graded, ungraded, archived reduce)"}

@@ -74,7 +74,7 @@ def _tier(args: argparse.Namespace) -> int:
             run_ids = [args.run]
         run_ids = [run_id for run_id in run_ids
                    if not (run_id in finished and store.run(run_id).tier["status"] == "tiered")]
-        counter = counter_for(args, config) if run_ids else None
+        counter = counter_for(args, config, ceilings.served) if run_ids else None
         gates: dict[str, TierGate] = {}
         for run_id in run_ids:  # every tenant's ceiling before anything moves (CapabilityMissing first)
             tenant = store.run(run_id).tenant  # StoreError for an unknown run

@@ -5,14 +5,17 @@ Public API::
     from kvjudge.judge import open_backend, LlamaBackend, ServerBackend, Judge, judge_pair, Verdict
     from kvjudge.judge import still_grades, StillGrades, cohen_kappa, render_view, escape
 
-- backends: :class:`LlamaBackend` (in-process llama-cpp-python, prefix KV reuse) and :class:`ServerBackend`
-  (OpenAI-compatible ``/v1/completions`` with logprobs); :func:`open_backend` picks one from CLI/config
-  choices; :class:`WindowPlanner` sizes the window to the pairs (certifying that size only).
+- backends: :class:`LlamaBackend` (in-process llama-cpp-python, prefix KV reuse), :class:`ServerBackend`
+  (one OpenAI-compatible server: completions, or chat completions for the chat framing, with logprobs) and
+  :class:`ServerPool` (several servers of one model, with retries and failover; :func:`open_servers`);
+  :func:`open_backend` picks one from CLI/config choices; :class:`WindowPlanner` sizes the window to the
+  pairs (certifying that size only).
 - views: :func:`render_view` of a folded run (verifier results and grades held out), :func:`escape` for the
   delimiters, :func:`pack_pair` into the window (further-reduced views derived with the retention's pure
   ``plan_reduction``); prompts in the model's chat template or raw (:mod:`kvjudge.judge.prompt`).
 - verdicts: :class:`Judge` / :func:`judge_pair` ask both orders and un-swap; outcomes a | b | tie |
-  inconsistent | overflow | error; judgments are cached in the store.
+  inconsistent | overflow | error; judgments are cached in the store. :func:`judge_batch` sends every
+  pair's orders concurrently through a server pool, with the judge's own stages.
 - meta-evaluation and ranking: :mod:`kvjudge.judge.evaluate` (accuracy against held-out grades beside
   baselines) and :mod:`kvjudge.judge.ranking` (Bradley–Terry with bootstrap intervals).
 - still grades: :func:`still_grades` compares full and reduced verdicts (agreement, flips, κ, Δp_a).
@@ -24,9 +27,9 @@ from kvjudge.judge.backends import (
     LabelScore,
     LlamaBackend,
     PromptOverflow,
-    ServerBackend,
     open_backend,
 )
+from kvjudge.judge.batch import judge_batch
 from kvjudge.judge.pack import BaseView, PackedView, RunTokens, base_view, fit_view, pack_pair, pack_run
 from kvjudge.judge.prompt import RAW, TEMPLATE_CHOICES, TEMPLATE_VERSION, Framing, TemplateText, choose_framing
 from kvjudge.judge.render import body_resolver, escape, render_view
@@ -37,6 +40,7 @@ from kvjudge.judge.verdict import (
     SCORED,
     Judge,
     OrderPrompt,
+    PackedPair,
     OrderScore,
     Verdict,
     decide,
@@ -44,13 +48,15 @@ from kvjudge.judge.verdict import (
     judgment_key,
     order_score,
 )
+from kvjudge.judge.servers import ServerBackend, ServerPool, open_servers
 from kvjudge.judge.window import Window, WindowPlanner, window_tokens
 
 __all__ = [
     "DEFAULT_MARGIN", "LABELS", "OUTCOMES", "RAW", "SCORED", "TEMPLATE_CHOICES", "TEMPLATE_VERSION", "Backend",
-    "BaseView", "Framing", "Judge", "LabelScore", "LlamaBackend", "OrderPrompt", "OrderScore", "PackedView",
-    "PromptOverflow", "RunTokens", "ServerBackend", "StillGrades", "TemplateText", "Verdict", "Window",
-    "WindowPlanner", "base_view", "body_resolver", "choose_framing", "cohen_kappa", "decide", "escape", "fit_view",
-    "judge_pair", "judgment_key", "open_backend", "order_score", "pack_pair", "pack_run", "render_view",
+    "BaseView", "Framing", "Judge", "LabelScore", "LlamaBackend", "OrderPrompt", "OrderScore", "PackedPair",
+    "PackedView", "PromptOverflow", "RunTokens", "ServerBackend", "ServerPool", "StillGrades", "TemplateText",
+    "Verdict", "Window", "WindowPlanner", "base_view", "body_resolver", "choose_framing", "cohen_kappa", "decide",
+    "escape", "fit_view", "judge_batch", "judge_pair", "judgment_key", "open_backend", "open_servers",
+    "order_score", "pack_pair", "pack_run", "render_view",
     "still_grades", "still_grades_summary", "summarize_verdicts", "window_tokens",
 ]

@@ -1,4 +1,5 @@
-"""Model backends for the judge: in-process llama-cpp-python, or an OpenAI-compatible server.
+"""Model backends for the judge: in-process llama-cpp-python here; OpenAI-compatible servers in
+:mod:`kvjudge.judge.servers`.
 
 Both answer one question — given a prompt made of text segments, what probability does the model put
 on each answer label as its next token? — by forced choice: no sampling, no free-text parsing. The
@@ -12,18 +13,15 @@ never into a score.
 
 from __future__ import annotations
 
-import json
 import math
-import urllib.error
-import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from kvjudge._llama import last_logits, rewind
-from kvjudge.errors import JudgeError, ModelError, UsageError
-from kvjudge.judge.prompt import RAW, Framing, TemplateText, choose_framing
+from kvjudge.errors import JudgeError, ModelError
+from kvjudge.judge.prompt import Framing, TemplateText, choose_framing
 from kvjudge.tokens import tokenize_exact
 
 # The answer labels and the spellings whose probabilities count for each.
@@ -48,6 +46,7 @@ class LabelScore:
     label_mass: float
     prompt_tokens: int
     reused_tokens: int = 0
+    server: str | None = None  # the server that answered (server backends)
 
 
 @runtime_checkable
@@ -280,159 +279,13 @@ class LlamaBackend:
         self._llama = self._vocab = None
 
 
-@dataclass
-class ServerBackend:
-    """An OpenAI-compatible completions server (llama.cpp server, llama-cpp-python's server, vLLM).
-
-    Asks ``/v1/completions`` for one token at temperature 0 with the top-N logprobs and reads the labels
-    from them. A label missing from the top N is an error, never a guess. Token counts come from the
-    server's own tokenizer endpoint (``/extras/tokenize`` or ``/tokenize``), or from ``model_path``.
-    """
-
-    url: str
-    n_ctx: int | None = None
-    model_path: Path | None = None
-    top_logprobs: int = 20
-    timeout_s: float = 600.0
-    # The prompt is sent as one string and tokenized by the server, which may merge tokens across the
-    # segment boundaries we counted separately: keep a little room.
-    slack_tokens: int = 16
-    calls: int = 0
-    tokens_saved: int = 0  # the server's own prompt cache may reuse KV; it does not tell us
-    _info: dict[str, Any] = field(default_factory=dict, repr=False)
-    _tokenizer: Any = field(default=None, repr=False)
-    _tokenize_route: str | None = field(default=None, repr=False)
-
-    def __post_init__(self) -> None:
-        self.url = self.url.rstrip("/")
-        if self.url.endswith("/v1"):
-            self.url = self.url[: -len("/v1")]
-        models = self._request("GET", "/v1/models")
-        data = models.get("data") or []
-        if not data:
-            raise JudgeError(f"{self.url}/v1/models lists no model; is this an OpenAI-compatible server?")
-        self._info = dict(data[0])
-        if self.n_ctx is None:
-            # vLLM reports max_model_len; llama.cpp's server reports n_ctx under /props.
-            self.n_ctx = self._info.get("max_model_len") or self._props_n_ctx()
-        if not self.n_ctx:
-            raise JudgeError(f"the server at {self.url} does not report its context size; pass --n-ctx N")
-        if self.model_path is not None:
-            from kvjudge.tokens import ModelTokenizer
-
-            self._tokenizer = ModelTokenizer(self.model_path)
-
-    def _props_n_ctx(self) -> int | None:
-        try:
-            props = self._request("GET", "/props")
-        except JudgeError:
-            return None
-        settings = props.get("default_generation_settings") or {}
-        return settings.get("n_ctx") or props.get("n_ctx")
-
-    def _request(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
-        payload = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(self.url + path, data=payload, method=method,
-                                         headers={"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                return json.loads(response.read() or b"{}")
-        except urllib.error.HTTPError as exc:
-            detail = exc.read()[:300].decode("utf-8", "replace").replace("\n", " ")
-            raise JudgeError(f"the judge server {self.url}{path} answered HTTP {exc.code} ({detail})") from exc
-        except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
-            reason = getattr(exc, "reason", exc)
-            raise JudgeError(f"cannot reach the judge server {self.url} ({reason}); is it running?") from exc
-        except ValueError as exc:
-            raise JudgeError(f"the judge server {self.url}{path} did not answer JSON ({exc})") from exc
-
-    def manifest(self) -> dict[str, Any]:
-        sha = None
-        if self._tokenizer is not None:
-            sha = self._tokenizer.sha256
-        return {"model_sha256": sha, "model": self._info.get("id"), "backend": "openai-server",
-                "backend_version": {k: self._info.get(k) for k in ("id", "owned_by", "created") if k in self._info},
-                "server": self.url, "n_ctx": self.n_ctx, "threads": None, "n_batch": None,
-                "top_logprobs": self.top_logprobs}
-
-    def framing(self, choice: str = "auto") -> Framing:
-        """The server's GGUF chat template is known only through ``model_path`` (the same file, local)."""
-        template = None
-        if self._tokenizer is not None:
-            template = self._tokenizer.llama.metadata.get("tokenizer.chat_template") or None
-        if choice == "chat" and template is None:
-            raise UsageError("--template chat with --server needs --tokenizer-model PATH (the served GGUF, for its "
-                             "chat template); or use --template raw")
-        if template is None:
-            return RAW
-        vocab = self._tokenizer.llama
-        special = [vocab.detokenize([t], special=True).decode("utf-8", "replace") if t >= 0 else ""
-                   for t in (vocab.token_bos(), vocab.token_eos())]
-        return choose_framing(choice, template, bos_token=special[0], eos_token=special[1])
-
-    def resize(self, n_ctx: int, *, source: str | None = None) -> None:
-        if self.n_ctx is not None and n_ctx > self.n_ctx:
-            raise JudgeError(f"the pair needs a {n_ctx}-token window but the server at {self.url} holds "
-                             f"{self.n_ctx}; pass a smaller --n-ctx")
-
-    def count(self, text: str) -> int:
-        if self._tokenizer is not None:
-            return len(self._tokenizer.tokenize(text, special=isinstance(text, TemplateText)))
-        routes = [self._tokenize_route] if self._tokenize_route else ["/extras/tokenize", "/tokenize"]
-        last: JudgeError | None = None
-        for route in routes:
-            body = {"input": text} if route == "/extras/tokenize" else {"content": text, "prompt": text}
-            try:
-                answer = self._request("POST", route, body)
-            except JudgeError as exc:
-                last = exc
-                continue
-            if "tokens" in answer:
-                self._tokenize_route = route
-                return len(answer["tokens"])
-            if "count" in answer:
-                self._tokenize_route = route
-                return int(answer["count"])
-        raise JudgeError(f"the server at {self.url} has no tokenize endpoint ({last}); pass --model PATH "
-                         f"of the same GGUF so the judge can count tokens")
-
-    def score(self, segments: Sequence[str], shared: int = 0) -> LabelScore:
-        prompt = "".join(segments)
-        answer = self._request("POST", "/v1/completions", {
-            "model": self._info.get("id"), "prompt": prompt, "max_tokens": 1, "temperature": 0.0,
-            "logprobs": self.top_logprobs, "seed": 0})
-        try:
-            choice = answer["choices"][0]
-            top = choice["logprobs"]["top_logprobs"][0]
-        except (KeyError, IndexError, TypeError) as exc:
-            raise JudgeError(f"the judge server's answer has no top logprobs ({exc}); does it support `logprobs`?") from exc
-        raw: dict[str, float] = {label: 0.0 for label in LABELS}
-        seen: set[str] = set()
-        for token, logprob in top.items():
-            for label, spellings in _SPELLINGS.items():
-                if token in spellings:
-                    raw[label] += math.exp(float(logprob))
-                    seen.add(label)
-        missing = [label for label in LABELS if label not in seen]
-        if missing:
-            raise JudgeError(f"label(s) {', '.join(missing)} not among the server's top {self.top_logprobs} "
-                             f"next tokens; the model did not answer the forced choice")
-        probs, mass = _renormalise(raw)
-        usage = answer.get("usage") or {}
-        self.calls += 1
-        return LabelScore(probs=probs, label_mass=mass, prompt_tokens=int(usage.get("prompt_tokens") or 0))
-
-    def close(self) -> None:
-        self._tokenizer = None
-
-
-
 def open_backend(*, model: str | Path | None = None, server: str | None = None, n_ctx: int | None = None,
                  threads: int | None = None, config: Any = None) -> Backend:
     """The judge's backend from CLI-style choices and the config's ``[judge]`` section.
 
-    ``server`` (or ``[judge] server``) selects the OpenAI-compatible server (``n_ctx``: its context, when it
-    does not report one); otherwise llama-cpp-python opens ``model`` (or ``[judge] model``, else the
+    ``server`` (or ``[judge] server``) selects the OpenAI-compatible server (a pool of one:
+    :func:`~kvjudge.judge.servers.open_servers`; ``n_ctx`` from its ``kvjudge probe --server`` entry, or
+    ``n_ctx`` within its context); otherwise llama-cpp-python opens ``model`` (or ``[judge] model``, else the
     default judge model) without a window: :class:`~kvjudge.judge.window.WindowPlanner` sizes it for the
     pairs and :meth:`LlamaBackend.resize` loads the weights.
     """
@@ -448,6 +301,8 @@ def open_backend(*, model: str | Path | None = None, server: str | None = None, 
     model = setting("model", str, model)
     threads = setting("threads", int, threads)
     if server:
-        return ServerBackend(url=server, n_ctx=n_ctx, model_path=resolve_model(model) if model else None)
+        from kvjudge.judge.servers import open_servers
+
+        return open_servers([server], n_ctx=n_ctx, tokenizer_model=resolve_model(model) if model else None)
     path = resolve_model(model) if model else judge_model_path()
     return LlamaBackend(model_path=path, n_threads=threads)

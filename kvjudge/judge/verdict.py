@@ -55,6 +55,7 @@ class OrderScore:
     prompt_tokens: int
     reused_tokens: int
     cached: bool
+    server: str | None = None  # the server that answered (a server backend), None in-process or from the cache
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,7 @@ class Verdict:
             "margin": self.margin, "position_consistent": self.position_consistent, "cached": self.cached,
             "tokens_saved": self.tokens_saved, "error": self.error, "notes": list(self.notes),
             "label_mass": {o.order: o.label_mass for o in self.orders}, "view_sha256": self.view_sha256,
+            "answered_by": {o.order: o.server for o in self.orders if o.server},
         }
 
 
@@ -127,6 +129,17 @@ class OrderPrompt:
 
 
 PairReduce = int | Mapping[tuple[str, str], int] | None
+
+
+@dataclass(frozen=True)
+class PackedPair:
+    """A pair's two views, packed into the judge's window; ``started`` is when its packing began and
+    ``pack_seconds`` how long it took."""
+
+    view_a: PackedView
+    view_b: PackedView
+    started: float
+    pack_seconds: float
 
 
 @dataclass
@@ -218,6 +231,20 @@ class Judge:
         reduced side of a still-grades check. ``full`` starts from the original bodies wherever the store can
         still read them (the full side); ``bound`` "analytic" lets the window grow to the analytic bound.
         """
+        verdicts = []
+        for item in self.prepare_pairs(store, pairs, reduce_to=reduce_to, full=full, bound=bound):
+            if isinstance(item, Verdict):
+                verdicts.append(item)
+            else:
+                verdicts.append(self.judge_views(store, item.view_a, item.view_b, started=item.started,
+                                                 on_call=on_call))
+        return verdicts
+
+    def prepare_pairs(self, store: Any, pairs: Sequence[tuple[str, str]], *, reduce_to: PairReduce = None,
+                      full: bool = False, bound: str = "certified") -> list[PackedPair | Verdict]:
+        """The first stage of :meth:`judge_pairs`: every pair's views, packed into one window sized to the
+        largest pair (a verdict instead where counting tokens failed). A batch path sends the calls itself
+        (:meth:`order_prompts`) and decides with :meth:`conclude`."""
         started = time.perf_counter()
         bases: dict[tuple[str, int | None, bool], BaseView] = {}
         prepared: list[tuple[str, str, BaseView, BaseView] | Verdict] = []
@@ -236,17 +263,16 @@ class Judge:
         needed = [self.needed_tokens(p[2], p[3]) for p in prepared if not isinstance(p, Verdict)]
         if needed:
             self._open_window(max(needed), bound)
-            started = time.perf_counter()  # a verdict's seconds are its own calls, not the window's certification
-        verdicts = []
+        packed: list[PackedPair | Verdict] = []
         for item in prepared:
             if isinstance(item, Verdict):
-                verdicts.append(item)
+                packed.append(item)
                 continue
-            a, b, base_a, base_b = item
-            view_a, view_b = pack_pair(base_a, base_b, self.backend.count, self.room)
-            verdicts.append(self.judge_views(store, view_a, view_b, started=started, on_call=on_call))
+            # A verdict's seconds are its own packing and calls, not the window's certification.
             started = time.perf_counter()
-        return verdicts
+            view_a, view_b = pack_pair(item[2], item[3], self.backend.count, self.room)
+            packed.append(PackedPair(view_a, view_b, started, time.perf_counter() - started))
+        return packed
 
     def judge_pair(self, store: Any, a: str, b: str, *, reduce_to: int | None = None, full: bool = False,
                    on_call: Callable[[], None] | None = None) -> Verdict:
@@ -275,69 +301,94 @@ class Judge:
                     on_call: Callable[[], None] | None = None) -> Verdict:
         """Judge two packed views in both orders (the part of :meth:`judge_pairs` after packing)."""
         started = time.perf_counter() if started is None else started
+        if view_a.text is None or view_b.text is None:
+            return self.conclude(view_a, view_b, [], started=started)
+        manifest = self.manifest()
+        orders: list[OrderScore] = []
+        try:
+            for prompt in self.order_prompts(view_a, view_b):
+                score = self.cached_score(store, prompt)
+                cached = score is not None
+                if score is None:
+                    score = self.score_prompt(prompt)
+                    self.record_score(store, prompt, score, manifest)
+                orders.append(order_score(prompt.order, score, cached))
+                if on_call is not None:
+                    on_call()
+        except JudgeError as exc:
+            return self.conclude(view_a, view_b, orders, exc, started=started)
+        return self.conclude(view_a, view_b, orders, started=started)
+
+    def conclude(self, view_a: PackedView, view_b: PackedView, orders: Sequence[OrderScore],
+                 failure: JudgeError | None = None, *, started: float, seconds: float | None = None) -> Verdict:
+        """The verdict from the orders scored (in any order) and the failure that stopped the rest: overflow
+        when a view does not fit or the backend refused the prompt as too long, error on any other failure,
+        else the decision. ``seconds`` overrides the time since ``started`` (a batch counts a pair's own calls)."""
         manifest = self.manifest()
         tokens = {"a": view_a.tokens, "b": view_b.tokens}
         further = view_a.tokens.further_reduced or view_b.tokens.further_reduced
         notes = tuple(f"{v.run_id}: {n}" for v in (view_a, view_b) for n in v.notes)
         hashes = {"a": view_a.sha256, "b": view_b.sha256}
+        ordered = tuple(sorted(orders, key=lambda o: ORDERS.index(o.order)))
 
-        def finish(outcome: str, p_a: float | None, by_order: dict[str, float | None], *, error: str | None = None,
-                   orders: tuple[OrderScore, ...] = ()) -> Verdict:
+        def finish(outcome: str, p_a: float | None, by_order: dict[str, float | None], *,
+                   error: str | None = None) -> Verdict:
             return Verdict(a=view_a.run_id, b=view_b.run_id, outcome=outcome, p_a=p_a, p_a_by_order=by_order,
-                           tokens=tokens, further_reduced=further, seconds=time.perf_counter() - started,
-                           manifest=manifest, margin=self.margin, cached=bool(orders) and all(o.cached for o in orders),
-                           tokens_saved=sum(o.reused_tokens for o in orders if not o.cached), error=error,
-                           notes=notes, orders=orders, view_sha256=hashes)
+                           tokens=tokens, further_reduced=further,
+                           seconds=time.perf_counter() - started if seconds is None else seconds,
+                           manifest=manifest, margin=self.margin, cached=bool(ordered) and all(o.cached for o in ordered),
+                           tokens_saved=sum(o.reused_tokens for o in ordered if not o.cached), error=error,
+                           notes=notes, orders=ordered, view_sha256=hashes)
 
         if view_a.text is None or view_b.text is None:
             over = [v.run_id for v in (view_a, view_b) if v.text is None]
             return finish("overflow", None, {"ab": None, "ba": None},
                           error=f"even the skeleton of {', '.join(over)} exceeds its share of the "
                                 f"{self.room}-token room for views (n_ctx {self.backend.n_ctx})")
-        orders: list[OrderScore] = []
-        try:
-            for prompt in self.order_prompts(view_a, view_b):
-                score, cached = self._score(store, manifest, prompt)
-                orders.append(order_score(prompt.order, score, cached))
-                if on_call is not None:
-                    on_call()
-        except PromptOverflow as exc:
-            return finish("overflow", None, {"ab": None, "ba": None}, error=str(exc), orders=tuple(orders))
-        except JudgeError as exc:
+        if isinstance(failure, PromptOverflow):
+            return finish("overflow", None, {"ab": None, "ba": None}, error=str(failure))
+        if failure is not None or len(ordered) != len(ORDERS):
             by_order: dict[str, float | None] = {o: None for o in ORDERS}
-            by_order.update({o.order: o.p_a for o in orders})
-            return finish("error", None, by_order, error=str(exc), orders=tuple(orders))
-        outcome, p_a = decide(orders[0].p_a, orders[1].p_a, self.margin)
-        return finish(outcome, p_a, {o.order: o.p_a for o in orders}, orders=tuple(orders))
+            by_order.update({o.order: o.p_a for o in ordered})
+            return finish("error", None, by_order,
+                          error=str(failure) if failure is not None else "an order was never scored")
+        outcome, p_a = decide(ordered[0].p_a, ordered[1].p_a, self.margin)
+        return finish(outcome, p_a, {o.order: o.p_a for o in ordered})
 
-    def _score(self, store: Any, manifest: dict[str, Any], prompt: OrderPrompt) -> tuple[LabelScore, bool]:
+    def cached_score(self, store: Any, prompt: OrderPrompt) -> LabelScore | None:
+        """The cached judgment for ``prompt`` (None when caching is off or nothing is cached)."""
         getter = getattr(store, "get_judgment", None) if self.use_cache else None
-        if getter is not None:
-            hit = getter(prompt.key)
-            if hit is not None:
-                return LabelScore(probs={k: float(v) for k, v in hit["probs"].items()},
-                                  label_mass=float(hit["label_mass"]), prompt_tokens=int(hit["prompt_tokens"]),
-                                  reused_tokens=int(hit.get("reused_tokens", 0))), True
+        hit = getter(prompt.key) if getter is not None else None
+        if hit is None:
+            return None
+        return LabelScore(probs={k: float(v) for k, v in hit["probs"].items()}, label_mass=float(hit["label_mass"]),
+                          prompt_tokens=int(hit["prompt_tokens"]), reused_tokens=int(hit.get("reused_tokens", 0)))
+
+    def score_prompt(self, prompt: OrderPrompt) -> LabelScore:
+        """Ask the backend (any failure is a JudgeError: an outcome, never a score)."""
         try:
-            score = self.backend.score(prompt.segments, shared=prompt.shared)
+            return self.backend.score(prompt.segments, shared=prompt.shared)
         except JudgeError:
             raise
         except Exception as exc:  # a backend bug or a runtime crash is an outcome, never a score
             raise JudgeError(f"the judge backend failed ({type(exc).__name__}: {exc})") from exc
+
+    def record_score(self, store: Any, prompt: OrderPrompt, score: LabelScore, manifest: dict[str, Any]) -> None:
+        """Cache a fresh score for ``prompt`` (when caching is on)."""
         putter = getattr(store, "put_judgment", None) if self.use_cache else None
         if putter is not None:
             putter(prompt.key, {"probs": score.probs, "label_mass": score.label_mass,
                                 "prompt_tokens": score.prompt_tokens, "reused_tokens": score.reused_tokens,
                                 "template_version": TEMPLATE_VERSION, "template": self.framing.name,
                                 "model_sha256": manifest.get("model_sha256")})
-        return score, False
 
 
 def order_score(order: str, score: LabelScore, cached: bool) -> OrderScore:
     """One order's result, un-swapped: ``p_a`` is the probability that run a (not position A) is better."""
     p_first = score.probs["A"]
     return OrderScore(order=order, p_a=p_first if order == "ab" else 1.0 - p_first, label_mass=score.label_mass,
-                      prompt_tokens=score.prompt_tokens, reused_tokens=score.reused_tokens, cached=cached)
+                      prompt_tokens=score.prompt_tokens, reused_tokens=score.reused_tokens, cached=cached,
+                      server=None if cached else score.server)
 
 
 def judge_pair(store: Any, a: str, b: str, backend: Backend, *, margin: float = DEFAULT_MARGIN,

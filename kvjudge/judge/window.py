@@ -97,7 +97,10 @@ class WindowPlanner:
         needed = window_tokens(needed_tokens)
         if not isinstance(self.backend, LlamaBackend):  # a server's context is what it is
             cap = self.requested or self.backend.n_ctx
-            return Window(min(needed, cap), needed, cap, "the server's context", measured=False)
+            # A pool windowed from every server's certified entry (kvjudge probe --server) has run that size.
+            certified = bool(getattr(self.backend, "certified", False))
+            source = "the servers' certified safe_context" if certified else "the server's context"
+            return Window(min(needed, cap), needed, cap, source, measured=certified)
         return self._plan_local(needed, bound)
 
     def _plan_local(self, needed: int, bound: str) -> Window:

@@ -43,10 +43,14 @@ def utc_now() -> str:
 
 @dataclass(frozen=True)
 class CapabilityEntry:
-    """What is known about one model on one device with one set of runtime settings."""
+    """What is known about one model on one device with one set of runtime settings, or about one served model.
+
+    A served entry (``server`` set: url, model_id, kind, version, n_ctx_source) has ``device`` ``server:URL``,
+    ``max_context_tokens`` = the served context, and ``model_sha256`` None unless the served file is readable here.
+    """
 
     fingerprint: str
-    model_sha256: str
+    model_sha256: str | None
     model_path: str
     device: str
     max_context_tokens: int          # analytic, from memory
@@ -64,6 +68,12 @@ class CapabilityEntry:
     memory_budget: int | None = None
     components: dict = field(default_factory=dict)
     last_overflow: int | None = None
+    server: dict = field(default_factory=dict)
+
+    @property
+    def served(self) -> bool:
+        """The entry describes a model behind an OpenAI-compatible server (probed with ``--server``)."""
+        return bool(self.server)
 
     def to_json(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)

@@ -1,0 +1,315 @@
+"""One OpenAI-compatible model server over HTTP: llama.cpp's ``llama-server``, llama-cpp-python's server, vLLM.
+
+What the probe and the judge both need from a served model: who it is (:meth:`ServerClient.identify`), its
+tokenizer (:meth:`ServerClient.tokenize`) and one completion with logprobs (:meth:`ServerClient.complete`,
+:meth:`ServerClient.chat`). Every failure is one of three errors, because callers treat them differently:
+
+- :class:`~kvjudge.errors.ServerUnavailable`: connection refused or reset, a time-out, HTTP 429 or 5xx. Transient:
+  retried here with exponential back-off and jitter (connection errors, 429, 5xx; a time-out is not retried on
+  the same server — the same prompt would take as long again). Never a figure, never a score.
+- :class:`~kvjudge.errors.ContextRefused`: the server refused the prompt as longer than its context — a measured
+  overflow (llama.cpp, llama-cpp-python and vLLM each word it differently; the context size is read from it).
+- :class:`~kvjudge.errors.ServerError`: any other refusal, or an answer that is not JSON.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_random_exponential
+
+from kvjudge.errors import ContextRefused, ServerError, ServerUnavailable, UsageError
+
+DEFAULT_TIMEOUT_S = 600.0
+CONNECT_TIMEOUT_S = 10.0
+# Identification is small: a dead server should not hold up `cache show` or a lookup for minutes.
+IDENTIFY_TIMEOUT_S = 15.0
+
+KINDS = ("llama.cpp", "llama-cpp-python", "vllm", "openai-compatible")
+
+# How each server family words a context-length refusal, and where it puts the numbers.
+_CONTEXT_PATTERNS = (
+    re.compile(r"context_length_exceeded|exceed_context_size|maximum context length|exceeds? (?:the )?"
+               r"(?:available )?context|context window|context size|too many tokens", re.IGNORECASE),
+)
+_N_CTX_PATTERNS = (
+    re.compile(r"maximum context length is (\d+)", re.IGNORECASE),       # vLLM, llama-cpp-python
+    re.compile(r"context window of (\d+)", re.IGNORECASE),               # llama-cpp-python (raw)
+)
+_PROMPT_PATTERNS = (
+    re.compile(r"\((\d+) in (?:the messages|your prompt|the prompt)", re.IGNORECASE),
+    re.compile(r"Requested tokens \((\d+)\)", re.IGNORECASE),
+)
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Tries per request on transient failures, and the back-off between them (random exponential: jitter)."""
+
+    attempts: int = 4
+    backoff_s: float = 0.5
+    max_backoff_s: float = 8.0
+
+    def __post_init__(self) -> None:
+        if self.attempts < 1:
+            raise UsageError(f"a request needs at least one try, got {self.attempts}")
+
+
+@dataclass(frozen=True)
+class ServerInfo:
+    """Who a server is: what identifies a served model in the capability cache and in every verdict.
+
+    ``n_ctx`` is the context the server says it serves (None when it does not say: llama-cpp-python's server);
+    ``n_ctx_source`` says where it came from. ``model_path`` is the served file when the server names one.
+    """
+
+    url: str
+    model_id: str
+    kind: str
+    version: str | None
+    n_ctx: int | None
+    n_ctx_source: str | None
+    model_path: str | None = None
+    n_ctx_train: int | None = None
+    chat_template: str | None = None   # the template's source, where the server publishes it (llama.cpp)
+    models: tuple[str, ...] = field(default_factory=tuple)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"url": self.url, "model_id": self.model_id, "kind": self.kind, "version": self.version,
+                "n_ctx": self.n_ctx, "n_ctx_source": self.n_ctx_source, "model_path": self.model_path,
+                "n_ctx_train": self.n_ctx_train, "chat_template": bool(self.chat_template),
+                "models": list(self.models)}
+
+
+def normalize_url(url: str) -> str:
+    """``http://host:port`` without a trailing ``/`` or ``/v1`` (the API paths are added per request)."""
+    text = (url or "").strip().rstrip("/")
+    if text.endswith("/v1"):
+        text = text[: -len("/v1")]
+    if not re.match(r"^https?://[^/\s]+", text):
+        raise UsageError(f"server URL {url!r} is not an http(s) URL; pass e.g. http://gpu-box:8080")
+    return text
+
+
+def _detail(response: httpx.Response) -> tuple[str, dict[str, Any]]:
+    """The error message of a refusal (OpenAI's ``{"error": {"message": …}}``, FastAPI's ``detail``), and its
+    error object."""
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text[:300].replace("\n", " "), {}
+    error = body.get("error") if isinstance(body, dict) else None
+    if isinstance(error, dict):
+        return str(error.get("message") or error), error
+    if isinstance(body, dict) and "message" in body:
+        return str(body["message"]), body
+    if isinstance(body, dict) and "detail" in body:
+        return str(body["detail"]), body
+    return str(body)[:300], {}
+
+
+def context_refusal(message: str, error: dict[str, Any] | None = None) -> ContextRefused | None:
+    """A :class:`ContextRefused` when ``message`` (and the error object) says the prompt exceeds the context."""
+    error = error or {}
+    code = f"{error.get('code', '')} {error.get('type', '')}"
+    if not any(p.search(message) or p.search(code) for p in _CONTEXT_PATTERNS):
+        return None
+    n_ctx = error.get("n_ctx") if isinstance(error.get("n_ctx"), int) else None  # llama.cpp's own fields
+    prompt = error.get("n_prompt_tokens") if isinstance(error.get("n_prompt_tokens"), int) else None
+    for pattern in _N_CTX_PATTERNS:
+        if n_ctx is None and (match := pattern.search(message)):
+            n_ctx = int(match.group(1))
+    for pattern in _PROMPT_PATTERNS:
+        if prompt is None and (match := pattern.search(message)):
+            prompt = int(match.group(1))
+    return ContextRefused(message, n_ctx=n_ctx, prompt_tokens=prompt)
+
+
+def _retryable(exc: BaseException) -> bool:
+    return isinstance(exc, ServerUnavailable) and exc.reason != "timeout"
+
+
+class ServerClient:
+    """HTTP to one server (thread-safe: the judge's pool sends from several threads)."""
+
+    def __init__(self, url: str, *, timeout_s: float = DEFAULT_TIMEOUT_S, retry: RetryPolicy = RetryPolicy(),
+                 transport: httpx.BaseTransport | None = None) -> None:
+        if timeout_s <= 0:
+            raise UsageError(f"the request time-out must be positive, got {timeout_s}")
+        self.url = normalize_url(url)
+        self.timeout_s = float(timeout_s)
+        self.retry = retry
+        self.requests_sent = 0  # every try, retries included
+        self._http = httpx.Client(base_url=self.url, transport=transport,
+                                  timeout=httpx.Timeout(self.timeout_s, connect=min(self.timeout_s, CONNECT_TIMEOUT_S)))
+        self._tokenize_route: str | None = None
+        self._token_offset: int | None = None
+        self._model_id: str | None = None
+
+    # -- transport -------------------------------------------------------------------------------------------
+    def _once(self, method: str, path: str, body: dict[str, Any] | None, timeout_s: float | None) -> Any:
+        timeout = httpx.USE_CLIENT_DEFAULT if timeout_s is None else httpx.Timeout(
+            timeout_s, connect=min(timeout_s, CONNECT_TIMEOUT_S))
+        self.requests_sent += 1
+        try:
+            response = self._http.request(method, path, json=body, timeout=timeout)
+        except httpx.ConnectTimeout as exc:
+            raise ServerUnavailable(f"cannot reach the server {self.url} (connect timed out); is it running?",
+                                    "connection") from exc
+        except httpx.TimeoutException as exc:
+            waited = self.timeout_s if timeout_s is None else timeout_s
+            raise ServerUnavailable(f"the server {self.url} did not answer {path} within {waited:.0f} s "
+                                    f"(raise --timeout for long prompts)", "timeout") from exc
+        except httpx.TransportError as exc:
+            raise ServerUnavailable(f"cannot reach the server {self.url} ({type(exc).__name__}: {exc}); "
+                                    f"is it running?", "connection") from exc
+        if response.status_code == 429 or response.status_code >= 500:
+            message, _ = _detail(response)
+            raise ServerUnavailable(f"the server {self.url}{path} answered HTTP {response.status_code} ({message})",
+                                    f"http {response.status_code}")
+        if response.status_code >= 400:
+            message, error = _detail(response)
+            refusal = context_refusal(message, error)
+            if refusal is not None:
+                raise refusal
+            raise ServerError(f"the server {self.url}{path} refused the request: HTTP {response.status_code} "
+                              f"({message})")
+        try:
+            return response.json()
+        except ValueError as exc:
+            raise ServerError(f"the server {self.url}{path} did not answer JSON ({exc}); is it an "
+                              f"OpenAI-compatible server?") from exc
+
+    def request(self, method: str, path: str, body: dict[str, Any] | None = None, *, retry: bool = True,
+                timeout_s: float | None = None) -> Any:
+        """One request; transient failures are retried (``retry``) with exponential back-off and jitter."""
+        if not retry:
+            return self._once(method, path, body, timeout_s)
+        retrying = Retrying(retry=retry_if_exception(_retryable), stop=stop_after_attempt(self.retry.attempts),
+                            wait=wait_random_exponential(multiplier=self.retry.backoff_s,
+                                                         max=self.retry.max_backoff_s), reraise=True)
+        return retrying(self._once, method, path, body, timeout_s)
+
+    def _optional(self, path: str, timeout_s: float) -> Any:
+        """A GET that some server families do not have: None when it is missing or refused."""
+        try:
+            return self.request("GET", path, retry=False, timeout_s=timeout_s)
+        except ServerError as exc:
+            if isinstance(exc, ServerUnavailable) and exc.reason == "connection":
+                raise
+            return None
+
+    # -- identity --------------------------------------------------------------------------------------------
+    def identify(self, *, timeout_s: float = IDENTIFY_TIMEOUT_S) -> ServerInfo:
+        """The served model and the server family, version and context size (no prompt is run)."""
+        models = self.request("GET", "/v1/models", timeout_s=timeout_s)
+        data = models.get("data") if isinstance(models, dict) else None
+        if not data or not isinstance(data, list) or not isinstance(data[0], dict) or "id" not in data[0]:
+            raise ServerError(f"{self.url}/v1/models lists no model; is this an OpenAI-compatible server?")
+        card = data[0]
+        ids = tuple(str(item.get("id")) for item in data if isinstance(item, dict))
+        model_id = str(card["id"])
+        self._model_id = model_id
+        meta = card.get("meta") if isinstance(card.get("meta"), dict) else {}
+        n_ctx_train = meta.get("n_ctx_train") if isinstance(meta.get("n_ctx_train"), int) else None
+        if "max_model_len" in card or card.get("owned_by") == "vllm":
+            version = self._optional("/version", timeout_s)
+            return ServerInfo(self.url, model_id, "vllm", (version or {}).get("version") if isinstance(version, dict)
+                              else None, card.get("max_model_len"), "vLLM max_model_len", models=ids)
+        props = self._optional("/props", timeout_s)
+        if isinstance(props, dict) and ("default_generation_settings" in props or "n_ctx" in props):
+            settings = props.get("default_generation_settings") or {}
+            n_ctx = settings.get("n_ctx") or props.get("n_ctx")
+            build = props.get("build_info")
+            return ServerInfo(self.url, model_id, "llama.cpp", str(build) if build else None,
+                              int(n_ctx) if n_ctx else None, "llama.cpp /props n_ctx (per slot)" if n_ctx else None,
+                              model_path=props.get("model_path"), n_ctx_train=n_ctx_train,
+                              chat_template=str(props.get("chat_template") or "") or None,
+                              models=ids)
+        api = self._optional("/openapi.json", timeout_s)
+        info = api.get("info") if isinstance(api, dict) else None
+        if isinstance(info, dict) and "llama.cpp Python" in str(info.get("title", "")):
+            # llama-cpp-python names the model by the path it loaded; it does not report its context size.
+            return ServerInfo(self.url, model_id, "llama-cpp-python", str(info.get("version") or "") or None,
+                              None, None, model_path=model_id, models=ids)
+        return ServerInfo(self.url, model_id, "openai-compatible", None, None, None, n_ctx_train=n_ctx_train,
+                          models=ids)
+
+    # -- tokenizer -------------------------------------------------------------------------------------------
+    def _tokenize_once(self, route: str, text: str) -> list[int]:
+        if route == "/extras/tokenize":  # llama-cpp-python (adds BOS; the offset removes it)
+            body: dict[str, Any] = {"input": text}
+        elif route == "/tokenize":  # llama.cpp ("content") and vLLM ("prompt")
+            body = {"content": text, "prompt": text, "add_special": False, "add_special_tokens": False}
+            if self._model_id is not None:
+                body["model"] = self._model_id
+        else:
+            raise UsageError(f"unknown tokenize route {route}")
+        answer = self.request("POST", route, body)
+        tokens = answer.get("tokens") if isinstance(answer, dict) else None
+        if not isinstance(tokens, list):
+            raise ServerError(f"the server {self.url}{route} answered no token list")
+        return [t if isinstance(t, int) else int(t.get("id", -1)) if isinstance(t, dict) else -1 for t in tokens]
+
+    def tokenize(self, text: str) -> list[int]:
+        """Token ids of ``text`` with the served model's own tokenizer (the route is found once)."""
+        routes = [self._tokenize_route] if self._tokenize_route else ["/extras/tokenize", "/tokenize"]
+        last: ServerError | None = None
+        for route in routes:
+            try:
+                tokens = self._tokenize_once(route, text)
+            except ServerUnavailable:
+                raise
+            except ServerError as exc:
+                last = exc
+                continue
+            self._tokenize_route = route
+            return tokens
+        raise ServerError(f"the server {self.url} has no tokenize endpoint ({last}); pass a local copy of the "
+                          f"served GGUF (--tokenizer-model / --model) so kvjudge can count tokens")
+
+    def count(self, text: str) -> int:
+        """Tokens of ``text`` as one piece of a prompt (without the BOS some servers add to every tokenization)."""
+        if self._token_offset is None:
+            self._token_offset = len(self.tokenize(""))
+        return max(0, len(self.tokenize(text)) - self._token_offset)
+
+    # -- completions -----------------------------------------------------------------------------------------
+    def complete(self, prompt: str, *, model: str | None = None, max_tokens: int = 1, logprobs: int | None = None,
+                 timeout_s: float | None = None) -> dict[str, Any]:
+        """``/v1/completions`` at temperature 0 (``logprobs``: top-N per token)."""
+        body: dict[str, Any] = {"model": model or self._model_id, "prompt": prompt, "max_tokens": max_tokens,
+                                "temperature": 0.0, "seed": 0}
+        if logprobs is not None:
+            body["logprobs"] = logprobs
+        return self.request("POST", "/v1/completions", body, timeout_s=timeout_s)
+
+    def chat(self, messages: list[dict[str, str]], *, model: str | None = None, max_tokens: int = 1,
+             top_logprobs: int | None = None, timeout_s: float | None = None) -> dict[str, Any]:
+        """``/v1/chat/completions`` at temperature 0 (the server applies its chat template)."""
+        body: dict[str, Any] = {"model": model or self._model_id, "messages": messages, "max_tokens": max_tokens,
+                                "temperature": 0.0, "seed": 0}
+        if top_logprobs is not None:
+            body.update({"logprobs": True, "top_logprobs": top_logprobs})
+        return self.request("POST", "/v1/chat/completions", body, timeout_s=timeout_s)
+
+    def close(self) -> None:
+        self._http.close()
+
+
+class ServerTokenCounter:
+    """A :class:`~kvjudge.tokens.TokenCounter` that asks the server (when no local copy of the GGUF exists)."""
+
+    def __init__(self, client: ServerClient, model_id: str) -> None:
+        self.client = client
+        self._name = f"server:{model_id}"
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    def count(self, text: str) -> int:
+        return self.client.count(text)
