@@ -173,7 +173,7 @@ def test_a_run_loss_steps_cannot_bring_down_is_named_with_the_steps_taken(setup:
     (run,) = json.loads(done.stdout)["runs"]
     assert not run["fits"] and run["steps"]["bodies_reduced"] > 0 and run["steps"]["dropped"] > 0
     taken = [f"{run['steps'][key]} {label}" for key, label in (
-        ("bodies_reduced", "bodies reduced to summaries"), ("branches_summarised", "dead branches summarised"),
+        ("bodies_reduced", "bodies reduced to extracts"), ("branches_reduced", "dead branches reduced to extracts"),
         ("dropped", "dead-branch texts dropped")) if run["steps"][key]]
     assert (f"run big-3: {run['tokens_after']} tokens remain above the target 5 after every loss step "
             f"({', '.join(taken)})") in done.stderr

@@ -27,7 +27,7 @@ from kvjudge.errors import RunStateError, UsageError
 from kvjudge.retention.reduce import ReductionPlan, RunInColdStorage, plan_stored, reduce_run
 
 # What each loss step did, as plan.steps names it.
-_STEPS = (("bodies_reduced", "bodies reduced to summaries"), ("branches_summarised", "dead branches summarised"),
+_STEPS = (("bodies_reduced", "bodies reduced to extracts"), ("branches_reduced", "dead branches reduced to extracts"),
           ("dropped", "dead-branch texts dropped"))
 
 
