@@ -324,13 +324,14 @@ def test_rehydrate_survives_a_concurrent_recovery(tmp_path: Path, monkeypatch: p
 @pytest.mark.s3
 def test_endpoint_url_flag_reaches_s3_without_the_environment(tmp_path: Path, s3_bucket: str,  # noqa: F811
                                                               seaweed: SeaweedServer,  # noqa: F811
-                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+                                                              monkeypatch: pytest.MonkeyPatch,
+                                                              ceiling_args: list[str]) -> None:
     monkeypatch.delenv("AWS_ENDPOINT_URL")  # only the flag says where the S3 server is
     path = make_store(tmp_path / "store.sqlite")
     with Store.open(path) as store:
         before = texts(store, "run-a")
     flags = ["--store", str(path), "--endpoint-url", seaweed.endpoint, "--json"]
-    moved = run_kvjudge("tier", "run-a", "--to", f"s3://{s3_bucket}/t", *flags)
+    moved = run_kvjudge("tier", "run-a", "--to", f"s3://{s3_bucket}/t", *ceiling_args, *flags)
     assert moved.returncode == 0, moved.stderr
     assert json.loads(moved.stdout)["runs"][0]["status"] == "tiered"
     keys = [item["Key"] for item in seaweed.client().list_objects_v2(Bucket=s3_bucket).get("Contents", [])]

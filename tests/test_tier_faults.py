@@ -169,7 +169,7 @@ def test_verify_remote_re_hashes_what_a_crashed_move_left_before_it_commits(tmp_
     assert rerun.returncode == 0, rerun.stdout + rerun.stderr
     if command[0] == "tier":
         result = json.loads(rerun.stdout)["runs"][0]
-        assert (result["recovered"], result["status"]) == ("upload", "tiered") and result["uploaded"] >= 1
+        assert (result["recovered"], result["status"]) == ("upload", "tiered") and result["uploaded"] >= 1, rerun.stdout
     else:
         assert json.loads(rerun.stdout)["ok"] is True
     assert remote.read_bytes() == body

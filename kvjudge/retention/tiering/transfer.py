@@ -152,7 +152,8 @@ def upload_and_check(store: Store, manifest: Manifest, cold: ColdStore, *, skip_
         with Uploader(cold, store.path, rehash=rehash, progress=progress) as uploader:
             for entry in manifest.entries:
                 uploader.send(batch, entry, skip_present=skip_present)
-            return batch.sent, batch.wait()
+            problems = batch.wait()  # counts what was sent: read batch.sent only after it
+            return batch.sent, problems
     except BodyVanished as exc:
         raise vanished(store, manifest, exc) from exc
 
