@@ -215,11 +215,15 @@ def test_a_pool_survives_a_server_killed_mid_batch(servers: list[LlamaServer], d
     with LlamaServer(default_model, N_CTX, tmp_path / "doomed") as doomed:
         command = [sys.executable, "-m", "kvjudge", "judge", "--task", "fix-csv", "--server", survivor.url,
                    "--server", doomed.url, "--n-ctx", str(JUDGE_N_CTX), "--store", str(pool_store), "--json"]
-        child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        assert child.stdout is not None
-        first = child.stdout.readline()  # the first pair is decided; the other pairs' calls are in flight
-        doomed.kill()
-        rest, errors = child.communicate(timeout=900)
+        # stderr to a file: communicate() would read the pipes past the buffer readline() filled, losing lines.
+        with (tmp_path / "stderr.txt").open("w") as stderr:
+            child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr, text=True)
+            assert child.stdout is not None
+            first = child.stdout.readline()  # the first pair is decided; the other pairs' calls are in flight
+            doomed.kill()
+            rest = child.stdout.read()
+            child.wait(timeout=900)
+        errors = (tmp_path / "stderr.txt").read_text()
         assert doomed.process is not None and doomed.process.returncode == -9
     assert child.returncode == 0, errors
     lines = [json.loads(line) for line in [first, *rest.splitlines()]]
