@@ -40,9 +40,8 @@ def test_inflation_benchmark_figures_follow_their_definitions(tmp_path: Path, de
         assert turn["real"] == turn["prompt_tokens"] + turn["completion_tokens"]
         legacy += turn["prompt_tokens"] + turn["completion_tokens"]
         assert turn["legacy"] == legacy  # no pruning at this budget: the sum over every turn so far
-        # anchored: the backend's report plus the reply's estimate (chars/4 and its markup), no earlier turn again
-        reply = math.ceil(len(text["reply"].encode()) / 4) + template["assistant"]
-        assert turn["anchored"] == turn["prompt_tokens"] + reply
+        # anchored: the backend's report plus the reply as it counted it and the reply's markup, no earlier turn
+        assert turn["anchored"] == turn["prompt_tokens"] + turn["completion_tokens"] + template["assistant"]
     for before, turn, text in zip(turns, turns[1:], texts[1:]):
         # the next prompt predicted: the figure after the last turn plus the new user message and its markup
         user = math.ceil(len(text["user"].encode()) / 4) + template["user"]

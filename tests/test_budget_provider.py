@@ -84,7 +84,10 @@ def test_report_anchors_and_adds_only_the_reply() -> None:
     # The backend says the next prompt (system + turn 1 + this user text) was 950 tokens.
     sync(budget, "c" * 40, "d" * 81, input_tokens=950, output_tokens=20)
     assert budget.anchor == 950
-    assert budget.fullness() == 950 + est("d" * 81)  # 971: earlier turns are not added again
+    assert budget.fullness() == 950 + 20  # earlier turns are not added again; the reply as the backend counted it
+    # Without output_tokens the reply is estimated: chars/4 of 81 characters, rounded up.
+    sync(budget, "e" * 40, "f" * 81, input_tokens=1000)
+    assert budget.fullness() == 1000 + est("f" * 81) == 1021
 
 
 def test_anchor_never_double_counts_over_many_turns() -> None:
@@ -200,7 +203,8 @@ def test_restore_anchors_on_last_turn_with_tokens_in() -> None:
     budget.restore_turns(turns)
     assert budget.history == tuple(turns)
     assert budget.anchor == 760
-    assert budget.fullness() == 760 + est("a2" * 30) + est("u3" * 20) + est("a3" * 20) + est("u4" * 2)
+    # The anchored turn's reply as the backend counted it (20), the later turns estimated.
+    assert budget.fullness() == 760 + 20 + est("u3" * 20) + est("a3" * 20) + est("u4" * 2)
 
 
 def test_restore_without_tokens_in_is_an_estimate_not_a_measurement() -> None:

@@ -1,8 +1,9 @@
 """``TokenBudget``: keep turns up to ``threshold_pct`` of the model's context window (the seed, ported).
 
 Fullness anchors on the backend's last reported prompt size, which already includes the system prompt
-and every prior turn, plus an estimate of what was added or removed since that report (each message's
-text, and — when the estimation counts it — the chat template's tokens around it). The seed's
+and every prior turn, plus what was added or removed since that report: the reply as the backend counted
+it when it reported ``output_tokens`` (else its estimate), every later message's estimate, and — when the
+estimation counts it — the chat template's tokens around each message. The seed's
 earlier implementation summed input + output per turn across history, counting every prior turn again
 in every later reading (5.4x inflation by turn 20), which forced pruning the real context never needed.
 Without any report the figure is the sum of per-turn estimates, each turn counted once.
@@ -150,9 +151,10 @@ class TokenBudget(MemoryProvider):
         self._history.append(turn)
         if input_tokens is not None:
             # The reported prompt already holds the system prompt, all earlier turns and this user text;
-            # only the reply (with the template's markup around it) is new since.
+            # only the reply (with the template's markup around it) is new since. Its size was reported too
+            # when output_tokens is given: a measurement, not an estimate (the template's markup still is one).
             self._anchor = input_tokens
-            self._delta = self._estimation.message("assistant", assistant)
+            self._delta = self._reply_tokens(assistant, output_tokens)
         else:
             self._delta += turn.estimate
         self._prune()
@@ -181,8 +183,9 @@ class TokenBudget(MemoryProvider):
             self._anchor = None
             self._delta = sum(turn.estimate for turn in restored)
         else:
-            self._anchor = restored[last].record.tokens_in
-            self._delta = self._estimation.message("assistant", restored[last].record.assistant) + sum(
+            record = restored[last].record
+            self._anchor = record.tokens_in
+            self._delta = self._reply_tokens(record.assistant, record.tokens_out) + sum(
                 turn.estimate for turn in restored[last + 1:]
             )
         self._prune()
@@ -192,6 +195,13 @@ class TokenBudget(MemoryProvider):
         return ("tokens", self.fullness(), self.prune_above)
 
     # -- internals --------------------------------------------------------------------------------------
+
+    def _reply_tokens(self, assistant: str, output_tokens: int | None) -> int:
+        """The reply's share of the next prompt: the backend's count of it when reported, else its estimate;
+        plus the template's markup around it (a blank reply is never sent)."""
+        if output_tokens is None:
+            return self._estimation.message("assistant", assistant)
+        return output_tokens + (self._estimation.template.of("assistant") if assistant.strip() else 0)
 
     def _make_turn(self, record: ConversationTurn) -> _Turn:
         return _Turn(record, self._estimation.turn(record.user, record.assistant))
