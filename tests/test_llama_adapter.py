@@ -171,6 +171,21 @@ def test_a_vocab_only_load_is_silent(default_model: Path, capfd: pytest.CaptureF
 
 
 @pytest.mark.model
+@pytest.mark.parametrize("which", ["default_model", "judge_model"])
+def test_the_judge_backends_tokenizer_loads_silently(which: str, request: pytest.FixtureRequest,
+                                                     capfd: pytest.CaptureFixture[str]) -> None:
+    """The judge opens the model's vocabulary alone before it knows its window: llama.cpp's warning about that
+    context (n_ctx_train 0) must not reach the user's terminal between the demo's steps."""
+    from kvjudge.judge import LlamaBackend
+
+    model = request.getfixturevalue(which)
+    capfd.readouterr()
+    backend = LlamaBackend(model_path=model)
+    assert backend.count("hello world") > 0
+    assert capfd.readouterr() == ("", "")
+
+
+@pytest.mark.model
 def test_rewind_keeps_exactly_the_prefix_and_evaluation_continues_there(llama: Any) -> None:
     tokens = llama.tokenize(b"The quick brown fox jumps over the lazy dog. " * 4, add_bos=True)
     keep = len(tokens) // 2

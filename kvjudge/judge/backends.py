@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from kvjudge._llama import last_logits, rewind
+from kvjudge._llama import last_logits, quiet_native_output, rewind
 from kvjudge.errors import JudgeError, ModelError
 from kvjudge.judge.prompt import Framing, TemplateText, choose_framing
 from kvjudge.tokens import tokenize_exact
@@ -128,7 +128,8 @@ class LlamaBackend:
             raise ModelError(f"model file {self.model_path} does not exist; pass a GGUF path with --model")
         self.model_sha256 = self.model_sha256 or file_sha256(self.model_path)
         try:
-            self._vocab = Llama(model_path=str(self.model_path), vocab_only=True, verbose=False)
+            with quiet_native_output():  # a vocab-only load warns about its context size on the C-level stderr
+                self._vocab = Llama(model_path=str(self.model_path), vocab_only=True, verbose=False)
         except (ValueError, RuntimeError) as exc:
             raise ModelError(f"cannot read the tokenizer of {self.model_path} ({exc}); check the file") from exc
         for label, spellings in _SPELLINGS.items():
