@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -67,6 +68,19 @@ def _summary(result: dict[str, Any]) -> dict[str, Any]:
             "conclusion": result["conclusion"], "graded_pairs": result["graded_pairs"]}
 
 
+def _progress(label: str, pairs: int) -> Any:
+    """A per-call progress line on stderr (both orders of every pair: two model calls per pair)."""
+    started, done = time.perf_counter(), [0]
+    print(f"{label}: {pairs} pair(s), {2 * pairs} model calls…", file=sys.stderr, flush=True)
+
+    def tick() -> None:
+        done[0] += 1
+        print(f"  {label}: {done[0]}/{2 * pairs} calls, {time.perf_counter() - started:.0f} s", file=sys.stderr,
+              flush=True)
+
+    return tick
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=Path("bench-out"))
@@ -99,7 +113,7 @@ def main() -> None:
                     if label in evaluations:
                         continue  # a model without a chat template: auto is raw
                     started = time.perf_counter()
-                    verdicts = judge.judge_pairs(store, pairs)
+                    verdicts = judge.judge_pairs(store, pairs, on_call=_progress(label, len(pairs)))
                     evaluations[label] = {**evaluate(store, verdicts), "seconds": time.perf_counter() - started,
                                           "n_ctx": judge.window.n_ctx if judge.window else None}
                 # Still grades on views that really differ: pairs whose full views fit the larger analytic window.
@@ -110,10 +124,12 @@ def main() -> None:
                          if window_tokens(judge.needed_tokens(judge.base(store, a, full=True),
                                                               judge.base(store, b, full=True)))
                          <= args.full_context]
-                full = judge.judge_pairs(store, uncut, full=True, bound="analytic")
+                full = judge.judge_pairs(store, uncut, full=True, bound="analytic",
+                                         on_call=_progress("still grades, full views", len(uncut)))
                 full_n_ctx = judge.window.n_ctx if judge.window else None
                 judge.planner = WindowPlanner(backend, memory_budget=budget)  # the reduced side: certified context
-                reduced = judge.judge_pairs(store, uncut, reduce_to=ceiling)
+                reduced = judge.judge_pairs(store, uncut, reduce_to=ceiling,
+                                            on_call=_progress("still grades, reduced views", len(uncut)))
                 comparisons, summary = still_grades(full, reduced)
                 results["still_grades"] = {
                     "reduce_to": ceiling, "pairs_uncut": len(uncut), "pairs_full_cut": len(pairs) - len(uncut),
