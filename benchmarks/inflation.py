@@ -6,7 +6,8 @@ backend's own ``usage.prompt_tokens``. Per turn, side by side:
 
 - **real**: the context after the turn as the backend counts it (``prompt_tokens + completion_tokens``);
 - **legacy**: the seed's old figure, ``sum(input + output)`` over the turns in history (double counts);
-- **anchored**: the TokenBudget's fullness (last report + the estimate of the reply), before any pruning;
+- **anchored**: the TokenBudget's fullness (last report + the reply as the backend counted it,
+  ``completion_tokens``, with its template markup estimated), before any pruning;
 - **estimate-only**: a TokenBudget that never sees a report (sum of per-turn estimates).
 
 The estimate is chars/4 of each message's text plus the chat template's tokens around each message, counted
