@@ -73,6 +73,12 @@ def test_probe_server_certifies_within_the_served_context_and_reduce_reads_it(
     assert reduced["counter"] == f"model:{probed['model_sha256'][:16]}"  # the served model's own tokenizer
     long_run = next(r for r in reduced["runs"] if r["run"] == "long")
     assert long_run["tokens_before"] > SERVED_N_CTX // 2 >= long_run["tokens_after"] and long_run["fits"]
+    # tier gates on the same served bound: both runs are within it now, so both move.
+    (tmp_path / "cold").mkdir()
+    tiered = kvjudge_json("tier", "--all", "--server", server.url, "--to", f"file://{tmp_path / 'cold'}",
+                          "--store", str(store))
+    assert tiered["ceilings"] == {"default": SERVED_N_CTX // 2} and tiered["left_behind"] == []
+    assert sorted((r["run"], r["status"]) for r in tiered["runs"]) == [("long", "tiered"), ("short", "tiered")]
 
     # [judge] server names the judge: budget --ceiling reads the same entry.
     (tmp_path / "kvjudge.toml").write_text(f'[judge]\nserver = "{server.url}"\n')
@@ -87,13 +93,20 @@ def test_a_missing_or_stale_server_entry_is_a_clear_error(server: LlamaServer, t
     store = tmp_path / "store.sqlite"
     store_from_runs(store, _long_runs()).close()
     nowhere = f"http://127.0.0.1:{free_ports(1)[0]}"
+    cold = f"file://{tmp_path}"
     for args in (("reduce", "--all", "--server", nowhere, "--store", str(store)),
+                 ("tier", "--all", "--server", nowhere, "--to", cold, "--store", str(store)),
                  ("budget", "--ceiling", "--server", server.url),
                  ("judge", "long", "short", "--server", server.url, "--store", str(store))):
         done = kvjudge(*args)
         assert done.returncode != 0 and "Traceback" not in done.stderr
         assert "no probe figure for the model served at" in done.stderr, done.stderr
         assert "kvjudge probe --server" in done.stderr
+    # `tier --unreduced` moves runs whatever their size: no figure is needed for that.
+    raw_store = tmp_path / "raw.sqlite"
+    store_from_runs(raw_store, _long_runs()).close()
+    moved = kvjudge_json("tier", "--all", "--unreduced", "--server", nowhere, "--to", cold, "--store", str(raw_store))
+    assert [r["status"] for r in moved["runs"]] == ["tiered", "tiered"] and moved["ceilings"] == {"default": None}
 
     # Identification only: the refusal names the context, no prompt is evaluated, nothing is certified.
     quick = kvjudge_json("probe", "--server", server.url, "--no-certify")
