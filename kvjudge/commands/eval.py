@@ -23,6 +23,7 @@ from kvjudge.commands._common import (
     progress,
     select_pairs,
 )
+from kvjudge.judge import judge_batch
 from kvjudge.judge.evaluate import BASELINES, evaluate, plot_reliability
 
 DEFAULT_PNG = "kvjudge-eval.png"
@@ -53,7 +54,7 @@ def _eval(args: argparse.Namespace) -> int:
                 label = judge.framing.name
                 with progress(f"judging ({label} framing)", len(pairs) * 2) as advance:
                     judge.planner.progress = lambda message: advance(0, description=message)
-                    verdicts = judge.judge_pairs(store, pairs, on_call=advance)
+                    verdicts = judge_batch(judge, store, pairs, on_call=advance)
                 result = evaluate(store, verdicts)
                 result["manifest"] = judge.manifest()
                 result["window"] = None if judge.window is None else judge.window.to_json()

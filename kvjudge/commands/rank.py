@@ -26,6 +26,7 @@ from kvjudge.commands._common import (
     select_pairs,
 )
 from kvjudge.errors import UsageError
+from kvjudge.judge import judge_batch
 from kvjudge.judge.ranking import BOOTSTRAP, agent_of, plot_ranking, rank
 
 DEFAULT_PNG = "kvjudge-rank.png"
@@ -84,7 +85,7 @@ def _rank(args: argparse.Namespace) -> int:
             try:
                 with progress("judging", len(pairs) * 2) as advance:
                     judge.planner.progress = lambda message: advance(0, description=message)
-                    verdicts = judge.judge_pairs(store, pairs, on_call=advance)
+                    verdicts = judge_batch(judge, store, pairs, on_call=advance)
             finally:
                 judge.backend.close()
         ranking = rank(verdicts, agent, bootstrap=args.bootstrap)
