@@ -462,7 +462,7 @@ def _pool_n_ctx(infos: Sequence[ServerInfo], requested: int | None, cache_path: 
         raise JudgeError(f"--n-ctx {requested} is too small for a judge prompt; use at least 512")
     vouched: list[int] = []
     for info in infos:
-        found = lookup_served(info.url, cache_path=cache_path, staleness_days=staleness_days)
+        found = lookup_served(info.url, cache_path=cache_path, staleness_days=staleness_days, identified=info)
         entry = found.entry
         window = _vouched_n_ctx(entry)
         if entry is not None and not entry.stale and window is not None:

@@ -322,13 +322,14 @@ class ServedLookup:
 
 
 def lookup_served(url: str, *, cache_path: str | Path | None = None, staleness_days: float | None = None,
-                  verify: bool = True) -> ServedLookup:
+                  verify: bool = True, identified: ServerInfo | None = None) -> ServedLookup:
     """The cached entry for the model served at ``url`` (``stale`` set). Never certifies.
 
     With ``verify`` the server is asked who it is (and, if it does not report its context, one prompt just over
     the cached context checks it is still refused): an entry whose fingerprint no longer matches is not returned.
     An unreachable server leaves the most recent entry for the URL, unverified (a storage host that cannot
     reach the judge's server may still bound its ceiling with the judge host's figures), with ``reason`` saying so.
+    ``identified``: what the caller's own ``identify()`` of this server just returned (not asked again).
     """
     url = normalize_url(url)
     cache = CapabilityCache(cache_path, staleness_days=staleness_days or _staleness_days())
@@ -337,7 +338,7 @@ def lookup_served(url: str, *, cache_path: str | Path | None = None, staleness_d
         return ServedLookup(url, newest, False, "" if newest is not None else "no entry")
     client = _open(url, retry=RetryPolicy(attempts=1))
     try:
-        info = client.identify()
+        info = identified if identified is not None else client.identify()
         served = served_context(client, info, expected=newest.max_context_tokens)
     except ServerUnavailable as exc:
         return ServedLookup(url, newest, False, f"the server is unreachable ({exc.reason}), so the entry could not "
