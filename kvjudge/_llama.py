@@ -125,6 +125,17 @@ ChatRenderer = Callable[[Sequence[Mapping[str, str]]], tuple[str, bool]]
 (with the generation prompt), and whether the template already wrote the BOS token."""
 
 
+def special_token_text(llama: Any, token: int, *, errors: str = "replace") -> str:
+    """The text of a special token (BOS, EOS) as a chat template writes it; empty for a model without one."""
+    return llama.detokenize([token], special=True).decode("utf-8", errors) if token >= 0 else ""
+
+
+def chat_template_inputs(llama: Any) -> tuple[str | None, str, str]:
+    """What rendering the GGUF's own chat template takes: ``(template or None, bos_text, eos_text)``."""
+    return (llama.metadata.get("tokenizer.chat_template") or None,
+            special_token_text(llama, llama.token_bos()), special_token_text(llama, llama.token_eos()))
+
+
 def chat_renderer(llama: Any, template: str) -> ChatRenderer:
     """How llama-cpp-python renders a chat for ``llama``: ``template`` is ``"model"`` (the GGUF's own
     ``tokenizer.chat_template``, as ``Llama.create_chat_completion`` uses it) or ``"chatml"`` (the format
@@ -148,7 +159,7 @@ def chat_renderer(llama: Any, template: str) -> ChatRenderer:
         raise LookupError("the model has no tokenizer.chat_template")
 
     def token_text(token: int) -> str:
-        return llama.detokenize([token], special=True).decode("utf-8", errors="ignore") if token >= 0 else ""
+        return special_token_text(llama, token, errors="ignore")
 
     formatter = llama_chat_format.Jinja2ChatFormatter(template=source, eos_token=token_text(llama.token_eos()),
                                                       bos_token=token_text(llama.token_bos()))

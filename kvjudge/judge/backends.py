@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from kvjudge._llama import last_logits, quiet_native_output, rewind
+from kvjudge._llama import chat_template_inputs, last_logits, quiet_native_output, rewind
 from kvjudge.errors import JudgeError, ModelError
 from kvjudge.judge.prompt import Framing, TemplateText, choose_framing
 from kvjudge.tokens import tokenize_exact
@@ -153,15 +153,12 @@ class LlamaBackend:
             raise JudgeError("the judge backend is closed; open a new one")
         return self._vocab.metadata.get("tokenizer.chat_template") or None
 
-    def _token_text(self, token: int) -> str:
-        if token < 0:
-            return ""
-        return self._vocab.detokenize([token], special=True).decode("utf-8", "replace")
-
     def framing(self, choice: str = "auto") -> Framing:
         """The prompt framing for ``--template choice`` (``auto``: the chat template when the model has one)."""
-        return choose_framing(choice, self.chat_template, bos_token=self._token_text(self._vocab.token_bos()),
-                              eos_token=self._token_text(self._vocab.token_eos()), model_name=self.model_path.name)
+        if self._vocab is None:
+            raise JudgeError("the judge backend is closed; open a new one")
+        template, bos, eos = chat_template_inputs(self._vocab)
+        return choose_framing(choice, template, bos_token=bos, eos_token=eos, model_name=self.model_path.name)
 
     def resize(self, n_ctx: int, *, source: str | None = None) -> None:
         """Load the weights with context ``n_ctx`` (reloads only when it changes)."""

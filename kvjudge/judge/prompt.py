@@ -19,6 +19,7 @@ part of every verdict's manifest and of the judgment cache key.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kvjudge.errors import ModelError, UsageError
@@ -92,10 +93,15 @@ class Framing:
 
     def user_message(self, view_first: str, view_second: str) -> str:
         """The chat framing's user message alone (for a server that applies the template itself)."""
-        return "".join(s for s in self.segments(view_first, view_second) if not isinstance(s, TemplateText))
+        return user_message(self.segments(view_first, view_second))
 
     def manifest(self) -> dict[str, str | None]:
         return {"template": self.name, "chat_template_sha256": self.template_sha256}
+
+
+def user_message(segments: Sequence[str]) -> str:
+    """A prompt's text without the template's own markup: the user message a chat API is sent."""
+    return "".join(s for s in segments if not isinstance(s, TemplateText))
 
 
 RAW = Framing("raw")

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvjudge._llama import chat_template_inputs
 from kvjudge.errors import (
     CapabilityMissing,
     ContextRefused,
@@ -35,7 +36,7 @@ from kvjudge.errors import (
     UsageError,
 )
 from kvjudge.judge.backends import _SPELLINGS, LABELS, LabelScore, PromptOverflow, _renormalise
-from kvjudge.judge.prompt import Framing, TemplateText, choose_framing
+from kvjudge.judge.prompt import Framing, TemplateText, choose_framing, user_message
 from kvjudge.server_client import DEFAULT_TIMEOUT_S, RetryPolicy, ServerClient, ServerInfo, normalize_url
 
 DEFAULT_TOP_LOGPROBS = 20
@@ -171,10 +172,7 @@ class ServerBackend:
         else from llama.cpp's ``/props``; ``auto`` without one is raw."""
         template, bos, eos = None, "", ""
         if self.tokenizer is not None:
-            vocab = self.tokenizer.llama
-            template = vocab.metadata.get("tokenizer.chat_template") or None
-            bos, eos = (vocab.detokenize([t], special=True).decode("utf-8", "replace") if t >= 0 else ""
-                        for t in (vocab.token_bos(), vocab.token_eos()))
+            template, bos, eos = chat_template_inputs(self.tokenizer.llama)
         elif self.info is not None and self.info.chat_template:
             template = self.info.chat_template
         if choice == "chat" and template is None:
@@ -197,7 +195,7 @@ class ServerBackend:
         try:
             if any(isinstance(segment, TemplateText) for segment in segments):
                 # The chat framing: the server applies its own template to the user message.
-                message = "".join(s for s in segments if not isinstance(s, TemplateText))
+                message = user_message(segments)
                 answer = self.client.chat([{"role": "user", "content": message}], model=self.info.model_id,
                                           top_logprobs=self.top_logprobs)
             else:
