@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from kvjudge.retention import events as ev
-from kvjudge.retention.blobs import ref_of
 
 #: Deepest nesting of arrays and objects a run may have (serde_json's default limit). Deeper documents are
 #: refused: the store's canonical JSON and the fold nest a few levels more, within Python's recursion limit.
@@ -213,14 +212,16 @@ def _repaired_refs(run: _Parsed, parse: Callable[[Any], _Parsed], document: Any)
     the two parses is made of repaired text; one that does not, is not. Should that parse fail or produce
     other bodies (repaired text equal to some other text by accident), every body holding U+FFFD counts.
     """
+    if not run.bodies:
+        return []  # a parse that stores no bodies (the check pass) has none to name
     try:
         marked = parse(repair(document, _MARKER)[0])
-        pairs = list(zip(run.bodies.values(), marked.bodies.values(), strict=True))
+        pairs = list(zip(run.bodies.items(), marked.bodies.values(), strict=True))
     except Exception:  # noqa: BLE001 - the fallback below is always safe
-        repaired = [body for body in run.bodies.values() if REPLACEMENT.encode("utf-8") in body]
+        repaired = [ref for ref, body in run.bodies.items() if REPLACEMENT.encode("utf-8") in body]
     else:
-        repaired = [body for body, other in pairs if body != other]
-    return sorted({ref_of(body) for body in repaired})
+        repaired = [ref for (ref, body), other in pairs if body != other]
+    return sorted(set(repaired))  # bodies are keyed by their ref already: nothing to hash again
 
 
 def parse_checked(document: Any, parse: Callable[[Any], ParsedT], *, repair_text: bool = False) -> ParsedT:
