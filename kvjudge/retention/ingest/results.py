@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -114,6 +115,11 @@ class ResultsIndex:
         self.files = files
         self._used: set[tuple[int, str]] = set()
         self._takers: dict[tuple[int, str], set[str]] = {}  # (file, instance) → agents of the runs it graded
+        # instance → the files that grade it, in file order: a lookup per run, not a scan of every file.
+        self._files_of: dict[str, list[int]] = {}
+        for index, results in enumerate(files):
+            for instance in results.grades:
+                self._files_of.setdefault(instance, []).append(index)
 
     def bind_agents(self, agents: Iterable[str]) -> None:
         """Give each file without ``AGENT=`` the one agent of this import its name or path names, if any."""
@@ -131,8 +137,9 @@ class ResultsIndex:
         if task_id is None:
             return None
         found: list[tuple[ResultsFile, dict[str, Any] | None]] = []
-        for index, results in enumerate(self.files):
-            if task_id in results.grades and results.agent in (None, agent):
+        for index in self._files_of.get(task_id, ()):
+            results = self.files[index]
+            if results.agent in (None, agent):
                 found.append((results, results.grades[task_id]))
                 self._used.add((index, task_id))
                 self._takers.setdefault((index, task_id), set()).add(agent or "")
@@ -161,9 +168,10 @@ class ResultsIndex:
 
     def bindings(self) -> list[dict[str, Any]]:
         """Per results file: whose runs it graded (``agent`` None: any agent's) and how many."""
+        graded_by = Counter(index for index, instance in self._used if self.files[index].grades[instance] is not None)
         out = []
         for index, results in enumerate(self.files):
-            graded = sum(1 for (i, instance) in self._used if i == index and results.grades[instance] is not None)
+            graded = graded_by[index]
             out.append({"results": str(results.path), "agent": results.agent,
                         "agent_from": "AGENT=" if results.named else ("file name" if results.agent else None),
                         "graded": graded})
