@@ -173,7 +173,7 @@ def _task_prompt(text: str) -> str:
 def _assistant(run: ParsedRun, branch: str, message: dict[str, Any], where: JsonPath,
                action_res: list[re.Pattern[str]]) -> None:
     """One model response → one assistant transition per action (the text rides on the first)."""
-    extra = message.get("extra") if isinstance(message.get("extra"), dict) else {}
+    extra = as_object(message.get("extra"))
     if message.get("object") == "response":
         text = _response_text(message, where)
         usage = usage_of(message.get("usage"))
@@ -247,7 +247,7 @@ def _observation(message: dict[str, Any], where: JsonPath) -> tuple[str, int | N
     else:
         need("content" in message, where, "an observation needs content")
         text = content_text(message.get("content"), (*where, "content")) or ""
-    extra = message.get("extra") if isinstance(message.get("extra"), dict) else {}
+    extra = as_object(message.get("extra"))
     exit_code = extra.get("returncode")
     found = _RETURNCODE.search(text)
     if found is not None:
