@@ -68,20 +68,17 @@ class BlobStore:
         if expected_ref is not None and expected_ref != ref:
             raise IntegrityError(f"body does not hash to {short(expected_ref)} (it hashes to {short(ref)}); "
                                  f"the import is corrupt — re-export it")
-        # Same ref, same bytes: only a missing body is filled in; an existing one is never touched.
-        self._conn.execute(
-            "INSERT INTO blobs(ref, size, body) VALUES (?, ?, ?) "
-            "ON CONFLICT(ref) DO UPDATE SET body = excluded.body WHERE blobs.body IS NULL",
-            (ref, len(body), bytes(body)),
-        )
+        self.put_hashed([(ref, bytes(body))])
         return ref
 
     def put_hashed(self, items: Iterable[tuple[str, bytes]]) -> int:
-        """Store bodies whose refs the caller computed with :func:`ref_of` from these very bytes (an importer
-        hashes each body once, to name it in events). Returns the bytes really stored: bodies already here
-        cost nothing. Call inside a store transaction."""
+        """Store bodies whose refs the caller computed with :func:`ref_of` from these very bytes, or checked
+        them against (an importer hashes each body once, to name it in events; a cold read checks each body
+        against its ref). Returns the bytes really stored: bodies already here cost nothing. Call inside a
+        store transaction."""
         stored = 0
         for ref, body in items:
+            # Same ref, same bytes: only a missing body is filled in; an existing one is never touched.
             cursor = self._conn.execute(
                 "INSERT INTO blobs(ref, size, body) VALUES (?, ?, ?) "
                 "ON CONFLICT(ref) DO UPDATE SET body = excluded.body WHERE blobs.body IS NULL",

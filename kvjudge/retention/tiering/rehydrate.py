@@ -45,21 +45,20 @@ def rehydrate_run(store: Store, run_id: str, stores: ColdStores, *, progress: Pr
     if not refs:
         return RehydrateResult(run_id, "not_tiered")
     total = 0
-    batch: list[bytes] = []
+    batch: list[tuple[str, bytes]] = []  # (ref, body): each body was checked against its ref as it was read
     batch_bytes = 0
 
     def flush() -> None:
         nonlocal batch, batch_bytes
         if batch:
             with store.transaction("rehydrate_put"):
-                for body in batch:
-                    store.blobs.put(body)
+                store.blobs.put_hashed(batch)
             batch, batch_bytes = [], 0
 
     for ref in refs:
         body = None if store.blobs.has_body(ref) else _fetch(store, stores, run_id, state.bodies[ref])
         if body is not None:
-            batch.append(body)
+            batch.append((ref, body))
             batch_bytes += len(body)
             total += len(body)
             if batch_bytes >= MAX_IN_FLIGHT_BYTES:
@@ -73,7 +72,7 @@ def rehydrate_run(store: Store, run_id: str, stores: ColdStores, *, progress: Pr
         # were tiered bodies left behind); fetch those again so the event never names a body that is not here.
         for ref in refs:
             if not store.blobs.has_body(ref):
-                store.blobs.put(_fetch(store, stores, run_id, state.bodies[ref]))
+                store.blobs.put_hashed([(ref, _fetch(store, stores, run_id, state.bodies[ref]))])
         store.append(run_id, ev.Rehydrated(run=run_id, refs=refs))
     return RehydrateResult(run_id, "rehydrated", refs=len(refs), bytes=total,
                            target=state.tier["target"] if state.tier else None,
