@@ -41,7 +41,7 @@ from kvjudge.retention.blobs import ref_of
 from kvjudge.retention.cold import ColdStore, blob_key
 from kvjudge.retention.faults import fault_point
 from kvjudge.retention.lifecycle import REDUCIBLE, is_reducible
-from kvjudge.retention.reduce import count_ahead, run_tokens
+from kvjudge.retention.reduce import count_ahead, in_cold_storage, run_tokens
 from kvjudge.retention.state import LOCAL, TIERED, RunState
 from kvjudge.retention.store import Store
 from kvjudge.retention.tiering.manifest import Manifest, build_manifest, event_range, logged_manifest
@@ -139,10 +139,6 @@ def check_eligible(state: RunState) -> None:
             "finish grading it first (`kvjudge mark RUN graded`)")
 
 
-def _moving(state: RunState) -> bool:
-    return bool(state.tier) and state.tier["status"] in ("started", "tiered")  # type: ignore[index]
-
-
 def tier_run(store: Store, run_id: str, cold: ColdStore, *, gate: TierGate | None = None,
              stores: ColdStores | None = None, verify_remote: bool = False,
              progress: ProgressFn | None = None) -> TierResult:
@@ -179,7 +175,7 @@ def tier_runs(store: Store, run_ids: Sequence[str], cold: ColdStore, *,
             finisher.raise_failure()
             state = store.run(run_id)
             check_eligible(state)
-            if not _moving(state):
+            if not in_cold_storage(state):
                 if not checked:
                     cold.check()  # a store that is down fails here, before anything is written locally
                     checked = True
@@ -190,7 +186,7 @@ def tier_runs(store: Store, run_ids: Sequence[str], cold: ColdStore, *,
                 with store.transaction("tier_start"):
                     current = store.run(run_id)  # the committed state, under the write lock
                     check_eligible(current)
-                    if not _moving(current):
+                    if not in_cold_storage(current):
                         started = _start(store, current, cold, gate)
                 if isinstance(started, TierResult):
                     results[run_id] = started
