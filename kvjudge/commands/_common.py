@@ -186,17 +186,16 @@ class Ceilings:
                 "hardware_bound": bound.hardware_bound, "effective": bound.effective, "winner": bound.winner}
 
 
-def ceilings_from(args: argparse.Namespace, config: Config) -> Ceilings:
+def ceilings_from(args: argparse.Namespace, config: Config, *, required: bool = True) -> Ceilings:
     """The :class:`Ceilings` of a command with :func:`add_ceiling_args` (reads the capability cache, never probes).
 
     With judge servers the smallest ``max_context_tokens`` among their entries bounds the ceiling: a pair may be
-    read by any of them. A missing server entry is CapabilityMissing, as for a local model."""
+    read by any of them. A missing server entry is CapabilityMissing, as for a local model, unless not
+    ``required`` (then the ceiling is unknown: :meth:`Ceilings.bound` raises when asked)."""
     if args.ceiling is not None and args.ceiling <= 0:
         raise UsageError(f"--ceiling must be a positive number of tokens, got {args.ceiling}")
     servers = judge_servers(args, config)
     if servers:
-        # `tier --unreduced` moves runs whatever their size: a missing figure is no reason to stop there.
-        required = not getattr(args, "unreduced", False)
         entries = [e for e in (served_entry(args, url, args.capabilities, required=required) for url in servers) if e]
         if not entries:
             return Ceilings(config=config, judge=", ".join(servers), max_context_tokens=None, capability=None,
