@@ -20,6 +20,10 @@ from kvjudge.retention.faults import fault_point
 from kvjudge.retention.store import Store
 from kvjudge.retention.tiering.manifest import Manifest, ManifestEntry
 
+# Objects in flight at once. Network stores hide latency with more; so does a local disk, whose writes wait
+# on fsync (ext4 batches concurrent fsyncs into one journal commit: 8 beat 4 and 2 here).
+WORKERS = 8
+
 ProgressFn = Callable[[int], None]
 MAX_IN_FLIGHT_BYTES = 64 * 1024 * 1024
 _MMAP_BYTES = 1 << 40  # SQLite caps it at its compile-time maximum
@@ -108,7 +112,7 @@ class Uploader:
         self._readers = _Readers(source)
         self._rehash = rehash
         self._progress = progress
-        self._workers = _workers(cold)
+        self._workers = WORKERS
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=self._workers,
                                                            thread_name_prefix="kvjudge-tier")
         self._in_flight: set[concurrent.futures.Future[tuple[bool, str | None]]] = set()
@@ -212,16 +216,8 @@ def check_remote(cold: ColdStore, manifest: Manifest, raw: bytes | None = None, 
     """
     problems = check_manifest(cold, manifest, raw) if raw is not None else []
     # One round trip per object: a few in flight at once (a HEAD is mostly latency).
-    with concurrent.futures.ThreadPoolExecutor(max_workers=_workers(cold),
+    with concurrent.futures.ThreadPoolExecutor(max_workers=WORKERS,
                                                thread_name_prefix="kvjudge-check") as pool:
         problems.extend(problem for problem in pool.map(lambda e: _check_entry(cold, e, rehash), manifest.entries)
                         if problem is not None)
     return problems
-
-
-def _workers(cold: ColdStore) -> int:
-    """Objects in flight at once. Network stores hide latency with more; so does a local disk, whose writes
-    wait on fsync (ext4 batches concurrent fsyncs into one journal commit: 8 beat 4 and 2 here)."""
-    return 8
-
-
