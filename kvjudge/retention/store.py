@@ -421,6 +421,12 @@ class Store:
             return []
         return [row[0] for row in self._conn.execute("SELECT id FROM runs WHERE tenant = ? ORDER BY id", (tenant,))]
 
+    def run_ids_with_tier_status(self, status: str) -> list[str]:
+        """Run ids whose projected state has ``tier.status == status``, sorted (read in SQL, no run decoded)."""
+        return [row[0] for row in self._conn.execute(
+            "SELECT id FROM runs WHERE json_extract(CAST(state_json AS TEXT), '$.tier.status') = ? ORDER BY id",
+            (status,))]
+
     def iter_runs(self, tenant: str | None = None) -> Iterator[RunState]:
         """Folded states one at a time (never the whole store in memory)."""
         for run_id in self.run_ids(tenant):

@@ -469,12 +469,7 @@ def pending_runs(store: Store) -> list[str]:
     rows = store.connection.execute(
         "SELECT DISTINCT b.run FROM run_bodies AS b JOIN blobs ON blobs.ref = b.ref "
         "WHERE b.status = ? AND typeof(blobs.body) != 'null' ORDER BY b.run", (TIERED,)).fetchall()
-    pending = {row[0] for row in rows}
-    for run_id in store.run_ids():
-        tier = store.run(run_id).tier
-        if tier and tier["status"] == "started":
-            pending.add(run_id)
-    return sorted(pending)
+    return sorted({row[0] for row in rows} | set(store.run_ids_with_tier_status("started")))
 
 
 
