@@ -73,6 +73,8 @@ class BaseView:
     reduced_tokens: int
     show: dict[str, bool]
     notes: tuple[str, ...] = ()
+    # Fitted views by allowance: a run met in many pairs is fitted once per allowance (PackedView is frozen).
+    fitted: dict[int, PackedView] = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
 
 def _view_state(state: Any) -> Any:
@@ -139,6 +141,12 @@ def base_view(store: Any, state: Any, count: CountFn, *, show_grades: bool = Fal
 
 def fit_view(base: BaseView, count: CountFn, allowance: int) -> PackedView:
     """``base`` within ``allowance`` tokens: whole, further reduced (a view, never stored), or None."""
+    if allowance not in base.fitted:
+        base.fitted[allowance] = _fit_view(base, count, allowance)
+    return base.fitted[allowance]
+
+
+def _fit_view(base: BaseView, count: CountFn, allowance: int) -> PackedView:
     notes = list(base.notes)
 
     def packed(text: str | None, view_tokens: int | None, further: bool) -> PackedView:
