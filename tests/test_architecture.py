@@ -20,6 +20,7 @@ LAYERS = [
     {"judge"},
     {"demo", "commands"},
     {"cli", "__main__"},
+    {"testing"},  # test material (harness-shaped files, simulated servers): uses anything, used by nothing
 ]
 LAYER_OF = {name: index for index, names in enumerate(LAYERS) for name in names}
 

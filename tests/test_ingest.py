@@ -211,7 +211,7 @@ def _field_named(path: tuple) -> str:
 
 
 # The contract's example with every optional part the schema describes filled in.
-SCHEMA_EXAMPLE = {**CONTRACT_EXAMPLE, "agent": "gpt-x",
+SCHEMA_EXAMPLE = {**CONTRACT_EXAMPLE, "agent": "gpt-x", "trial": "1",
                   "metadata": {"exit_status": "Submitted", "cost": 0.25, "api_calls": 7, "harness": "mini"}}
 VIOLATIONS = list(_violations(SCHEMA, SCHEMA_EXAMPLE, ()))
 

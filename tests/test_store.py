@@ -260,3 +260,16 @@ def test_newer_schema_version_is_refused(tmp_path: Path) -> None:
 def test_a_directory_is_not_a_store(tmp_path: Path) -> None:
     with pytest.raises(StoreError, match="is a directory"):
         Store.open(tmp_path)
+
+
+def test_trial_is_folded_and_left_out_of_the_bytes_when_unset(store: Store, tmp_path: Path) -> None:
+    with_trial = {**make_run("r1", ["a"]), "agent": "agent-x", "trial": "2"}
+    ingest(store, tmp_path, with_trial, make_run("r2", ["b"]))
+    state = store.run("r1")
+    assert state.trial == "2" and state.agent == "agent-x"
+    assert RunState.from_bytes(state.canonical_bytes()) == state
+    assert store.refold("r1").canonical_bytes() == state.canonical_bytes()
+    # A run without a trial keeps the bytes it had before trials existed: no "trial" key at all.
+    assert store.run("r2").trial is None and b'"trial"' not in store.run("r2").canonical_bytes()
+    first = next(iter(store.iter_events("r2")))[1]
+    assert '"trial"' not in first.to_json()

@@ -65,18 +65,20 @@ class Event:
 @dataclass(frozen=True)
 class RunStarted(Event):
     """A run begins. ``agent`` (the model or harness that produced it), ``metadata`` (scalar facts the harness
-    recorded: exit status, cost, API calls, …) and ``content_hash`` (the hash of the run as imported, see
-    :func:`content_hash`) came later: they are optional, and left out of the payload when unset so that logs
+    recorded: exit status, cost, API calls, …), ``content_hash`` (the hash of the run as imported, see
+    :func:`content_hash`) and ``trial`` (which of several runs of one agent on one task this is: a Harbor trial,
+    an inspect epoch, a repeated SWE-bench run) came later: they are optional, and left out of the payload when unset so that logs
     written before them keep their exact bytes."""
 
     kind: ClassVar[str] = "RunStarted"
-    optional: ClassVar[tuple[str, ...]] = ("agent", "metadata", "content_hash")
+    optional: ClassVar[tuple[str, ...]] = ("agent", "metadata", "content_hash", "trial")
     tenant: str
     task_id: str | None
     task_prompt_ref: str | None
     agent: str | None = None
     metadata: dict[str, Any] | None = None
     content_hash: str | None = None
+    trial: str | None = None
 
 
 @dataclass(frozen=True)

@@ -91,6 +91,7 @@ class RunState:
     text_repairs: tuple[dict[str, Any], ...] = ()
     agent: str | None = None  # the model or harness that produced the run (RunStarted.agent)
     metadata: dict[str, Any] | None = None  # scalar facts the harness recorded: exit_status, cost, api_calls, …
+    trial: str | None = None  # which of several runs of one agent on one task (RunStarted.trial)
 
     @property
     def is_reducible(self) -> bool:
@@ -139,13 +140,13 @@ class RunState:
             bodies={ref: BodyLocation(**loc) for ref, loc in data["bodies"].items()},
             reduced=data["reduced"], tier=data["tier"],
             text_repairs=tuple(data.get("text_repairs", _ADDED_FIELDS["text_repairs"])),
-            agent=data.get("agent"), metadata=data.get("metadata"),
+            agent=data.get("agent"), metadata=data.get("metadata"), trial=data.get("trial"),
         )
 
 
 # Fields added to RunState after schema version 1, with their defaults. A field at its default is left out
 # of the canonical bytes, so a state folded by an older kvjudge (projections, manifests) keeps its bytes.
-_ADDED_FIELDS: dict[str, Any] = {"text_repairs": (), "agent": None, "metadata": None}
+_ADDED_FIELDS: dict[str, Any] = {"text_repairs": (), "agent": None, "metadata": None, "trial": None}
 
 
 @dataclass
@@ -168,6 +169,7 @@ class RunFolder:
     text_repairs: list[dict[str, Any]] = field(default_factory=list)
     agent: str | None = None
     metadata: dict[str, Any] | None = None
+    trial: str | None = None
 
     @classmethod
     def thaw(cls, state: RunState) -> RunFolder:
@@ -178,7 +180,7 @@ class RunFolder:
             verifier=list(state.verifier), grades=list(state.grades), bodies=dict(state.bodies),
             reduced=state.reduced, tier=dict(state.tier) if state.tier else None,
             text_repairs=list(state.text_repairs), agent=state.agent,
-            metadata=dict(state.metadata) if state.metadata is not None else None,
+            metadata=dict(state.metadata) if state.metadata is not None else None, trial=state.trial,
         )
 
     def freeze(self) -> RunState:
@@ -191,6 +193,7 @@ class RunFolder:
             state=self.state, lifecycle=tuple(self.lifecycle), branches=branches, verifier=tuple(self.verifier),
             grades=tuple(self.grades), bodies=dict(sorted(self.bodies.items())), reduced=self.reduced,
             tier=self.tier, text_repairs=tuple(self.text_repairs), agent=self.agent, metadata=self.metadata,
+            trial=self.trial,
         )
 
     def _name(self, ref: str | None, lsn: int) -> None:
@@ -201,7 +204,7 @@ class RunFolder:
     def apply(self, lsn: int, event: ev.Event) -> None:
         if isinstance(event, ev.RunStarted):
             self.tenant, self.task_id, self.task_prompt_ref = event.tenant, event.task_id, event.task_prompt_ref
-            self.agent, self.metadata = event.agent, event.metadata
+            self.agent, self.metadata, self.trial = event.agent, event.metadata, event.trial
             self.state = RUNNING
             self.lifecycle = [RUNNING]
             self._name(event.task_prompt_ref, lsn)

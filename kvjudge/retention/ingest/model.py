@@ -152,12 +152,13 @@ class ParsedRun:
         self.body_bytes += len(raw)
         return ref
 
-    def start(self, *, task_id: str | None, prompt: str | None, metadata: dict[str, Any] | None = None) -> None:
-        """The RunStarted event (first)."""
+    def start(self, *, task_id: str | None, prompt: str | None, metadata: dict[str, Any] | None = None,
+              trial: str | None = None) -> None:
+        """The RunStarted event (first). ``trial`` names which of several runs of one agent on one task this is."""
         self.task_id = task_id
         self.events.append(ev.RunStarted(run=self.run_id, tenant=self.tenant, task_id=task_id,
                                          task_prompt_ref=self.body_ref(prompt), agent=self.agent,
-                                         metadata=metadata or None))
+                                         metadata=metadata or None, trial=trial))
 
     def branch(self, branch_id: str, status: str = "live", parent: str | None = None,
                fork_at: int | None = None) -> str:

@@ -81,7 +81,7 @@ def parse_native(obj: Any, context: ParseContext | None = None) -> ParsedRun:
     except RunStateError as exc:
         raise DocumentError("$.lifecycle", str(exc)) from None
     task = obj.get("task") or {}
-    run.start(task_id=task.get("id"), prompt=task.get("prompt"), metadata=obj.get("metadata"))
+    run.start(task_id=task.get("id"), prompt=task.get("prompt"), metadata=obj.get("metadata"), trial=obj.get("trial"))
     seen: set[str] = set()
     for b_index, branch in enumerate(obj["branches"]):
         where = jpath("$", "branches", b_index)
