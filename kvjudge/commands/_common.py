@@ -265,9 +265,14 @@ def emit(args: argparse.Namespace, payload: Any, human: Callable[[], None] | Non
 
 
 def print_table(columns: Sequence[str], rows: Sequence[Sequence[Any]], title: str | None = None) -> None:
-    """A short table on stdout (rich, plain text when stdout is not a terminal); cells shown visibly unless
-    the command runs with ``--raw``."""
+    """A short table on stdout, as wide as the terminal (80 columns when stdout is not one, or ``COLUMNS``).
+
+    A table wider than that is never cut: it is printed as one record per row instead (the first cell on its own
+    line, then ``column  value`` lines), so a run id a user must copy is always whole and every header readable.
+    Cells are shown visibly (:func:`visible`) unless the command runs with ``--raw``.
+    """
     from rich.console import Console
+    from rich.measure import Measurement
     from rich.table import Table
     from rich.text import Text
 
@@ -277,13 +282,50 @@ def print_table(columns: Sequence[str], rows: Sequence[Sequence[Any]], title: st
     raw = isinstance(out, _HumanStdout) and out.raw
     stream = out.stream if isinstance(out, _HumanStdout) else out
     shown: Callable[[str], str] = (lambda text: text) if raw else visible
+    cells = [[shown("" if cell is None else str(cell)) for cell in row] for row in rows]
+    console = Console(file=stream, soft_wrap=False)
     table = Table(title=None if title is None else Text(shown(title)), show_edge=False, header_style="bold")
     for column in columns:
-        table.add_column(column)
-    for row in rows:
+        table.add_column(column, overflow="fold")
+    for row in cells:
         # Text(), not str: cells hold run text and refs, whose square brackets are not rich markup.
-        table.add_row(*[Text(shown("" if cell is None else str(cell))) for cell in row])
-    Console(file=stream, soft_wrap=False, width=max(100, Console(file=stream).width)).print(table)
+        table.add_row(*[Text(cell) for cell in row])
+    natural = Measurement.get(console, console.options.update(width=10**6), table).maximum
+    if natural <= console.width:
+        console.print(table, width=console.width)
+        return
+    _print_records([shown(column) for column in columns], cells, None if title is None else shown(title), stream,
+                   console.width)
+
+
+def print_wrapped(text: str) -> None:
+    """A sentence on stdout, wrapped at the terminal's width (80 columns when stdout is not a terminal)."""
+    import textwrap
+
+    from rich.console import Console
+
+    width = Console(file=sys.stdout).width
+    print(textwrap.fill(text, width=width, break_long_words=False, break_on_hyphens=False))
+
+
+def _print_records(columns: Sequence[str], rows: Sequence[Sequence[str]], title: str | None, stream: Any,
+                   width: int) -> None:
+    """The vertical layout of :func:`print_table`: one block per row, labels aligned, nothing cut."""
+    import textwrap
+
+    if title:
+        print(textwrap.fill(title, width=width, break_long_words=False, break_on_hyphens=False), file=stream)
+    labels = [column or f"column {index + 1}" for index, column in enumerate(columns)]
+    pad = max((len(label) for label in labels[1:]), default=0)
+    for row in rows:
+        first, *rest = row or [""]
+        print(f"{labels[0]}: {first}" if columns[0] else first, file=stream)
+        for label, cell in zip(labels[1:], rest):
+            lines = cell.split("\n")
+            print(f"  {label.ljust(pad)}  {lines[0]}", file=stream)
+            for line in lines[1:]:
+                print(f"  {'':{pad}}  {line}", file=stream)
+    stream.flush()
 
 
 def cold_stores(args: argparse.Namespace, config: Config) -> ColdStores:

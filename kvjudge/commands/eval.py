@@ -20,6 +20,7 @@ from kvjudge.commands._common import (
     open_judge,
     open_store,
     print_table,
+    print_wrapped,
     progress,
     select_pairs,
 )
@@ -96,4 +97,4 @@ def _print(results: dict[str, dict[str, Any]]) -> None:
         print_table(columns, rows, title=f"{model}, {label} framing: {result['graded_pairs']} pairs with different "
                                          f"grades ({result['equal_grades']} equal, {result['ungraded']} ungraded "
                                          f"left out)")
-        print(result["conclusion"])
+        print_wrapped(result["conclusion"])
