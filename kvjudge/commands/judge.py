@@ -153,8 +153,9 @@ def _emit_pair(args: argparse.Namespace, verdict: Verdict, still: StillGrades | 
     payload = verdict.to_json()
     if still is not None:
         payload.update({"full": still.full.to_json(), "held": still.held, "flipped": still.flipped,
-                        "delta_p_a": still.delta_p_a, "full_cut": still.full_cut, "views_differ": still.views_differ,
-                        "compared": still.compared, "view_tokens": still.view_tokens()})
+                        "lost": still.lost, "delta_p_a": still.delta_p_a, "full_cut": still.full_cut,
+                        "views_differ": still.views_differ, "compared": still.compared,
+                        "view_tokens": still.view_tokens()})
     emit(args, payload, lambda: _print_pair(verdict, still))
 
 
@@ -188,6 +189,7 @@ def _print_summary(summary: dict[str, Any], still: bool) -> None:
         rows = [["pairs", summary["pairs"]], ["full side cut to fit (full_cut, left out)", summary["full_cut"]],
                 ["same views on both sides (left out)", summary["same_views"]], ["compared", summary["compared"]],
                 ["agreement", _fmt(summary["agreement"])], ["flips", summary["flips"]],
+                ["decisions lost (a winner became a tie or inconsistent)", summary["lost"]],
                 ["Cohen's kappa", _fmt(summary["kappa"])], ["mean |Δp_a|", _fmt(summary["mean_abs_delta_p_a"])],
                 ["coverage full / reduced", f"{_fmt(summary['coverage']['full'])} / "
                                             f"{_fmt(summary['coverage']['reduced'])}"],
