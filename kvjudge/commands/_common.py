@@ -298,14 +298,16 @@ def print_table(columns: Sequence[str], rows: Sequence[Sequence[Any]], title: st
                    console.width)
 
 
-def print_wrapped(text: str) -> None:
-    """A sentence on stdout, wrapped at the terminal's width (80 columns when stdout is not a terminal)."""
+def print_wrapped(text: str, indent: str = "") -> None:
+    """A sentence on stdout, wrapped at the terminal's width (80 columns when stdout is not a terminal), every
+    line after ``indent``; a word longer than a line is never broken."""
     import textwrap
 
     from rich.console import Console
 
     width = Console(file=sys.stdout).width
-    print(textwrap.fill(text, width=width, break_long_words=False, break_on_hyphens=False))
+    print(textwrap.fill(text, width=width, initial_indent=indent, subsequent_indent=indent + "  ",
+                        break_long_words=False, break_on_hyphens=False))
 
 
 def _print_records(columns: Sequence[str], rows: Sequence[Sequence[str]], title: str | None, stream: Any,
@@ -320,11 +322,15 @@ def _print_records(columns: Sequence[str], rows: Sequence[Sequence[str]], title:
     for row in rows:
         first, *rest = row or [""]
         print(f"{labels[0]}: {first}" if columns[0] else first, file=stream)
+        indent = " " * (pad + 4)
         for label, cell in zip(labels[1:], rest):
-            lines = cell.split("\n")
+            # Long values wrap at spaces under their label (a word longer than the line is never broken).
+            lines = [wrapped for line in cell.split("\n")
+                     for wrapped in textwrap.wrap(line, width=max(20, width - len(indent)), break_long_words=False,
+                                                  break_on_hyphens=False) or [""]]
             print(f"  {label.ljust(pad)}  {lines[0]}", file=stream)
             for line in lines[1:]:
-                print(f"  {'':{pad}}  {line}", file=stream)
+                print(f"{indent}{line}", file=stream)
     stream.flush()
 
 

@@ -23,6 +23,7 @@ from kvjudge.commands._common import (
     open_judge,
     open_store,
     print_table,
+    print_wrapped,
     progress,
     select_pairs,
     served_entry,
@@ -176,12 +177,12 @@ def _print_pair(verdict: Verdict, still: StillGrades | None) -> None:
         held = {True: "yes", False: "no", None: "n/a (no score)"}[still.held]
         left_out = ("  (left out: the full side was cut to fit)" if still.full_cut else
                     "  (left out: both sides read the same views)" if not still.views_differ else "")
-        print(f"winner held: {held}   Δp_a: {_fmt(still.delta_p_a)}{left_out}")
+        print_wrapped(f"winner held: {held}   Δp_a: {_fmt(still.delta_p_a)}{left_out}")
     for v in ([still.full, still.reduced] if still is not None else [verdict]):
         if v.error:
-            print(f"  {v.outcome}: {v.error}")
+            print_wrapped(f"{v.outcome}: {v.error}", indent="  ")
         for note in v.notes:
-            print(f"  note: {note}")
+            print_wrapped(f"note: {note}", indent="  ")
 
 
 def _print_summary(summary: dict[str, Any], still: bool) -> None:

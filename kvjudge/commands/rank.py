@@ -22,6 +22,7 @@ from kvjudge.commands._common import (
     open_judge,
     open_store,
     print_table,
+    print_wrapped,
     progress,
     select_pairs,
 )
@@ -100,7 +101,7 @@ def _rank(args: argparse.Namespace) -> int:
 
 def _print(ranking: dict[str, Any]) -> None:
     if not ranking["agents"]:
-        print(ranking["note"])
+        print_wrapped(ranking["note"])
         return
     rows = [[r["rank"], r["agent"], f"{r['strength']:+.2f}",
              "-" if r["ci95"] is None else f"[{r['ci95'][0]:+.2f}, {r['ci95'][1]:+.2f}]",
