@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from helpers import kvjudge
+from test_ingest import snapshot, store  # noqa: F401 - the store fixture; a snapshot of everything an import writes
 
 from kvjudge.errors import IngestError
 from kvjudge.judge import body_resolver, render_view
@@ -27,20 +28,6 @@ from kvjudge.testing.inspect_logs import ZstdZip, eval_spec, sample, write_eval,
 TERMINUS = "terminus-2@anthropic/claude-sonnet-4-5-20250929"
 CLAUDE = "claude-code@openai/gpt-5"
 TASKS = ("fix-csv-quoting", "build-cython-ext")
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Store:
-    with Store.open(tmp_path / "store.sqlite") as opened:
-        yield opened
-
-
-def snapshot(store: Store) -> tuple:
-    """Everything an import may write: the log, the blobs, the projections."""
-    conn = store.connection
-    return (conn.execute("SELECT lsn, run, kind, payload FROM events ORDER BY lsn").fetchall(),
-            conn.execute("SELECT ref, size, body FROM blobs ORDER BY ref").fetchall(),
-            conn.execute("SELECT id, state_json FROM runs ORDER BY id").fetchall())
 
 
 def two_agent_job(root: Path) -> Path:
