@@ -62,6 +62,47 @@ def is_inspect_sample(obj: Any) -> bool:
             and "model" in obj["eval"])
 
 
+def sample_for_import(sample: Any) -> Any:
+    """What kvjudge reads of a decoded sample, the rest left out before the text check and the parse: the
+    messages, scores, error and limit as they are; of the events only each model call's message id and usage;
+    of the attachments only those the messages name (the events' own attachments can be larger than the
+    messages). A value that is not a sample is returned as it is, for the parser to name what is wrong."""
+    if not isinstance(sample, dict):
+        return sample
+    kept = {key: sample[key] for key in ("id", "epoch", "input", "messages", "scores", "error", "limit", "total_time",
+                                         "working_time") if key in sample}
+    calls = []
+    for event in sample.get("events") or ():
+        if isinstance(event, dict) and event.get("event") == "model" and isinstance(event.get("output"), dict):
+            output = event["output"]
+            choices = output.get("choices")
+            first = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
+            message = first.get("message") if isinstance(first.get("message"), dict) else {}
+            calls.append({"event": "model", "output": {"choices": [{"message": {"id": message.get("id")}}],
+                                                       "usage": output.get("usage")}})
+    kept["events"] = calls
+    attachments = sample.get("attachments")
+    if isinstance(attachments, dict) and attachments:
+        named = _attachment_refs(kept.get("messages")) | _attachment_refs(kept.get("input"))
+        kept["attachments"] = {key: attachments[key] for key in named if key in attachments}
+    return kept
+
+
+def _attachment_refs(value: Any) -> set[str]:
+    found: set[str] = set()
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if item.startswith(ATTACHMENT):
+                found.add(item[len(ATTACHMENT):])
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return found
+
+
 def eval_agent(spec: dict[str, Any]) -> str:
     """The agent of an eval: its model, ``<solver>@<model>`` when it named a solver."""
     model, solver = spec.get("model"), spec.get("solver")

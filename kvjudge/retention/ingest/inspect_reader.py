@@ -8,8 +8,9 @@
 - ``.json`` is the whole log as one object — ``version``, ``status``, ``eval``, ``plan``, ``results``, ``stats``,
   …, ``samples`` — read by :mod:`.json_stream`, one sample at a time.
 
-Each sample is handed on as ``{"eval": <the eval spec's fields kvjudge reads>, "sample": <the sample>}``
-(:mod:`.inspect_log` parses it).
+Each sample is handed on decoded, as ``{"eval": <the eval spec's fields kvjudge reads>, "sample": <what kvjudge
+reads of the sample>}`` (:func:`~.inspect_log.sample_for_import`; :mod:`.inspect_log` parses it). Bytes that are
+not UTF-8 pass as lone surrogates, for the untrusted-text check to refuse or repair.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any
 
 from kvjudge.errors import IngestError
 from kvjudge.retention.ingest.archive import Archive, iter_members
-from kvjudge.retention.ingest.inspect_log import EVAL_FIELDS
+from kvjudge.retention.ingest.inspect_log import EVAL_FIELDS, sample_for_import
 from kvjudge.retention.ingest.json_stream import JsonObjectStream
 
 EVAL_SUFFIX = ".eval"
@@ -43,11 +44,12 @@ def is_json_log(path: Path) -> bool:
 
 
 def eval_samples(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
-    """``(member, {"eval": spec, "sample": raw bytes})`` for every sample member of an ``.eval`` archive."""
+    """``(member, {"eval": spec, "sample": sample})`` for every sample member of an ``.eval`` archive."""
     with Archive(path) as archive:
         spec = _archive_spec(archive)
         for name in iter_members(archive, SAMPLES, ".json"):
-            yield name, {"eval": spec, "sample": archive.read(name)}
+            sample = _json(archive.read(name), archive.where(name))
+            yield name, {"eval": spec, "sample": sample_for_import(sample)}
 
 
 def json_log_samples(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
@@ -61,7 +63,7 @@ def json_log_samples(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
                 if spec is None:
                     raise IngestError(f"{path}: $.samples comes before $.eval; kvjudge reads the eval spec first "
                                       f"(inspect writes it first)")
-                yield f"$.samples[{index}]", {"eval": spec, "sample": value}
+                yield f"$.samples[{index}]", {"eval": spec, "sample": sample_for_import(value)}
 
 
 def sample_scores(path: Path) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
@@ -110,6 +112,6 @@ def _score_fields(sample: Any, where: str) -> dict[str, Any]:
 
 def _json(raw: bytes, where: str) -> Any:
     try:
-        return json.loads(raw)
+        return json.loads(raw.decode("utf-8", "surrogateescape"))
     except (ValueError, RecursionError) as exc:
         raise IngestError(f"{where}: not valid JSON ({str(exc).split(';')[0]})") from None
