@@ -385,3 +385,16 @@ def test_an_eval_member_is_read_within_its_bound(tmp_path: Path) -> None:
     ZstdZip(path).write({"samples/big.json": [b" " * (1 << 20)] * 8})
     with archive.Archive(path) as opened:
         assert opened.read("samples/big.json") == b" " * (8 << 20)  # 8 MiB from a few hundred bytes: the floor
+
+
+def test_bytes_that_are_not_utf8_in_an_eval_sample_are_refused_or_repaired(store: Store, tmp_path: Path) -> None:
+    samples = inspect_samples("m/x", scores=("C",), epochs=1)
+    raw = json.dumps(samples[0], indent=2).encode().replace(b"Running `", b"Running \xff`", 1)
+    path = write_eval(tmp_path / "log.eval", eval_spec("t", "m/x"), [], members={"samples/1_epoch_1.json": raw})
+    with pytest.raises(IngestError, match=r"log\.eval:samples/1_epoch_1\.json: text at \$\.sample\.messages\[2\]"
+                                          r"\.content\[1\]\.text is not valid Unicode"):
+        store.ingest([path])
+    assert store.run_ids() == []
+    report = store.ingest([path], repair_text=True)
+    assert list(report.repaired) == ["m/x/t/1/1"]
+    assert "Running \ufffd`" in store.text(store.run("m/x/t/1/1").branches[0].transitions[2].text_ref)

@@ -27,8 +27,8 @@ message), with the step's ``metrics`` as the call's usage; each observation resu
 continuation files follow in order, their copied steps left out (counted in the metadata). The reward is the
 held-out grade: ``{"grader": "harbor", "score": reward, "label": "pass"|"fail"|"partial"}``; a null verifier
 result, a reward outside [0, 1] or rewards without ``reward`` leave the run ungraded, and an exception is noted
-on the run. A lone ATIF file (no ``result.json``) imports ungraded as ``<agent>/<session_id>`` with no task;
-``--results`` can grade it by run id.
+on the run. A lone ATIF file (no ``result.json``) imports ungraded as ``<agent>/<session_id>``, with no task
+(nothing in ATIF names the task).
 """
 
 from __future__ import annotations
