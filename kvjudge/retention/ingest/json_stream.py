@@ -6,7 +6,7 @@ window, so a sample decodes exactly as every other document kvjudge reads: lone 
 text check, ``NaN`` reaches it too, integers keep their digits. (ijson's C backend, the usual streaming parser,
 silently turns a lone surrogate into ``?`` and refuses integers beyond 64 bits; its pure-Python backend
 tokenizes in Python.) A value cut by the window's end is decoded again once the window has doubled, so the work
-per value stays within a small multiple of its size, and memory within twice the largest value plus one 4 MiB
+per value stays within a small multiple of its size, and memory within twice the largest value plus one 1 MiB
 read.
 """
 
@@ -19,7 +19,7 @@ from typing import IO, Any
 
 from kvjudge.errors import IngestError
 
-_CHUNK = 4 << 20  # each window boundary a value crosses costs one failed partial decode
+_CHUNK = 1 << 20
 _WHITESPACE = " \t\n\r"
 _DECODER = json.JSONDecoder()
 _CUT_TOKEN = 16  # a token cut by the window's end fails within this many characters of it (\ud800\udc00 is 12)
