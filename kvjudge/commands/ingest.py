@@ -25,9 +25,11 @@ _LISTED = 10
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "ingest", help="import runs: native or OpenAI JSONL, mini-swe-agent (*.traj.json) and SWE-agent (*.traj) "
-                       "trajectories; files or directories, .gz read transparently")
+                       "trajectories, Harbor trials (ATIF), inspect_ai logs (*.eval, .json); files or directories, "
+                       ".gz read transparently")
     parser.add_argument("paths", nargs="+", metavar="PATH",
-                        help="run file or directory (walked for *.jsonl, *.traj.json, *.traj, each optionally .gz)")
+                        help="run file or directory (walked for *.jsonl, *.traj.json, *.traj, each optionally .gz, "
+                             "*.eval and inspect .json logs, and Harbor trials: result.json beside agent/)")
     parser.add_argument("--format", choices=FORMATS, default="auto",
                         help="format of every document (default: auto, detected per document)")
     parser.add_argument("--tenant", metavar="NAME", help="tenant for runs that name none (default: default)")
@@ -35,8 +37,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="agent of every run, overriding the model named in the trajectory (run ids of "
                              "trajectories are AGENT/INSTANCE_ID)")
     parser.add_argument("--results", metavar="[AGENT=]FILE", action="append", default=[],
-                        help="SWE-bench evaluation results as held-out grades: a summary report or per-instance "
-                             "report.json files (a directory is searched); repeatable")
+                        help="evaluation results as held-out grades: a SWE-bench summary report or per-instance "
+                             "report.json files, Harbor result.json files, inspect logs (a directory is searched); "
+                             "repeatable")
     parser.add_argument("--skip-bad", action="store_true",
                         help="import the other files when one is malformed, and list it at the end")
     parser.add_argument("--repair-text", action="store_true",

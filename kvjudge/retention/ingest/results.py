@@ -7,6 +7,10 @@ Two shapes, as the SWE-bench harness writes them:
 - per-instance ``logs/run_evaluation/<run_id>/<model>/<instance_id>/report.json``:
   ``{"<instance_id>": {"resolved": bool, …}}`` (a directory is searched for them).
 
+Harness results are read too, matched by exact run id (``run_grades``): a Harbor trial's ``result.json`` (a job
+directory: every trial's), and an inspect eval log (``.eval`` or ``.json``: every sample's scores) — graded as
+their import would grade them (see :mod:`.harbor` and :mod:`.inspect_log`).
+
 A resolved instance is ``{"grader": "swe-bench", "score": 1.0, "label": "resolved"}``; unresolved (and an
 empty patch, which SWE-bench counts as unresolved) scores 0.0. An evaluation error is not a grade: those runs
 stay ungraded. Results join trajectory runs by task id (the instance id) and agent: the agent is ``AGENT=`` when
@@ -25,6 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from kvjudge.errors import IngestError
+from kvjudge.retention.ingest import harbor, inspect_log, inspect_reader
+from kvjudge.retention.ingest.model import DocumentError
 
 GRADER = "swe-bench"
 RESOLVED = {"grader": GRADER, "score": 1.0, "label": "resolved"}
@@ -40,6 +46,7 @@ class ResultsFile:
     agent: str | None  # AGENT=FILE, or inferred from the file's name and path (see ResultsIndex.bind_agents)
     grades: dict[str, dict[str, Any] | None] = field(default_factory=dict)
     named: bool = False  # True when the agent was given as AGENT=FILE
+    run_grades: dict[str, dict[str, Any] | None] = field(default_factory=dict)  # run id → grade (None: an error)
 
     def tagged_by(self, agent: str) -> bool:
         """The harness names report files and folders after the model with "/" → "__"."""
@@ -63,9 +70,12 @@ def load_results(values: Iterable[str]) -> list[ResultsFile]:
         agent, path = parse_results_arg(value)
         if path.is_dir():
             reports = sorted(p for p in path.rglob(REPORT_NAME) if p.is_file())
+            reports += sorted(p / harbor.RESULT for p in path.rglob("*") if p.is_dir() and harbor.is_trial_dir(p))
+            reports += sorted(p for p in path.rglob("*" + inspect_reader.EVAL_SUFFIX) if p.is_file())
             if not reports:
-                raise IngestError(f"--results {path}: no {REPORT_NAME} files under this directory; pass a SWE-bench "
-                                  f"summary report or per-instance {REPORT_NAME} files")
+                raise IngestError(f"--results {path}: no {REPORT_NAME} files, Harbor trials or inspect logs under "
+                                  f"this directory; pass a SWE-bench summary report or per-instance {REPORT_NAME} "
+                                  f"files")
             loaded.extend(_read(report, agent) for report in reports)
         elif path.is_file():
             loaded.append(_read(path, agent))
@@ -76,6 +86,8 @@ def load_results(values: Iterable[str]) -> list[ResultsFile]:
 
 
 def _read(path: Path, agent: str | None) -> ResultsFile:
+    if path.suffix == inspect_reader.EVAL_SUFFIX or inspect_reader.is_json_log(path):
+        return _inspect_results(path, agent)
     try:
         data = json.loads(path.read_bytes())
     except (OSError, ValueError) as exc:
@@ -97,8 +109,35 @@ def _read(path: Path, agent: str | None) -> ResultsFile:
                 raise IngestError(f"--results {path}: $[{json.dumps(instance)}].resolved must be true or false")
             _put(results, instance, RESOLVED if resolved else UNRESOLVED, "resolved")
         return results
+    if isinstance(data, dict) and {"task_name", "trial_name", "agent_info"} <= data.keys():
+        try:
+            trial = harbor.read_result(data)
+        except DocumentError as exc:
+            raise IngestError(f"--results {path}: {exc.path}: {exc.message}") from None
+        results.run_grades[agent_run_id(trial.run_id, trial.agent, agent)] = trial.grade
+        return results
     raise IngestError(f"--results {path}: neither a SWE-bench summary report (resolved_ids, unresolved_ids, …) nor "
                       f'a per-instance report ({{"<instance_id>": {{"resolved": …}}}})')
+
+
+def _inspect_results(path: Path, agent: str | None) -> ResultsFile:
+    """Every sample's grade of an inspect log, by run id (a sample not scored grades nothing)."""
+    results = ResultsFile(path=path, agent=agent, named=agent is not None)
+    for spec, fields in inspect_reader.sample_scores(path):
+        if not fields["scores"]:
+            continue
+        try:
+            grade, _ = inspect_log.score_grade(fields["scores"], "$.scores")
+        except DocumentError as exc:
+            raise IngestError(f"--results {fields['where']}: {exc.path}: {exc.message}") from None
+        run_id = inspect_log.sample_run_id(spec, fields["id"], fields["epoch"], agent)
+        results.run_grades[run_id] = grade
+    return results
+
+
+def agent_run_id(run_id: str, run_agent: str, agent: str | None) -> str:
+    """``run_id`` with its agent prefix replaced by ``agent`` (AGENT=FILE), as ``--agent`` names the runs."""
+    return agent + run_id[len(run_agent):] if agent else run_id
 
 
 def _put(results: ResultsFile, instance: str, grade: dict[str, Any] | None, key: str) -> None:
@@ -117,9 +156,13 @@ class ResultsIndex:
         self._takers: dict[tuple[int, str], set[str]] = {}  # (file, instance) → agents of the runs it graded
         # instance → the files that grade it, in file order: a lookup per run, not a scan of every file.
         self._files_of: dict[str, list[int]] = {}
+        self._run_files: dict[str, list[int]] = {}  # run id → the files that grade it by run id
+        self._used_runs: set[tuple[int, str]] = set()
         for index, results in enumerate(files):
             for instance in results.grades:
                 self._files_of.setdefault(instance, []).append(index)
+            for run_id in results.run_grades:
+                self._run_files.setdefault(run_id, []).append(index)
 
     def bind_agents(self, agents: Iterable[str]) -> None:
         """Give each file without ``AGENT=`` the one agent of this import its name or path names, if any."""
@@ -132,8 +175,20 @@ class ResultsIndex:
                                       f"whose results these are: --results AGENT={results.path}")
                 results.agent = tagged[0] if tagged else None
 
-    def grade_for(self, agent: str | None, task_id: str | None) -> dict[str, Any] | None:
-        """The held-out grade of the run of ``agent`` on ``task_id`` (None: no result, or an evaluation error)."""
+    def grade_for(self, agent: str | None, task_id: str | None, run_id: str | None = None) -> dict[str, Any] | None:
+        """The held-out grade of the run of ``agent`` on ``task_id`` (None: no result, or an evaluation error);
+        a result naming ``run_id`` exactly wins."""
+        if run_id is not None and run_id in self._run_files:
+            found_runs = {}
+            for index in self._run_files[run_id]:
+                self._used_runs.add((index, run_id))
+                grade = self.files[index].run_grades[run_id]
+                if grade is not None:
+                    found_runs[json.dumps(grade, sort_keys=True)] = grade
+            if len(found_runs) > 1:
+                raise IngestError(f"the results disagree about run {run_id!r}; pass only the results of this "
+                                  f"evaluation")
+            return next(iter(found_runs.values()), None)
         if task_id is None:
             return None
         found: list[tuple[ResultsFile, dict[str, Any] | None]] = []
@@ -164,11 +219,14 @@ class ResultsIndex:
     def unmatched(self) -> list[tuple[str, str]]:
         """(instance, file) of results that graded no run of this import."""
         return [(instance, str(results.path)) for index, results in enumerate(self.files)
-                for instance in sorted(results.grades) if (index, instance) not in self._used]
+                for instance in sorted(results.grades) if (index, instance) not in self._used] + [
+            (run_id, str(results.path)) for index, results in enumerate(self.files)
+            for run_id in sorted(results.run_grades) if (index, run_id) not in self._used_runs]
 
     def bindings(self) -> list[dict[str, Any]]:
         """Per results file: whose runs it graded (``agent`` None: any agent's) and how many."""
         graded_by = Counter(index for index, instance in self._used if self.files[index].grades[instance] is not None)
+        graded_by.update(index for index, run_id in self._used_runs if self.files[index].run_grades[run_id] is not None)
         out = []
         for index, results in enumerate(self.files):
             graded = graded_by[index]
@@ -179,4 +237,5 @@ class ResultsIndex:
 
     def evaluation_errors(self) -> int:
         """Results that are evaluation errors (their runs stay ungraded)."""
-        return sum(1 for results in self.files for grade in results.grades.values() if grade is None)
+        return sum(1 for results in self.files for grades in (results.grades, results.run_grades)
+                   for grade in grades.values() if grade is None)
