@@ -83,7 +83,8 @@ def _human(report: IngestReport) -> None:
         print(f"  deduplication saved {megabytes(report.dedup_saved_bytes)} MB: {megabytes(report.stored_bytes)} MB "
               f"stored for {megabytes(report.body_bytes)} MB of bodies")
     for results in report.results:
-        whose = f"{results['agent']}'s runs" if results["agent"] else "runs of any agent"
+        whose = f"{results['agent']}'s runs" if results["agent"] else \
+            "the runs it names" if results["agent_from"] == "run ids" else "runs of any agent"
         print(f"  results {results['results']}: graded {results['graded']} of {whose}"
               f"{' (agent from the ' + results['agent_from'] + ')' if results['agent_from'] == 'file name' else ''}")
     if report.evaluation_errors:
