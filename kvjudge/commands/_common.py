@@ -52,6 +52,24 @@ def add_endpoint_args(parser: argparse.ArgumentParser) -> None:
                              "that only when the store at URL holds the same manifest (the store moved)")
 
 
+def add_results_args(parser: argparse.ArgumentParser) -> None:
+    """``--results [AGENT=]FILE`` (``ingest`` and ``grade``: evaluation results as held-out grades)."""
+    parser.add_argument("--results", metavar="[AGENT=]FILE", action="append", default=[],
+                        help="evaluation results as held-out grades: a SWE-bench summary report, per-instance "
+                             "report.json files, OpenHands output.swebench_eval.jsonl (a directory is searched); "
+                             "repeatable")
+
+
+def unmatched_results_line(unmatched: Sequence[dict[str, str]], runs: str = "run of this import",
+                           listed: int = 10) -> str:
+    """The one warning line for results that named no run: the first ``listed`` by name, the rest counted."""
+    names = [item["instance"] for item in unmatched[:listed]]
+    more = len(unmatched) - len(names)
+    files = sorted({item["results"] for item in unmatched})
+    return (f"warning: {len(unmatched)} result(s) name no {runs}: {', '.join(names)}"
+            f"{f' and {more} more' if more else ''} (from {', '.join(files)})")
+
+
 def staleness_days(args: argparse.Namespace) -> float | None:
     """``[probe] staleness_days`` of the command's config (None: the probe's default)."""
     value = config_from(args).get("probe.staleness_days", (int, float), None)

@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import argparse
 
-from kvjudge.commands._common import add_output_args, add_store_args, config_from, emit, info, open_store
+from kvjudge.commands._common import (
+    add_output_args,
+    add_results_args,
+    add_store_args,
+    config_from,
+    emit,
+    info,
+    open_store,
+    unmatched_results_line,
+)
 from kvjudge.errors import UsageError
 from kvjudge.retention.events import canonical_json
 from kvjudge.retention.late_grades import GradeReport, attach_grades
-
-# The warning line lists this many unmatched results by name; the rest are counted.
-_LISTED = 10
-
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
@@ -23,9 +28,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("runs", nargs="*", metavar="RUN", help="run ids to grade (or --all)")
     parser.add_argument("--all", action="store_true", help="every run in the store (or the tenant's)")
     parser.add_argument("--tenant", metavar="NAME", help="with --all: only this tenant's runs")
-    parser.add_argument("--results", metavar="[AGENT=]FILE", action="append", default=[],
-                        help="evaluation results: a SWE-bench summary report, per-instance report.json files, "
-                             "OpenHands output.swebench_eval.jsonl (a directory is searched); repeatable")
+    add_results_args(parser)
     parser.add_argument("--replace", action="store_true",
                         help="record a different grade in place of the one a run holds (the old one stays in the "
                              "run's log); without it such a run refuses the whole command")
@@ -46,10 +49,7 @@ def _grade(args: argparse.Namespace) -> int:
         report = attach_grades(store, args.results, None if args.all else args.runs, tenant=args.tenant,
                                replace=args.replace)
     if report.unmatched_results:
-        names = [item["instance"] for item in report.unmatched_results[:_LISTED]]
-        more = len(report.unmatched_results) - len(names)
-        info(f"warning: {len(report.unmatched_results)} result(s) name no run graded here: {', '.join(names)}"
-             f"{f' and {more} more' if more else ''}")
+        info(unmatched_results_line(report.unmatched_results, "run graded here"))
     emit(args, report.to_dict(), lambda: _human(report))
     return 0
 
