@@ -269,3 +269,15 @@ def test_mini_swe_agent_v2_carries_the_usage_of_each_response(store: Store, tmp_
     run_id = store.ingest([tmp_path / f"{INSTANCE}.traj.json"]).imported[0]
     usage = [t.usage for t in store.run(run_id).branches[0].transitions if t.role == "assistant" and t.usage]
     assert usage == [{"input_tokens": 2400 + 900 * i, "output_tokens": 80 + i} for i in range(len(run.steps) + 1)]
+
+
+def test_text_that_is_not_unicode_in_an_output_line(store: Store, tmp_path: Path) -> None:
+    line = oh.output_line(episode(), MODEL)
+    raw = json.dumps(line).replace('"content": "Here', '"content": "\\ud800Here', 1)
+    (tmp_path / "output.jsonl").write_text(raw + "\n")
+    with pytest.raises(IngestError, match=r"output\.jsonl:1: text at \$\.history\[\d+\]\.content is not valid "
+                                          r"Unicode: lone surrogate U\+D800"):
+        store.ingest([tmp_path / "output.jsonl"])
+    assert store.run_ids() == []
+    report = store.ingest([tmp_path / "output.jsonl"], repair_text=True)
+    assert report.imported == [f"{AGENT}/{INSTANCE}"] and report.repaired[f"{AGENT}/{INSTANCE}"][0]["code_units"] == 1
