@@ -72,8 +72,8 @@ def test_output_jsonl_event_history_maps_to_the_native_model(store: Store, tmp_p
     assert [s[0] for s in shape] == ["system", "user"] + ["assistant", "tool"] * 4 + ["assistant", "assistant"]
     assert shape[2] == ("assistant", "execute_bash", run.steps[0].command, None, None)
     assert shape[3] == ("tool", None, None, "execute_bash", 0)
-    assert shape[4][1] == "str_replace_editor" and json.loads(shape[4][2])["path"].endswith("src/" + run.steps[1]
-                                                                                        .command.split("/")[-1])
+    assert shape[4][1] == "str_replace_editor"  # a view: the path, the defaults of a whole-file read left out
+    assert json.loads(shape[4][2]) == {"path": f"{oh.WORKSPACE}/{run.steps[1].command.split()[-1]}"}
     assert shape[5][3:] == ("str_replace_editor", None)  # a file view has no exit code
     assert [s[4] for s in shape if s[0] == "tool" and s[3] == "execute_bash"] == [0, run.steps[2].returncode,
                                                                                  run.steps[3].returncode]

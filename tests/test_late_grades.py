@@ -78,7 +78,7 @@ def test_late_grades_attach_once_and_conflicts_need_replace(tmp_path: Path,
         hashes = {run_id: next(iter(opened.iter_events(run_id)))[1].content_hash for run_id in opened.run_ids()}
     # An ungraded run cannot be marked graded without a grade.
     assert main(["mark", MINI, "graded", *common]) == 1
-    assert "an ungraded run becomes graded once it holds a grade: kvjudge grade" in capsys.readouterr().err
+    assert "an ungraded run becomes graded by getting a grade: kvjudge grade" in capsys.readouterr().err
 
     results = write_results(tmp_path / "results", mini_resolved=INSTANCES[0], openhands_resolved=INSTANCES[1])
     graded = cli_json_ok(capsys, "grade", "--all", *results, *common)
@@ -174,12 +174,27 @@ def test_grade_refuses_bad_input_and_writes_nothing(tmp_path: Path, capsys: pyte
     assert len(named["no_result"]) == 2
 
 
-def test_the_late_graded_step_needs_a_grade() -> None:
-    check_transition("r", "ungraded", "graded", has_grade=True)
-    with pytest.raises(RunStateError, match="becomes graded once it holds a grade"):
+def test_the_late_graded_step_needs_a_grade(tmp_path: Path) -> None:
+    check_transition("r", "ungraded", "graded", after_grade=True)
+    with pytest.raises(RunStateError, match="becomes graded by getting a grade"):
         check_transition("r", "ungraded", "graded")
     with pytest.raises(RunStateError):
-        check_transition("r", "archived", "graded", has_grade=True)
+        check_transition("r", "archived", "graded", after_grade=True)
+    # An ungraded run holding a grade from its import still cannot be marked graded: only a new grade moves it.
+    run = make_run("held", ["ok"], passed=True, lifecycle=["running", "grading", "ungraded"])
+    write_jsonl(tmp_path / "runs.jsonl", [run])
+    with Store.open(tmp_path / "s.sqlite") as store:
+        store.ingest_file(tmp_path / "runs.jsonl")
+        assert store.run("held").grades
+        with pytest.raises(RunStateError):
+            store.mark("held", "graded")
+        with pytest.raises(RunStateError):  # the step must directly follow the grade
+            store.append_many("held", [ev.GradeRecorded(run="held", grade={"grader": "g", "score": 1.0}),
+                                       ev.VerifierRecorded(run="held", result={"name": "v", "passed": True}),
+                                       ev.StateChanged(run="held", state="graded")])
+        store.append_many("held", [ev.GradeRecorded(run="held", grade={"grader": "g", "score": 1.0}),
+                                   ev.StateChanged(run="held", state="graded")])
+        assert store.run("held").state == "graded"
 
 
 # --------------------------------------------------------------------------------------------------- trials

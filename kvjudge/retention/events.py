@@ -8,8 +8,8 @@ Kinds, in the order a run meets them:
 
 - ``RunStarted``, ``BranchOpened``, ``TransitionRecorded``, ``VerifierRecorded``, ``GradeRecorded`` —
   the history of the run as ingested;
-- ``StateChanged`` — a lifecycle step (running → grading → graded | ungraded → archived; an ungraded run that
-  holds a grade — a grade attached after the import, ``kvjudge grade`` — becomes graded);
+- ``StateChanged`` — a lifecycle step (running → grading → graded | ungraded → archived; ungraded → graded
+  directly after a grade attached later, ``kvjudge grade``);
 - ``Reduced`` / ``BranchReduced`` / ``Dropped`` — later facts about earlier records, written by reduction;
 - ``TierStarted`` / ``Tiered`` / ``Rehydrated`` — the move of bodies to cold storage and back;
 - ``TextRepaired`` — ingest stored U+FFFD in place of text that was not Unicode (``--repair-text``).

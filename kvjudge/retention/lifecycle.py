@@ -4,10 +4,10 @@ Only runs whose grading has terminated (Graded, Ungraded, Archived) may be reduc
 refused with :class:`~kvjudge.errors.RunStateError`, never skipped.
 
 **Late grades.** Results often arrive after a run was imported and settled as Ungraded. A grade attached then
-(``kvjudge grade``: a ``GradeRecorded`` appended to the run's log) lets it take one more step, Ungraded →
-Graded — legal only for a run that holds a grade (:data:`LATE_GRADED`), so ``kvjudge mark RUN graded`` cannot
-make a run graded without one. A late grade for a Running run takes it through Grading; an Archived run keeps
-its state (its grades change, its lifecycle is over). Nothing before the grade is changed.
+(``kvjudge grade``: a ``GradeRecorded`` appended to the run's log) takes it one more step, Ungraded → Graded
+(:data:`LATE_GRADED`) — legal only directly after that grade, in the same append, so ``kvjudge mark`` cannot
+take it: a run becomes graded by getting a grade. A late grade for a Running run takes it through Grading; an
+Archived run keeps its state (its grades change, its lifecycle is over). Nothing before the grade is changed.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ LEGAL_NEXT: dict[str, frozenset[str]] = {
 
 REDUCIBLE = frozenset({GRADED, UNGRADED, ARCHIVED})
 
-#: The step a grade that arrives after the run was settled allows: ungraded → graded (only with a grade).
+#: The step a grade that arrives after the run was settled allows: ungraded → graded, directly after the grade.
 LATE_GRADED = (UNGRADED, GRADED)
 
 
@@ -45,14 +45,14 @@ def check_state_name(state: str) -> str:
     return name
 
 
-def check_transition(run_id: str, current: str, new: str, *, has_grade: bool = False) -> None:
-    """Raise RunStateError unless ``current → new`` is a legal lifecycle step (``has_grade``: the run holds a
-    grade, which makes :data:`LATE_GRADED` legal too)."""
-    if has_grade and (current, new) == LATE_GRADED:
+def check_transition(run_id: str, current: str, new: str, *, after_grade: bool = False) -> None:
+    """Raise RunStateError unless ``current → new`` is a legal lifecycle step (``after_grade``: the step directly
+    follows a grade recorded in the same append, which makes :data:`LATE_GRADED` legal too)."""
+    if after_grade and (current, new) == LATE_GRADED:
         return
     if new not in LEGAL_NEXT.get(current, frozenset()):
         allowed = ", ".join(sorted(LEGAL_NEXT.get(current, frozenset()))) or "nothing (it is final)"
-        late = (" (an ungraded run becomes graded once it holds a grade: kvjudge grade RUN --results FILE)"
+        late = (" (an ungraded run becomes graded by getting a grade: kvjudge grade RUN --results FILE)"
                 if (current, new) == LATE_GRADED else "")
         raise RunStateError(f"run {run_id} is {current}; it cannot become {new} (from {current} it may become "
                             f"{allowed}){late}")

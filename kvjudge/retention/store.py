@@ -281,10 +281,12 @@ class Store:
             # transaction holds the write lock: the LSNs are known before the rows go in, in one executemany.
             first = self._next_lsn()
             lsns = list(range(first, first + len(events)))
+            previous: ev.Event | None = None
             for lsn, event in zip(lsns, events):
                 if event.run != run_id:
                     raise UsageError(f"event for run {event.run!r} appended to run {run_id!r}")
-                self._check_event(run_id, folder, event)
+                self._check_event(run_id, folder, event, after_grade=isinstance(previous, ev.GradeRecorded))
+                previous = event
                 if folder is None:
                     folder = RunFolder(id=run_id)
                 folder.apply(lsn, event)
@@ -302,7 +304,7 @@ class Store:
             "coalesce((SELECT max(lsn) FROM events), 0))").fetchone()
         return int(row[0]) + 1
 
-    def _check_event(self, run_id: str, folder: RunFolder | None, event: ev.Event) -> None:
+    def _check_event(self, run_id: str, folder: RunFolder | None, event: ev.Event, *, after_grade: bool) -> None:
         if isinstance(event, ev.RunStarted):
             if folder is not None:
                 raise StoreError(f"run {run_id} already exists in the store")
@@ -310,7 +312,7 @@ class Store:
         if folder is None:
             raise StoreError(f"no run {run_id!r} in the store; list runs with `kvjudge runs`")
         if isinstance(event, ev.StateChanged):
-            check_transition(run_id, folder.state, event.state, has_grade=bool(folder.grades))
+            check_transition(run_id, folder.state, event.state, after_grade=after_grade)
         elif isinstance(event, ev.GradeRecorded):
             missing = [grade for grade in event.replaces or () if grade not in folder.grades]
             if missing:

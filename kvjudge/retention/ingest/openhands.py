@@ -75,6 +75,8 @@ _BOOKKEEPING = frozenset({"thought", "security_risk", "confirmation_state", "is_
                           "include_extra", "task_completed", "is_input"})
 # The one argument that is the call, for actions that have one.
 _SINGLE_ARGUMENT = {"run": "command", "run_ipython": "code", "browse": "url", "browse_interactive": "browser_actions"}
+# Arguments at their defaults (a whole file read, an editor command's unused line range) say nothing.
+_DEFAULTS = {"read": {"start": 0, "end": -1}, "edit": {"start": 1, "end": -1}}
 _STATEMENT = re.compile(r"<(issue_description|pr_description|issue)>\n?(.*?)\n?</\1>", re.DOTALL)
 _EXIT_CODE = re.compile(r"\[Command finished with exit code (-?\d+)\]\s*$")
 _COMPLETION_FILE = re.compile(r"^(?P<model>.+)-(?P<time>\d+(?:\.\d+)?)\.json$")
@@ -278,10 +280,9 @@ def _arguments(kind: str, args: dict[str, Any]) -> Any:
     single = _SINGLE_ARGUMENT.get(kind)
     if single is not None and single in args:
         return args[single]
-    kept = {key: value for key, value in args.items()
-            if key not in _BOOKKEEPING and value not in (None, "", [], {})}
-    if kind == "edit" and kept.get("command"):  # an editor command: the line range belongs to LLM-based edits
-        kept = {key: value for key, value in kept.items() if key not in ("start", "end")}
+    defaults = _DEFAULTS.get(kind, {})
+    kept = {key: value for key, value in args.items() if key not in _BOOKKEEPING
+            and value not in (None, "", [], {}) and not (key in defaults and value == defaults[key])}
     return kept or None
 
 
