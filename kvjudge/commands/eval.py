@@ -91,8 +91,9 @@ def _row(name: str, m: dict[str, Any]) -> list[Any]:
             _fmt(m["inconsistent_rate"]), _fmt(m["mean_label_mass"])]
 
 
-def _print(results: dict[str, dict[str, Any]], pairing: str) -> None:
-    print(f"judged {pairing}")
+def _print(results: dict[str, dict[str, Any]], pairing: str | None = None) -> None:
+    if pairing is not None:
+        print_wrapped(f"judged {pairing}")
     columns = ["", "pairs", "coverage", "accuracy, ties ½ [95 %]", "accuracy, decisive [95 %]", "κ",
                "pos. consistency", "pos. bias", "ties", "inconsistent", "label mass"]
     for label, result in results.items():
