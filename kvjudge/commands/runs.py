@@ -75,8 +75,8 @@ def _table(rows: list[dict[str, Any]], counter: TokenCounter | None) -> None:
     columns = ["run", "agent", "task"]
     trials = any(r["trial"] is not None for r in rows)
     tenants = len({r["tenant"] for r in rows}) > 1
-    columns += ["trial"] * trials + ["tenant"] * tenants + ["state", "grade", "tokens", "reduced", "transitions"]
+    columns += ["trial"] * trials + ["tenant"] * tenants + ["state", "grade", "tokens", "reduced"]
     table = [[r["id"], r["agent"], r["task"], *([r["trial"]] * trials), *([r["tenant"]] * tenants), r["state"],
-              _grade_cell(r["grade"]), r["tokens"], "yes" if r["reduced"] else "no", r["transitions"]] for r in rows]
+              _grade_cell(r["grade"]), r["tokens"], "yes" if r["reduced"] else "no"] for r in rows]
     # print_table never cuts a cell: run ids, agents and tasks are what users copy into the next command.
     print_table(columns, table, title=f"{len(rows)} run(s)" + (f" ({counter.name})" if counter else ""))
