@@ -85,7 +85,8 @@ def _reduce_target(args: argparse.Namespace, config: Config, store: Any, pairs: 
 def _judge(args: argparse.Namespace) -> int:
     config = config_from(args)
     with open_store(args, config) as store:
-        pairs = select_pairs(args, store)
+        selection = select_pairs(args, store)
+        pairs = selection.pairs
         judge = open_judge(args, config)
         backend = judge.backend
         try:
@@ -120,6 +121,7 @@ def _judge(args: argparse.Namespace) -> int:
                 summary["servers"] = backend.stats()
             summary["window"] = None if judge.window is None else judge.window.to_json()
             summary["room"] = judge.room
+            summary["pairing"] = selection.to_json()
             if args.still_grades:
                 summary["full_window"] = None if full_window is None else full_window.to_json()
                 summary["reduce_to"] = targets

@@ -27,12 +27,13 @@ from kvjudge.retention.ingest.mini_swe_agent import is_mini_swe_agent, parse_min
 from kvjudge.retention.ingest.model import DocumentError, ParseContext, ParsedRun, settle_events
 from kvjudge.retention.ingest.native import parse_native
 from kvjudge.retention.ingest.openai import parse_openai
+from kvjudge.retention.ingest.openhands import is_openhands, parse_openhands
 from kvjudge.retention.ingest.results import ResultsIndex, load_results
 from kvjudge.retention.ingest.sources import Document, Source, collect_sources, iter_documents
 from kvjudge.retention.ingest.swe_agent import is_swe_agent, parse_swe_agent
 from kvjudge.retention.text_check import TextError, parse_checked
 
-FORMATS = ("auto", "native", "openai", "mini-swe-agent", "swe-agent", "harbor", "inspect")
+FORMATS = ("auto", "native", "openai", "mini-swe-agent", "swe-agent", "openhands", "harbor", "inspect")
 BATCH_RUNS = 64
 BATCH_BYTES = 8 << 20
 
@@ -49,6 +50,8 @@ def detect_format(obj: Any) -> str | None:
         return "mini-swe-agent"
     if is_swe_agent(obj):
         return "swe-agent"
+    if is_openhands(obj):
+        return "openhands"
     if is_harbor(obj):
         return "harbor"
     if is_inspect_sample(obj):
@@ -81,13 +84,15 @@ def parse_document(document: Document, fmt: str, context: ParseContext) -> Parse
 def _parse_as(fmt: str | None, obj: Any, context: ParseContext, document: Document) -> ParsedRun:
     if fmt is None:
         raise DocumentError("$", "is none of the formats kvjudge reads (native, openai, mini-swe-agent, swe-agent, "
-                                 "harbor, inspect); name one with --format")
+                                 "openhands, harbor, inspect); name one with --format")
     if fmt == "native":
         return parse_native(obj, context)
     if fmt == "openai":
         return parse_openai(obj, context, document.text)
     if fmt == "mini-swe-agent":
         return parse_mini_swe_agent(obj, context)
+    if fmt == "openhands":
+        return parse_openhands(obj, context, document)
     if fmt == "harbor":
         return parse_harbor(obj, context)
     if fmt == "inspect":
@@ -340,7 +345,7 @@ def _final_state(run: ParsedRun) -> str:
 def _conflict(where: str, run_id: str, stored: str, new: str) -> IngestError:
     return IngestError(f"{where}: run {run_id!r} is already in the store with other content (stored {stored}, "
                        f"this input {new}) — a run id names one content, and --results grades, --agent and "
-                       f"--tenant are part of it")
+                       f"--tenant are part of it (grades that came later: kvjudge grade RUN --results FILE)")
 
 
 def _changed(source: Source) -> IngestError:

@@ -3,13 +3,22 @@ documents in each file — one per line in JSONL, else the whole file — decode
 
 Two harness layouts are sources of their own: a Harbor trial (``result.json`` beside ``agent/``: the result and
 the ATIF trajectory with its continuations, read as one document) and an inspect eval log (``*.eval``, and a
-``.json`` file that begins as inspect's logs do: one document per sample, read one at a time)."""
+``.json`` file that begins as inspect's logs do: one document per sample, read one at a time).
+
+OpenHands layouts: ``llm_completions/<instance_id>/<model>-<unix time>.json`` is one file per model call, and
+the calls of one instance folder are one run: the last call is the source, the earlier ones its
+:attr:`Source.series`. A directory walk passes over OpenHands' side files (evaluation output
+``*.swebench_eval.jsonl`` — results, for ``--results`` —, ``*.swebench.jsonl`` predictions,
+``*.critic_attempt_N.jsonl`` attempts, ``maximum_retries_exceeded.jsonl``) and over an ``llm_completions``
+folder beside an ``output.jsonl`` (the same runs; output.jsonl is the fuller record): name them to read them.
+"""
 
 from __future__ import annotations
 
 import gzip
 import json
 import os
+import re
 import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -27,6 +36,11 @@ _READ_ERRORS = (OSError, EOFError, zlib.error)
 #: Source kinds: a plain file, a Harbor trial (a trial directory, or an ATIF trajectory with its continuations),
 #: an inspect ``.eval`` archive.
 FILE, HARBOR, EVAL = "file", "harbor", "eval"
+#: OpenHands' files beside its output.jsonl that hold no runs (a directory walk passes over them).
+_SIDE_FILES = re.compile(r"(\.swebench_eval\.jsonl|\.swebench\.jsonl|\.critic_attempt_\d+\.jsonl"
+                         r"|^maximum_retries_exceeded\.jsonl)(\.gz)?$")
+_COMPLETIONS_DIR = "llm_completions"
+_COMPLETION_NAME = re.compile(r"^.+-(\d+(?:\.\d+)?)\.json$")
 
 
 @dataclass(frozen=True)
@@ -34,8 +48,11 @@ class Source:
     """One file to import."""
 
     path: Path
-    size: int  # bytes on disk (of every file read, for a Harbor trial)
+    size: int  # bytes on disk (of every file read: a Harbor trial's, the series' files included)
     kind: str = FILE
+    #: Earlier files of the same run, oldest first, read with it (OpenHands: the earlier model calls of one
+    #: instance, whose usage the run's assistant turns carry).
+    series: tuple[Path, ...] = ()
 
     @property
     def name(self) -> str:
@@ -76,27 +93,62 @@ def collect_sources(paths: Iterable[str | os.PathLike[str]]) -> tuple[list[Sourc
                     ignored += _files_under(here) - (_trial_files(here) if harbor.is_trial_dir(here) else 0)
                     continue
                 dirs.sort()
+                if _COMPLETIONS_DIR in dirs and any(name in files for name in ("output.jsonl", "output.jsonl.gz")):
+                    dirs.remove(_COMPLETIONS_DIR)  # the same runs as output.jsonl: passed over
+                    ignored += sum(len(names) for _, _, names in os.walk(Path(root) / _COMPLETIONS_DIR))
                 for name in sorted(files):
-                    if _is_run_file(name) or (name.endswith(".json") and inspect_reader.is_json_log(here / name)):
+                    if _is_run_file(name) or is_completions_log(here / name) \
+                            or (name.endswith(".json") and inspect_reader.is_json_log(here / name)):
                         found += _add(sources, seen, _file(here / name))
                     else:
                         ignored += 1
             if found == 0 and not any(s.path.is_relative_to(path) for s in sources):
                 raise IngestError(f"{path}: no run files in this directory (looked for "
                                   f"{', '.join('*' + s for s in RUN_SUFFIXES)}, optionally .gz, *.eval, inspect "
-                                  f"logs and Harbor trials)")
+                                  f"logs, Harbor trials and OpenHands {_COMPLETIONS_DIR}/<instance_id>/*.json)")
         elif path.is_file():
             _add(sources, seen, _file(path))
         else:
             raise IngestError(f"{path} does not exist; pass run files (JSONL, *.traj.json, *.traj) or directories")
     if not sources:
         raise IngestError("nothing to import; pass run files or directories")
-    return sources, ignored
+    return _series(sources), ignored
 
 
 def _is_run_file(name: str) -> bool:
     base = name[:-3] if name.endswith(".gz") else name
-    return base.endswith(RUN_SUFFIXES) or name.endswith(inspect_reader.EVAL_SUFFIX)
+    return (base.endswith(RUN_SUFFIXES) and not _SIDE_FILES.search(name)) or name.endswith(inspect_reader.EVAL_SUFFIX)
+
+
+
+def is_completions_log(path: Path) -> bool:
+    """An OpenHands completions log: ``llm_completions/<instance_id>/<model>-<unix time>.json``."""
+    return path.parent.parent.name == _COMPLETIONS_DIR and _COMPLETION_NAME.match(path.name) is not None
+
+
+def _series(sources: list[Source]) -> list[Source]:
+    """Completions logs of one instance folder → one source: the last call, the earlier ones its series."""
+    calls: dict[Path, list[Source]] = {}
+    for source in sources:
+        if is_completions_log(source.path):
+            calls.setdefault(source.path.parent, []).append(source)
+    if not calls:
+        return sources
+    out = []
+    for source in sources:
+        group = calls.get(source.path.parent) if is_completions_log(source.path) else None
+        if group is None:
+            out.append(source)
+        elif group[0] is source:  # the group takes the place of its first file
+            ordered = sorted(group, key=lambda s: (_call_time(s.path), s.path.name))
+            out.append(Source(path=ordered[-1].path, size=sum(s.size for s in group),
+                              series=tuple(s.path for s in ordered[:-1])))
+    return out
+
+
+def _call_time(path: Path) -> float:
+    found = _COMPLETION_NAME.match(path.name)
+    return float(found.group(1)) if found else 0.0
 
 
 def _file(path: Path) -> Source:
@@ -185,6 +237,17 @@ class Document:
         return {name: decode_json(part, self.where if self.member else f"{self.where}:{name}",
                                   repair_text=repair_text) if isinstance(part, bytes) else part
                 for name, part in self.parts.items()}
+
+
+    def companions(self) -> Iterator[Any]:
+        """The decoded documents of the source's series (earlier files of the same run), one at a time;
+        IngestError naming the file when one is not JSON."""
+        for path in self.source.series:
+            try:
+                raw = path.read_bytes()
+            except OSError as exc:
+                raise IngestError(f"{path}: cannot be read ({_reason(exc)}); is it a complete file?") from None
+            yield Document(Source(path=path, size=len(raw)), None, raw).decode()
 
 
 def decode_json(raw: bytes, where: str, *, line: int | None = None, repair_text: bool = False) -> Any:
