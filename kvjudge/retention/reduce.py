@@ -38,7 +38,7 @@ from kvjudge.retention import events as ev
 from kvjudge.retention.blobs import ref_of, short
 from kvjudge.retention.faults import fault_point
 from kvjudge.retention.evidence import find_evidence, is_patch
-from kvjudge.retention.extract import diff_extract, head_tail_extract, marker
+from kvjudge.retention.extract import diff_extract, head_tail_extract
 from kvjudge.retention.state import DROPPED, LOCAL, REDUCED, TIERED, RunState, fold_onto, resolve
 from kvjudge.retention.worth import body_worth
 from kvjudge.tokens import TokenCounter
@@ -222,14 +222,16 @@ class _Cut:
 
 
 class _Step1:
-    """The bodies step 1 may cut, grouped by rank (lowest first), and the arithmetic of a cut setting.
+    """The bodies step 1 may cut, grouped by rank (lowest first), the extracts made of them and the arithmetic of
+    a cut setting.
 
     A setting ``(level, cap)`` cuts every body in the groups before ``level`` to its marker, each body of group
     ``level`` to ``floor(cap × weight)`` tokens (the latest body of a group has weight 1, the earliest 1/n), and
-    leaves the groups after it whole.
+    leaves the groups after it whole. A body is cut only when that saves at least ``_MIN_SAVING`` tokens.
     """
 
     def __init__(self, planner: _Planner) -> None:
+        self.planner = planner
         state = planner.state
         view = Counter(view_refs(state))
         worth = body_worth(state, find_evidence(state, planner.read), planner.read)
@@ -245,7 +247,24 @@ class _Step1:
         cut_set = set(cuttable)
         self.fixed = sum(planner.count(ref) * n for ref, n in view.items() if ref not in cut_set)
         self.reading = {ref: index for index, ref in enumerate(view)}
-        self.marker_tokens = planner.count_text("\n" + marker("9999 lines") + "\n")
+        self.made: dict[tuple[str, int], tuple[str, int]] = {}  # (ref, keep) → (extract, tokens): made once
+
+    def extract(self, cut: _Cut, keep: int) -> tuple[str, int]:
+        """The extract of ``cut`` keeping ``keep`` tokens, and its tokens (each counted once)."""
+        if (cut.ref, keep) not in self.made:
+            text = _extract(cut.shape, self.planner.text(cut.ref), cut.tokens, keep)
+            summary_ref = ref_of(text.encode("utf-8"))
+            if summary_ref not in self.planner.counts:
+                self.planner.counts[summary_ref] = self.planner.count_text(text)
+            self.made[(cut.ref, keep)] = (text, self.planner.counts[summary_ref])
+        return self.made[(cut.ref, keep)]
+
+    def reduced(self, cut: _Cut, keep: int) -> int | None:
+        """Tokens ``cut`` is expected to take kept to ``keep`` (exact for its marker alone); None: not worth it."""
+        if cut.tokens <= _MIN_SAVING:
+            return None  # no marker is that short
+        tokens = self.extract(cut, 0)[1] + keep
+        return tokens if cut.tokens - tokens >= _MIN_SAVING else None
 
     def keeps(self, level: int, cap: int) -> dict[str, int]:
         """Tokens each body keeps at ``(level, cap)`` (bodies left whole are not named)."""
@@ -253,20 +272,17 @@ class _Step1:
         for index, group in enumerate(self.groups[:level + 1]):
             for cut in group:
                 keep = 0 if index < level else int(cap * cut.weight)
-                if cut.tokens - (keep + self.marker_tokens) >= _MIN_SAVING:
+                if self.reduced(cut, keep) is not None:
                     keeps[cut.ref] = keep
         return keeps
 
     def estimate(self, level: int, cap: int) -> int:
-        """Tokens a reader would see at ``(level, cap)``, each cut body counted as its keep plus a marker."""
+        """Tokens a reader would see at ``(level, cap)``, each cut body counted as its keep plus its marker."""
         total = self.fixed
         for index, group in enumerate(self.groups):
             for cut in group:
-                if index > level:
-                    total += cut.seen * cut.tokens
-                    continue
-                reduced = (0 if index < level else int(cap * cut.weight)) + self.marker_tokens
-                total += cut.seen * (reduced if cut.tokens - reduced >= _MIN_SAVING else cut.tokens)
+                reduced = None if index > level else self.reduced(cut, 0 if index < level else int(cap * cut.weight))
+                total += cut.seen * (cut.tokens if reduced is None else reduced)
         return total
 
     def setting(self, budget: int) -> tuple[int, int]:
@@ -301,7 +317,6 @@ def _reduce_bodies(planner: _Planner, target: int) -> int:
     if not step.groups:
         return 0
     shapes = {cut.ref: cut for group in step.groups for cut in group}
-    made: dict[tuple[str, int], tuple[str, int]] = {}  # (ref, keep) → (summary text, tokens): never cut twice
 
     def summaries(level: int, cap: int) -> tuple[list[ev.Event], dict[str, str], int]:
         events: list[ev.Event] = []
@@ -310,17 +325,8 @@ def _reduce_bodies(planner: _Planner, target: int) -> int:
         keeps = step.keeps(level, cap)
         for ref, cut in sorted(shapes.items(), key=lambda item: step.reading[item[0]]):
             keep = keeps.get(ref)
-            if keep is None:
-                total += cut.seen * cut.tokens
-                continue
-            if (ref, keep) not in made:
-                text = _extract(cut.shape, planner.text(ref), cut.tokens, keep)
-                summary_ref = ref_of(text.encode("utf-8"))
-                if summary_ref not in planner.counts:
-                    planner.counts[summary_ref] = planner.count_text(text)
-                made[(ref, keep)] = (text, planner.counts[summary_ref])
-            text, after = made[(ref, keep)]
-            if after >= cut.tokens:  # no saving: keep the original
+            text, after = step.extract(cut, keep) if keep is not None else ("", cut.tokens)
+            if keep is None or cut.tokens - after < _MIN_SAVING:  # not worth an extract: keep the original
                 total += cut.seen * cut.tokens
                 continue
             summary_ref = ref_of(text.encode("utf-8"))
