@@ -38,6 +38,7 @@ from kvjudge.judge import (
     still_grades_summary,
     summarize_verdicts,
 )
+from kvjudge.judge.evidence import describe, summary_line
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -152,9 +153,7 @@ class _PairProgress:
 def _emit_pair(args: argparse.Namespace, verdict: Verdict, still: StillGrades | None) -> None:
     payload = verdict.to_json()
     if still is not None:
-        payload.update({"full": still.full.to_json(), "held": still.held, "flipped": still.flipped,
-                        "delta_p_a": still.delta_p_a, "full_cut": still.full_cut, "views_differ": still.views_differ,
-                        "compared": still.compared, "view_tokens": still.view_tokens()})
+        payload.update({"full": still.full.to_json(), **still.comparison()})
     emit(args, payload, lambda: _print_pair(verdict, still))
 
 
@@ -176,6 +175,13 @@ def _print_pair(verdict: Verdict, still: StillGrades | None) -> None:
         left_out = ("  (left out: the full side was cut to fit)" if still.full_cut else
                     "  (left out: both sides read the same views)" if not still.views_differ else "")
         print(f"winner held: {held}   Δp_a: {_fmt(still.delta_p_a)}{left_out}")
+        sides = still.run_evidence()
+        print("evidence: " + "; ".join(f"{name} {describe(e.full)} (full) → {describe(e.view)} (reduced)"
+                                       for name, e in sides.items())
+              + ("  — REDUCTION HIDES EVIDENCE" if still.evidence_hidden else ""))
+    else:
+        print("evidence read: " + "; ".join(f"{name} {describe(e.view)}" for name, e in verdict.evidence.items())
+              + ("  — the views hide evidence their full runs show" if verdict.evidence_hidden else ""))
     for v in ([still.full, still.reduced] if still is not None else [verdict]):
         if v.error:
             print(f"  {v.outcome}: {v.error}")
@@ -210,3 +216,5 @@ def _print_summary(summary: dict[str, Any], still: bool) -> None:
             rows.append(["servers dropped", ", ".join(pool["dropped"])])
         rows.append(["requests sent to another server", pool["resent"]])
     print_table(["", "value"], rows, title="summary")
+    if still:
+        print(summary_line(summary["evidence"], ("full", "reduced")))
