@@ -48,6 +48,8 @@ CountFn = Callable[[str], int]
 
 # Plans of step 1 made for smaller budgets while real extracts overshoot the estimate, before cutting all.
 _ROUNDS = 8
+# The line breaks that join an extract's kept parts to its marker (beyond the marker alone).
+_JOIN_TOKENS = 2
 # A summary must save at least this many tokens to be worth a blob and an event.
 _MIN_SAVING = 8
 
@@ -263,7 +265,7 @@ class _Step1:
         """Tokens ``cut`` is expected to take kept to ``keep`` (exact for its marker alone); None: not worth it."""
         if cut.tokens <= _MIN_SAVING:
             return None  # no marker is that short
-        tokens = self.extract(cut, 0)[1] + keep
+        tokens = self.extract(cut, 0)[1] + (keep + _JOIN_TOKENS if keep else 0)
         return tokens if cut.tokens - tokens >= _MIN_SAVING else None
 
     def keeps(self, level: int, cap: int) -> dict[str, int]:
@@ -318,38 +320,52 @@ def _reduce_bodies(planner: _Planner, target: int) -> int:
         return 0
     shapes = {cut.ref: cut for group in step.groups for cut in group}
 
-    def summaries(level: int, cap: int) -> tuple[list[ev.Event], dict[str, str], int]:
-        events: list[ev.Event] = []
-        blobs: dict[str, str] = {}
-        total = step.fixed
-        keeps = step.keeps(level, cap)
-        for ref, cut in sorted(shapes.items(), key=lambda item: step.reading[item[0]]):
-            keep = keeps.get(ref)
-            text, after = step.extract(cut, keep) if keep is not None else ("", cut.tokens)
-            if keep is None or cut.tokens - after < _MIN_SAVING:  # not worth an extract: keep the original
-                total += cut.seen * cut.tokens
-                continue
-            summary_ref = ref_of(text.encode("utf-8"))
-            blobs[summary_ref] = text
-            events.append(ev.Reduced(run=planner.state.id, original=ref, summary=summary_ref,
-                                     counter=planner.counter, tokens_before=cut.tokens, tokens_after=after))
-            total += cut.seen * after
-        return events, blobs, total
+    def after(cut: _Cut, keep: int | None) -> int:
+        """Tokens ``cut`` takes kept to ``keep`` (None, or an extract not worth it: the original's)."""
+        if keep is None:
+            return cut.tokens
+        tokens = step.extract(cut, keep)[1]
+        return tokens if cut.tokens - tokens >= _MIN_SAVING else cut.tokens
 
-    # The estimate counts each cut body as its keep plus a marker; real extracts differ a little. When they
-    # overshoot, plan again for a budget smaller by the overshoot, until they fit or everything is cut.
+    def total(keeps: dict[str, int]) -> int:
+        return step.fixed + sum(cut.seen * after(cut, keeps.get(ref)) for ref, cut in shapes.items())
+
+    def trimmed(level: int, keeps: dict[str, int], over: int) -> int:
+        """Take ``over`` tokens from the bodies of group ``level`` that keep text, earliest first (each recounted
+        alone); returns what is still over."""
+        for cut in step.groups[level]:
+            keep = keeps.get(cut.ref)
+            if over <= 0 or not keep:
+                continue
+            before = after(cut, keep)
+            keeps[cut.ref] = max(0, keep - -(-over // cut.seen) - _JOIN_TOKENS)
+            over -= cut.seen * (before - after(cut, keeps[cut.ref]))
+        return over
+
+    # The estimate counts each cut body as its keep plus its marker; real extracts differ a little. An overshoot
+    # is taken from the earliest bodies of the last group cut (a few extracts made again, not all); failing that,
+    # plan again for a budget smaller by the overshoot, until the extracts fit or everything is cut.
     budget, deepest = target, (len(step.groups) - 1, 0)
     for _ in range(_ROUNDS):
         level, cap = step.setting(budget)
-        events, blobs, total = summaries(level, cap)
-        if total <= target or (level, cap) == deepest:
+        keeps = step.keeps(level, cap)
+        over = total(keeps) - target
+        if over <= 0 or trimmed(level, keeps, over) <= 0 or (level, cap) == deepest:
             break
-        budget -= max(1, total - target)
+        budget -= max(1, over)
     else:
-        events, blobs, total = summaries(*deepest)
-    for summary_ref in blobs:
-        planner.new_counts[summary_ref] = planner.counts[summary_ref]
-    planner.blobs.update(blobs)
+        keeps = step.keeps(*deepest)
+    events: list[ev.Event] = []
+    for ref, cut in sorted(shapes.items(), key=lambda item: step.reading[item[0]]):
+        keep = keeps.get(ref)
+        if keep is None or after(cut, keep) == cut.tokens:  # not worth an extract: keep the original
+            continue
+        text, tokens = step.extract(cut, keep)
+        summary_ref = ref_of(text.encode("utf-8"))
+        planner.blobs[summary_ref] = text
+        planner.new_counts[summary_ref] = tokens
+        events.append(ev.Reduced(run=planner.state.id, original=ref, summary=summary_ref, counter=planner.counter,
+                                 tokens_before=cut.tokens, tokens_after=tokens))
     planner.commit(events)
     return len(events)
 
