@@ -23,6 +23,7 @@ from kvjudge.commands._common import (
     open_judge,
     open_store,
     print_table,
+    print_wrapped,
     progress,
     select_pairs,
     served_entry,
@@ -176,12 +177,13 @@ def _print_pair(verdict: Verdict, still: StillGrades | None) -> None:
                     "  (left out: both sides read the same views)" if not still.views_differ else "")
         print(f"winner held: {held}   Δp_a: {_fmt(still.delta_p_a)}{left_out}")
         sides = still.run_evidence()
-        print("evidence: " + "; ".join(f"{name} {describe(e.full)} (full) → {describe(e.view)} (reduced)"
-                                       for name, e in sides.items())
-              + ("  — REDUCTION HIDES EVIDENCE" if still.evidence_hidden else ""))
+        print_wrapped("evidence: " + "; ".join(f"{name} {describe(e.full)} (full) → {describe(e.view)} (reduced)"
+                                               for name, e in sides.items())
+                      + (" — REDUCTION HIDES EVIDENCE" if still.evidence_hidden else ""))
     else:
-        print("evidence read: " + "; ".join(f"{name} {describe(e.view)}" for name, e in verdict.evidence.items())
-              + ("  — the views hide evidence their full runs show" if verdict.evidence_hidden else ""))
+        read = "; ".join(f"{name} {describe(e.view)}" for name, e in verdict.evidence.items())
+        print_wrapped(f"evidence read: {read}"
+                      + (" — the views hide evidence their full runs show" if verdict.evidence_hidden else ""))
     for v in ([still.full, still.reduced] if still is not None else [verdict]):
         if v.error:
             print(f"  {v.outcome}: {v.error}")
@@ -217,4 +219,4 @@ def _print_summary(summary: dict[str, Any], still: bool) -> None:
         rows.append(["requests sent to another server", pool["resent"]])
     print_table(["", "value"], rows, title="summary")
     if still:
-        print(summary_line(summary["evidence"], ("full", "reduced")))
+        print_wrapped(summary_line(summary["evidence"], ("full", "reduced")))

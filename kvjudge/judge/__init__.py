@@ -68,10 +68,10 @@ from kvjudge.judge.window import Window, WindowPlanner, window_tokens
 
 __all__ = [
     "DEFAULT_MARGIN", "LABELS", "OUTCOMES", "RAW", "SCORED", "TEMPLATE_CHOICES", "TEMPLATE_VERSION", "Backend",
-    "BaseView", "CommonBlock", "Framing", "Judge", "LabelScore", "LlamaBackend", "OrderPrompt", "OrderScore", "PackedPair",
-    "PackedView", "PairBases", "PromptOverflow", "RunEvidence", "RunTokens", "ServerBackend", "ServerPool", "StillGrades", "TemplateText",
-    "Verdict", "Window", "WindowPlanner", "base_view", "body_resolver", "choose_framing", "cohen_kappa", "common_block", "decide",
-    "escape", "fit_view", "judge_batch", "judge_pair", "judgment_key", "open_backend", "open_servers",
-    "order_score", "pack_pair", "pack_run", "pair_bases", "render_view",
-    "still_grades", "still_grades_summary", "summarize_verdicts", "window_tokens",
+    "BaseView", "CommonBlock", "Framing", "Judge", "LabelScore", "LlamaBackend", "OrderPrompt", "OrderScore",
+    "PackedPair", "PackedView", "PairBases", "PromptOverflow", "RunEvidence", "RunTokens", "ServerBackend",
+    "ServerPool", "StillGrades", "TemplateText", "Verdict", "Window", "WindowPlanner", "base_view", "body_resolver",
+    "choose_framing", "cohen_kappa", "common_block", "decide", "escape", "fit_view", "judge_batch", "judge_pair",
+    "judgment_key", "open_backend", "open_servers", "order_score", "pack_pair", "pack_run", "pair_bases",
+    "render_view", "still_grades", "still_grades_summary", "summarize_verdicts", "window_tokens",
 ]

@@ -5,12 +5,12 @@ once, in a block common to both runs (:mod:`kvjudge.judge.prompt`), and each vie
 its place: the tokens saved go to what differs. A pair fits when framing + common block + both views + the answer
 fit the window: then both are read whole. When they do not, the block keeps only the shared pieces that are
 decisive evidence (the task: :mod:`kvjudge.retention.worth`) — the rest, cut first anyway, is cut in each view to
-its marker — and the room left beside the block is shared fairly: a view under half of it keeps its whole text and the other gets the rest; otherwise each gets half. A run
-whose view is over its allowance is shown as a *further-reduced view*: the retention's own pure
-:func:`~kvjudge.retention.reduce.plan_reduction` derives it on the fly (same deterministic extracts, same loss
-order, so the run's decisive evidence is cut last), and nothing is stored. If even the skeleton (every
-transition, no text) does not fit, the run cannot be judged in this window: its view is ``None`` and the
-verdict's outcome is ``overflow``.
+its marker — and the room left beside the block is shared fairly: a view under half of it keeps its whole text
+and the other gets the rest; otherwise each gets half. A run whose view is over its allowance is shown as a
+*further-reduced view*: the retention's own pure :func:`~kvjudge.retention.reduce.plan_reduction` derives it on
+the fly (same deterministic extracts, same loss order, so the run's decisive evidence is cut last), and nothing
+is stored. If even the skeleton (every transition, no text) does not fit, the run cannot be judged in this
+window: its view is ``None`` and the verdict's outcome is ``overflow``.
 
 Every packed view also says how much of its run's decisive evidence it shows
 (:mod:`kvjudge.retention.evidence`: the share of the final submission, whether the last test outcome is there),
@@ -203,7 +203,8 @@ def base_view(store: Any, state: Any, count: CountFn, *, show_grades: bool = Fal
             else:
                 notes.append(f"nothing left to reduce toward a {reduce_to}-token target: the view is unchanged")
         reduced_tokens = base_tokens
-    ranks = {ref: worth.rank for ref, worth in body_worth(base_state, found, readable(base_state, base_text_of)).items()}
+    worth = body_worth(base_state, found, readable(base_state, base_text_of))
+    ranks = {ref: value.rank for ref, value in worth.items()}
     return BaseView(state.id, base_state, base_text_of, base_text, base_tokens, full_tokens, reduced_tokens, show,
                     tuple(notes), resolver=resolver, render_full=render_full, shown=shown, evidence=evidence,
                     evidence_full=evidence_full, ranks=ranks)

@@ -41,7 +41,8 @@ SUBMIT_TOOLS = frozenset({"submit", "submit_patch", "finish", "final_answer", "a
 #: keys in :data:`COMMAND_KEYS`.
 TEST_COMMANDS: tuple[tuple[str, str], ...] = (
     ("pytest", r"(?:\S*/)?(?:py\.test|pytest)(?:\s|$)"),
-    ("python -m pytest/unittest/tox/nox", r"(?:\S*/)?python[\d.]*(?:\s+-[A-Za-z]+)*\s+-m\s+(?:pytest|unittest|tox|nox)\b"),
+    ("python -m pytest/unittest/tox/nox",
+     r"(?:\S*/)?python[\d.]*(?:\s+-[A-Za-z]+)*\s+-m\s+(?:pytest|unittest|tox|nox)\b"),
     ("tox/nox", r"(?:tox|nox)(?:\s|$)"),
     ("make test", r"make(?:\s+\S+)*?\s+(?:test|tests|check)(?:[-_:]\w+)?(?:\s|$)"),
     ("npm/yarn/pnpm test", r"(?:npm|yarn|pnpm)\s+(?:run\s+)?test\b"),
@@ -57,7 +58,8 @@ OUTCOME_LINES = 3
 
 _TESTS = tuple((name, re.compile(pattern)) for name, pattern in TEST_COMMANDS)
 _SIMPLE_COMMANDS = re.compile(r"&&|\|\||[;|\n]")
-_WRAPPERS = re.compile(r"^(?:[({]\s*|\w+=\S*\s+|(?:sudo|env|time|nice|command|exec)\s+|timeout\s+(?:-\S+\s+)*\d+\w?\s+)*")
+_WRAPPERS = re.compile(r"^(?:[({]\s*|\w+=\S*\s+|(?:sudo|env|time|nice|command|exec)\s+"
+                       r"|timeout\s+(?:-\S+\s+)*\d+\w?\s+)*")
 _HUNK = re.compile(r"^@@ -\d+(?:,(\d+))? \+\d+(?:,(\d+))? @@")
 
 
