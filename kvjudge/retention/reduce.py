@@ -50,6 +50,9 @@ CountFn = Callable[[str], int]
 _ROUNDS = 8
 # The line breaks that join an extract's kept parts to its marker (beyond the marker alone).
 _JOIN_TOKENS = 2
+# Bodies up to this size stay in memory while a run is planned (commands and messages are read several times;
+# the large tool outputs are read again from the store rather than held).
+_KEPT_TEXT_CHARS = 16_384
 # A summary must save at least this many tokens to be worth a blob and an event.
 _MIN_SAVING = 8
 
@@ -135,19 +138,25 @@ class _Planner:
         self.new_counts: dict[str, int] = {}
         self.blobs: dict[str, str] = {}
         self.events: list[ev.Event] = []
+        self.read_texts: dict[str, str | None] = {}  # bodies read once while planning (the small ones are kept)
 
     def text(self, ref: str) -> str:
-        if ref in self.blobs:
-            return self.blobs[ref]
-        text = self.text_of_store(ref)
+        text = self.read(ref)
         if text is None:
             raise IntegrityError(f"run {self.state.id}: the body of {short(ref)} is missing but the log says it "
                                  f"is {self.state.bodies[ref].status}; run `kvjudge verify`")
         return text
 
     def read(self, ref: str) -> str | None:
-        """A body's text, or None when it is not there (for reading tool calls' commands)."""
-        return self.blobs[ref] if ref in self.blobs else self.text_of_store(ref)
+        """A body's text, or None when it is not there (tool calls' commands are read several times: kept)."""
+        if ref in self.blobs:
+            return self.blobs[ref]
+        if ref in self.read_texts:
+            return self.read_texts[ref]
+        text = self.text_of_store(ref)
+        if text is None or len(text) <= _KEPT_TEXT_CHARS:
+            self.read_texts[ref] = text
+        return text
 
     def count(self, ref: str) -> int:
         if ref not in self.counts:
