@@ -94,8 +94,7 @@ def run_context(model: Path, n_ctx: int, pairs: int, directory: Path) -> dict[st
             # machine whichever runs first in a round tends to be slower.
             view_a, view_b = pack_pair(judge.base(store, a), judge.base(store, b), judge_backend.count, judge.room)
             assert view_a.text is not None and view_b.text is not None
-            sequences = [judge_backend.prompt_tokens(judge.framing.segments(view_a.text, view_b.text)),
-                         judge_backend.prompt_tokens(judge.framing.segments(view_b.text, view_a.text))]
+            sequences = [judge_backend.prompt_tokens(prompt.segments) for prompt in judge.order_prompts(view_a, view_b)]
 
             def timed_judge() -> None:
                 first = len(judge_backend.sequences)

@@ -12,8 +12,9 @@ the default; or ``tiktoken``):
 - **no-op**: the same reduction again — it must append nothing and count nothing (counts are stored
   per (blob, counter)).
 
-Ratio = reduce tokens/s ÷ bare tokens/s, same text, same run (target ≥ 0.5). RSS must stay flat as the
-store grows (runs are streamed, never the whole store). Writes ``reduce_throughput.json`` and
+Ratio = reduce tokens/s ÷ bare tokens/s, same text, same run (target ≥ 0.9: reduction counts each body once and
+each extract it keeps once, and the extracts are a small part of the text). RSS must stay flat as the store
+grows (runs are streamed, never the whole store). Writes ``reduce_throughput.json`` and
 ``reduce_rss.png`` to ``--out`` and prints the JSON as one line.
 
     python benchmarks/reduce_throughput.py --out /tmp/bench [--tokens 10000000] [--counter model]
@@ -193,7 +194,7 @@ def main() -> None:
         "tokens_bare": bare_tokens, "tokens_before": tokens_before, "tokens_after": tokens_after,
         "build_s": round(build_s, 2), "bare_s": round(bare_s, 2), "reduce_s": round(reduce_s, 2),
         "bare_tokens_per_s": round(bare_tps), "reduce_tokens_per_s": round(reduce_tps),
-        "ratio": round(reduce_tps / bare_tps, 3), "ratio_target": 0.5,
+        "ratio": round(reduce_tps / bare_tps, 3), "ratio_target": 0.9,
         "count_calls_first_pass": first_calls, "events_appended": events, "bodies_deleted": deleted,
         "noop_s": round(noop_s, 3), "noop_events": noop_events, "noop_count_calls": noop_calls,
         "rss_mb_first_quarter": round(max(rss_after_run[:quarter]), 1),

@@ -30,6 +30,7 @@ from kvjudge.testing.sim_judge import (
     SimJudge,
     SimJudgeServer,
     changed_lines,
+    common_pieces,
     draw,
     quoted_views,
     write_key,
@@ -82,16 +83,21 @@ def test_it_prefers_the_better_run_with_the_set_confidence_and_bias_only_where_i
                              "no_runs": 1}
 
 
-def test_only_the_run_blocks_count_not_a_block_common_to_both_runs() -> None:
+def test_a_common_piece_counts_only_where_a_view_names_it() -> None:
     judge = _judge(accuracy=1.0)
     good, bad = _view(GOOD), _view(BAD)
     hidden = changed_lines(GOOD.patch)[0]
     cut = good.replace(hidden, "[… elided …]")
-    # A block before the runs (text both runs share) that happens to hold the hidden line does not reveal it.
-    common = f"<<<BEGIN COMMON>>>\n  {hidden}\n<<<END COMMON>>>\n\n"
-    prompt = _prompt(cut, bad).replace("<<<BEGIN RUN A>>>", common + "<<<BEGIN RUN A>>>", 1)
-    assert quoted_views(prompt) == {"A": cut, "B": bad}
-    assert judge.decide(prompt).reason == "evidence_hidden"
+    # The judge's block of text both runs share: numbered pieces; a view shows "[common text N]" where it has one.
+    common = f"<<<BEGIN COMMON TEXT>>>\n[common text 1]\n{hidden}\n[common text 2]\nother\n<<<END COMMON TEXT>>>\n\n"
+    unnamed = _prompt(cut, bad).replace("<<<BEGIN RUN A>>>", common + "<<<BEGIN RUN A>>>", 1)
+    assert quoted_views(unnamed) == {"A": cut, "B": bad}
+    assert common_pieces(unnamed) == {"[common text 1]": f"\n{hidden}\n", "[common text 2]": "\nother"}
+    # A piece no view names reveals nothing; the view that names it contains it.
+    assert judge.decide(unnamed).reason == "evidence_hidden"
+    named = _prompt(good.replace(hidden, "  [common text 1]"), bad)
+    named = named.replace("<<<BEGIN RUN A>>>", common + "<<<BEGIN RUN A>>>", 1)
+    assert judge.decide(named).reason == "decided"
     assert judge.decide(_prompt(good, bad)).reason == "decided"
 
 

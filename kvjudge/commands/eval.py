@@ -28,7 +28,8 @@ from kvjudge.commands._common import (
     select_pairs,
 )
 from kvjudge.judge import judge_batch
-from kvjudge.judge.evaluate import BASELINES, evaluate, plot_reliability
+from kvjudge.judge.evaluate import BASELINES, EVIDENCE_SIDES, evaluate, plot_reliability
+from kvjudge.judge.evidence import summary_line
 
 DEFAULT_PNG = "kvjudge-eval.png"
 
@@ -104,3 +105,4 @@ def _print(results: dict[str, dict[str, Any]], pairing: str | None = None) -> No
                                          f"grades ({result['equal_grades']} equal, {result['ungraded']} ungraded "
                                          f"left out)")
         print_wrapped(result["conclusion"])
+        print_wrapped(summary_line(result["evidence"], EVIDENCE_SIDES))

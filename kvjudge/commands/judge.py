@@ -39,6 +39,7 @@ from kvjudge.judge import (
     still_grades_summary,
     summarize_verdicts,
 )
+from kvjudge.judge.evidence import describe, summary_line
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -155,10 +156,7 @@ class _PairProgress:
 def _emit_pair(args: argparse.Namespace, verdict: Verdict, still: StillGrades | None) -> None:
     payload = verdict.to_json()
     if still is not None:
-        payload.update({"full": still.full.to_json(), "held": still.held, "flipped": still.flipped,
-                        "lost": still.lost, "delta_p_a": still.delta_p_a, "full_cut": still.full_cut,
-                        "views_differ": still.views_differ, "compared": still.compared,
-                        "view_tokens": still.view_tokens()})
+        payload.update({"full": still.full.to_json(), **still.comparison()})
     emit(args, payload, lambda: _print_pair(verdict, still))
 
 
@@ -180,6 +178,14 @@ def _print_pair(verdict: Verdict, still: StillGrades | None) -> None:
         left_out = ("  (left out: the full side was cut to fit)" if still.full_cut else
                     "  (left out: both sides read the same views)" if not still.views_differ else "")
         print_wrapped(f"winner held: {held}   Δp_a: {_fmt(still.delta_p_a)}{left_out}")
+        sides = still.run_evidence()
+        print_wrapped("evidence: " + "; ".join(f"{name} {describe(e.full)} (full) → {describe(e.view)} (reduced)"
+                                               for name, e in sides.items())
+                      + (" — REDUCTION HIDES EVIDENCE" if still.evidence_hidden else ""))
+    else:
+        read = "; ".join(f"{name} {describe(e.view)}" for name, e in verdict.evidence.items())
+        print_wrapped(f"evidence read: {read}"
+                      + (" — the views hide evidence their full runs show" if verdict.evidence_hidden else ""))
     for v in ([still.full, still.reduced] if still is not None else [verdict]):
         if v.error:
             print_wrapped(f"{v.outcome}: {v.error}", indent="  ")
@@ -215,3 +221,5 @@ def _print_summary(summary: dict[str, Any], still: bool) -> None:
             rows.append(["servers dropped", ", ".join(pool["dropped"])])
         rows.append(["requests sent to another server", pool["resent"]])
     print_table(["", "value"], rows, title="summary")
+    if still:
+        print_wrapped(summary_line(summary["evidence"], ("full", "reduced")))

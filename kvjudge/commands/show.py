@@ -1,11 +1,27 @@
-"""`kvjudge show RUN`: one run as a reader sees it now (text, or what stands in its place, and why)."""
+"""`kvjudge show RUN`: one run as a reader sees it now (text, or what stands in its place, and why).
+
+``--judge-view`` prints instead exactly the view the judge would be given — rendered, reduced further to fit and
+marked by the judge's own functions (:meth:`kvjudge.judge.Judge.pack`): the view of the run beside a run as long as
+itself in the largest window the judge may open (half its room), within ``--allowance N`` tokens, or beside a
+named run (``--beside RUN``, with the block of text both runs share, in the window the judge would size for them).
+"""
 
 from __future__ import annotations
 
 import argparse
 from typing import Any
 
-from kvjudge.commands._common import add_endpoint_args, add_output_args, add_store_args, config_from, emit, open_store
+from kvjudge.commands._common import (
+    add_endpoint_args,
+    add_output_args,
+    add_store_args,
+    config_from,
+    emit,
+    info,
+    open_judge,
+    open_store,
+)
+from kvjudge.errors import UsageError
 from kvjudge.retention.blobs import short
 from kvjudge.retention.reduce import resolve
 from kvjudge.retention.state import REDUCED, TIERED, RunState
@@ -21,6 +37,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                                 "grades")
     parser.add_argument("run", help="run id")
     parser.add_argument("--full", action="store_true", help="do not shorten long texts")
+    view = parser.add_argument_group("the judge's view")
+    view.add_argument("--judge-view", action="store_true",
+                      help="print exactly the view of the run the judge would be given (markers included)")
+    view.add_argument("--allowance", type=int, metavar="N",
+                      help="with --judge-view: fit the view into N tokens (default: half the room of the largest "
+                           "window the judge may open, as beside a run as long as itself)")
+    view.add_argument("--beside", metavar="RUN",
+                      help="with --judge-view: the view as judged beside RUN (run A, RUN B), with the block of text "
+                           "both share")
+    view.add_argument("--model", metavar="PATH", help="judge model GGUF (default: [judge] model, else the default "
+                                                      "judge model)")
+    view.add_argument("--server", metavar="URL", action="append",
+                      help="the judge is this OpenAI-compatible server (default: [judge] servers or server)")
+    view.add_argument("--tokenizer-model", metavar="PATH", help="with --server: a local copy of the served GGUF")
+    view.add_argument("--template", choices=("auto", "chat", "raw"), default=None,
+                      help="prompt framing (default: [judge] template, else auto)")
+    view.add_argument("--n-ctx", type=int, metavar="N", help="the judge window (default: the largest the judge may "
+                                                           "open: the certified safe_context, else the analytic "
+                                                           "max_context_tokens)")
+    view.add_argument("--show-verifier", action="store_true", help="show verifier results, as judge --show-verifier")
     add_store_args(parser)
     add_endpoint_args(parser)
     add_output_args(parser)
@@ -93,7 +129,67 @@ def _shown(entry: dict[str, Any] | None, full: bool) -> str:
     return prefix + text
 
 
+# What open_judge reads that `show` does not offer: judging defaults (no certification: nothing is judged here).
+_JUDGE_DEFAULTS = {"threads": None, "parallel": None, "timeout": None, "margin": None, "no_certify": True,
+                   "show_grades": False, "no_cache": True}
+
+
+def _judge_view(args: argparse.Namespace) -> int:
+    """``show RUN --judge-view``: the view the judge would be given, through the judge's own functions."""
+    if args.allowance is not None and (args.allowance <= 0 or args.beside):
+        raise UsageError("--allowance must be a positive number of tokens, and cannot go with --beside (the pair's "
+                         "window decides the allowances)")
+    config = config_from(args)
+    with open_store(args, config) as store:
+        store.run(args.run)  # an unknown run is an error before any model loads
+        if args.beside:
+            store.run(args.beside)
+        judge = open_judge(argparse.Namespace(**{**_JUDGE_DEFAULTS, **vars(args)}), config)
+        try:
+            if args.beside:
+                needed = judge.needed_tokens(judge.base(store, args.run), judge.base(store, args.beside))
+                n_ctx = args.n_ctx or judge.planner.plan(needed).n_ctx
+                view, _ = judge.pack_pair(store, args.run, args.beside, n_ctx)
+                allowance = None
+            else:
+                n_ctx = args.n_ctx or judge.planner.plan(10**9).n_ctx
+                allowance = args.allowance or judge.room_at(n_ctx) // 2
+                view = judge.pack(store, args.run, allowance=allowance)
+            payload = {"run": args.run, "beside": args.beside, "n_ctx": n_ctx, "allowance": allowance,
+                       "template": judge.framing.name, "text": view.text, "tokens": view.tokens.view,
+                       "further_reduced": view.tokens.further_reduced, "common": view.common or None,
+                       "common_tokens": view.common_tokens, "notes": list(view.notes),
+                       "evidence": None if view.evidence is None else view.evidence.to_json(),
+                       "evidence_full": None if view.evidence_full is None else view.evidence_full.to_json(),
+                       "model": judge.manifest().get("model")}
+        finally:
+            judge.backend.close()
+    if view.text is None:
+        raise UsageError(f"run {args.run} cannot be judged in a {n_ctx}-token window: {'; '.join(view.notes)}")
+
+    def human() -> None:
+        from kvjudge.judge.evidence import describe
+        from kvjudge.judge.prompt import COMMON_CLOSING, COMMON_OPENING
+
+        if view.common:
+            print(COMMON_OPENING + view.common + COMMON_CLOSING, end="")
+        print(view.text)
+        where = f"beside {args.beside}" if args.beside else f"within {allowance} tokens"
+        info(f"the judge's view of {args.run} {where} (n_ctx {n_ctx}, {judge.framing.name} framing): "
+             f"{view.tokens.view} tokens{', further reduced' if view.tokens.further_reduced else ''}; evidence "
+             f"{describe(view.evidence)} (full view: {describe(view.evidence_full)})")
+        for note in view.notes:
+            info(f"note: {note}")
+
+    emit(args, payload, human)
+    return 0
+
+
 def _show(args: argparse.Namespace) -> int:
+    if args.judge_view:
+        return _judge_view(args)
+    if args.allowance is not None or args.beside:
+        raise UsageError("--allowance and --beside go with --judge-view")
     config = config_from(args)
     with open_store(args, config) as store:
         state = store.run(args.run)

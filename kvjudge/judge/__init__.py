@@ -19,6 +19,8 @@ Public API::
 - meta-evaluation and ranking: :mod:`kvjudge.judge.evaluate` (accuracy against held-out grades beside
   baselines) and :mod:`kvjudge.judge.ranking` (Bradley–Terry with bootstrap intervals).
 - still grades: :func:`still_grades` compares full and reduced verdicts (agreement, flips, κ, Δp_a).
+- evidence retention (:mod:`kvjudge.judge.evidence`): how much of each run's final submission and last test
+  outcome the views judged show (:class:`RunEvidence`, on every verdict), flagged when a reduction hides some.
 """
 
 from kvjudge.judge.backends import (
@@ -30,7 +32,20 @@ from kvjudge.judge.backends import (
     open_backend,
 )
 from kvjudge.judge.batch import judge_batch
-from kvjudge.judge.pack import BaseView, PackedView, RunTokens, base_view, fit_view, pack_pair, pack_run
+from kvjudge.judge.evidence import RunEvidence
+from kvjudge.judge.pack import (
+    BaseView,
+    CommonBlock,
+    PackedView,
+    PairBases,
+    RunTokens,
+    base_view,
+    common_block,
+    fit_view,
+    pack_pair,
+    pack_run,
+    pair_bases,
+)
 from kvjudge.judge.prompt import RAW, TEMPLATE_CHOICES, TEMPLATE_VERSION, Framing, TemplateText, choose_framing
 from kvjudge.judge.render import body_resolver, escape, render_view
 from kvjudge.judge.stillgrades import StillGrades, cohen_kappa, still_grades, still_grades_summary, summarize_verdicts
@@ -53,10 +68,10 @@ from kvjudge.judge.window import Window, WindowPlanner, window_tokens
 
 __all__ = [
     "DEFAULT_MARGIN", "LABELS", "OUTCOMES", "RAW", "SCORED", "TEMPLATE_CHOICES", "TEMPLATE_VERSION", "Backend",
-    "BaseView", "Framing", "Judge", "LabelScore", "LlamaBackend", "OrderPrompt", "OrderScore", "PackedPair",
-    "PackedView", "PromptOverflow", "RunTokens", "ServerBackend", "ServerPool", "StillGrades", "TemplateText",
-    "Verdict", "Window", "WindowPlanner", "base_view", "body_resolver", "choose_framing", "cohen_kappa", "decide",
-    "escape", "fit_view", "judge_batch", "judge_pair", "judgment_key", "open_backend", "open_servers",
-    "order_score", "pack_pair", "pack_run", "render_view",
-    "still_grades", "still_grades_summary", "summarize_verdicts", "window_tokens",
+    "BaseView", "CommonBlock", "Framing", "Judge", "LabelScore", "LlamaBackend", "OrderPrompt", "OrderScore",
+    "PackedPair", "PackedView", "PairBases", "PromptOverflow", "RunEvidence", "RunTokens", "ServerBackend",
+    "ServerPool", "StillGrades", "TemplateText", "Verdict", "Window", "WindowPlanner", "base_view", "body_resolver",
+    "choose_framing", "cohen_kappa", "common_block", "decide", "escape", "fit_view", "judge_batch", "judge_pair",
+    "judgment_key", "open_backend", "open_servers", "order_score", "pack_pair", "pack_run", "pair_bases",
+    "render_view", "still_grades", "still_grades_summary", "summarize_verdicts", "window_tokens",
 ]

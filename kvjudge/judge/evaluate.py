@@ -14,6 +14,9 @@ have no preferred run and are left out, counted). For the judge and for each bas
 Baselines (no model): ``always_first`` (the run listed first in each pair wins), ``longer_run`` (the
 longer run as the judge would read it wins), ``last_exit_zero`` (the run whose last tool call exited 0
 wins). A judge that does not beat them is reported as such, plainly.
+
+Beside them, evidence retention (:mod:`kvjudge.judge.evidence`): how much of each run's final submission and
+last test outcome its full view and the view judged show, and the pairs judged from views that hide some.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from kvjudge.judge.evidence import batch
 from kvjudge.judge.render import body_resolver, render_view
 from kvjudge.judge.stillgrades import cohen_kappa
 from kvjudge.judge.verdict import SCORED, Verdict
@@ -31,6 +35,8 @@ Z95 = 1.959963984540054
 BASELINES: tuple[str, ...] = ("always_first", "longer_run", "last_exit_zero")
 NO_PREFERENCE = ("tie", "inconsistent")
 RELIABILITY_BINS = 5
+# The two views of each run whose evidence eval reports: the run's full view and the view the judge read.
+EVIDENCE_SIDES = ("full", "judged")
 
 
 def best_grade(state: Any) -> dict[str, Any] | None:
@@ -222,6 +228,7 @@ def evaluate(store: Any, verdicts: Sequence[Verdict]) -> dict[str, Any]:
         "judge": judge,
         "baselines": baselines,
         "conclusion": conclusion(judge, baselines),
+        "evidence": batch([(v.a, v.b, list(v.evidence.values())) for v in verdicts], EVIDENCE_SIDES),
     }
 
 

@@ -1,30 +1,53 @@
 """Packing two runs into one judge window.
 
-A pair fits when framing + both views + the answer fit the window: then both are read whole. When they do
-not, the window is shared fairly: a view under half of the room keeps its whole text and the other gets
-the rest; otherwise each gets half. A run whose view is over its allowance is shown as a *further-reduced
-view*: the retention's own pure :func:`~kvjudge.retention.reduce.plan_reduction` derives it on the fly
-(same deterministic summaries, same loss order), and nothing is stored. If even the skeleton (every
-transition, no text) does not fit, the run cannot be judged in this window: its view is ``None`` and the
-verdict's outcome is ``overflow``.
+Text both runs of a pair show word for word (a harness's system prompt and instance template, the task) is quoted
+once, in a block common to both runs (:mod:`kvjudge.judge.prompt`), and each view shows ``[common text N]`` in
+its place: the tokens saved go to what differs. A pair fits when framing + common block + both views + the answer
+fit the window: then both are read whole. When they do not, the block keeps only the shared pieces that are
+decisive evidence (the task: :mod:`kvjudge.retention.worth`) — the rest, cut first anyway, is cut in each view to
+its marker — and the room left beside the block is shared fairly: a view under half of it keeps its whole text
+and the other gets the rest; otherwise each gets half. A run whose view is over its allowance is shown as a
+*further-reduced view*: the retention's own pure :func:`~kvjudge.retention.reduce.plan_reduction` derives it on
+the fly (same deterministic extracts, same loss order, so the run's decisive evidence is cut last), and nothing
+is stored. If even the skeleton (every transition, no text) does not fit, the run cannot be judged in this
+window: its view is ``None`` and the verdict's outcome is ``overflow``.
+
+Every packed view also says how much of its run's decisive evidence it shows
+(:mod:`kvjudge.retention.evidence`: the share of the final submission, whether the last test outcome is there),
+beside the same figures for the run's full view.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from kvjudge.errors import UsageError
-from kvjudge.judge.render import TextOf, body_resolver, elided_resolver, render_view
-from kvjudge.retention.reduce import plan_reduction
+from kvjudge.judge.prompt import common_reference, common_segments
+from kvjudge.judge.render import (
+    BodyResolver,
+    TextOf,
+    body_resolver,
+    elided_resolver,
+    escape,
+    quoting_resolver,
+    recording_resolver,
+    render_view,
+)
+from kvjudge.retention.evidence import EvidenceLines, Visibility, evidence_lines, find_evidence, readable, visibility
+from kvjudge.retention.reduce import plan_reduction, view_refs
+from kvjudge.retention.worth import FINAL_MESSAGE, body_worth
 
 # The answer is one label token.
 ANSWER_TOKENS = 1
 # Bisection rounds for the further-reduced view's body target (each: one plan, one render, one count).
 _FURTHER_ROUNDS = 8
+# A body both runs show goes to the common block only from this many characters on: below it, the reference
+# and the piece's heading would save little or nothing.
+COMMON_MIN_CHARS = 120
 
 CountFn = Callable[[str], int]
 
@@ -36,7 +59,8 @@ class RunTokens:
     ``full``: the run with every original body (None when some originals are gone);
     ``reduced``: the run as the store holds it (or as reduced for a still-grades check; None when the
     backend failed before counting);
-    ``view``: what the judge read (None on overflow); ``further_reduced``: the view was cut further to fit.
+    ``view``: what the judge read of the run itself (None on overflow; the common block is counted apart);
+    ``further_reduced``: the view was cut further to fit.
     """
 
     full: int | None
@@ -47,12 +71,20 @@ class RunTokens:
 
 @dataclass(frozen=True)
 class PackedView:
-    """One run's view for the judge; ``text`` is None when even its skeleton exceeds the allowance."""
+    """One run's view for the judge; ``text`` is None when even its skeleton exceeds the allowance.
+
+    ``common`` is the block of text both runs of the pair share (its inner text; empty when there is none),
+    ``evidence`` how much of the run's decisive evidence the judge reads (view and common block together),
+    ``evidence_full`` the same for the run's full view."""
 
     run_id: str
     text: str | None
     tokens: RunTokens
     notes: tuple[str, ...] = ()
+    common: str = ""
+    common_tokens: int = 0
+    evidence: Visibility | None = None
+    evidence_full: Visibility | None = None
 
     @property
     def sha256(self) -> str | None:
@@ -62,7 +94,13 @@ class PackedView:
 
 @dataclass(frozen=True)
 class BaseView:
-    """One run's view before it is fitted to a window: the text and the state it was rendered from."""
+    """One run's view before it is fitted to a window: the text, the state it was rendered from and how.
+
+    ``resolver`` reads the bodies ``text`` shows and ``render_full`` says whether dead branches were shown step
+    by step; ``shown`` maps each body the view shows with its text (shown ref → text, in reading order).
+    ``ranks`` the worth rank of each body the view shows (:mod:`kvjudge.retention.worth`).
+    ``references`` (shown ref → ``[common text N]``) are the bodies a pair's common block quotes for this view,
+    ``quoted_tokens`` their references' tokens by view ref, ``common`` the block's text."""
 
     run_id: str
     state: Any
@@ -73,8 +111,24 @@ class BaseView:
     reduced_tokens: int
     show: dict[str, bool]
     notes: tuple[str, ...] = ()
+    resolver: BodyResolver | None = dataclasses.field(default=None, compare=False, repr=False)
+    render_full: bool = False
+    shown: Mapping[str, str] = dataclasses.field(default_factory=dict, compare=False, repr=False)
+    evidence: EvidenceLines | None = None
+    evidence_full: Visibility | None = None
+    ranks: Mapping[str, int] = dataclasses.field(default_factory=dict, compare=False, repr=False)
+    references: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    quoted_tokens: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    common: str = ""
+    common_tokens: int = 0
     # Fitted views by allowance: a run met in many pairs is fitted once per allowance (PackedView is frozen).
     fitted: dict[int, PackedView] = dataclasses.field(default_factory=dict, compare=False, repr=False)
+
+    def measure(self, text: str | None) -> Visibility | None:
+        """How much of the run's evidence ``text`` (with the common block) shows."""
+        if self.evidence is None:
+            return None
+        return visibility(self.evidence, f"{self.common}\n{text or ''}", escape)
 
 
 def _view_state(state: Any) -> Any:
@@ -84,13 +138,19 @@ def _view_state(state: Any) -> Any:
     return state if state.is_reducible else dataclasses.replace(state, state="graded")
 
 
-def _plan_view(state: Any, text_of: TextOf, count: CountFn, target: int,
-               counts: dict[str, int] | None) -> tuple[Any, TextOf]:
+def _plan_view(state: Any, text_of: TextOf, count: CountFn, target: int, counts: dict[str, int] | None,
+               quoted: Mapping[str, int] | None = None) -> tuple[Any, TextOf]:
     """The state and body reader of ``state`` reduced to ``target`` body tokens (nothing stored)."""
-    plan = plan_reduction(_view_state(state), text_of, count, max(1, target), counts=counts)
+    plan = plan_reduction(_view_state(state), text_of, count, max(1, target), counts=counts, quoted_elsewhere=quoted)
     if counts is not None:
         counts.update(plan.new_counts)
     return plan.state_after, (lambda ref, _plan=plan: _plan.text_of(ref, text_of))
+
+
+def _rendered(state: Any, resolver: BodyResolver, show: dict[str, bool], *,
+              full: bool = False) -> tuple[str, dict[str, str]]:
+    shown: dict[str, str] = {}
+    return render_view(state, recording_resolver(resolver, shown), full=full, **show), shown
 
 
 def base_view(store: Any, state: Any, count: CountFn, *, show_grades: bool = False, show_verifier: bool = False,
@@ -105,20 +165,26 @@ def base_view(store: Any, state: Any, count: CountFn, *, show_grades: bool = Fal
     show = {"show_grades": show_grades, "show_verifier": show_verifier}
     notes: list[str] = []
     text_of: TextOf = store.text
-    stored = render_view(state, body_resolver(state, text_of), **show)
+    stored_resolver = body_resolver(state, text_of)
+    stored, stored_shown = _rendered(state, stored_resolver, show)
     reduced_tokens = count(stored)
     if state.reduced:
         originals = body_resolver(state, text_of, originals=True)
-        full_text = render_view(state, originals, full=True, **show)
+        full_text, full_shown = _rendered(state, originals, show, full=True)
         complete = all(originals(ref).kind == "original" for ref in state.bodies
                        if state.bodies[ref].status in ("reduced", "dropped"))
         full_tokens = count(full_text) if complete else None
     else:
-        full_text, full_tokens = stored, reduced_tokens
+        full_text, full_tokens, originals, full_shown = stored, reduced_tokens, stored_resolver, stored_shown
+    found = find_evidence(state, text_of)
+    evidence = evidence_lines(found, text_of)
+    evidence_full = visibility(evidence, full_text, escape)
     base_state, base_text_of, base_text, base_tokens = state, text_of, stored, reduced_tokens
+    resolver, render_full, shown = stored_resolver, False, stored_shown
     if full:
         if full_tokens is not None:
             base_text, base_tokens = full_text, full_tokens
+            resolver, render_full, shown = originals, state.reduced, full_shown
             if state.reduced:
                 notes.append("full view from the original bodies the store can still read")
         else:
@@ -128,15 +194,20 @@ def base_view(store: Any, state: Any, count: CountFn, *, show_grades: bool = Fal
             raise UsageError(f"--reduce-to must be a positive number of tokens, got {reduce_to}")
         if base_tokens > reduce_to:
             base_state, base_text_of = _plan_view(state, text_of, count, reduce_to, {})
-            planned = render_view(base_state, body_resolver(base_state, base_text_of), **show)
+            planned_resolver = body_resolver(base_state, base_text_of)
+            planned, planned_shown = _rendered(base_state, planned_resolver, show)
             if planned != base_text:
                 base_text, base_tokens = planned, count(planned)
+                resolver, render_full, shown = planned_resolver, False, planned_shown
                 notes.append(f"reduced to a {reduce_to}-token target for this check (a view, not stored)")
             else:
                 notes.append(f"nothing left to reduce toward a {reduce_to}-token target: the view is unchanged")
         reduced_tokens = base_tokens
+    worth = body_worth(base_state, found, readable(base_state, base_text_of))
+    ranks = {ref: value.rank for ref, value in worth.items()}
     return BaseView(state.id, base_state, base_text_of, base_text, base_tokens, full_tokens, reduced_tokens, show,
-                    tuple(notes))
+                    tuple(notes), resolver=resolver, render_full=render_full, shown=shown, evidence=evidence,
+                    evidence_full=evidence_full, ranks=ranks)
 
 
 def fit_view(base: BaseView, count: CountFn, allowance: int) -> PackedView:
@@ -146,12 +217,18 @@ def fit_view(base: BaseView, count: CountFn, allowance: int) -> PackedView:
     return base.fitted[allowance]
 
 
+def _resolver_of(base: BaseView, state: Any, text_of: TextOf) -> BodyResolver:
+    resolver = body_resolver(state, text_of)
+    return quoting_resolver(resolver, base.references) if base.references else resolver
+
+
 def _fit_view(base: BaseView, count: CountFn, allowance: int) -> PackedView:
     notes = list(base.notes)
 
     def packed(text: str | None, view_tokens: int | None, further: bool) -> PackedView:
         return PackedView(base.run_id, text, RunTokens(full=base.full_tokens, reduced=base.reduced_tokens,
-                                                       view=view_tokens, further_reduced=further), tuple(notes))
+                                                       view=view_tokens, further_reduced=further), tuple(notes),
+                          base.common, base.common_tokens, base.measure(text), base.evidence_full)
 
     if base.tokens <= allowance:
         return packed(base.text, base.tokens, False)
@@ -160,17 +237,19 @@ def _fit_view(base: BaseView, count: CountFn, allowance: int) -> PackedView:
     if skeleton_tokens > allowance:
         notes.append(f"even the skeleton takes {skeleton_tokens} tokens, over the {allowance}-token allowance")
         return packed(None, None, True)
-    # Largest body target whose rendered view fits: bisect on the target (summaries carry markers and the
+    # Largest body target whose rendered view fits: bisect on the target (extracts carry markers and the
     # view carries step headers, so the body count alone does not tell).
     counts: dict[str, int] = {}
+    visible = set(view_refs(base.state))
+    quoted = {ref: tokens for ref, tokens in base.quoted_tokens.items() if ref in visible}
     low, high = 0, base.tokens
     best: tuple[str, int] | None = None
     target = max(1, allowance - skeleton_tokens)
     for _ in range(_FURTHER_ROUNDS):
         if target <= low or target >= high:
             break
-        view_state, view_text_of = _plan_view(base.state, base.text_of, count, target, counts)
-        text = render_view(view_state, body_resolver(view_state, view_text_of), **base.show)
+        view_state, view_text_of = _plan_view(base.state, base.text_of, count, target, counts, quoted)
+        text = render_view(view_state, _resolver_of(base, view_state, view_text_of), **base.show)
         tokens = count(text)
         if tokens <= allowance:
             low, best = target, (text, tokens) if best is None or tokens > best[1] else best
@@ -183,6 +262,95 @@ def _fit_view(base: BaseView, count: CountFn, allowance: int) -> PackedView:
         return packed(best[0], best[1], True)
     notes.append(f"only the skeleton fits the {allowance}-token allowance: all text elided")
     return packed(skeleton, skeleton_tokens, True)
+
+
+# ------------------------------------------------------------------------------------ the common block
+@dataclass(frozen=True)
+class CommonBlock:
+    """Bodies both runs of a pair show, quoted once: ``text`` (escaped, the pieces under their headings),
+    ``tokens`` (its segments in the prompt, delimiters included) and ``references`` (shown ref → reference)."""
+
+    text: str
+    tokens: int
+    references: Mapping[str, str]
+
+
+def common_block(base_a: BaseView, base_b: BaseView, count: CountFn, *,
+                 decisive_only: bool = False) -> CommonBlock | None:
+    """The block of text both views show word for word (None when they share nothing worth quoting once).
+
+    Pieces are the bodies both views show (the same ref: the same bytes) of at least :data:`COMMON_MIN_CHARS`
+    characters — with ``decisive_only``, only those both rank as decisive evidence — numbered by the sum of
+    their first places in the two views, so both orders get the same block.
+    """
+    places_a = {ref: place for place, ref in enumerate(base_a.shown)}
+    places_b = {ref: place for place, ref in enumerate(base_b.shown)}
+
+    def quoted(ref: str) -> bool:
+        if len(base_a.shown[ref]) < COMMON_MIN_CHARS:
+            return False
+        return not decisive_only or min(base_a.ranks.get(ref, -1), base_b.ranks.get(ref, -1)) >= FINAL_MESSAGE
+
+    shared = sorted((places_a[ref] + places_b[ref], ref) for ref in places_a.keys() & places_b.keys() if quoted(ref))
+    if not shared:
+        return None
+    references = {ref: common_reference(number) for number, (_, ref) in enumerate(shared, start=1)}
+    text = "\n".join(f"{references[ref]}\n{escape(base_a.shown[ref])}" for _, ref in shared)
+    return CommonBlock(text, sum(count(segment) for segment in common_segments(text)), references)
+
+
+def with_common(base: BaseView, block: CommonBlock, count: CountFn) -> BaseView:
+    """``base`` as it reads beside the other run of its pair: the block's bodies as their references."""
+    assert base.resolver is not None, "a base view from base_view() knows its resolver"
+    text = render_view(base.state, quoting_resolver(base.resolver, block.references), full=base.render_full,
+                       **base.show)
+    # The state's own view refs whose text is quoted (a summary is quoted under its own ref).
+    quoted = {ref: count(block.references[ref]) for ref in set(view_refs(base.state)) if ref in block.references}
+    return dataclasses.replace(base, text=text, tokens=count(text), references=block.references,
+                               quoted_tokens=quoted, common=block.text, common_tokens=block.tokens, fitted={})
+
+
+PairCache = dict[tuple[int, tuple[tuple[str, str], ...]], BaseView]
+
+
+@dataclass(frozen=True)
+class PairBases:
+    """Two runs' views prepared for one prompt, with the block of text both share (``a``, ``b``, ``block``; no
+    block: the views as they are). ``plain`` are the views without any block, ``cache`` keeps each run's view
+    per block across pairs."""
+
+    a: BaseView
+    b: BaseView
+    block: CommonBlock | None
+    plain: tuple[BaseView, BaseView]
+    cache: PairCache = dataclasses.field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def tokens(self) -> int:
+        """Tokens of both views and the common block: what the pair needs beside the framing."""
+        return self.a.tokens + self.b.tokens + (self.block.tokens if self.block else 0)
+
+    def tight(self, count: CountFn) -> PairBases:
+        """The pair as it is read when it must be cut: the block quotes only shared decisive evidence."""
+        if self.block is None:
+            return self
+        return pair_bases(*self.plain, count, self.cache, decisive_only=True)
+
+
+def pair_bases(base_a: BaseView, base_b: BaseView, count: CountFn, cache: PairCache | None = None, *,
+               decisive_only: bool = False) -> PairBases:
+    """The pair's views with the block of text both share (see :func:`common_block`)."""
+    cache = {} if cache is None else cache
+    block = common_block(base_a, base_b, count, decisive_only=decisive_only)
+    if block is None:
+        return PairBases(base_a, base_b, None, (base_a, base_b), cache)
+    views = []
+    for base in (base_a, base_b):
+        key = (id(base), tuple(sorted(block.references.items())))
+        if key not in cache:
+            cache[key] = with_common(base, block, count)
+        views.append(cache[key])
+    return PairBases(views[0], views[1], block, (base_a, base_b), cache)
 
 
 def allowances(tokens_a: int, tokens_b: int, room: int) -> tuple[int, int]:
@@ -198,13 +366,22 @@ def allowances(tokens_a: int, tokens_b: int, room: int) -> tuple[int, int]:
     return half, room - half
 
 
-def pack_pair(base_a: BaseView, base_b: BaseView, count: CountFn, room: int) -> tuple[PackedView, PackedView]:
-    """Fit two views into ``room`` tokens (the window less the framing and the answer)."""
+def pack_pair(base_a: BaseView, base_b: BaseView, count: CountFn, room: int,
+              pair: PairBases | None = None) -> tuple[PackedView, PackedView]:
+    """Fit two views into ``room`` tokens (the window less the framing and the answer), quoting what both show
+    once (``pair``: :func:`pair_bases` of the two, when already made)."""
     if room <= 0:
         raise UsageError(f"the window leaves no room for the runs after the framing ({room} tokens); "
                          f"use a larger --n-ctx")
-    allow_a, allow_b = allowances(base_a.tokens, base_b.tokens, room)
-    return fit_view(base_a, count, allow_a), fit_view(base_b, count, allow_b)
+    pair = pair or pair_bases(base_a, base_b, count)
+    if pair.tokens > room:
+        pair = pair.tight(count)
+    if pair.block is not None and pair.block.tokens <= room // 2:
+        view_a, view_b, room = pair.a, pair.b, room - pair.block.tokens
+    else:
+        view_a, view_b = pair.plain
+    allow_a, allow_b = allowances(view_a.tokens, view_b.tokens, room)
+    return fit_view(view_a, count, allow_a), fit_view(view_b, count, allow_b)
 
 
 def pack_run(store: Any, state: Any, count: CountFn, allowance: int, *, show_grades: bool = False,

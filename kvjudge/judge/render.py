@@ -23,7 +23,7 @@ from kvjudge.display import invisible_class
 from kvjudge.retention.reduce import resolve as seen_ref
 
 # Markers the judge sees in place of text that is not there (visible elision, never silent). An extract
-# carries its own marker from kvjudge.retention.extract: "[… N tokens elided from sha256:… …]".
+# carries its own marker from kvjudge.retention.extract: "[212 lines cut]".
 DROPPED_MARKER = "[text dropped by retention]"
 MISSING_MARKER = "[text unavailable]"
 ELIDED_MARKER = "[text elided]"
@@ -51,13 +51,17 @@ def escape(text: str) -> str:
 
 @dataclass(frozen=True)
 class Body:
-    """One body as a view shows it. ``kind``: original | summary | dropped | missing | elided."""
+    """One body as a view shows it. ``kind``: original | summary | common | dropped | missing | elided.
+
+    ``ref`` is the ref whose text is shown (the original, or the summary standing in for it); a ``common`` body
+    shows the reference to a block of text both runs of a pair share (see :func:`quoting_resolver`)."""
 
     text: str | None
     kind: str
+    ref: str | None = None
 
     def shown(self) -> str:
-        if self.kind in ("original", "summary"):
+        if self.kind in ("original", "summary", "common"):
             return self.text or ""
         return {"dropped": DROPPED_MARKER, "elided": ELIDED_MARKER}.get(self.kind, MISSING_MARKER)
 
@@ -81,17 +85,40 @@ def body_resolver(state: Any, text_of: TextOf, *, originals: bool = False) -> Bo
             status = getattr(location, "status", "local")
             if originals or status not in ("reduced", "dropped"):
                 text = text_of(ref)
-                memo[ref] = Body(text, "original") if text is not None else Body(None, "missing")
+                memo[ref] = Body(text, "original", ref) if text is not None else Body(None, "missing")
             else:
                 target = seen_ref(state, ref)
                 text = text_of(target) if target is not None else None
                 if text is not None:
-                    memo[ref] = Body(text, "summary")
+                    memo[ref] = Body(text, "summary", target)
                 else:
                     memo[ref] = Body(None, "dropped" if target is None else "missing")
         return memo[ref]
 
     return resolve
+
+
+def quoting_resolver(resolve: BodyResolver, references: Mapping[str, str]) -> BodyResolver:
+    """``resolve``, except that a body whose shown ref is in ``references`` reads as its reference: the text is
+    quoted once in a block common to both runs of a pair (``references``: shown ref → ``[common text N]``)."""
+    def read(ref: str) -> Body:
+        body = resolve(ref)
+        if body.ref is not None and body.ref in references:
+            return Body(references[body.ref], "common", body.ref)
+        return body
+
+    return read
+
+
+def recording_resolver(resolve: BodyResolver, shown: dict[str, str]) -> BodyResolver:
+    """``resolve``, noting in ``shown`` (shown ref → text, in reading order) every body with text it reads."""
+    def read(ref: str) -> Body:
+        body = resolve(ref)
+        if body.ref is not None and body.text is not None and body.kind != "common":
+            shown.setdefault(body.ref, body.text)
+        return body
+
+    return read
 
 
 def elided_resolver(_ref: str) -> Body:

@@ -8,10 +8,12 @@ full runs uncut and the reduced views really differ from them, so a pair is *com
 - the full side was not cut to fit its window (else it is ``full_cut``: reported, kept out), and
 - at least one of its two views differs between the sides (else the same text was read twice).
 
-For one pair: the tokens of each view on each side, whether the winner held, Δp_a. For a batch:
-agreement, flips (a winner turned into the other), lost decisions (a winner turned into no preference: what a
-capable judge does when reduction hid what it decided on), Cohen's κ and Δp_a over the compared pairs; coverage
-and position consistency per side.
+For one pair: the tokens of each view on each side, whether the winner held, Δp_a, and for each run how much of
+its decisive evidence each side's view shows (:mod:`kvjudge.judge.evidence`): a reduced view that shows less
+than the full one is flagged, whatever the verdicts did. For a batch: agreement, flips (a winner turned into the
+other), lost decisions (a winner turned into no preference: what a capable judge does when reduction hid what it
+decided on), Cohen's κ and Δp_a over the compared pairs; coverage and position consistency per side; evidence
+figures per side and the flagged pairs.
 """
 
 from __future__ import annotations
@@ -22,7 +24,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvjudge.errors import UsageError
+from kvjudge.judge.evidence import RunEvidence, batch, compared
 from kvjudge.judge.verdict import SCORED, Verdict
+
+SIDES = ("full", "reduced")
 
 # The categories κ is computed over: the outcomes that carry a score.
 CATEGORIES: tuple[str, ...] = ("a", "b", "tie", "inconsistent")
@@ -83,11 +88,34 @@ class StillGrades:
         assert self.full.p_a is not None and self.reduced.p_a is not None
         return self.reduced.p_a - self.full.p_a
 
+    def run_evidence(self) -> dict[str, RunEvidence]:
+        """Each run's evidence as the full side's view showed it and as the reduced side's view showed it."""
+        def judged(verdict: Verdict, side: str) -> Any:
+            found = verdict.evidence.get(side)
+            return None if found is None else found.view
+
+        return {side: RunEvidence(judged(self.full, side), judged(self.reduced, side)) for side in ("a", "b")}
+
+    @property
+    def evidence_hidden(self) -> bool:
+        """The reduced view of a run shows less of its decisive evidence than its full view (the judge's skill
+        plays no part)."""
+        return any(e.hidden for e in self.run_evidence().values())
+
+    def evidence(self) -> dict[str, dict[str, Any]]:
+        """``{"a": {"full", "reduced", "hidden"}, "b": …}``: each run's evidence figures on both sides."""
+        return {side: compared(e.full, e.view, SIDES) for side, e in self.run_evidence().items()}
+
     def to_json(self) -> dict[str, Any]:
         return {"a": self.full.a, "b": self.full.b, "full": self.full.to_json(), "reduced": self.reduced.to_json(),
-                "held": self.held, "flipped": self.flipped, "lost": self.lost, "delta_p_a": self.delta_p_a,
-                "full_cut": self.full_cut, "views_differ": self.views_differ, "compared": self.compared,
-                "view_tokens": self.view_tokens()}
+                **self.comparison()}
+
+    def comparison(self) -> dict[str, Any]:
+        """What comparing the two sides says (the fields beside the two verdicts in :meth:`to_json`)."""
+        return {"held": self.held, "flipped": self.flipped, "lost": self.lost, "delta_p_a": self.delta_p_a,
+                "full_cut": self.full_cut,
+                "views_differ": self.views_differ, "compared": self.compared, "view_tokens": self.view_tokens(),
+                "evidence": self.evidence(), "evidence_hidden": self.evidence_hidden}
 
 
 def cohen_kappa(first: Sequence[str], second: Sequence[str], categories: Sequence[str] = CATEGORIES) -> float | None:
@@ -150,6 +178,7 @@ def still_grades_summary(results: Sequence[StillGrades]) -> dict[str, Any]:
         "coverage": {"full": full["coverage"], "reduced": reduced["coverage"]},
         "position_consistency": {"full": full["position_consistency"], "reduced": reduced["position_consistency"]},
         "outcomes": {"full": full["outcomes"], "reduced": reduced["outcomes"]},
+        "evidence": batch([(r.full.a, r.full.b, list(r.run_evidence().values())) for r in results], SIDES),
     }
 
 

@@ -21,7 +21,19 @@ from typing import Any
 
 from kvjudge.errors import JudgeError, UsageError
 from kvjudge.judge.backends import Backend, LabelScore, PromptOverflow
-from kvjudge.judge.pack import ANSWER_TOKENS, BaseView, PackedView, RunTokens, base_view, fit_view, pack_pair
+from kvjudge.judge.evidence import RunEvidence
+from kvjudge.judge.pack import (
+    ANSWER_TOKENS,
+    BaseView,
+    PackedView,
+    PairBases,
+    PairCache,
+    RunTokens,
+    base_view,
+    fit_view,
+    pack_pair,
+    pair_bases,
+)
 from kvjudge.judge.prompt import TEMPLATE_VERSION, Framing
 from kvjudge.judge.window import Window, WindowPlanner
 
@@ -78,6 +90,8 @@ class Verdict:
     notes: tuple[str, ...] = ()
     orders: tuple[OrderScore, ...] = field(default=(), repr=False)
     view_sha256: dict[str, str | None] = field(default_factory=dict)  # what each run's view was, by hash
+    evidence: dict[str, RunEvidence] = field(default_factory=dict)  # each run's evidence, full view and judged
+    common_tokens: int = 0  # the block of text both runs share, quoted once (0: none)
 
     @property
     def scored(self) -> bool:
@@ -92,6 +106,11 @@ class Verdict:
             return None
         return (ab > 0.5) == (ba > 0.5) or ab == ba
 
+    @property
+    def evidence_hidden(self) -> bool:
+        """A run's judged view shows less of its decisive evidence than its full view."""
+        return any(e.hidden for e in self.evidence.values())
+
     def to_json(self) -> dict[str, Any]:
         """The CLI contract's object for one pair."""
         return {
@@ -102,11 +121,15 @@ class Verdict:
             "tokens_saved": self.tokens_saved, "error": self.error, "notes": list(self.notes),
             "label_mass": {o.order: o.label_mass for o in self.orders}, "view_sha256": self.view_sha256,
             "answered_by": {o.order: o.server for o in self.orders if o.server},
+            "common_tokens": self.common_tokens,
+            "evidence": {run: e.to_json() for run, e in self.evidence.items()},
+            "evidence_hidden": self.evidence_hidden,
         }
 
 
-def judgment_key(manifest: dict[str, Any], view_first: str, view_second: str) -> str:
-    """Cache key of one order's call: sha256 of (model, backend settings, framing, what is held out, both views).
+def judgment_key(manifest: dict[str, Any], view_first: str, view_second: str, common: str = "") -> str:
+    """Cache key of one order's call: sha256 of (model, backend settings, framing, what is held out, both views
+    and the block of text common to both).
 
     n_ctx is not in it: the window decides what fits, not what the model computes for the same tokens.
     """
@@ -114,7 +137,7 @@ def judgment_key(manifest: dict[str, Any], view_first: str, view_second: str) ->
                                              "server", "top_logprobs", "template", "chat_template_sha256",
                                              "show_verifier", "show_grades")}
     blob = json.dumps({"settings": settings, "template_version": TEMPLATE_VERSION, "first": view_first,
-                       "second": view_second}, sort_keys=True, ensure_ascii=False)
+                       "second": view_second, "common": common}, sort_keys=True, ensure_ascii=False)
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()
 
 
@@ -190,7 +213,11 @@ class Judge:
         """Tokens both views may take together in the current window."""
         if self.backend.n_ctx is None:
             raise JudgeError("the judge backend has no window yet; judge through Judge.judge_pairs")
-        return self.backend.n_ctx - self.framing_tokens - ANSWER_TOKENS - getattr(self.backend, "slack_tokens", 0)
+        return self.room_at(self.backend.n_ctx)
+
+    def room_at(self, n_ctx: int) -> int:
+        """Tokens both views (and the block common to both) may take together in a window of ``n_ctx``."""
+        return n_ctx - self.framing_tokens - ANSWER_TOKENS - getattr(self.backend, "slack_tokens", 0)
 
     @property
     def allowance(self) -> int:
@@ -206,13 +233,22 @@ class Judge:
         return base_view(store, store.run(run_id), self.backend.count, show_grades=self.show_grades,
                          show_verifier=self.show_verifier, reduce_to=reduce_to, full=full)
 
-    def pack(self, store: Any, run_id: str, *, reduce_to: int | None = None, full: bool = False) -> PackedView:
-        """The view of one run as it would be read beside a run as long as itself (half the room)."""
-        return fit_view(self.base(store, run_id, reduce_to=reduce_to, full=full), self.backend.count, self.allowance)
+    def pack(self, store: Any, run_id: str, *, reduce_to: int | None = None, full: bool = False,
+             allowance: int | None = None) -> PackedView:
+        """The view of one run as it would be read beside a run as long as itself (half the room), or within
+        ``allowance`` tokens."""
+        return fit_view(self.base(store, run_id, reduce_to=reduce_to, full=full), self.backend.count,
+                        self.allowance if allowance is None else allowance)
+
+    def pack_pair(self, store: Any, a: str, b: str, n_ctx: int) -> tuple[PackedView, PackedView]:
+        """The two views of a pair as a window of ``n_ctx`` gets them (what :meth:`judge_pairs` sends)."""
+        count = self.backend.count
+        pair = pair_bases(self.base(store, a), self.base(store, b), count)
+        return pack_pair(pair.a, pair.b, count, self.room_at(n_ctx), pair)
 
     def needed_tokens(self, base_a: BaseView, base_b: BaseView) -> int:
-        """Prompt tokens of the pair read whole (framing + both views)."""
-        return self.framing_tokens + base_a.tokens + base_b.tokens
+        """Prompt tokens of the pair read whole (framing + the block common to both + both views)."""
+        return self.framing_tokens + pair_bases(base_a, base_b, self.backend.count).tokens
 
     def _open_window(self, needed: int, bound: str) -> None:
         planner = self.planner
@@ -247,7 +283,8 @@ class Judge:
         (:meth:`order_prompts`) and decides with :meth:`conclude`."""
         started = time.perf_counter()
         bases: dict[tuple[str, int | None, bool], BaseView] = {}
-        prepared: list[tuple[str, str, BaseView, BaseView] | Verdict] = []
+        paired: PairCache = {}
+        prepared: list[PairBases | Verdict] = []
         for a, b in pairs:
             target = reduce_to.get((a, b)) if isinstance(reduce_to, Mapping) else reduce_to
             try:
@@ -257,10 +294,10 @@ class Judge:
                     if key not in bases:
                         bases[key] = self.base(store, run_id, reduce_to=target, full=full)
                     views.append(bases[key])
-                prepared.append((a, b, views[0], views[1]))
+                prepared.append(pair_bases(views[0], views[1], self.backend.count, paired))
             except JudgeError as exc:  # the backend failed while counting tokens: an outcome, not a crash
                 prepared.append(self._error(a, b, str(exc), started))
-        needed = [self.needed_tokens(p[2], p[3]) for p in prepared if not isinstance(p, Verdict)]
+        needed = [self.framing_tokens + p.tokens for p in prepared if not isinstance(p, Verdict)]
         if needed:
             self._open_window(max(needed), bound)
         packed: list[PackedPair | Verdict] = []
@@ -270,7 +307,7 @@ class Judge:
                 continue
             # A verdict's seconds are its own packing and calls, not the window's certification.
             started = time.perf_counter()
-            view_a, view_b = pack_pair(item[2], item[3], self.backend.count, self.room)
+            view_a, view_b = pack_pair(item.a, item.b, self.backend.count, self.room, item)
             packed.append(PackedPair(view_a, view_b, started, time.perf_counter() - started))
         return packed
 
@@ -290,11 +327,12 @@ class Judge:
         """The two orders' prompts for two views that fit (a batch path sends these itself)."""
         manifest = self.manifest()
         prompts = []
+        common = view_a.common  # the same block in both orders (both views carry it)
         for order in ORDERS:
             first, second = (view_a.text, view_b.text) if order == "ab" else (view_b.text, view_a.text)
             assert first is not None and second is not None
-            prompts.append(OrderPrompt(order, self.framing.segments(first, second), self.framing.shared,
-                                       judgment_key(manifest, first, second)))
+            prompts.append(OrderPrompt(order, self.framing.segments(first, second, common), self.framing.shared,
+                                       judgment_key(manifest, first, second, common)))
         return prompts
 
     def judge_views(self, store: Any, view_a: PackedView, view_b: PackedView, *, started: float | None = None,
@@ -329,6 +367,7 @@ class Judge:
         further = view_a.tokens.further_reduced or view_b.tokens.further_reduced
         notes = tuple(f"{v.run_id}: {n}" for v in (view_a, view_b) for n in v.notes)
         hashes = {"a": view_a.sha256, "b": view_b.sha256}
+        evidence = {side: RunEvidence(v.evidence_full, v.evidence) for side, v in (("a", view_a), ("b", view_b))}
         ordered = tuple(sorted(orders, key=lambda o: ORDERS.index(o.order)))
 
         def finish(outcome: str, p_a: float | None, by_order: dict[str, float | None], *,
@@ -338,7 +377,8 @@ class Judge:
                            seconds=time.perf_counter() - started if seconds is None else seconds,
                            manifest=manifest, margin=self.margin, cached=bool(ordered) and all(o.cached for o in ordered),
                            tokens_saved=sum(o.reused_tokens for o in ordered if not o.cached), error=error,
-                           notes=notes, orders=ordered, view_sha256=hashes)
+                           notes=notes, orders=ordered, view_sha256=hashes, evidence=evidence,
+                           common_tokens=view_a.common_tokens)
 
         if view_a.text is None or view_b.text is None:
             over = [v.run_id for v in (view_a, view_b) if v.text is None]

@@ -5,6 +5,7 @@ Public API (see docs/contracts.md, "retention → tiering, judge, demo")::
     from kvjudge.retention import Store, fold, RunState, plan_reduction, apply_plan, verify
     from kvjudge.retention import ingest_paths, IngestReport          # getting runs in (or store.ingest)
     from kvjudge.retention import attach_grades, GradeReport          # grades that arrive after the import
+    from kvjudge.retention import find_evidence, measure              # a run's decisive evidence, and a view's share
     from kvjudge.retention import open_cold_store, tier_run, rehydrate_run   # tiering (kvjudge.retention.tiering)
 """
 
@@ -28,7 +29,8 @@ from kvjudge.retention.events import (
     VerifierRecorded,
     canonical_json,
 )
-from kvjudge.retention.extract import head_tail_extract
+from kvjudge.retention.evidence import Evidence, Visibility, find_evidence, measure
+from kvjudge.retention.extract import diff_extract, head_tail_extract
 from kvjudge.retention.faults import fault_point
 from kvjudge.retention.ingest import IngestReport, ingest_paths
 from kvjudge.retention.late_grades import GradeReport, attach_grades
@@ -74,7 +76,8 @@ __all__ = [
     "EVENT_TYPES", "STATES", "BlobStore", "BodyLocation", "Branch", "BranchOpened", "BranchReduced", "Dropped",
     "Event", "Explanation", "GradeRecorded", "GradeReport", "attach_grades", "Reduced", "Rehydrated", "RunStarted", "RunState", "StateChanged",
     "Store", "TextError", "TextRepaired", "TierStarted", "Tiered", "Transition", "TransitionRecorded",
-    "VerifierRecorded", "canonical_json", "IngestReport", "fault_point", "fold", "fold_onto", "head_tail_extract",
+    "VerifierRecorded", "canonical_json", "Evidence", "IngestReport", "Visibility", "diff_extract", "fault_point",
+    "find_evidence", "fold", "fold_onto", "head_tail_extract", "measure",
     "ingest_paths", "is_reducible", "parse_checked", "ref_of",
     "ReductionPlan", "ReductionResult", "RunInColdStorage", "StalePlan", "Violation", "VerifyReport", "apply_plan",
     "plan_reduction", "reduce_run", "run_tokens", "verify", "view_refs",

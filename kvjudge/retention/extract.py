@@ -1,27 +1,42 @@
-"""Head-and-tail extracts: the start and the end of a text, verbatim, around a marker for the gap.
+"""Extracts: parts of a text kept verbatim, with a short marker where the rest was cut.
 
-Nothing here reads or rewrites the text: no model is called, no sentence is composed, so the same
-bytes in give the same bytes out, and a crashed reduction that runs again writes the same extract under
-the same ref. In the log the extract is the run's *summary blob* (``Reduced{original, summary}``, the
-seed's words for the blob's role). The marker names what was cut and from where::
+Nothing here reads or rewrites the text: no model is called, no sentence is composed, and no tokenizer is
+asked (the caller passes the text's token count), so the same bytes in give the same bytes out, and a crashed
+reduction that runs again writes the same extract under the same ref. In the log the extract is the run's
+*summary blob* (``Reduced{original, summary}``, the seed's words for the blob's role); the ``Reduced`` event
+carries the original's full ref and its token counts, so the marker in the text only says what was cut, in a
+few tokens::
 
-    [… 1234 tokens elided from sha256:ab12cd34ef56… …]
+    [212 lines cut]            (the cut spans line ends)
+    [5234 characters cut]      (a cut inside one line)
+    [14 context lines cut]     (a diff that keeps its changed lines and lost unchanged ones)
 
-so a reader always sees that text is missing, how much, and which original it came from. The marker
-names the original by a 12-hex prefix (a full ref costs ~40 tokens in a judge's window); the
-``Reduced`` event in the log carries the full ref.
+Shapes: :func:`head_tail_extract` keeps the start and the end (``head_share`` of the kept text at the start:
+a half for a file dump, a quarter for a test log, whose outcome is at its end); :func:`diff_extract` keeps a
+unified diff's changed lines and headers before anything else.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from kvjudge.retention.evidence import diff_lines
 
-MARKER = "[… {elided} tokens elided from {source} …]"
+MARKER = "[{amount} cut]"
+# A kept piece that starts or ends inside a line and is shorter than this is left out: a few characters of a
+# line tell a reader nothing and cost tokens.
+MIN_FRAGMENT = 64
 
 
-def marker(elided: int, source: str) -> str:
-    """The gap marker (``source`` is a ref or a label such as ``dead branch 'attempt-1'``)."""
-    return MARKER.format(elided=elided, source=source)
+def marker(amount: str) -> str:
+    """The cut marker: ``amount`` says what was cut (``212 lines``)."""
+    return MARKER.format(amount=amount)
+
+
+def cut_marker(cut: str) -> str:
+    """The marker for the text ``cut``: its lines when it spans a line end, else its characters."""
+    if "\n" in cut:
+        lines = len(cut.splitlines())
+        return marker(f"{lines} line{'s' if lines != 1 else ''}")
+    return marker(f"{len(cut)} character{'s' if len(cut) != 1 else ''}")
 
 
 def _cut_head(text: str, chars: int) -> str:
@@ -41,20 +56,46 @@ def _cut_tail(text: str, chars: int) -> str:
     return tail[newline + 1:] if 0 <= newline <= chars * 0.25 else tail
 
 
-def head_tail_extract(text: str, ref: str, *, tokens: int, keep_tokens: int, count: Callable[[str], int]) -> str:
-    """Keep about ``keep_tokens`` tokens of ``text`` verbatim (half head, half tail) around an elision marker.
+def head_tail_extract(text: str, *, tokens: int, keep_tokens: int, head_share: float = 0.5) -> str:
+    """Keep about ``keep_tokens`` of ``text``'s ``tokens`` tokens verbatim — ``head_share`` of them at the start,
+    the rest at the end — around a marker for the cut (``keep_tokens`` 0: the marker alone).
 
-    ``tokens`` is ``count(text)`` (already known to the caller: a body is never counted twice); the
-    marker reports ``tokens - count(head) - count(tail)``. ``ref`` names the original in the marker
-    (a ref, its short form, or a label such as ``dead branch 'attempt-1'``).
-    Deterministic for a given ``count``.
+    Sizes are reckoned in characters at the text's own characters per token, so nothing is counted here.
+    Deterministic. The text is returned whole when nothing would be cut.
     """
     keep_tokens = max(0, min(keep_tokens, tokens))
-    chars_per_token = len(text) / tokens if tokens > 0 else 4.0
-    half = int(keep_tokens / 2 * chars_per_token)
-    head = _cut_head(text, half)
-    tail = _cut_tail(text[len(head):], half)
-    kept = (count(head) if head else 0) + (count(tail) if tail else 0)
-    elided = max(0, tokens - kept)
-    parts = [head.rstrip("\n"), marker(elided, ref), tail.lstrip("\n")]
+    chars = int(keep_tokens * len(text) / tokens) if tokens > 0 else 0
+    head = _cut_head(text, int(chars * head_share))
+    if len(head) < MIN_FRAGMENT and not head.endswith("\n") and "\n" in text:
+        head = ""
+    tail = _cut_tail(text[len(head):], chars - len(head))
+    start = len(text) - len(tail)
+    if len(tail) < MIN_FRAGMENT and start > 0 and text[start - 1] != "\n" and "\n" in text:
+        tail = ""
+    cut = text[len(head):len(text) - len(tail)]
+    if not cut:
+        return text
+    parts = [head.rstrip("\n"), cut_marker(cut), tail.lstrip("\n")]
     return "\n".join(part for part in parts if part)
+
+
+def diff_extract(text: str, *, tokens: int, keep_tokens: int) -> str:
+    """A unified diff within about ``keep_tokens``: its unchanged context lines go first (one marker at the top
+    says how many), then, if that is not enough, the middle of what is left (:func:`head_tail_extract`)."""
+    kept: list[str] = []
+    context = 0
+    for kind, line in diff_lines(text):
+        if kind == "context":
+            context += 1
+        else:
+            kept.append(line)
+    if context == 0:
+        return head_tail_extract(text, tokens=tokens, keep_tokens=keep_tokens)
+    slim = marker(f"{context} context lines") + "\n" + "".join(kept)
+    slim_tokens = max(1, round(tokens * len(slim) / max(1, len(text))))
+    if slim_tokens <= keep_tokens:
+        return slim
+    return head_tail_extract(slim, tokens=slim_tokens, keep_tokens=keep_tokens)
+
+
+__all__ = ["MARKER", "cut_marker", "diff_extract", "head_tail_extract", "marker"]

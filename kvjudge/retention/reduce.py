@@ -2,8 +2,11 @@
 
 Loss order, fixed (stop as soon as the run fits):
 
-1. blob bodies → summary blobs, each a head-and-tail extract (largest first: every body above a common cap is
-   cut to that cap);
+1. blob bodies → summary blobs, each an extract (:mod:`kvjudge.retention.extract`), in the order of their worth
+   (:mod:`kvjudge.retention.worth`): exploration output first, then a harness's prompts and earlier test logs,
+   then the agent's steps, and the run's decisive evidence (:mod:`kvjudge.retention.evidence`: final message,
+   task, last verification, final submission) last — earlier before later within each, the least cutting
+   that fits;
 2. dead-branch attempts → one summary blob (an extract of the branch's text) per dead branch (largest first);
 3. drop the text on dead branches (its raw bodies and its summary), largest first.
 
@@ -24,6 +27,7 @@ log does not explain.
 from __future__ import annotations
 
 import hashlib
+import math
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -33,35 +37,27 @@ from kvjudge.errors import ColdStoreError, IntegrityError, RunStateError, UsageE
 from kvjudge.retention import events as ev
 from kvjudge.retention.blobs import ref_of, short
 from kvjudge.retention.faults import fault_point
-from kvjudge.retention.extract import head_tail_extract
-from kvjudge.retention.state import DROPPED, LOCAL, REDUCED, TIERED, RunState, fold_onto
+from kvjudge.retention.evidence import find_evidence, is_patch
+from kvjudge.retention.extract import diff_extract, head_tail_extract
+from kvjudge.retention.state import DROPPED, LOCAL, REDUCED, TIERED, RunState, fold_onto, resolve
+from kvjudge.retention.worth import body_worth
 from kvjudge.tokens import TokenCounter
 
 TextOf = Callable[[str], "str | None"]
 CountFn = Callable[[str], int]
 
-# Bisection steps for the common cap; more than enough for any body under 2**40 tokens.
-_CAP_ROUNDS = 40
+# Plans of step 1 made for smaller budgets while real extracts overshoot the estimate, before cutting all.
+_ROUNDS = 8
+# The line breaks that join an extract's kept parts to its marker (beyond the marker alone).
+_JOIN_TOKENS = 2
+# Bodies up to this size stay in memory while a run is planned (commands and messages are read several times;
+# the large tool outputs are read again from the store rather than held).
+_KEPT_TEXT_CHARS = 16_384
 # A summary must save at least this many tokens to be worth a blob and an event.
 _MIN_SAVING = 8
 
 
 # ----------------------------------------------------------------------- the view
-def resolve(state: RunState, ref: str) -> str | None:
-    """The ref a reader sees for ``ref``: itself, its summary (following chains), or None when dropped."""
-    seen = set()
-    current: str | None = ref
-    while current is not None:
-        location = state.bodies.get(current)
-        if location is None or location.status not in (REDUCED, DROPPED):
-            return current
-        if location.status == DROPPED or current in seen:
-            return None
-        seen.add(current)
-        current = location.summary_ref
-    return None
-
-
 def branch_view(state: RunState, branch_index: int) -> list[str]:
     """Refs a reader sees for one branch (with repeats), in reading order."""
     branch = state.branches[branch_index]
@@ -131,24 +127,35 @@ class _Planner:
     """Working memory of one plan_reduction call."""
 
     def __init__(self, state: RunState, text_of: TextOf, count: CountFn, counter: str,
-                 counts: Mapping[str, int]) -> None:
+                 counts: Mapping[str, int], quoted: Mapping[str, int]) -> None:
         self.state = state
         self.base = state
         self.text_of_store = text_of
         self.count_fn = count
         self.counter = counter
-        self.counts: dict[str, int] = dict(counts)
+        self.counts: dict[str, int] = {**counts, **quoted}
+        self.quoted = frozenset(quoted)
         self.new_counts: dict[str, int] = {}
         self.blobs: dict[str, str] = {}
         self.events: list[ev.Event] = []
+        self.read_texts: dict[str, str | None] = {}  # bodies read once while planning (the small ones are kept)
 
     def text(self, ref: str) -> str:
-        if ref in self.blobs:
-            return self.blobs[ref]
-        text = self.text_of_store(ref)
+        text = self.read(ref)
         if text is None:
             raise IntegrityError(f"run {self.state.id}: the body of {short(ref)} is missing but the log says it "
                                  f"is {self.state.bodies[ref].status}; run `kvjudge verify`")
+        return text
+
+    def read(self, ref: str) -> str | None:
+        """A body's text, or None when it is not there (tool calls' commands are read several times: kept)."""
+        if ref in self.blobs:
+            return self.blobs[ref]
+        if ref in self.read_texts:
+            return self.read_texts[ref]
+        text = self.text_of_store(ref)
+        if text is None or len(text) <= _KEPT_TEXT_CHARS:
+            self.read_texts[ref] = text
         return text
 
     def count(self, ref: str) -> int:
@@ -176,11 +183,14 @@ class _Planner:
 
 
 def plan_reduction(state: RunState, text_of: TextOf, count: TokenCounter | CountFn, target_tokens: int, *,
-                   counts: Mapping[str, int] | None = None, counter_name: str | None = None) -> ReductionPlan:
+                   counts: Mapping[str, int] | None = None, counter_name: str | None = None,
+                   quoted_elsewhere: Mapping[str, int] | None = None) -> ReductionPlan:
     """Plan the reduction of ``state`` to at most ``target_tokens`` tokens of visible text. Pure.
 
     ``text_of(ref)`` returns a body's text (or None); ``count`` is a TokenCounter or ``text → int``;
     ``counts`` are already-known counts by ref under this counter (so no body is counted twice).
+    ``quoted_elsewhere`` names refs the reader reads elsewhere (a judge's block of text common to both runs of a
+    pair), with the tokens of what stands in for them in the view: they are counted so and never cut.
     Refuses (RunStateError) a run whose grading has not terminated. ``plan.fits`` is False when even
     the last loss step cannot reach the target (the plan then goes as far as the loss order allows).
     """
@@ -194,7 +204,7 @@ def plan_reduction(state: RunState, text_of: TextOf, count: TokenCounter | Count
         name = counter_name or count.name
     else:
         count_fn, name = count, counter_name or "custom"
-    planner = _Planner(state, text_of, count_fn, name, counts or {})
+    planner = _Planner(state, text_of, count_fn, name, counts or {}, quoted_elsewhere or {})
     tokens_before = planner.tokens()
     steps = {"bodies_reduced": 0, "branches_reduced": 0, "dropped": 0}
     if tokens_before > target_tokens:
@@ -210,75 +220,163 @@ def plan_reduction(state: RunState, text_of: TextOf, count: TokenCounter | Count
         steps=steps)
 
 
-def _reduce_bodies(planner: _Planner, target: int) -> int:
-    """Step 1: cut every body above a common cap to that cap; the largest cap that fits wins."""
-    state = planner.state
-    view = Counter(view_refs(state))
-    candidates = sorted((ref for ref in view if state.bodies[ref].status == LOCAL),
-                        key=lambda ref: (-planner.count(ref), ref))
-    if not candidates:
-        return 0
-    probe_marker = head_tail_extract("x" * 64, short(candidates[0]), tokens=10**9, keep_tokens=0, count=lambda _t: 0)
-    marker_tokens = planner.count_text(probe_marker)
-    candidate_set = set(candidates)
-    fixed = sum(planner.count(ref) * n for ref, n in view.items() if ref not in candidate_set)
+@dataclass
+class _Cut:
+    """One body step 1 may cut: its tokens, how often a reader sees it, its extract shape and its weight in its
+    rank (earlier bodies keep a smaller share of the rank's cap)."""
 
-    def estimated(cap: int) -> int:
-        total = fixed
-        for ref in candidates:
-            tokens = planner.count(ref)
-            reduced = cap + marker_tokens
-            total += view[ref] * (reduced if tokens - reduced >= _MIN_SAVING else tokens)
+    ref: str
+    tokens: int
+    seen: int
+    shape: str
+    weight: float
+
+
+class _Step1:
+    """The bodies step 1 may cut, grouped by rank (lowest first), the extracts made of them and the arithmetic of
+    a cut setting.
+
+    A setting ``(level, cap)`` cuts every body in the groups before ``level`` to its marker, each body of group
+    ``level`` to ``floor(cap × weight)`` tokens (the latest body of a group has weight 1, the earliest 1/n), and
+    leaves the groups after it whole. A body is cut only when that saves at least ``_MIN_SAVING`` tokens.
+    """
+
+    def __init__(self, planner: _Planner) -> None:
+        self.planner = planner
+        state = planner.state
+        view = Counter(view_refs(state))
+        worth = body_worth(state, find_evidence(state, planner.read), planner.read)
+        cuttable = [ref for ref in view if state.bodies[ref].status == LOCAL and ref not in planner.quoted]
+        by_rank: dict[int, list[str]] = {}
+        for ref in cuttable:
+            by_rank.setdefault(worth[ref].rank, []).append(ref)
+        self.groups: list[list[_Cut]] = []
+        for rank in sorted(by_rank):
+            refs = sorted(by_rank[rank], key=lambda ref: worth[ref].order)
+            self.groups.append([_Cut(ref, planner.count(ref), view[ref], worth[ref].shape, (index + 1) / len(refs))
+                                for index, ref in enumerate(refs)])
+        cut_set = set(cuttable)
+        self.fixed = sum(planner.count(ref) * n for ref, n in view.items() if ref not in cut_set)
+        self.reading = {ref: index for index, ref in enumerate(view)}
+        self.made: dict[tuple[str, int], tuple[str, int]] = {}  # (ref, keep) → (extract, tokens): made once
+
+    def extract(self, cut: _Cut, keep: int) -> tuple[str, int]:
+        """The extract of ``cut`` keeping ``keep`` tokens, and its tokens (each counted once)."""
+        if (cut.ref, keep) not in self.made:
+            text = _extract(cut.shape, self.planner.text(cut.ref), cut.tokens, keep)
+            summary_ref = ref_of(text.encode("utf-8"))
+            if summary_ref not in self.planner.counts:
+                self.planner.counts[summary_ref] = self.planner.count_text(text)
+            self.made[(cut.ref, keep)] = (text, self.planner.counts[summary_ref])
+        return self.made[(cut.ref, keep)]
+
+    def reduced(self, cut: _Cut, keep: int) -> int | None:
+        """Tokens ``cut`` is expected to take kept to ``keep`` (exact for its marker alone); None: not worth it."""
+        if cut.tokens <= _MIN_SAVING:
+            return None  # no marker is that short
+        tokens = self.extract(cut, 0)[1] + (keep + _JOIN_TOKENS if keep else 0)
+        return tokens if cut.tokens - tokens >= _MIN_SAVING else None
+
+    def keeps(self, level: int, cap: int) -> dict[str, int]:
+        """Tokens each body keeps at ``(level, cap)`` (bodies left whole are not named)."""
+        keeps: dict[str, int] = {}
+        for index, group in enumerate(self.groups[:level + 1]):
+            for cut in group:
+                keep = 0 if index < level else int(cap * cut.weight)
+                if self.reduced(cut, keep) is not None:
+                    keeps[cut.ref] = keep
+        return keeps
+
+    def estimate(self, level: int, cap: int) -> int:
+        """Tokens a reader would see at ``(level, cap)``, each cut body counted as its keep plus its marker."""
+        total = self.fixed
+        for index, group in enumerate(self.groups):
+            for cut in group:
+                reduced = None if index > level else self.reduced(cut, 0 if index < level else int(cap * cut.weight))
+                total += cut.seen * (cut.tokens if reduced is None else reduced)
         return total
 
-    # Largest cap whose estimate fits (bisection), then tighten while real summaries overshoot.
-    low, high = 0, max(planner.count(ref) for ref in candidates)
-    for _ in range(_CAP_ROUNDS):
-        if low >= high:
+    def setting(self, budget: int) -> tuple[int, int]:
+        """The setting that cuts least while its estimate stays within ``budget`` (the last group at cap 0 when
+        none does)."""
+        for level, group in enumerate(self.groups):
+            if self.estimate(level, 0) > budget:
+                continue
+            low, high = 0, max(math.ceil(cut.tokens / cut.weight) for cut in group)
+            while low < high:
+                middle = (low + high + 1) // 2
+                if self.estimate(level, middle) <= budget:
+                    low = middle
+                else:
+                    high = middle - 1
+            return level, low
+        return len(self.groups) - 1, 0
+
+
+def _extract(shape: str, text: str, tokens: int, keep: int) -> str:
+    if shape == "tail":
+        return head_tail_extract(text, tokens=tokens, keep_tokens=keep, head_share=0.25)
+    if shape == "submission" and is_patch(text):
+        return diff_extract(text, tokens=tokens, keep_tokens=keep)
+    return head_tail_extract(text, tokens=tokens, keep_tokens=keep)
+
+
+def _reduce_bodies(planner: _Planner, target: int) -> int:
+    """Step 1: cut bodies to extracts in the order of their worth (:mod:`kvjudge.retention.worth`): the cheapest
+    to lose first, earlier before later, the run's decisive evidence last; the least cutting that fits wins."""
+    step = _Step1(planner)
+    if not step.groups:
+        return 0
+    shapes = {cut.ref: cut for group in step.groups for cut in group}
+
+    def after(cut: _Cut, keep: int | None) -> int:
+        """Tokens ``cut`` takes kept to ``keep`` (None, or an extract not worth it: the original's)."""
+        if keep is None:
+            return cut.tokens
+        tokens = step.extract(cut, keep)[1]
+        return tokens if cut.tokens - tokens >= _MIN_SAVING else cut.tokens
+
+    def total(keeps: dict[str, int]) -> int:
+        return step.fixed + sum(cut.seen * after(cut, keeps.get(ref)) for ref, cut in shapes.items())
+
+    def trimmed(level: int, keeps: dict[str, int], over: int) -> int:
+        """Take ``over`` tokens from the bodies of group ``level`` that keep text, earliest first (each recounted
+        alone); returns what is still over."""
+        for cut in step.groups[level]:
+            keep = keeps.get(cut.ref)
+            if over <= 0 or not keep:
+                continue
+            before = after(cut, keep)
+            keeps[cut.ref] = max(0, keep - -(-over // cut.seen) - _JOIN_TOKENS)
+            over -= cut.seen * (before - after(cut, keeps[cut.ref]))
+        return over
+
+    # The estimate counts each cut body as its keep plus its marker; real extracts differ a little. An overshoot
+    # is taken from the earliest bodies of the last group cut (a few extracts made again, not all); failing that,
+    # plan again for a budget smaller by the overshoot, until the extracts fit or everything is cut.
+    budget, deepest = target, (len(step.groups) - 1, 0)
+    for _ in range(_ROUNDS):
+        level, cap = step.setting(budget)
+        keeps = step.keeps(level, cap)
+        over = total(keeps) - target
+        if over <= 0 or trimmed(level, keeps, over) <= 0 or (level, cap) == deepest:
             break
-        middle = (low + high + 1) // 2
-        if estimated(middle) <= target:
-            low = middle
-        else:
-            high = middle - 1
-    cap = low
-    best: tuple[list[ev.Event], dict[str, str]] | None = None
-    while True:
-        events, blobs, total = _summaries_at(planner, candidates, view, fixed, cap, marker_tokens)
-        best = (events, blobs)
-        if total <= target or cap == 0:
-            break
-        cap = max(0, min(cap - 1, int(cap * target / total)))
-    events, blobs = best
-    planner.blobs.update(blobs)
+        budget -= max(1, over)
+    else:
+        keeps = step.keeps(*deepest)
+    events: list[ev.Event] = []
+    for ref, cut in sorted(shapes.items(), key=lambda item: step.reading[item[0]]):
+        keep = keeps.get(ref)
+        if keep is None or after(cut, keep) == cut.tokens:  # not worth an extract: keep the original
+            continue
+        text, tokens = step.extract(cut, keep)
+        summary_ref = ref_of(text.encode("utf-8"))
+        planner.blobs[summary_ref] = text
+        planner.new_counts[summary_ref] = tokens
+        events.append(ev.Reduced(run=planner.state.id, original=ref, summary=summary_ref, counter=planner.counter,
+                                 tokens_before=cut.tokens, tokens_after=tokens))
     planner.commit(events)
     return len(events)
-
-
-def _summaries_at(planner: _Planner, candidates: list[str], view: Counter, fixed: int, cap: int,
-                  marker_tokens: int) -> tuple[list[ev.Event], dict[str, str], int]:
-    events: list[ev.Event] = []
-    blobs: dict[str, str] = {}
-    total = fixed
-    for ref in candidates:
-        tokens = planner.count(ref)
-        if tokens - (cap + marker_tokens) < _MIN_SAVING:
-            total += view[ref] * tokens
-            continue
-        text = head_tail_extract(planner.text(ref), short(ref), tokens=tokens, keep_tokens=cap, count=planner.count_fn)
-        summary_ref = ref_of(text.encode("utf-8"))
-        after = planner.counts.get(summary_ref)
-        if after is None:
-            after = planner.count_text(text)
-        if after >= tokens:  # no saving: keep the original
-            total += view[ref] * tokens
-            continue
-        blobs[summary_ref] = text
-        planner.counts[summary_ref] = planner.new_counts[summary_ref] = after
-        events.append(ev.Reduced(run=planner.state.id, original=ref, summary=summary_ref, counter=planner.counter,
-                                 tokens_before=tokens, tokens_after=after))
-        total += view[ref] * after
-    return events, blobs, total
 
 
 def _dead_branches_by_size(planner: _Planner) -> list[int]:
@@ -303,8 +401,7 @@ def _extract_dead_branches(planner: _Planner, target: int) -> int:
         before = sum(planner.count(ref) for ref in refs)
         body = "\n".join(planner.text(ref) for ref in refs)
         keep = max(0, min(before // 4, target // (2 * max(1, len(state.branches)))))
-        label = f"dead branch {branch.id!r}"
-        text = head_tail_extract(body, label, tokens=before, keep_tokens=keep, count=planner.count_fn)
+        text = head_tail_extract(body, tokens=before, keep_tokens=keep)
         summary_ref, after = planner.add_blob(text)
         if after >= before:
             continue

@@ -144,6 +144,21 @@ class RunState:
         )
 
 
+def resolve(state: RunState, ref: str) -> str | None:
+    """The ref a reader sees for ``ref``: itself, its summary (following chains), or None when dropped."""
+    seen = set()
+    current: str | None = ref
+    while current is not None:
+        location = state.bodies.get(current)
+        if location is None or location.status not in (REDUCED, DROPPED):
+            return current
+        if location.status == DROPPED or current in seen:
+            return None
+        seen.add(current)
+        current = location.summary_ref
+    return None
+
+
 # Fields added to RunState after schema version 1, with their defaults. A field at its default is left out
 # of the canonical bytes, so a state folded by an older kvjudge (projections, manifests) keeps its bytes.
 _ADDED_FIELDS: dict[str, Any] = {"text_repairs": (), "agent": None, "metadata": None, "trial": None}

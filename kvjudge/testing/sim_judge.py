@@ -34,7 +34,10 @@ must be unique in the key; a line that is only ``+`` or ``-`` (a blank line adde
 left out of the evidence by :func:`changed_lines`.
 
 **The verdict.** The prompt quotes each run between ``<<<BEGIN RUN A>>>`` / ``<<<END RUN A>>>`` lines and ``B``
-likewise (anything else in the prompt, such as a block common to both runs, is ignored). A view is identified by
+likewise. Text both runs share may be quoted once before them, between ``<<<BEGIN COMMON TEXT>>>`` /
+``<<<END COMMON TEXT>>>`` lines, as numbered pieces (``[common text N]`` on a line of its own, then the piece); a
+view that shows ``[common text N]`` contains piece N there, so its lines count as that view's (as the judge's
+instructions say). Anything else in the prompt is ignored. A view is identified by
 the one key marker among its lines. When both views are identified, both runs' evidence is visible (at least
 ``evidence_share`` of each run's evidence lines) and their grades differ, the server prefers the better run with
 probability ``accuracy``: a deterministic draw per pair (:func:`draw`: from the seed and the two markers, the same
@@ -67,7 +70,7 @@ import time
 import uuid
 import zlib
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -101,6 +104,8 @@ _KEY_SCHEMA: dict[str, Any] = {
 # Tokens: a word (≤ 8 letters, with the space before it), a number (≤ 3 digits), punctuation (≤ 2), whitespace.
 _TOKEN = re.compile(r" ?[A-Za-z]{1,8}| ?[0-9]{1,3}| ?[^\sA-Za-z0-9]{1,2}|\s{1,8}")
 _RUN_BLOCK = re.compile(r"^<<<BEGIN RUN ([AB])>>>\n(.*?)\n<<<END RUN \1>>>$", re.MULTILINE | re.DOTALL)
+_COMMON_BLOCK = re.compile(r"^<<<BEGIN COMMON TEXT>>>\n(.*?)\n<<<END COMMON TEXT>>>$", re.MULTILINE | re.DOTALL)
+_COMMON_PIECE = re.compile(r"^\[common text (\d+)\]$", re.MULTILINE)
 # What a model might say instead of a label: the rest of the first token's probability.
 _OTHER_TOKENS = ("The", "Run", "Both", "Neither", "I", "Based", "**", "Answer", "It", "In", "After", "Looking",
                  "This", "We", "Comparing", "From", "Given", "To", "Overall", "Each", "Option", "C")
@@ -273,8 +278,27 @@ def quoted_views(prompt: str) -> dict[str, str]:
     return {match.group(1): match.group(2) for match in _RUN_BLOCK.finditer(prompt)}
 
 
-def _lines(view: str) -> frozenset[str]:
-    return frozenset(stripped for line in view.split("\n") if (stripped := line.strip()))
+def common_pieces(prompt: str) -> dict[str, str]:
+    """The pieces of the block common to both runs, by their placeholder (``[common text 1]`` → its text)."""
+    found = _COMMON_BLOCK.search(prompt)
+    if found is None:
+        return {}
+    block = found.group(1)
+    heads = list(_COMMON_PIECE.finditer(block))
+    return {head.group(0): block[head.end():(heads[index + 1].start() if index + 1 < len(heads) else len(block))]
+            for index, head in enumerate(heads)}
+
+
+def _lines(view: str, pieces: Mapping[str, str] | None = None) -> frozenset[str]:
+    """A view's non-blank lines, stripped; a ``[common text N]`` line stands for the lines of its piece."""
+    found: set[str] = set()
+    for line in view.split("\n"):
+        stripped = line.strip()
+        if pieces and stripped in pieces:
+            found |= _lines(pieces[stripped])
+        elif stripped:
+            found.add(stripped)
+    return frozenset(found)
 
 
 class SimJudge:
@@ -299,7 +323,8 @@ class SimJudge:
         views = quoted_views(prompt)
         if set(views) != {"A", "B"}:
             return Decision(0.5 + shift, "no_runs")
-        lines = {position: _lines(views[position]) for position in ("A", "B")}
+        pieces = common_pieces(prompt)
+        lines = {position: _lines(views[position], pieces) for position in ("A", "B")}
         first, second = self.key.identify(lines["A"]), self.key.identify(lines["B"])
         runs = (first.run if first else None, second.run if second else None)
         if first is None or second is None or first is second:

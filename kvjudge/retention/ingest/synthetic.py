@@ -319,18 +319,60 @@ def _sized(make: Any, size: int) -> str:
     return text[: max(size, 1)] if len(text) > size else text
 
 
+def _hunk_line(rng: random.Random, module: str, number: int) -> str:
+    name = rng.choice(_FUNCS)
+    return rng.choice((
+        f"    {name}_{number} = {module}.{rng.choice(_FUNCS)}(value, sep=sep)  # {rng.randrange(10**5)}",
+        f"    if {name}_{number} is None or sep not in str(value):  # case {rng.randrange(10**5)}",
+        f"        return [p.strip('\"') for p in _split_quoted(value, sep, limit={number})]",
+        f"    logger.debug(\"{name}: %r (step {number})\", value)",
+        f"def {name}_{number}(value: str, sep: str = \",\", *, strict: bool = False) -> list[str]:",
+        f"        raise ValueError(f\"unbalanced quote in {{value!r}} at {number}\")"))
+
+
+def swe_patch(rng: random.Random, changed: int) -> str:
+    """A unified diff with ``changed`` changed lines in 1–4 hunks over 1–3 files, three context lines around each
+    hunk (as ``git diff`` writes them)."""
+    hunks = max(1, min(4, changed // 6, rng.randrange(1, 5)))
+    sizes = [changed // hunks + (index < changed % hunks) for index in range(hunks)]
+    files = sorted(rng.sample(_MODULES, min(3, hunks)))
+    out: list[str] = []
+    line = rng.randrange(20, 200)
+    for index, size in enumerate(sizes):
+        module = files[index % len(files)]
+        if index < len(files):
+            out += [f"diff --git a/src/{module}.py b/src/{module}.py", f"index {rng.randrange(16**7):07x}.."
+                    f"{rng.randrange(16**7):07x} 100644", f"--- a/src/{module}.py", f"+++ b/src/{module}.py"]
+        removed = rng.randrange(0, size + 1) if size > 1 else 0
+        added = size - removed
+        before = [f" {_hunk_line(rng, module, line + k)}" for k in range(3)]
+        after = [f" {_hunk_line(rng, module, line + 3 + removed + k)}" for k in range(3)]
+        out.append(f"@@ -{line},{6 + removed} +{line},{6 + added} @@ def {rng.choice(_FUNCS)}(value, sep=\",\"):")
+        out += before
+        out += [f"-{_hunk_line(rng, module, line + 3 + k)}" for k in range(removed)]
+        out += [f"+{_hunk_line(rng, module, line + 3 + k)}" for k in range(added)]
+        out += after
+        line += 40 + rng.randrange(200)
+    return "\n".join(out) + "\n"
+
+
 def make_episode(instance_id: str, seed: int, *, target_bytes: int = 60_000, model: str | None = None,
-                 resolved_style: bool = True) -> Episode:
+                 resolved_style: bool = True, steps: int | None = None, patch_lines: int | None = None) -> Episode:
     """A realistic episode with about ``target_bytes`` of tool output over 20–100 steps (fewer for small
-    targets): explore, read, reproduce, edit, test — some outputs long enough for the harness's warning."""
+    targets): explore, read, reproduce, edit, test — some outputs long enough for the harness's warning.
+
+    SWE-bench-shaped episodes: ``steps`` fixes the number of steps, and ``patch_lines`` gives the final patch that
+    many changed lines (in 1–4 hunks with their context) and ends the episode as agents end such runs: an edit,
+    then the tests run once more (the last verification), then the submission.
+    """
     rng = random.Random(seed)
     statement = (f"{rng.choice(_FUNCS)} mishandles quoted separators\n\n{filler(seed, 60)}\n\n```python\n"
                  f">>> {rng.choice(_FUNCS)}('a,b')\n'\"a,b\"'\n```\n\nExpected `a,b`.")
-    n_steps = max(6, min(rng.randrange(20, 101), target_bytes // 2_000))
+    n_steps = max(6, min(rng.randrange(20, 101), target_bytes // 2_000)) if steps is None else steps
     mean = target_bytes / n_steps
-    steps: list[Step] = []
+    episode_steps: list[Step] = []
     kinds = ("ls", "cat", "grep", "pytest", "edit", "python")
-    for index in range(n_steps):
+    for index in range(n_steps - (2 if patch_lines is not None else 0)):
         kind = kinds[index] if index < len(kinds) else rng.choice(kinds)
         module = rng.choice(_MODULES)
         size = int(mean * rng.uniform(0.2, 1.8))
@@ -359,12 +401,24 @@ def make_episode(instance_id: str, seed: int, *, target_bytes: int = 60_000, mod
                         "python -c \"from src.parser import parse_row; print(parse_row('a,\\\"b,c\\\"'))\"",
                         f"['a', 'b,c']\n{filler(rng.randrange(10**6), max(5, size // 7))}\n",
                         returncode=rng.choice((0, 0, 1)))
-        steps.append(step)
+        episode_steps.append(step)
     module = rng.choice(_MODULES)
     patch = (f"diff --git a/src/{module}.py b/src/{module}.py\nindex 1a2b3c4..5d6e7f8 100644\n--- a/src/{module}.py\n"
              f"+++ b/src/{module}.py\n@@ -41,7 +41,7 @@ def parse_row(value, sep=\",\"):\n-    return [p for p in "
              "value.split(sep)]\n+    return [p.strip('\"') for p in _split_quoted(value, sep)]\n")
-    return Episode(instance_id=instance_id, problem_statement=statement, steps=steps,
-                   model=model or "anthropic/claude-sonnet-4-5-20250929",
-                   exit_status="Submitted" if resolved_style or rng.random() < 0.7 else "LimitsExceeded",
-                   patch=patch, cost=round(0.05 + len(steps) * 0.011, 4))
+    exit_status = "Submitted" if resolved_style or rng.random() < 0.7 else "LimitsExceeded"
+    if patch_lines is not None:
+        # Its own random stream, so the episodes above stay what they were for callers that do not ask for this.
+        ending = random.Random(seed * 7919 + patch_lines)
+        patch = swe_patch(ending, patch_lines)
+        tests = ending.randrange(8, 40)
+        failed = 0 if resolved_style else ending.randrange(1, 3)
+        episode_steps += [
+            Step("The fix goes where fields are split; editing the module.",
+                 f"sed -i 's/value.split(sep)/_split_quoted(value, sep)/' src/{module}.py && git diff --stat",
+                 f" src/{module}.py | {patch_lines} {'+-' * min(patch_lines // 2, 20)}\n 1 file changed\n", 0),
+            Step("Running the tests once more to confirm the fix.", f"python -m pytest tests/test_{module}.py -q",
+                 _pytest_log(ending, tests, failed), 1 if failed else 0)]
+    return Episode(instance_id=instance_id, problem_statement=statement, steps=episode_steps,
+                   model=model or "anthropic/claude-sonnet-4-5-20250929", exit_status=exit_status,
+                   patch=patch, cost=round(0.05 + len(episode_steps) * 0.011, 4))
