@@ -31,7 +31,7 @@ MAX_IN_FLIGHT_BYTES = 64 * 1024 * 1024
 _MMAP_BYTES = 1 << 40  # SQLite caps it at its compile-time maximum
 # A body is streamed in chunks this size: each is hashed and written while it is still in the CPU's cache, and
 # no body is ever whole in memory (a 4 MB body read whole costs two copies and fresh pages for each).
-CHUNK_BYTES = 256 * 1024
+CHUNK_BYTES = 128 * 1024
 
 
 class FinishedElsewhere(Exception):
@@ -132,10 +132,11 @@ class Uploader:
         self._readers = _Readers(source)
         self._rehash = rehash
         self._progress = progress
-        self._workers = WORKERS
-        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=self._workers,
-                                                           thread_name_prefix="kvjudge-tier")
-        self._in_flight: set[concurrent.futures.Future[tuple[bool, str | None]]] = set()
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="kvjudge-tier")
+        # Two uploads per worker in flight; a slot frees when one finishes (a semaphore: waiting on the futures
+        # themselves costs the caller a lock per future in flight for every body sent).
+        self._slots = threading.Semaphore(WORKERS * 2)
+        self._failure: BaseException | None = None
 
     def __enter__(self) -> Uploader:
         return self
@@ -148,19 +149,24 @@ class Uploader:
         """Upload the body of ``entry`` as part of ``batch`` (with ``skip_present``, not when the remote holds it
         already with the right size and checksum: recovery). Blocks while two per worker wait; raises the
         failure of any upload that failed meanwhile."""
+        self._slots.acquire()
+        if self._failure is not None:
+            self._slots.release()
+            raise self._failure
         future = self._pool.submit(_move_one, self._cold, self._readers, batch.run, entry, self._rehash,
                                    skip_present)
-        if self._progress is not None:
-            progress = self._progress
-            future.add_done_callback(lambda done: progress(entry.size) if not done.exception() else None)
+        future.add_done_callback(lambda done: self._finished(done, entry.size))
         batch.add(future)
-        self._in_flight.add(future)
-        while len(self._in_flight) >= self._workers * 2:
-            done, self._in_flight = concurrent.futures.wait(self._in_flight,
-                                                            return_when=concurrent.futures.FIRST_COMPLETED)
-            for finished in done:
-                if finished.exception() is not None:
-                    raise finished.exception()  # type: ignore[misc]
+
+    def _finished(self, future: concurrent.futures.Future[tuple[bool, str | None]], size: int) -> None:
+        self._slots.release()
+        if future.cancelled():
+            return
+        failure = future.exception()
+        if failure is not None:
+            self._failure = self._failure or failure
+        elif self._progress is not None:
+            self._progress(size)
 
 
 def upload_and_check(store: Store, manifest: Manifest, cold: ColdStore, *, skip_present: bool, rehash: bool,
