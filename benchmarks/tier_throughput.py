@@ -6,14 +6,15 @@ A store is filled with ``--mb`` MiB of bodies (random text, sizes log-uniform be
 tier of a fresh copy of the store):
 
 - **plain copy**: the same bodies read from the same store and written to the same target by the simplest
-  means — local: one ``open/write/close`` per body, single-threaded, like ``cp`` (``plain``: no fsync, so
-  the clock may stop with the bytes still in the page cache; ``plain_fsync``: each file fsynced, 8 writes in
-  flight — the durability and parallelism of tiering's writes); S3: ``put_object`` with the same number of
+  means — local: one ``open/write/close`` per body into one directory, single-threaded, like ``cp``
+  (``plain``: no fsync, so the clock may stop with the bytes still in the page cache; ``plain_fsync``: each
+  file fsynced, 8 writes in flight, then the directory synced once — the durability and parallelism of
+  tiering's writes: the bytes and their names survive a crash); S3: ``put_object`` with the same number of
   threads tiering uses, no checksum;
 - **tier**: every run moved as ``kvjudge tier --all`` moves them (``tier_runs``: one run's uploads overlap the
-  finishing of the one before) — hash-check, upload (temp + fsync + rename locally, the directories synced once
-  per run before its manifest; SHA-256 checksummed PUTs on S3), manifest, read-back check, ``Tiered`` event,
-  local delete;
+  finishing of the one before) — each body streamed from the store in chunks, hashed as it is written
+  (locally temp + fsync + rename, then the directories the rename and any new directory changed synced by
+  the same writer; SHA-256 checksummed PUTs on S3), manifest, read-back check, ``Tiered`` event, local delete;
 - **recovery**: a fresh copy of the store is tiered by a child ``kvjudge tier --all --unreduced`` that is
   SIGKILLed half way (a third of a run's move time into the move of the run after the first half); then the
   time to finish the crashed move (``recover``) and the time to converge (recover + tier the rest), checked
@@ -21,8 +22,11 @@ tier of a fresh copy of the store):
 
 Ratio = tier MB/s ÷ plain-copy MB/s of the same round (target ≥ 0.7; locally against the durable copy,
 ``ratio_vs_plain_fsync``, with the page-cache-only ratio ``ratio_vs_plain`` reported beside it); the figures
-are the medians of the rounds, each round listed too. Writes ``tier_throughput.json`` to ``--out`` and prints
-it as one JSON line.
+are the medians of the rounds, each round listed too, with the machine's load average (1 min) at its start.
+Every timed step starts with the file system synced (``sync``, off the clock): no step pays for writing back
+what the benchmark itself left unwritten — the no-fsync copy's bytes, the fresh copy of the store a tier
+works on, the files of the step before (deleted, then discarded at the next journal commit). Writes
+``tier_throughput.json`` to ``--out`` and prints it as one JSON line.
 
     python benchmarks/tier_throughput.py --out /tmp/bench [--mb 1024] [--rounds 3]
 """
@@ -113,9 +117,10 @@ def plain_copy(store_path: Path, target: Any, *, fsync: bool = False) -> tuple[i
     """Read every body from the store and write it to ``target`` the simplest way; (bytes, seconds).
 
     Local: one file per body; without ``fsync`` single-threaded like ``cp`` (the bytes may still be only in the
-    page cache when the clock stops), with it each file fsynced by 8 threads (tiering's durability and
-    parallelism).
+    page cache when the clock stops), with it each file fsynced by 8 threads and the directory synced at the
+    end (tiering's durability and parallelism).
     """
+    os.sync()  # off the clock: nothing left over from an earlier step to write back
     with Store.open(store_path) as store:
         start = time.perf_counter()
         total = 0
@@ -136,6 +141,11 @@ def plain_copy(store_path: Path, target: Any, *, fsync: bool = False) -> tuple[i
 
             # As many writes in flight as tiering uses: same durability, same parallelism.
             total = _in_parallel(store, write_synced)
+            directory = os.open(target, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                os.fsync(directory)  # the names too: one sync for the whole batch (tiering: one per run)
+            finally:
+                os.close(directory)
         else:
             client, bucket, prefix = target
             total = _in_parallel(store, lambda index, body: client.put_object(
@@ -147,6 +157,7 @@ def tier_all(store_path: Path, target_url: str, endpoint: str | None) -> tuple[i
     """Every run moved as `kvjudge tier --all` moves them (one call, moves overlapping); (bytes, seconds)."""
     stores = ColdStores(endpoint)
     cold = stores.get(target_url)
+    os.sync()  # off the clock: the fresh copy of the store, and the files of the step before
     with Store.open(store_path) as store:
         start = time.perf_counter()
         total = sum(result.bytes for result in tier_runs(store, store.run_ids(), cold, stores=stores))
@@ -207,7 +218,7 @@ def measure(name: str, store_path: Path, work: Path, plain_target: Any, fresh_ta
         runs = len(store.run_ids())
     per_round: list[dict[str, Any]] = []
     for round_ in range(1, rounds + 1):
-        measured: dict[str, Any] = {}
+        measured: dict[str, Any] = {"load": os.getloadavg()[0]}
         for kind, fsync in kinds.items():
             copied, seconds = plain_copy(pristine, plain_target(f"{kind}-{round_}"), fsync=fsync)
             measured[f"{kind}_copy_mb_s"] = copied / MIB / seconds
@@ -221,6 +232,8 @@ def measure(name: str, store_path: Path, work: Path, plain_target: Any, fresh_ta
     result: dict[str, Any] = {"target": name, "bytes": tier_bytes, "rounds": [
         {key: round(value, 3) for key, value in measured.items()} for measured in per_round]}
     for key in per_round[0]:
+        if key == "load":
+            continue
         result[key] = round(statistics.median(measured[key] for measured in per_round), 3)
     result["recovery"] = kill_and_recover(pristine, fresh_target("kill"), endpoint, result["tier_s"] / runs, env)
     pristine.unlink()

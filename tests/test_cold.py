@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import os
 import subprocess
@@ -89,11 +90,38 @@ def test_every_run_id_is_one_bounded_path_segment() -> None:
 
 @pytest.mark.s3
 def test_s3_upload_with_wrong_checksum_is_refused(s3_bucket: str, seaweed: SeaweedServer) -> None:
+    """Behind put_blob's own check, the server's: it verifies the bytes against the SHA-256 sent with them."""
+    from botocore.exceptions import ClientError
+
     store = open_cold_store(f"s3://{s3_bucket}", endpoint_url=seaweed.endpoint)
+    assert isinstance(store, S3ColdStore)
     ref = ref_of(b"one body")
-    with pytest.raises(ColdStoreError, match="S3 failed to upload"):
-        store.put_blob(ref, b"another body")  # the server checks the bytes against the ref's SHA-256
+    checksum = base64.b64encode(bytes.fromhex(ref.removeprefix("sha256:"))).decode()
+    with pytest.raises(ClientError):
+        store._client.put_object(Bucket=s3_bucket, Key=blob_key(ref), Body=b"another body", ChecksumSHA256=checksum)
     assert store.stat_blob(ref) is None
+
+
+def test_bytes_that_are_not_their_ref_are_never_stored(store: ColdStore) -> None:
+    ref = ref_of(b"one body")
+    for body in (b"another body", [b"one ", b"bodY"], [b"one body", b"!"]):
+        with pytest.raises(IntegrityError, match="do not hash to it; nothing was stored"):
+            store.put_blob(ref, body)
+    assert store.stat_blob(ref) is None
+    if isinstance(store, LocalDirColdStore):
+        assert list(store.root.rglob(".tmp-*")) == []  # the refused writes left nothing behind
+
+
+def test_a_body_put_in_chunks_is_the_body(store: ColdStore) -> None:
+    body = bytes(range(256)) * 1000
+    ref = ref_of(body)
+    store.put_blob(ref, (body[start:start + 999] for start in range(0, len(body), 999)))
+    info = store.stat_blob(ref)
+    assert info is not None and info.size == len(body)
+    assert store.get_blob(ref) == body
+    empty = ref_of(b"")
+    store.put_blob(empty, [])  # no chunk at all: the empty body
+    assert store.get_blob(empty) == b""
 
 
 def test_local_layout_is_content_addressed_and_leaves_no_temp_files(tmp_path: Path) -> None:
@@ -177,30 +205,52 @@ def test_local_discard_partial_removes_only_dead_writers_temps(tmp_path: Path) -
     assert store.get_blob(ref) == body
 
 
-def test_a_manifest_is_written_only_after_the_blobs_it_names_are_synced(tmp_path: Path,
-                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    """Blob renames are synced once per move, before its manifest: the directories of the blobs this store put,
-    and of those it found (another writer, killed before its own sync, may have left them unsynced). On Linux one
-    syncfs covers them all; the per-directory way, used elsewhere, shows which directories were synced, in order."""
-    import kvjudge.retention.cold as cold_module
+def _body_in_the_directory_of(ref: str) -> bytes:
+    """A body whose blob lands in the same directory as ``ref``'s (same first four hex digits)."""
+    return next(body for n in range(10**6) if ref_of(body := f"neighbour {n}".encode())[:11] == ref[:11])
 
-    whole_file_system: list[Path] = []
-    monkeypatch.setattr(cold_module, "_syncfs", lambda path: whole_file_system.append(path) or False)  # as off Linux
+
+def test_a_blob_is_durable_when_put_and_a_manifest_only_after_all_it_names(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A blob's writer syncs the directories its rename and its new directories changed before put_blob returns
+    (on the writers' threads, not in one batch a move waits for). What it cannot vouch for — a blob found by
+    stat_blob, a directory found already there (another writer, killed before its syncs, may have left them
+    unsynced) — is synced before the next manifest; only directories the writes changed, never the whole file
+    system (other processes' writes are not the move's)."""
     synced: list[Path] = []
     real_fsync_dir = LocalDirColdStore._fsync_dir
     monkeypatch.setattr(LocalDirColdStore, "_fsync_dir",
                         staticmethod(lambda directory: (synced.append(directory), real_fsync_dir(directory))))
-    found, put = b"written by a writer that was killed before its sync", b"written by this store"
-    LocalDirColdStore(tmp_path).put_blob(ref_of(found), found)  # that writer never flushed
-    store = LocalDirColdStore(tmp_path)
-    assert synced == [] and store.stat_blob(ref_of(found)) is not None
-    store.put_blob(ref_of(put), put)
-    assert synced == []  # nothing synced per object
+    found = b"written by a writer that was killed before its syncs"
+    neighbour = _body_in_the_directory_of(ref_of(found))
+    elsewhere = b"written by this store, in a directory of its own"
+
+    def leaf(body: bytes) -> Path:
+        return (tmp_path / blob_key(ref_of(body))).parent
+
+    assert leaf(neighbour) == leaf(found) and leaf(elsewhere) != leaf(found)
+    LocalDirColdStore(tmp_path).put_blob(ref_of(found), found)
+    # The rename's directory first, then each new directory's parent: root, objects, objects/ab.
+    assert synced == [leaf(found), tmp_path, tmp_path / "objects", leaf(found).parent]
+
+    synced.clear()
+    store = LocalDirColdStore(tmp_path)  # another process: it cannot know whether those syncs happened
+    assert store.stat_blob(ref_of(found)) is not None and synced == []
+    store.put_blob(ref_of(neighbour), neighbour)  # into a directory found already there
+    assert synced == [leaf(found)]  # its own rename only: the directory's entry is not this writer's to vouch for
+    store.put_blob(ref_of(elsewhere), elsewhere)
+    assert synced[1] == leaf(elsewhere) and leaf(found) not in synced[1:]
+    assert store.stat_blob(ref_of(elsewhere)) is not None  # found, but written and synced by this store
+
+    synced.clear()
     store.put_manifest("manifests/r/000000000001.json", b"{}")
-    blob_dirs = {(tmp_path / blob_key(ref_of(body))).parent for body in (found, put)}
     manifest_dir = tmp_path / "manifests" / "r"
-    assert whole_file_system == [tmp_path]  # tried first, once
-    assert blob_dirs <= set(synced) and synced[-1] == manifest_dir and synced.count(manifest_dir) == 1
-    assert len(synced) == len(set(synced))  # one sync per directory
+    # Before the manifest: the found blob's directory, the parent of every directory found there on the way to
+    # it, and the manifest's new directories' parents; nothing this store synced itself; the manifest's
+    # directory last.
+    assert {leaf(found), leaf(found).parent, tmp_path / "objects", tmp_path, tmp_path / "manifests"} == set(
+        synced[:-1])
+    assert synced[-1] == manifest_dir and len(synced) == len(set(synced))
+    synced.clear()
     store.put_manifest("manifests/r/000000000002.json", b"{}")
-    assert synced[-2:] == [manifest_dir, manifest_dir]  # nothing left to sync but the manifest's own
+    assert synced == [manifest_dir]  # nothing left to sync but the manifest's own

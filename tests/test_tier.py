@@ -343,3 +343,26 @@ def test_endpoint_url_flag_reaches_s3_without_the_environment(tmp_path: Path, s3
     assert back.returncode == 0 and json.loads(back.stdout)["status"] == "rehydrated", back.stderr
     with Store.open(path) as store:
         assert tiered_refs(store, "run-a") == [] and texts(store, "run-a") == before
+
+
+def test_bodies_larger_than_a_chunk_arrive_whole(tmp_path: Path, target: str) -> None:
+    """A body is streamed from the store in chunks (hashed and written chunk by chunk): a body several chunks
+    long, and one ending exactly on a chunk's end, arrive byte-identical."""
+    from kvjudge.retention.tiering.transfer import CHUNK_BYTES
+
+    source = tmp_path / "runs.jsonl"
+    source.write_text(run_line("run-a", GRADED, big=3 * CHUNK_BYTES + 17) + "\n"
+                      + run_line("run-b", GRADED, big=2 * CHUNK_BYTES) + "\n")
+    cold = cold_for(target)
+    with Store.open(tmp_path / "store.sqlite") as store:
+        store.ingest_file(source)
+        before = {run: texts(store, run) for run in ("run-a", "run-b")}
+        sizes = {run: max(len(text or "") for text in before[run].values()) for run in before}
+        assert sizes == {"run-a": 3 * CHUNK_BYTES + 17, "run-b": 2 * CHUNK_BYTES}
+        for run in before:
+            assert tier_run(store, run, cold).status == "tiered"
+            assert all(read_remote(cold, blob_key(ref)) == text.encode() for ref, text in before[run].items()
+                       if text is not None)
+        store.fallback = fallback_reader(None, store)
+        assert {run: texts(store, run) for run in before} == before
+        assert verify_all(store, rehash=True) == []

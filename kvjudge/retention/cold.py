@@ -16,13 +16,10 @@ from __future__ import annotations
 
 import base64
 import concurrent.futures
-import ctypes
-import functools
 import hashlib
 import os
 import secrets
 import socket
-import sys
 import threading
 import urllib.parse
 from collections.abc import Iterable
@@ -31,7 +28,11 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from kvjudge.errors import ColdStoreError, IntegrityError, UsageError
-from kvjudge.retention.blobs import REF_PREFIX, check_ref, ref_of
+from kvjudge.retention.blobs import REF_PREFIX, check_ref, ref_of, short
+
+#: What :meth:`ColdStore.put_blob` takes: a blob's bytes whole, or in chunks, in order (streamed from the store).
+BlobBody = bytes | Iterable[bytes]
+
 
 def ref_hex(ref: str) -> str:
     """The hex digest of a ``sha256:<hex>`` ref (UsageError for anything else)."""
@@ -111,12 +112,13 @@ class ColdStore(Protocol):
     def check(self) -> None:
         """Raise ColdStoreError unless the store is reachable and writable-looking."""
 
-    def put_blob(self, ref: str, body: bytes) -> None:
-        """Store ``body`` under its ref's key: complete or absent after a crash, durable once :meth:`flush`
-        (or :meth:`put_manifest`) returned (for S3 at once: the remote acknowledged)."""
+    def put_blob(self, ref: str, body: BlobBody) -> None:
+        """Store ``body`` (bytes, or its chunks in order) under its ref's key, provided it hashes to ``ref``
+        (IntegrityError otherwise, and nothing is stored: a cold store never holds bytes that are not their ref):
+        complete or absent after a crash, durable once :meth:`flush` (or :meth:`put_manifest`) returned."""
 
     def flush(self) -> None:
-        """Make every blob put so far durable (a local directory batches its directory syncs until here)."""
+        """Make every blob put (or found by :meth:`stat_blob`) so far durable."""
 
     def stat_blob(self, ref: str) -> ObjectInfo | None:
         """Size (and the store's own checksum when it keeps one) of a blob, None when absent. A blob found is
@@ -141,6 +143,15 @@ class ColdStore(Protocol):
         """
 
 
+def _chunks(body: BlobBody) -> Iterable[bytes]:
+    return (body,) if isinstance(body, bytes | bytearray | memoryview) else body
+
+
+def _not_the_ref(ref: str, where: str) -> IntegrityError:
+    """The bytes handed over to be stored under ``ref`` are not that ref (a corrupt source): nothing is stored."""
+    return IntegrityError(f"the bytes given for {short(ref)} do not hash to it; nothing was stored in {where}")
+
+
 def _checked(ref: str, body: bytes, where: str) -> bytes:
     """``body`` if it hashes to ``ref``; a cold store must never hand back bytes that are not the ref."""
     if ref_of(body) != ref:
@@ -158,12 +169,17 @@ def _checked(ref: str, body: bytes, where: str) -> bytes:
 class LocalDirColdStore:
     """A directory as cold store: content-addressed files, each written crash-safely.
 
-    Every object is written to a temporary name in its final directory, fsynced, then renamed into place
-    — so after a crash an object is either absent or complete, never torn. The directories a blob's rename
-    (or a new directory) changed are fsynced together by :meth:`flush`, which every manifest write runs
-    first: one sync per directory per move instead of one per object, and a manifest is never durable
-    before the blobs it names. Manifests are linked into place with ``os.link`` (fails if the name exists),
-    the local equivalent of S3's ``If-None-Match: *``, and their directory is synced at once.
+    Every object is written to a temporary name in its final directory (a blob hashed as it is written, and
+    renamed only when it hashes to its ref), fsynced, then renamed into place — so after a crash an object is
+    either absent or complete, never torn. The writer of a blob then syncs the directories its rename and its
+    new directories changed, so a blob is durable when :meth:`put_blob` returns: the syncs run on the writers'
+    threads, in parallel, not in one batch each move has to wait for. What a blob's writer cannot vouch for (a
+    directory another thread created and may not have synced yet, one found already there, a blob found by
+    :meth:`stat_blob`) is synced by :meth:`flush`, which every manifest write runs first: a manifest is never
+    durable before the blobs it names. Only those directories are synced, never the whole file system: what
+    other processes write there costs a move nothing. Manifests are linked into place with ``os.link`` (fails
+    if the name exists), the local equivalent of S3's ``If-None-Match: *``, and their directory is synced at
+    once.
     """
 
     def __init__(self, root: str | os.PathLike[str], *, create: bool = False) -> None:
@@ -172,10 +188,13 @@ class LocalDirColdStore:
         self.endpoint_url: str | None = None
         self._create = create
         self._host = socket.gethostname().replace("-", "_")
-        # Several writer threads share one store: directories known to exist, and those awaiting a sync.
+        # Several writer threads share one store: directories known to exist, those of them whose entry in their
+        # parent may not be durable yet, directories awaiting a sync, and the blobs this store wrote and synced.
         self._lock = threading.Lock()
         self._known_dirs: set[Path] = set()
+        self._unvouched_dirs: set[Path] = set()
         self._unsynced: set[Path] = set()
+        self._synced_blobs: set[Path] = set()
 
     def __repr__(self) -> str:
         return f"LocalDirColdStore({str(self.root)!r})"
@@ -197,45 +216,62 @@ class LocalDirColdStore:
     def _path(self, key: str) -> Path:
         return self.root / key
 
-    def _ensure_dir(self, directory: Path) -> None:
-        """Create ``directory`` (and missing parents); a directory this call creates is an entry in its parent,
-        which then awaits a sync like a renamed blob."""
-        if directory in self._known_dirs:
-            return
-        try:
-            os.mkdir(directory)
-        except FileNotFoundError:
-            self._ensure_dir(directory.parent)
-            self._ensure_dir(directory)
-            return
-        except FileExistsError:
-            pass
-        else:
+    def _make_dirs(self, directory: Path) -> list[Path]:
+        """Create ``directory`` and its missing parents; returns those this call created, whose entries await a
+        sync of their parents: the caller's. Every other directory on the way whose entry in its parent may not
+        be durable yet (found there, or created by another thread that has not synced it yet) has its parent
+        synced by the next :meth:`flush`."""
+        chain: list[Path] = []
+        while directory != self.root:
+            chain.append(directory)
+            directory = directory.parent
+        created: list[Path] = []
+        for step in reversed(chain):
+            if step in self._known_dirs:
+                with self._lock:
+                    if step in self._unvouched_dirs:
+                        self._unsynced.add(step.parent)
+                continue
+            try:
+                os.mkdir(step)
+            except FileExistsError:
+                with self._lock:
+                    self._unsynced.add(step.parent)
+            except OSError as exc:
+                raise ColdStoreError(f"cannot create {step} in the cold store: {exc.strerror}") from exc
+            else:
+                created.append(step)
             with self._lock:
-                self._unsynced.add(directory.parent)
-        with self._lock:
-            self._known_dirs.add(directory)
+                self._known_dirs.add(step)
+                self._unvouched_dirs.add(step)
+        return created
 
-    def _write_temp(self, final: Path, data: bytes) -> Path:
-        try:
-            self._ensure_dir(final.parent)
-        except OSError as exc:
-            raise ColdStoreError(f"cannot create {final.parent} in the cold store: {exc.strerror}") from exc
+    def _write_temp(self, final: Path, chunks: Iterable[bytes], ref: str | None = None) -> Path:
+        """Write ``chunks`` to a fresh temp file beside ``final`` (its directory exists) and fsync it; with
+        ``ref``, hashed on the way (each chunk while it is in cache) and kept only when it hashes to ``ref``.
+        Removed on any failure."""
         # The writer's host and pid are in the name, so a later run can tell a dead writer's leftovers.
         temp = final.parent / f".tmp-{final.name}-{self._host}-{os.getpid()}-{secrets.token_hex(6)}"
+        digest = hashlib.sha256() if ref is not None else None
         try:
             fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             try:
-                view = memoryview(data)
-                while view:
-                    written = os.write(fd, view)
-                    view = view[written:]
+                for chunk in chunks:
+                    if digest is not None:
+                        digest.update(chunk)
+                    view = memoryview(chunk)
+                    while view:
+                        view = view[os.write(fd, view):]
+                if digest is not None and ref is not None and digest.hexdigest() != ref_hex(ref):
+                    raise _not_the_ref(ref, self.url)
                 os.fsync(fd)
             finally:
                 os.close(fd)
-        except OSError as exc:
+        except BaseException as exc:
             temp.unlink(missing_ok=True)
-            raise ColdStoreError(f"cannot write {final} in the cold store: {exc.strerror}") from exc
+            if isinstance(exc, OSError):
+                raise ColdStoreError(f"cannot write {final} in the cold store: {exc.strerror}") from exc
+            raise
         return temp
 
     @staticmethod
@@ -246,35 +282,48 @@ class LocalDirColdStore:
         finally:
             os.close(fd)
 
-    def put_blob(self, ref: str, body: bytes) -> None:
+    def put_blob(self, ref: str, body: BlobBody) -> None:
         final = self._path(blob_key(ref))
-        temp = self._write_temp(final, body)
+        created = self._make_dirs(final.parent)
+        temp = self._write_temp(final, _chunks(body), ref)
         try:
             # Content-addressed: replacing an existing object writes the same bytes (or repairs a bad copy).
             os.replace(temp, final)
         except OSError as exc:
             temp.unlink(missing_ok=True)
             raise ColdStoreError(f"cannot store {final} in the cold store: {exc.strerror}") from exc
+        changed = [final.parent] + [directory.parent for directory in created]
+        try:
+            for directory in changed:
+                self._fsync_dir(directory)
+        except OSError as exc:
+            with self._lock:
+                self._unsynced.update(changed)  # the next flush tries again, before any manifest
+            raise ColdStoreError(f"cannot sync {final.parent} in the cold store: {exc.strerror}") from exc
         with self._lock:
-            self._unsynced.add(final.parent)
+            self._unvouched_dirs.difference_update(created)
+            self._synced_blobs.add(final)
 
     def flush(self) -> None:
         with self._lock:
             pending, self._unsynced = self._unsynced, set()
+            # Entries that existed before these syncs start are durable once they are done.
+            covered = {directory for directory in self._unvouched_dirs if directory.parent in pending}
         if not pending:
             return
         try:
-            # Each fsync waits for a device cache flush, and a move touches a directory per blob: on Linux one
-            # syncfs of the file system holding the store (on a disk of its own, that is this move's writes)
-            # replaces them all; elsewhere the directories are synced several at a time, so the waits overlap.
-            if not _syncfs(self.root):
-                with concurrent.futures.ThreadPoolExecutor(max_workers=min(8, len(pending)),
-                                                           thread_name_prefix="kvjudge-sync") as pool:
-                    list(pool.map(self._fsync_dir, pending))
+            # Each fsync waits on the device: several at a time, so the waits overlap. Not syncfs(2): it would wait
+            # for every dirty byte of the file system, other processes' too (on a shared disk, the time of a move
+            # would depend on what else runs).
+            with concurrent.futures.ThreadPoolExecutor(max_workers=min(8, len(pending)),
+                                                       thread_name_prefix="kvjudge-sync") as pool:
+                list(pool.map(self._fsync_dir, pending))
         except OSError as exc:
             with self._lock:
                 self._unsynced |= pending
             raise ColdStoreError(f"cannot sync the cold store directory {self.root}: {exc.strerror}") from exc
+        with self._lock:
+            self._unvouched_dirs -= covered
 
     def stat_blob(self, ref: str) -> ObjectInfo | None:
         key = blob_key(ref)
@@ -285,10 +334,12 @@ class LocalDirColdStore:
             return None
         except OSError as exc:
             raise ColdStoreError(f"cannot stat {path}: {exc.strerror}") from exc
-        # Found is not durable: a writer killed before its flush (or still running) may have renamed it into a
-        # directory not synced yet. A move that counts on it syncs that directory before its manifest.
+        # Found is not durable, unless this store wrote and synced it: a writer killed before its sync (or still
+        # running) may have renamed it into a directory not synced yet. A move that counts on it syncs that
+        # directory before its manifest.
         with self._lock:
-            self._unsynced.add(path.parent)
+            if path not in self._synced_blobs:
+                self._unsynced.add(path.parent)
         return ObjectInfo(key=key, size=size, sha256=None)
 
     def _read(self, key: str) -> bytes | None:
@@ -306,12 +357,11 @@ class LocalDirColdStore:
 
     def put_manifest(self, key: str, data: bytes) -> ManifestWrite:
         final = self._path(key)
-        try:
-            self._ensure_dir(final.parent)
-        except OSError as exc:
-            raise ColdStoreError(f"cannot create {final.parent} in the cold store: {exc.strerror}") from exc
+        new_dirs = self._make_dirs(final.parent)
+        with self._lock:
+            self._unsynced.update(directory.parent for directory in new_dirs)
         self.flush()  # the blobs (and new directories) first: a manifest is never durable without them
-        temp = self._write_temp(final, data)
+        temp = self._write_temp(final, (data,))
         try:
             try:
                 os.link(temp, final)  # atomic create-if-absent: never replaces an existing manifest
@@ -343,35 +393,6 @@ class LocalDirColdStore:
                 raise ColdStoreError(f"cannot clean up unfinished writes in {directory} of the cold store: "
                                      f"{exc.strerror}") from exc
         return removed
-
-
-def _syncfs(path: Path) -> bool:
-    """``syncfs(2)`` on the file system holding ``path``: every write to it so far is durable when this returns
-    True; False where the call does not exist (not Linux)."""
-    libc = _libc()
-    if libc is None:
-        return False
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        if libc.syncfs(fd) != 0:
-            errno = ctypes.get_errno()
-            raise OSError(errno, os.strerror(errno))
-    finally:
-        os.close(fd)
-    return True
-
-
-@functools.cache
-def _libc() -> Any:
-    """The C library when it has ``syncfs`` (Linux), else None."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.syncfs.argtypes = [ctypes.c_int]
-        return libc
-    except (OSError, AttributeError):
-        return None
 
 
 def _temp_writer(name: str) -> tuple[str | None, int | None]:
@@ -476,11 +497,16 @@ class S3ColdStore:
                 raise ColdStoreError(f"bucket {self.bucket!r} does not exist at {self._where()}; create it first") from exc
             raise self._fail(exc, "reach") from exc
 
-    def put_blob(self, ref: str, body: bytes) -> None:
-        checksum = base64.b64encode(bytes.fromhex(ref_hex(ref))).decode()
+    def put_blob(self, ref: str, body: BlobBody) -> None:
+        data = b"".join(_chunks(body))
+        digest = hashlib.sha256(data).digest()
+        if digest.hex() != ref_hex(ref):
+            raise _not_the_ref(ref, self.url)
+        # The server checks it too: a body that does not hash to its checksum is refused.
+        checksum = base64.b64encode(digest).decode()
         try:
             response = self._client.put_object(
-                Bucket=self.bucket, Key=self._key(blob_key(ref)), Body=body, ChecksumSHA256=checksum
+                Bucket=self.bucket, Key=self._key(blob_key(ref)), Body=data, ChecksumSHA256=checksum
             )
         except self._errors() as exc:
             raise self._fail(exc, f"upload {ref} to") from exc

@@ -1,20 +1,22 @@
 """Moving bytes to a cold store and checking what it holds: parallel uploads, each read back right after.
 
-A few worker threads each take one body at a time: read it from the store (each worker with a read-only
-connection of its own, so reading is as parallel as writing), check it hashes to its ref, write it, read the
-object back. The caller only hands out entries, at most two per worker ahead.
+A few worker threads each take one body at a time: stream it from the store to the cold store in chunks
+(each worker with a read-only connection of its own, so reading is as parallel as writing), the cold store
+hashing each chunk as it writes it and keeping the object only when it hashes to its ref, then read the object
+back. The caller only hands out entries, at most two per worker ahead.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import sqlite3
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from kvjudge.errors import IntegrityError
-from kvjudge.retention.blobs import BlobStore, ref_of, short
+from kvjudge.retention.blobs import ref_of, short
 from kvjudge.retention.cold import ColdStore
 from kvjudge.retention.faults import fault_point
 from kvjudge.retention.store import Store
@@ -27,6 +29,9 @@ WORKERS = 8
 ProgressFn = Callable[[int], None]
 MAX_IN_FLIGHT_BYTES = 64 * 1024 * 1024
 _MMAP_BYTES = 1 << 40  # SQLite caps it at its compile-time maximum
+# A body is streamed in chunks this size: each is hashed and written while it is still in the CPU's cache, and
+# no body is ever whole in memory (a 4 MB body read whole costs two copies and fresh pages for each).
+CHUNK_BYTES = 128 * 1024
 
 
 class FinishedElsewhere(Exception):
@@ -81,9 +86,9 @@ class _Readers:
         self._lock = threading.Lock()
         self._opened: list[sqlite3.Connection] = []
 
-    def body(self, ref: str) -> bytes | None:
-        blobs = getattr(self._local, "blobs", None)
-        if blobs is None:
+    def _connection(self) -> sqlite3.Connection:
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is None:
             conn = sqlite3.connect(f"{self._path.absolute().as_uri()}?mode=ro", uri=True, timeout=30.0,
                                    check_same_thread=False)
             # Bodies are read once, in full: mapped pages cost no read() call each (half the CPU of reading
@@ -91,8 +96,23 @@ class _Readers:
             conn.execute(f"PRAGMA mmap_size = {_MMAP_BYTES}")
             with self._lock:
                 self._opened.append(conn)
-            blobs = self._local.blobs = BlobStore(conn)
-        return blobs.get(ref)
+            self._local.conn = conn
+        return conn
+
+    def open(self, ref: str) -> sqlite3.Blob | None:
+        """The body of ``ref`` opened for reading in chunks (close it after), None when it is not here. An open
+        body is a snapshot: a concurrent release of it does not change what is read."""
+        conn = self._connection()
+        row = conn.execute("SELECT rowid FROM blobs WHERE ref = ?", (ref,)).fetchone()
+        if row is None:
+            return None
+        try:
+            return conn.blobopen("blobs", "body", row[0], readonly=True)
+        except sqlite3.OperationalError:
+            # NULL: released since (a concurrent finish of the same move); anything else is a real error.
+            if conn.execute("SELECT typeof(body) FROM blobs WHERE rowid = ?", row).fetchone() == ("null",):
+                return None
+            raise
 
     def close(self) -> None:
         with self._lock:
@@ -112,10 +132,11 @@ class Uploader:
         self._readers = _Readers(source)
         self._rehash = rehash
         self._progress = progress
-        self._workers = WORKERS
-        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=self._workers,
-                                                           thread_name_prefix="kvjudge-tier")
-        self._in_flight: set[concurrent.futures.Future[tuple[bool, str | None]]] = set()
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="kvjudge-tier")
+        # Two uploads per worker in flight; a slot frees when one finishes (a semaphore: waiting on the futures
+        # themselves costs the caller a lock per future in flight for every body sent).
+        self._slots = threading.Semaphore(WORKERS * 2)
+        self._failure: BaseException | None = None
 
     def __enter__(self) -> Uploader:
         return self
@@ -128,19 +149,24 @@ class Uploader:
         """Upload the body of ``entry`` as part of ``batch`` (with ``skip_present``, not when the remote holds it
         already with the right size and checksum: recovery). Blocks while two per worker wait; raises the
         failure of any upload that failed meanwhile."""
+        self._slots.acquire()
+        if self._failure is not None:
+            self._slots.release()
+            raise self._failure
         future = self._pool.submit(_move_one, self._cold, self._readers, batch.run, entry, self._rehash,
                                    skip_present)
-        if self._progress is not None:
-            progress = self._progress
-            future.add_done_callback(lambda done: progress(entry.size) if not done.exception() else None)
+        future.add_done_callback(lambda done: self._finished(done, entry.size))
         batch.add(future)
-        self._in_flight.add(future)
-        while len(self._in_flight) >= self._workers * 2:
-            done, self._in_flight = concurrent.futures.wait(self._in_flight,
-                                                            return_when=concurrent.futures.FIRST_COMPLETED)
-            for finished in done:
-                if finished.exception() is not None:
-                    raise finished.exception()  # type: ignore[misc]
+
+    def _finished(self, future: concurrent.futures.Future[tuple[bool, str | None]], size: int) -> None:
+        self._slots.release()
+        if future.cancelled():
+            return
+        failure = future.exception()
+        if failure is not None:
+            self._failure = self._failure or failure
+        elif self._progress is not None:
+            self._progress(size)
 
 
 def upload_and_check(store: Store, manifest: Manifest, cold: ColdStore, *, skip_present: bool, rehash: bool,
@@ -173,16 +199,23 @@ def _move_one(cold: ColdStore, readers: _Readers, run_id: str, entry: ManifestEn
         if info is not None and info.size == entry.size and info.sha256 in (None, entry.sha256):
             # Already there (a crashed attempt uploaded it): that stat was the check, unless asked to re-hash.
             return False, _check_entry(cold, entry, rehash) if rehash else None
-    body = readers.body(entry.ref)
+    body = readers.open(entry.ref)
     if body is None:
         raise BodyVanished(f"run {run_id}: {short(entry.ref)} vanished locally during its move; "
                            "run `kvjudge verify`")
-    # Never send bytes that are not the ref: a corrupt local body must not become the only copy.
-    if ref_of(body) != entry.ref:
-        raise IntegrityError(f"run {run_id}: the local body of {short(entry.ref)} does not hash to its ref; "
-                             "nothing was tiered — run `kvjudge verify`")
-    cold.put_blob(entry.ref, body)
+    with body:
+        try:
+            # The cold store never keeps bytes that are not the ref: a corrupt local body must not become the
+            # only copy.
+            cold.put_blob(entry.ref, _chunks(body))
+        except IntegrityError as exc:
+            raise IntegrityError(f"run {run_id}: the local body of {short(entry.ref)} does not hash to its ref; "
+                                 "nothing was tiered — run `kvjudge verify`") from exc
     return True, _check_entry(cold, entry, rehash)
+
+
+def _chunks(body: sqlite3.Blob) -> Iterator[bytes]:
+    return iter(functools.partial(body.read, CHUNK_BYTES), b"")
 
 
 def _check_entry(cold: ColdStore, entry: ManifestEntry, rehash: bool) -> str | None:
