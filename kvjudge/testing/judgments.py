@@ -30,7 +30,7 @@ def seed_judgments(judge: Judge, store: Any, choices: Mapping[tuple[str, str], t
         p_ab, p_ba = choices[(a, b)]
         for prompt in judge.order_prompts(item.view_a, item.view_b):
             first = p_ab if prompt.order == "ab" else 1.0 - p_ba
-            tokens = sum(judge.backend.count(segment) for segment in prompt.segments)
+            tokens = judge.framing_tokens + item.view_a.tokens.view + item.view_b.tokens.view  # packing is exact
             judge.record_score(store, prompt, LabelScore(probs={"A": first, "B": 1.0 - first}, label_mass=label_mass,
                                                          prompt_tokens=tokens), manifest)
             written += 1
