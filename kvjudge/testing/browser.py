@@ -83,7 +83,7 @@ def screenshot(session: Any, path: Path, *, full_page: bool = True) -> Path:
     if full_page:
         height = session.execute_script("return document.documentElement.scrollHeight")
         width = session.execute_script("return document.documentElement.scrollWidth")
-        session.set_window_size(max(1400, width), min(max(1000, height + 120), 16000))
+        session.set_window_size(max(1400, width), min(max(600, height + 40), 16000))
     path.parent.mkdir(parents=True, exist_ok=True)
     session.save_screenshot(str(path))
     return path
