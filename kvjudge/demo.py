@@ -11,7 +11,7 @@
 6. tier the reduced runs to a local cold directory and read one back through the store;
 7. verify the store (re-hash, re-fold from LSN 0, tiered refs present);
 8. write ``report.json``, ``report.png`` and the HTML report (``report.html``, pair pages in ``report-pairs/``:
-   the reduced side, as ``kvjudge report`` writes it) to the output directory.
+   the reduced side's verdicts, as ``kvjudge report`` writes them) to the output directory.
 
 On a CPU the demo caps the memory the probe may plan with (``context_target``: the memory a context of that many
 tokens needs), so certification takes seconds, not hours, and the hardware bound on the ceiling is visible.
@@ -33,11 +33,11 @@ from typing import Any
 from kvjudge.budget import configured_ceiling, effective_ceiling, resolve_budget
 from kvjudge.config import Config
 from kvjudge.errors import IntegrityError
-from kvjudge.judge import Judge, LlamaBackend, WindowPlanner, judge_batch, still_grades, window_tokens
+from kvjudge.judge import Judge, LlamaBackend, WindowPlanner, still_grades, window_tokens
 from kvjudge.judge.evaluate import evaluate
 from kvjudge.models import judge_model_path
 from kvjudge.probe import RuntimeSettings, lookup_capability, memory_needed, probe
-from kvjudge.report import build_report, write_report
+from kvjudge.report import build_report, with_tier_status, write_report
 from kvjudge.retention import Store, verify
 from kvjudge.retention.cold import LocalDirColdStore
 from kvjudge.retention.reduce import reduce_run, run_tokens
@@ -144,8 +144,9 @@ def run_demo(options: DemoOptions, say: Say, progress: ProgressFactory) -> dict[
         pairs = [pair for _, group in itertools.groupby(sorted(run_ids, key=lambda r: (runs[r].task_id, r)),
                                                         key=lambda r: runs[r].task_id)
                  for pair in itertools.combinations(list(group), 2)]
-        judge = _open_judge(model, entry.model_sha256, options, budget_bytes, say)
-        backend = judge.backend
+        backend = LlamaBackend(model_path=model, model_sha256=entry.model_sha256)  # tokenizer now, weights per window
+        judge = Judge(backend, margin=options.config.get("judge.margin", float, 0.05),
+                      planner=WindowPlanner(backend, memory_budget=budget_bytes, say=lambda m: say(f"      {m}")))
         try:
             # 4. judge the full runs that a window up to the analytic bound holds uncut ---------------------
             needed = {(a, b): window_tokens(judge.needed_tokens(judge.base(store, a, full=True),
@@ -176,6 +177,13 @@ def run_demo(options: DemoOptions, say: Say, progress: ProgressFactory) -> dict[
             with clock.step("judge_reduced"), progress("judging reduced runs", len(uncut) * 2) as advance:
                 reduced = judge.judge_pairs(store, uncut, on_call=advance)
             reduced_window = judge.window
+            with clock.step("html_report"):
+                # The HTML report of the reduced side, from these verdicts and the views they were judged from
+                # (the judge's packing, asked again in the same window), as `kvjudge report` builds it.
+                figures = {"configured": ceiling.configured, "max_context_tokens": entry.max_context_tokens,
+                           "hardware_bound": ceiling.hardware_bound, "effective": ceiling.effective,
+                           "winner": ceiling.winner}
+                html = build_report(store, judge, reduced, ceilings={runs[r].tenant: figures for r in run_ids})
         finally:
             backend.close()
         comparisons, summary = still_grades(full, reduced)
@@ -224,20 +232,7 @@ def run_demo(options: DemoOptions, say: Say, progress: ProgressFactory) -> dict[
         say(f"[7/7] verify: {'ok' if checked.ok else 'FAILED'} — {checked.runs} runs re-folded from LSN 0, "
             f"{checked.blobs_rehashed} bodies re-hashed, {len(checked.violations)} violation(s)")
 
-    # The HTML report of the reduced side, as `kvjudge report` writes it: its verdicts come from the judgment
-    # cache (the same views, read back through the cold store), so no order is asked again.
-    with clock.step("html_report"), Store.open(store_path) as reader_store:
-        reader_store.fallback = ColdReader(reader_store, ColdStores())
-        judge = _open_judge(model, entry.model_sha256, options, budget_bytes, say)
-        try:
-            verdicts = judge_batch(judge, reader_store, uncut)
-            figures = {"configured": ceiling.configured, "max_context_tokens": entry.max_context_tokens,
-                       "hardware_bound": ceiling.hardware_bound, "effective": ceiling.effective,
-                       "winner": ceiling.winner}
-            html = build_report(reader_store, judge, verdicts,
-                                ceilings={runs[r].tenant: figures for r in run_ids})
-        finally:
-            judge.backend.close()
+        html = with_tier_status(html, store)  # the verdicts and views are those judged; the runs are tiered now
     report["html"] = write_report(html, out / "report.html").to_json()
 
     report["runs"] = [{"id": r, "task": runs[r].task_id, "grade": (runs[r].grades[0] if runs[r].grades else None),
@@ -250,14 +245,6 @@ def run_demo(options: DemoOptions, say: Say, progress: ProgressFactory) -> dict[
     if not checked.ok:
         raise IntegrityError(f"verify found {len(checked.violations)} violation(s); see {out / 'report.json'}")
     return report
-
-
-def _open_judge(model: Path, sha256: str, options: DemoOptions, budget_bytes: int, say: Say) -> Judge:
-    """The demo's judge: the model's tokenizer now, its weights once a window is sized to the pairs (within the
-    memory budget the probe certified)."""
-    backend = LlamaBackend(model_path=model, model_sha256=sha256)
-    return Judge(backend, margin=options.config.get("judge.margin", float, 0.05),
-                 planner=WindowPlanner(backend, memory_budget=budget_bytes, say=lambda m: say(f"      {m}")))
 
 
 def _window_json(window: Any) -> dict[str, Any] | None:

@@ -78,9 +78,10 @@ def test_demo_end_to_end_on_two_runs(tmp_path: Path, default_model: Path) -> Non
     # The HTML report of the reduced side: its figures are the demo's own (its verdicts came from the cache).
     html = report["html"]
     assert html["index"] == str(out / "report.html") and html["pair_pages"] == 1
-    assert (out / "report-pairs" / "0001.html").is_file()
-    block = re.search(r'<script type="application/json" id="kvjudge-figures">(.*?)</script>',
-                      (out / "report.html").read_text(), flags=re.S)
+    assert 'id="views-differ"' not in (out / "report-pairs" / "0001.html").read_text()  # the views judged
+    index = (out / "report.html").read_text()
+    assert index.count("<td>tiered</td>") == 2  # the runs as they stand now: moved to the cold directory
+    block = re.search(r'<script type="application/json" id="kvjudge-figures">(.*?)</script>', index, flags=re.S)
     page = json.loads(block.group(1))["eval"]
     assert {k: v for k, v in page.items() if k not in ("manifest", "window")} == judged["versus_grades"]["reduced"]
 

@@ -21,11 +21,12 @@ from kvjudge.report.collect import (
     judge_description,
     judged_against,
     reductions,
+    with_tier_status,
 )
 from kvjudge.report.pages import Written, check_output, csp, pair_dir_for, pair_file, write_report
 
 __all__ = [
     "KNOWN_VERDICT_FIELDS", "PairDetail", "Reduction", "Report", "RunRow", "Written", "build_report",
     "check_output", "csp", "judge_description", "judged_against", "pair_dir_for", "pair_file", "reductions",
-    "write_report",
+    "with_tier_status", "write_report",
 ]

@@ -9,6 +9,7 @@ reduction removed comes from the runs' logs (``Reduced`` / ``BranchReduced`` / `
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -203,10 +204,20 @@ def build_report(store: Any, judge: Judge, verdicts: Sequence[Verdict], *,
         runs.append(RunRow(id=run_id, agent=agents[run_id], task=state.task_id, state=state.state,
                            grade=grade_score(state), full_tokens=counted.full, view_tokens=counted.reduced,
                            reductions=reductions(store, state),
-                           tiered=None if state.tier is None else state.tier.get("status")))
+                           tiered=_tier_status(state)))
     when = (now or datetime.datetime.now(datetime.timezone.utc)).isoformat(timespec="seconds")
     header = {"judge": judge_description(judge), "framing": judge.framing.name,
               "window": evaluation["window"], "ceilings": dict(ceilings or {}), "ceiling_note": ceiling_note,
               "store": str(getattr(store, "path", "")), "kvjudge_version": __version__, "generated": when,
               "pairs": len(verdicts), "runs": len(states), "cached_pairs": sum(v.cached for v in verdicts)}
     return Report(header=header, evaluation=evaluation, ranking=ranking, pairs=tuple(pairs), runs=tuple(runs))
+
+
+def _tier_status(state: Any) -> str | None:
+    return None if state.tier is None else state.tier.get("status")
+
+
+def with_tier_status(report: Report, store: Any) -> Report:
+    """``report`` with each run's tier status as ``store`` says now (a report built before its runs were moved)."""
+    runs = tuple(dataclasses.replace(run, tiered=_tier_status(store.run(run.id))) for run in report.runs)
+    return dataclasses.replace(report, runs=runs)
