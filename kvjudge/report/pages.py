@@ -75,21 +75,26 @@ class _Inline:
     source: str
 
 
+# What would end each inline element early: our own files must not contain it.
+_CLOSING = {".css": "</style", ".js": "</script"}
+
+
 @cache
-def _inline(name: str, closing: str) -> _Inline:
+def _inline(name: str) -> _Inline:
     text = _asset(name)
-    if closing in text.lower():  # our own file: it must not be able to end its element early
-        raise AssertionError(f"{name} contains {closing}")
+    closing = _CLOSING[Path(name).suffix]
+    if closing in text.lower():
+        raise RuntimeError(f"kvjudge/report/templates/{name} contains {closing}: it would end its element early")
     return _Inline(Markup(text), f"'{_digest(text)}'")
 
 
 def csp(*, script: bool) -> str:
     """The page's Content-Security-Policy: nothing loads from anywhere; the inline stylesheet (and on the
     index the inline script) are allowed by hash only, so an injected element or handler never runs."""
-    style = _inline("report.css", "</style").source
+    style = _inline("report.css").source
     rules = ["default-src 'none'", f"style-src {style}", "base-uri 'none'", "form-action 'none'"]
     if script:
-        rules.insert(1, f"script-src {_inline('report.js', '</script').source}")
+        rules.insert(1, f"script-src {_inline('report.js').source}")
     return "; ".join(rules)
 
 
@@ -125,7 +130,7 @@ def environment() -> jinja2.Environment:
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
     env.filters.update(fmt=_fmt, interval=_interval, sortkey=_sort_key,
                        json=lambda value: json.dumps(value, ensure_ascii=False, sort_keys=True, default=str))
-    env.globals.update(baselines=BASELINES, css=_inline("report.css", "</style").text)
+    env.globals.update(css=_inline("report.css").text)
     return env
 
 
@@ -161,7 +166,7 @@ def render_index(report: Report, pair_href: str) -> str:
     tasks = sorted({p.task for p in pairs if p.task is not None})
     agents = sorted({name for p in pairs for name in p.agents})
     return environment().get_template("index.html").render(
-        csp=csp(script=True), script=_inline("report.js", "</script").text, report=report, header=report.header,
+        csp=csp(script=True), script=_inline("report.js").text, header=report.header,
         evaluation=report.evaluation, ranking=report.ranking,
         figure_rows=[("judge", report.evaluation["judge"])] + [(name, report.evaluation["baselines"][name])
                                                                for name in BASELINES], pairs=pairs, runs=report.runs, tasks=tasks,
@@ -176,7 +181,7 @@ def render_pair(report: Report, pair: PairDetail, index_href: str) -> str:
     runs = {run.id: run for run in report.runs}
     prompts = [{"order": p.order, "parts": _prompt_parts(pair, p.order, p.segments)} for p in pair.prompts]
     return environment().get_template("pair.html").render(
-        csp=csp(script=False), header=report.header, pair=pair, verdict=pair.verdict.to_json(),
+        csp=csp(script=False), pair=pair, verdict=pair.verdict.to_json(),
         orders=pair.verdict.orders, run_a=runs[pair.verdict.a], run_b=runs[pair.verdict.b], prompts=prompts,
         index_href=index_href, total=len(report.pairs))
 
