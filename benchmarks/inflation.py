@@ -20,6 +20,17 @@ counts. Writes ``inflation.json``, ``inflation.png`` and ``inflation.md`` to ``-
 JSON line (the summary).
 
     python benchmarks/inflation.py --out /tmp/inflation [--turns 20] [--model PATH] [--budget-tokens 2000]
+
+**Replaying an imported run** (``--run RUN --store PATH``): no model runs. The run's model calls are its
+assistant transitions that carry usage (ATIF step metrics, inspect model events, mini-swe-agent responses):
+each call's ``input_tokens`` is the backend's own count of the prompt it was sent. Between two calls the run's
+other transitions (tool output, user messages) are the "user" side of a turn; the call's reply (text and tool
+call) the "assistant" side. Turn by turn, a TokenBudget that never prunes predicts the next prompt — its
+anchored fullness (the last reported prompt + the reply as reported + the estimate of what came since) — and
+the prediction is compared with the backend's count; the legacy figure (sum of input + output over the turns)
+beside it. Writes ``inflation-run.json`` to ``--out`` and prints one JSON line (the summary).
+
+    python benchmarks/inflation.py --out /tmp/inflation --run 'terminus-2@m/task/trial' --store runs.sqlite
 """
 
 from __future__ import annotations
@@ -41,6 +52,7 @@ from kvjudge._llama import chat_renderer, end_of_generation_ids
 from kvjudge.budget import ConversationTurn, TokenBudget, TokenEstimation, TurnMetrics
 from kvjudge.commands._common import progress
 from kvjudge.models import resolve_model
+from kvjudge.retention import Store
 from kvjudge.tokens import MessageOverhead, ModelTokenizer, make_counter, template_overhead
 
 # A system prompt of the size an agent harness sends (instructions + tool schemas): the anchored figure
@@ -409,6 +421,71 @@ def write_markdown(rows: list[Turn], summary: dict, errors: dict, decisions: lis
     path.write_text("\n".join(lines) + "\n")
 
 
+def run_turns(store: Store, run_id: str) -> tuple[list[dict], int]:
+    """The model calls of ``run_id``'s live branch as turns ``{"user", "assistant", "input", "output"}`` (the
+    first call's "user" side is everything before it), and how many bodies could not be read locally."""
+    state = store.run(run_id)
+    branch = next(b for b in state.branches if b.status == "live")
+    missing = 0
+
+    def text(ref: str | None) -> str:
+        nonlocal missing
+        body = store.text(ref) if ref else ""
+        missing += body is None
+        return body or ""
+
+    turns: list[dict] = []
+    pending: list[str] = []
+    for t in branch.transitions:
+        parts = [text(t.text_ref)]
+        if t.tool_call:
+            parts.append(f"{t.tool_call['name']}({text(t.tool_call.get('arguments_ref'))})")
+        if t.tool_output:
+            parts.append(text(t.tool_output.get("output_ref")))
+        said = "\n".join(p for p in parts if p)
+        if t.role == "assistant" and t.usage and "input_tokens" in t.usage:
+            turns.append({"user": "\n".join(pending), "assistant": said, "input": t.usage["input_tokens"],
+                          "output": t.usage.get("output_tokens")})
+            pending = []
+        elif t.role == "assistant" and turns and not pending:
+            turns[-1]["assistant"] += "\n" + said  # another tool call of the same reply
+        else:
+            pending.append(said)
+    return turns, missing
+
+
+def replay_run(store_path: Path, run_id: str, counter_kind: str, model: str | None) -> dict:
+    """Replay ``run_id``'s turns through a TokenBudget's anchored fullness (see the module docstring)."""
+    with Store.open(store_path) as store:
+        turns, missing = run_turns(store, run_id)
+        agent = store.run(run_id).agent
+    if len(turns) < 2:
+        raise SystemExit(f"run {run_id!r} has {len(turns)} model call(s) with usage; replaying needs two or more "
+                         f"(import runs whose harness records per-call usage)")
+    estimation = TokenEstimation(make_counter(counter_kind, model))
+    budget = TokenBudget(1 << 40, 0.99).with_estimation(estimation)  # never prunes: the run did not
+    rows, legacy = [], 0
+    for index, turn in enumerate(turns, start=1):
+        predicted = budget.fullness() + estimation.message("user", turn["user"]) if budget.anchor is not None else None
+        asyncio.run(budget.sync_turn(turn["user"], turn["assistant"], TurnMetrics(turn["input"], turn["output"])))
+        legacy += turn["input"] + (turn["output"] or 0)
+        rows.append({"turn": index, "prompt_tokens": turn["input"], "completion_tokens": turn["output"],
+                     "predicted_prompt": predicted,
+                     "error_pct": round(_pct(predicted, turn["input"]), 3) if predicted is not None else None,
+                     "anchored_after": budget.fullness(), "legacy": legacy})
+    errors = [abs(r["error_pct"]) for r in rows if r["error_pct"] is not None]
+    real_last = rows[-1]["prompt_tokens"] + (rows[-1]["completion_tokens"] or 0)
+    summary = {"benchmark": "inflation", "mode": "run", "run": run_id, "agent": agent, "turns": len(rows),
+               "estimation": estimation.name, "missing_bodies": missing,
+               "real_last": real_last, "legacy_last": legacy, "anchored_last": rows[-1]["anchored_after"],
+               "legacy_over_real_last": round(legacy / real_last, 3),
+               "anchored_over_real_last": round(rows[-1]["anchored_after"] / real_last, 4),
+               "predicted_prompt_median_abs_err_pct": round(statistics.median(errors), 3),
+               "predicted_prompt_max_abs_err_pct": round(max(errors), 3),
+               "targets": {"predicted_prompt_within_2pct_every_turn": max(errors) <= 2.0}}
+    return {"summary": summary, "turns": rows}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, type=Path, help="directory for inflation.json/.png/.md")
@@ -426,7 +503,18 @@ def main(argv: list[str] | None = None) -> int:
                              "(the seed's rule, for comparison)")
     parser.add_argument("--counter", choices=("chars", "tiktoken", "model"), default="chars",
                         help="how the text of a message is estimated ([context.estimation] counter; default chars/4)")
+    parser.add_argument("--run", default=None, help="replay this imported run's turns instead (needs --store)")
+    parser.add_argument("--store", type=Path, default=None, help="the store holding --run")
     args = parser.parse_args(argv)
+    if args.run is not None:
+        if args.store is None:
+            parser.error("--run needs --store PATH")
+        args.out.mkdir(parents=True, exist_ok=True)
+        model = str(resolve_model(args.model)) if args.counter == "model" else None
+        result = replay_run(args.store, args.run, args.counter, model)
+        (args.out / "inflation-run.json").write_text(json.dumps(result, indent=1) + "\n")
+        print(json.dumps(result["summary"]))
+        return 0
     if args.turns < 2 or not 0 < args.n_ctx <= 8192 or args.max_reply_tokens < 1:
         parser.error("need --turns ≥ 2, 0 < --n-ctx ≤ 8192 and --max-reply-tokens ≥ 1")
     model = resolve_model(args.model)

@@ -1,22 +1,31 @@
-"""Ingest throughput on realistic trajectories, against a bare import of the same files measured in the same run.
+"""Ingest throughput on realistic runs of each harness, against a bare import of the same files measured in the
+same run.
 
-``--n`` sets of trajectories (default 100 and 1000) are generated from ``--seed`` into a temp dir, about
-``--size-mb`` MB each on average (sizes vary 0.3×–2×): mini-swe-agent v2 (tool calls) for most, v1 and SWE-agent
-for the rest, over three model names on shared instances — each with the harness's own system prompt and
-instance template (the same text in every run, stored once), and varied tool output (listings, source files,
-grep hits, pytest logs, long outputs cut by the harness's warning).
+Cases (``--cases``; each writer below makes one, so a harness is added with one more writer in ``CASES``):
+
+- ``trajectories``: N files of about ``--size-mb`` MB (sizes vary 0.3×–2×): mini-swe-agent v2 (tool calls) for
+  most, v1 and SWE-agent for the rest, over three model names on shared instances — each with the harness's own
+  system prompt and instance template (the same text in every run, stored once), and varied tool output
+  (listings, source files, grep hits, pytest logs, long outputs cut by the harness's warning);
+- ``harbor``: a Harbor job of N trials (two agents, ATIF trajectories of about ``--run-mb`` MB, ``result.json``
+  and the other files of each trial), from :mod:`kvjudge.testing.harbor`;
+- ``inspect-eval`` / ``inspect-json``: one inspect log of N samples (zstd ``.eval``; ``.json``), from
+  :mod:`kvjudge.testing.inspect_logs`.
 
 For each set, in fresh child processes (each reports its own peak RSS, VmHWM, as it exits):
 
-- **baseline**: ``json.load`` of each file, SHA-256 of every string value of 32 bytes or more (the bodies;
-  roles, ids and timestamps are not) and one SQLite ``INSERT OR IGNORE`` per body into a content-addressed
-  table, one commit per file (WAL, ``synchronous=FULL``, like the store) — the least an importer can do;
+- **baseline**: ``json.load`` of each JSON document (each file; each member of an ``.eval`` archive, inflated),
+  SHA-256 of every string value of 32 bytes or more (the bodies; roles, ids and timestamps are not) and one
+  SQLite ``INSERT OR IGNORE`` per body into a content-addressed table, one commit per document (WAL,
+  ``synchronous=FULL``, like the store) — the least an importer can do;
 - **kvjudge**: ``kvjudge ingest DIR`` — both passes (check, then write in batches), events, projections.
 
-Targets: kvjudge MB/s ≥ 0.5 × the baseline's; kvjudge's peak RSS at the largest N within 10 % of the smallest;
+MB are the bytes on disk (compressed for ``.eval``). Targets: kvjudge MB/s ≥ 0.5 × the baseline's for
+trajectories, ≥ 0.6 × for each harness case; kvjudge's peak RSS at the largest N within 10 % of the smallest;
 dedup savings reported. Writes ``ingest_throughput.json`` to ``--out`` and prints it as one line.
 
-    python benchmarks/ingest_throughput.py --out /tmp/bench [--n 100 1000] [--size-mb 1.0]
+    python benchmarks/ingest_throughput.py --out /tmp/bench [--cases trajectories harbor inspect-eval inspect-json]
+        [--n 100 1000] [--harness-n 100 500] [--size-mb 1.0] [--run-mb 0.2]
 """
 
 from __future__ import annotations
@@ -33,7 +42,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from kvjudge.retention.ingest.archive import Archive
 from kvjudge.retention.ingest.synthetic import make_episode, mini_swe_agent_v1, mini_swe_agent_v2, swe_agent
+from kvjudge.testing.harbor import TrialSpec, write_job
+from kvjudge.testing.inspect_logs import eval_spec, sample, write_eval, write_json_log
 
 MODELS = ("anthropic/claude-sonnet-4-5-20250929", "openai/gpt-5-mini", "hosted_vllm/qwen3-coder-30b")
 # Bytes of tool output per byte of a written file, measured on make_episode's output (so files average
@@ -42,7 +54,7 @@ MODELS = ("anthropic/claude-sonnet-4-5-20250929", "openai/gpt-5-mini", "hosted_v
 _OUTPUT_SHARE = {"v2": 0.66, "v1": 1.4, "swe": 0.63}
 
 
-def generate(directory: Path, n: int, size_mb: float, seed: int) -> dict[str, Any]:
+def generate(directory: Path, n: int, size_mb: float, seed: int) -> list[int]:
     """``n`` trajectories under ``directory/<model>/<instance>/``; their sizes."""
     rng = random.Random(seed)
     sizes = []
@@ -61,7 +73,62 @@ def generate(directory: Path, n: int, size_mb: float, seed: int) -> dict[str, An
             data = mini_swe_agent_v2(episode) if style == "v2" else mini_swe_agent_v1(episode)
         path.write_text(json.dumps(data, indent=2))
         sizes.append(path.stat().st_size)
-    return {"files": n, "bytes": sum(sizes), "mean_mb": round(sum(sizes) / n / 1e6, 3),
+    return sizes
+
+
+# Bytes of tool output per byte of a run, measured on the writers' output: a Harbor trial holds each output
+# once (its observation); an inspect sample twice (the tool message, the tool event's attachment).
+_HARNESS_OUTPUT_SHARE = {"harbor": 0.8, "inspect": 0.45}
+
+
+def harbor_job(directory: Path, n: int, run_mb: float, seed: int) -> list[int]:
+    """A Harbor job of ``n`` trials (two agents on shared tasks, two trials each); each trial's size."""
+    rng = random.Random(seed)
+    job = write_job(directory, "job", [
+        TrialSpec(f"task-{index // 4}", agent=("terminus-2", "claude-code")[index % 2],
+                  model=MODELS[index % 2], suffix=f"{index:07d}", seed=seed * 100_003 + index,
+                  reward=float(rng.random() < 0.5),
+                  target_bytes=int(run_mb * 1e6 * rng.uniform(0.3, 1.7) * _HARNESS_OUTPUT_SHARE["harbor"]))
+        for index in range(n)])
+    return [sum(p.stat().st_size for p in trial.rglob("*") if p.is_file()) for trial in job.iterdir() if trial.is_dir()]
+
+
+def _inspect_samples(n: int, run_mb: float, seed: int) -> list[dict[str, Any]]:
+    rng = random.Random(seed)
+    return [sample(make_episode(f"case-{index // 2}", seed * 100_003 + index, model=MODELS[0],
+                                target_bytes=int(run_mb * 1e6 * rng.uniform(0.3, 1.7) * _HARNESS_OUTPUT_SHARE["inspect"])),
+                   index // 2 + 1, index % 2 + 1, model=MODELS[0], score=rng.choice("CI")) for index in range(n)]
+
+
+def inspect_eval(directory: Path, n: int, run_mb: float, seed: int) -> list[int]:
+    """One zstd ``.eval`` log of ``n`` samples (two epochs each); its size as one entry."""
+    directory.mkdir(parents=True)
+    path = write_eval(directory / "log.eval", eval_spec("csv_quoting", MODELS[0], epochs=2, samples=n // 2),
+                      _inspect_samples(n, run_mb, seed))
+    return [path.stat().st_size]
+
+
+def inspect_json(directory: Path, n: int, run_mb: float, seed: int) -> list[int]:
+    """One ``.json`` log of ``n`` samples; its size as one entry."""
+    directory.mkdir(parents=True)
+    path = write_json_log(directory / "log.json", eval_spec("csv_quoting", MODELS[0], epochs=2, samples=n // 2),
+                          _inspect_samples(n, run_mb, seed))
+    return [path.stat().st_size]
+
+
+#: case → (writer(directory, n, MB per run, seed) → sizes, target ratio, default N option). One writer per harness.
+CASES: dict[str, tuple[Any, float, str]] = {
+    "trajectories": (generate, 0.5, "n"),
+    "harbor": (harbor_job, 0.6, "harness_n"),
+    "inspect-eval": (inspect_eval, 0.6, "harness_n"),
+    "inspect-json": (inspect_json, 0.6, "harness_n"),
+}
+
+
+def write_case(case: str, directory: Path, n: int, args: argparse.Namespace) -> dict[str, Any]:
+    writer = CASES[case][0]
+    sizes = writer(directory, n, args.size_mb if case == "trajectories" else args.run_mb, args.seed)
+    return {"runs": n, "files": len(sizes), "bytes": sum(sizes), "mean_mb": round(sum(sizes) / len(sizes) / 1e6, 3),
             "min_mb": round(min(sizes) / 1e6, 3), "max_mb": round(max(sizes) / 1e6, 3)}
 
 
@@ -71,12 +138,10 @@ def baseline(directory: Path, store: Path) -> dict[str, Any]:
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA synchronous=FULL")
     conn.execute("CREATE TABLE IF NOT EXISTS blobs (ref TEXT PRIMARY KEY, size INTEGER NOT NULL, body BLOB)")
-    files = sorted(p for p in directory.rglob("*") if p.is_file())
+    files = sorted(p for p in directory.rglob("*") if p.is_file() and p.suffix in (".json", ".traj", ".eval"))
     bodies = 0
     started = time.perf_counter()
-    for path in files:
-        with path.open("rb") as handle:
-            data = json.load(handle)
+    for data in _documents(files):
         conn.execute("BEGIN IMMEDIATE")
         for text in _strings(data):
             body = text.encode("utf-8")
@@ -88,6 +153,18 @@ def baseline(directory: Path, store: Path) -> dict[str, Any]:
     seconds = time.perf_counter() - started
     conn.close()
     return {"seconds": seconds, "bodies": bodies}
+
+
+def _documents(files: list[Path]):
+    """Each file's JSON document; each member of an ``.eval`` archive, inflated."""
+    for path in files:
+        if path.suffix == ".eval":
+            with Archive(path) as archive:
+                for name in archive.names():
+                    yield json.loads(archive.read(name))
+        else:
+            with path.open("rb") as handle:
+                yield json.load(handle)
 
 
 def _strings(value: Any):
@@ -139,6 +216,7 @@ def child(argv: list[str]) -> tuple[dict[str, Any], float, float]:
 
 
 def measure(directory: Path, work: Path, gen: dict[str, Any]) -> dict[str, Any]:
+    """Both imports of ``directory`` in child processes: MB/s, peak RSS, dedup."""
     mb = gen["bytes"] / 1e6
     base, base_wall, base_rss = child([sys.executable, __file__, "--baseline-child", str(directory),
                                        str(work / "baseline.sqlite")])
@@ -157,11 +235,31 @@ def measure(directory: Path, work: Path, gen: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def run_case(case: str, ns: list[int], args: argparse.Namespace) -> dict[str, Any]:
+    results = []
+    for n in ns:
+        with tempfile.TemporaryDirectory(prefix="kvjudge-ingest-bench-") as temp:
+            root = Path(temp)
+            gen = write_case(case, root / "runs", n, args)
+            results.append(measure(root / "runs", root, gen))
+    outcome: dict[str, Any] = {"sets": results, "min_ratio": min(r["ratio"] for r in results),
+                               "target_ratio": CASES[case][1]}
+    if len(results) > 1:
+        first, last = results[0]["kvjudge"]["peak_rss_mib"], results[-1]["kvjudge"]["peak_rss_mib"]
+        outcome["rss_growth"] = round(last / first - 1, 3)
+        outcome["target_rss_growth"] = 0.10
+    return outcome
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("bench-out"))
-    parser.add_argument("--n", type=int, nargs="+", default=[100, 1000])
-    parser.add_argument("--size-mb", type=float, default=1.0)
+    parser.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES))
+    parser.add_argument("--n", type=int, nargs="+", default=[100, 1000], help="trajectory files per set")
+    parser.add_argument("--harness-n", type=int, nargs="+", default=[100, 500],
+                        help="Harbor trials / inspect samples per set")
+    parser.add_argument("--size-mb", type=float, default=1.0, help="mean size of a trajectory file")
+    parser.add_argument("--run-mb", type=float, default=0.2, help="mean size of a Harbor trial or inspect sample")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--baseline-child", nargs=2, metavar=("DIR", "DB"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -169,19 +267,12 @@ def main() -> None:
         print(json.dumps(baseline(Path(args.baseline_child[0]), Path(args.baseline_child[1]))))
         return
     args.out.mkdir(parents=True, exist_ok=True)
-    results = []
-    for n in args.n:
-        with tempfile.TemporaryDirectory(prefix="kvjudge-ingest-bench-") as temp:
-            root = Path(temp)
-            gen = generate(root / "runs", n, args.size_mb, args.seed)
-            results.append(measure(root / "runs", root, gen))
-    summary: dict[str, Any] = {"benchmark": "ingest_throughput", "size_mb": args.size_mb, "seed": args.seed,
-                               "sets": results,
-                               "min_ratio": min(r["ratio"] for r in results), "target_ratio": 0.5}
-    if len(results) > 1:
-        first, last = results[0]["kvjudge"]["peak_rss_mib"], results[-1]["kvjudge"]["peak_rss_mib"]
-        summary["rss_growth"] = round(last / first - 1, 3)
-        summary["target_rss_growth"] = 0.10
+    cases = {case: run_case(case, getattr(args, CASES[case][2]), args) for case in args.cases}
+    summary: dict[str, Any] = {"benchmark": "ingest_throughput", "size_mb": args.size_mb, "run_mb": args.run_mb,
+                               "seed": args.seed, "cases": cases,
+                               "min_ratio": min(c["min_ratio"] for c in cases.values()),
+                               "targets_met": all(c["min_ratio"] >= c["target_ratio"]
+                                                  and c.get("rss_growth", 0) <= 0.10 for c in cases.values())}
     (args.out / "ingest_throughput.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(json.dumps(summary))
 

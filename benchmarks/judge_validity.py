@@ -52,9 +52,9 @@ def _sample_store(directory: Path) -> Path:
 
 
 def _pairs(store: Store) -> list[tuple[str, str]]:
-    from kvjudge.commands._common import same_task_pairs
+    from kvjudge.judge.pairing import same_task_pairs
 
-    return same_task_pairs(store)
+    return same_task_pairs(store.iter_runs()).pairs
 
 
 def _summary(result: dict[str, Any]) -> dict[str, Any]:

@@ -24,6 +24,7 @@ COMMAND_MODULES = (
     "kvjudge.commands.ingest",
     "kvjudge.commands.runs",
     "kvjudge.commands.mark",
+    "kvjudge.commands.grade",
     "kvjudge.commands.show",
     "kvjudge.commands.reduce",
     "kvjudge.commands.verify",

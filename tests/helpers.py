@@ -96,3 +96,16 @@ def memory_budget_for(model: Path, n_ctx: int) -> int:
     need = footprint(shape, n_ctx, RuntimeSettings(), placement).device_bytes
     step = footprint(shape, n_ctx + 256, RuntimeSettings(), placement).device_bytes - need
     return need + step // 2
+
+
+def store_snapshot(path: Path) -> tuple[list[Any], ...]:
+    """Everything a store holds that a refused command must leave as it was: the log, the blobs, the projections."""
+    import sqlite3
+
+    conn = sqlite3.connect(path)
+    try:
+        return tuple(conn.execute(query).fetchall() for query in (
+            "SELECT lsn, run, kind, payload FROM events ORDER BY lsn", "SELECT ref, size, body FROM blobs ORDER BY ref",
+            "SELECT id, state, last_lsn, state_json FROM runs ORDER BY id"))
+    finally:
+        conn.close()

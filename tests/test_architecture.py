@@ -12,7 +12,7 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "kvjudge"
 LAYERS = [
-    {"errors", "config", "atomic", "models", "display", "_llama", "__init__"},
+    {"errors", "config", "settings", "atomic", "models", "display", "_llama", "__init__"},
     {"tokens", "server_client"},
     {"probe"},
     {"budget"},

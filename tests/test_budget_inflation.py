@@ -57,3 +57,29 @@ def test_inflation_benchmark_figures_follow_their_definitions(tmp_path: Path, de
     assert (out / "inflation.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     table = (out / "inflation.md").read_text()
     assert "| 3 |" in table and "chars/4" in table and "model tokenizer" in table
+
+
+def test_replaying_an_imported_run_follows_its_definitions(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvjudge.retention import Store
+    from kvjudge.testing.harbor import TrialSpec, write_job
+
+    spec = importlib.util.spec_from_file_location("inflation_benchmark", BENCHMARK)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)
+    spec.loader.exec_module(module)
+    job = write_job(tmp_path / "jobs", "j", [TrialSpec("hello-world", seed=2, steps=4)])
+    with Store.open(tmp_path / "s.sqlite") as store:
+        [run_id] = store.ingest([job]).imported
+        calls = [t.usage for t in store.run(run_id).branches[0].transitions if t.usage]
+    assert module.main(["--out", str(tmp_path / "out"), "--run", run_id, "--store", str(tmp_path / "s.sqlite")]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    rows = json.loads((tmp_path / "out" / "inflation-run.json").read_text())["turns"]
+    # One turn per model call (the trial's four steps and its completion), the backend's counts as recorded.
+    assert [(r["prompt_tokens"], r["completion_tokens"]) for r in rows] == [
+        (u["input_tokens"], u["output_tokens"]) for u in calls] and len(rows) == 5
+    assert rows[0]["predicted_prompt"] is None and all(r["predicted_prompt"] > 0 for r in rows[1:])
+    # No template: after each call the anchored fullness is exactly its prompt plus its reply.
+    assert all(r["anchored_after"] == r["prompt_tokens"] + r["completion_tokens"] for r in rows)
+    assert summary["legacy_last"] == sum(r["prompt_tokens"] + r["completion_tokens"] for r in rows)
+    assert summary["turns"] == 5 and summary["missing_bodies"] == 0

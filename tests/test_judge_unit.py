@@ -252,6 +252,21 @@ def test_still_grades_compares_only_uncut_pairs_whose_views_differ() -> None:
     json.dumps(summary)  # plain JSON for the CLI
 
 
+def test_still_grades_counts_a_winner_that_became_no_preference_as_lost() -> None:
+    # What a capable judge does when reduction hid the evidence: it stops deciding (not a flip to the other run).
+    shorter = ("reduced-a", "reduced-b")
+    full = [_verdict("r1", "r2", "a", 0.85), _verdict("r3", "r4", "b", 0.15), _verdict("r5", "r6", "tie", 0.5),
+            _verdict("r7", "r8", "a", 0.8)]
+    reduced = [_verdict("r1", "r2", "tie", 0.5, views=shorter),
+               _verdict("r3", "r4", "inconsistent", 0.5, views=shorter),
+               _verdict("r5", "r6", "a", 0.8, views=shorter), _verdict("r7", "r8", "b", 0.2, views=shorter)]
+    results, summary = still_grades(full, reduced)
+    assert [r.lost for r in results] == [True, True, False, False]
+    assert [r.flipped for r in results] == [False, False, False, True]
+    assert (summary["compared"], summary["lost"], summary["flips"], summary["agreement"]) == (4, 2, 1, 0.0)
+    assert results[0].to_json()["lost"] is True
+
+
 def test_still_grades_refuses_pairs_that_do_not_line_up() -> None:
     with pytest.raises(UsageError):
         still_grades([_verdict("r1", "r2", "a", 0.8)], [_verdict("r2", "r1", "a", 0.8)])

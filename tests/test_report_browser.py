@@ -87,6 +87,7 @@ def test_the_report_loads_clean_with_the_conclusion_and_every_agent(built: dict[
     assert browser.find_element(By.ID, "shown-count").text == "12 of 12 pairs shown"  # the script ran
     header = browser.find_element(By.ID, "header").text
     assert "sha256" in header and "n_ctx" in header and "tokens — the" in header and built["store"] in header
+    assert "12 pair(s) on 4 task(s)" in header  # how the pairs were chosen, as eval says it
     shot = screenshot(browser, tmp_path / "report-index.png")
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     print(f"screenshot: {shot}")
@@ -194,7 +195,7 @@ def test_run_text_with_script_and_markup_never_executes(built: dict[str, Any], b
 def test_the_figures_on_the_page_are_eval_and_rank_json(built: dict[str, Any], browser: Any) -> None:
     open_page(browser, built["index"])
     figures = json.loads(browser.find_element(By.ID, "kvjudge-figures").get_attribute("textContent"))
-    expected_rank = {k: v for k, v in built["rank"].items() if k != "png"}
+    expected_rank = {k: v for k, v in built["rank"].items() if k not in ("png", "pairing")}  # the command's own
     assert figures["eval"] == built["eval"] and figures["rank"] == expected_rank
     # The numbers in the tables people read carry the same values.
     cells = browser.find_elements(By.CSS_SELECTOR, "#figures-table td[data-figure]")

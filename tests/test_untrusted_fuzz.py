@@ -114,6 +114,11 @@ KNOWN_HOSTILE = (json.dumps({"id": "u1", "messages": [
          "function": {"name": "bash", "arguments": {"cmd": ["pytest", {"k": "\u202e"}]}}}]},
     {"role": "tool", "tool_call_id": "c1",
      "content": "\x1b]0;pwned\x07\x1b[2J\x1b[31mFAILED\x1b[0m\r" + "long line " * 3000}]}) + "\n").encode("ascii")
+# A run whose id holds control characters and that stays above the ceiling: stderr names it as it names any run
+# text, visibly (found by hypothesis: the check compared the raw id).
+CONTROL_ID_ABOVE_CEILING = (json.dumps({"id": "\x9f\x19\u00b7}", "messages": [
+    {"role": "user", "content": "fix it " * 40}, {"role": "assistant", "content": "done " * 40},
+    {"role": "user", "content": "again " * 40}, {"role": "assistant", "content": "ok " * 40}]}) + "\n").encode("ascii")
 
 
 def cli(*argv: str) -> tuple[int, str, str]:
@@ -203,6 +208,7 @@ def test_hostile_runs_never_crash_ingest_show_reduce_verify_or_the_prompt(data: 
 @settings(max_examples=3, deadline=None, suppress_health_check=SLOW)
 @given(data=jsonl_file(), repair=st.booleans())
 @example(data=KNOWN_HOSTILE, repair=True)
+@example(data=CONTROL_ID_ABOVE_CEILING, repair=False)
 def test_hostile_runs_through_the_real_cli_in_child_processes(data: bytes, repair: bool,
                                                               capabilities: dict[int, Path]) -> None:
     with tempfile.TemporaryDirectory() as tmp:
@@ -228,7 +234,7 @@ def test_hostile_runs_through_the_real_cli_in_child_processes(data: bytes, repai
         # Exit 1 says some run stays above the ceiling after every loss step, and names it; nothing else fails.
         left = json.loads(reduced.stdout)["above_ceiling"]
         assert reduced.returncode == (1 if left else 0) and "Traceback" not in reduced.stderr, reduced.stderr
-        assert all(f"run {item['run']}: " in reduced.stderr for item in left)
+        assert all(f"run {visible(item['run'])}: " in reduced.stderr for item in left)  # named visibly
         checked = kvjudge("verify", "--store", store, "--json")
         assert checked.returncode == 0 and json.loads(checked.stdout)["ok"], checked.stdout + checked.stderr
 

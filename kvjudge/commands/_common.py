@@ -19,6 +19,7 @@ from kvjudge.errors import CapabilityMissing, ConfigError, UsageError
 
 if TYPE_CHECKING:
     from kvjudge.budget import CeilingBound
+    from kvjudge.judge.pairing import PairSelection
     from kvjudge.probe import CapabilityEntry
     from kvjudge.retention.tiering import ColdStores
     from kvjudge.tokens import TokenCounter
@@ -49,6 +50,24 @@ def add_endpoint_args(parser: argparse.ArgumentParser) -> None:
                         help="S3 endpoint for new moves (default: [retention] endpoint_url, else AWS_ENDPOINT_URL / "
                              "AWS config); a tiered run is read where its log says it went, and this overrides "
                              "that only when the store at URL holds the same manifest (the store moved)")
+
+
+def add_results_args(parser: argparse.ArgumentParser) -> None:
+    """``--results [AGENT=]FILE`` (``ingest`` and ``grade``: evaluation results as held-out grades)."""
+    parser.add_argument("--results", metavar="[AGENT=]FILE", action="append", default=[],
+                        help="evaluation results as held-out grades: a SWE-bench summary report, per-instance "
+                             "report.json files, OpenHands output.swebench_eval.jsonl, Harbor result.json files, "
+                             "inspect logs (a directory is searched); repeatable")
+
+
+def unmatched_results_line(unmatched: Sequence[dict[str, str]], runs: str = "run of this import",
+                           listed: int = 10) -> str:
+    """The one warning line for results that named no run: the first ``listed`` by name, the rest counted."""
+    names = [item["instance"] for item in unmatched[:listed]]
+    more = len(unmatched) - len(names)
+    files = sorted({item["results"] for item in unmatched})
+    return (f"warning: {len(unmatched)} result(s) name no {runs}: {', '.join(names)}"
+            f"{f' and {more} more' if more else ''} (from {', '.join(files)})")
 
 
 def staleness_days(args: argparse.Namespace) -> float | None:
@@ -265,9 +284,14 @@ def emit(args: argparse.Namespace, payload: Any, human: Callable[[], None] | Non
 
 
 def print_table(columns: Sequence[str], rows: Sequence[Sequence[Any]], title: str | None = None) -> None:
-    """A short table on stdout (rich, plain text when stdout is not a terminal); cells shown visibly unless
-    the command runs with ``--raw``."""
+    """A short table on stdout, as wide as the terminal (80 columns when stdout is not one, or ``COLUMNS``).
+
+    A table wider than that is never cut: it is printed as one record per row instead (the first cell on its own
+    line, then ``column  value`` lines), so a run id a user must copy is always whole and every header readable.
+    Cells are shown visibly (:func:`visible`) unless the command runs with ``--raw``.
+    """
     from rich.console import Console
+    from rich.measure import Measurement
     from rich.table import Table
     from rich.text import Text
 
@@ -277,13 +301,56 @@ def print_table(columns: Sequence[str], rows: Sequence[Sequence[Any]], title: st
     raw = isinstance(out, _HumanStdout) and out.raw
     stream = out.stream if isinstance(out, _HumanStdout) else out
     shown: Callable[[str], str] = (lambda text: text) if raw else visible
+    cells = [[shown("" if cell is None else str(cell)) for cell in row] for row in rows]
+    console = Console(file=stream, soft_wrap=False)
     table = Table(title=None if title is None else Text(shown(title)), show_edge=False, header_style="bold")
     for column in columns:
-        table.add_column(column)
-    for row in rows:
+        table.add_column(column, overflow="fold")
+    for row in cells:
         # Text(), not str: cells hold run text and refs, whose square brackets are not rich markup.
-        table.add_row(*[Text(shown("" if cell is None else str(cell))) for cell in row])
-    Console(file=stream, soft_wrap=False, width=max(100, Console(file=stream).width)).print(table)
+        table.add_row(*[Text(cell) for cell in row])
+    natural = Measurement.get(console, console.options.update(width=10**6), table).maximum
+    if natural <= console.width:
+        console.print(table, width=console.width)
+        return
+    _print_records([shown(column) for column in columns], cells, None if title is None else shown(title), stream,
+                   console.width)
+
+
+def print_wrapped(text: str, indent: str = "") -> None:
+    """A sentence on stdout, wrapped at the terminal's width (80 columns when stdout is not a terminal), every
+    line after ``indent``; a word longer than a line is never broken."""
+    import textwrap
+
+    from rich.console import Console
+
+    width = Console(file=sys.stdout).width
+    print(textwrap.fill(text, width=width, initial_indent=indent, subsequent_indent=indent + "  ",
+                        break_long_words=False, break_on_hyphens=False))
+
+
+def _print_records(columns: Sequence[str], rows: Sequence[Sequence[str]], title: str | None, stream: Any,
+                   width: int) -> None:
+    """The vertical layout of :func:`print_table`: one block per row, labels aligned, nothing cut."""
+    import textwrap
+
+    if title:
+        print(textwrap.fill(title, width=width, break_long_words=False, break_on_hyphens=False), file=stream)
+    labels = [column or f"column {index + 1}" for index, column in enumerate(columns)]
+    pad = max((len(label) for label in labels[1:]), default=0)
+    for row in rows:
+        first, *rest = row or [""]
+        print(f"{labels[0]}: {first}" if columns[0] else first, file=stream)
+        indent = " " * (pad + 4)
+        for label, cell in zip(labels[1:], rest):
+            # Long values wrap at spaces under their label (a word longer than the line is never broken).
+            lines = [wrapped for line in cell.split("\n")
+                     for wrapped in textwrap.wrap(line, width=max(20, width - len(indent)), break_long_words=False,
+                                                  break_on_hyphens=False) or [""]]
+            print(f"  {label.ljust(pad)}  {lines[0]}", file=stream)
+            for line in lines[1:]:
+                print(f"{indent}{line}", file=stream)
+    stream.flush()
 
 
 def cold_stores(args: argparse.Namespace, config: Config) -> ColdStores:
@@ -345,10 +412,15 @@ def add_judge_args(parser: argparse.ArgumentParser, *, also_templates: tuple[str
 
     ``also_templates``: further ``--template`` values a command understands (``eval``'s ``both``)."""
     from kvjudge.judge import DEFAULT_MARGIN, TEMPLATE_CHOICES
+    from kvjudge.judge.pairing import DEFAULT_POLICY, POLICIES
 
     parser.add_argument("runs", nargs="*", metavar="RUN", help="two run ids: RUN_A RUN_B")
     parser.add_argument("--pairs", metavar="FILE", help='JSONL file of pairs, one {"a": RUN, "b": RUN} per line')
     parser.add_argument("--task", metavar="TASK", help="every pair of runs on this task id")
+    parser.add_argument("--trials", choices=POLICIES, default=DEFAULT_POLICY,
+                        help="when an agent ran a task several times: matched pairs trial i with trial i of each "
+                             "other agent, all pairs every two runs on the task (default: matched; runs without a "
+                             "trial pair with every run on their task)")
     backend = parser.add_mutually_exclusive_group()
     backend.add_argument("--model", metavar="PATH", help="judge model GGUF (default: [judge] model, else the "
                                                          "default judge model)")
@@ -423,29 +495,14 @@ def _pairs_from_file(path: str) -> list[tuple[str, str]]:
     return pairs
 
 
-def same_task_pairs(store: Any, task: str | None = None, keep: Callable[[Any, Any], bool] | None = None) \
-        -> list[tuple[str, str]]:
-    """Every pair of runs on one task (``task``, else every task), in id order; ``keep(state_a, state_b)``
-    filters them."""
-    import itertools
-
-    by_task: dict[str, list[Any]] = {}
-    for state in store.iter_runs():
-        if state.task_id is not None and (task is None or state.task_id == task):
-            by_task.setdefault(state.task_id, []).append(state)
-    pairs = []
-    for name in sorted(by_task):
-        for a, b in itertools.combinations(sorted(by_task[name], key=lambda s: s.id), 2):
-            if keep is None or keep(a, b):
-                pairs.append((a.id, b.id))
-    return pairs
-
-
 def select_pairs(args: argparse.Namespace, store: Any, *, default_all: bool = False,
-                 keep: Callable[[Any, Any], bool] | None = None) -> list[tuple[str, str]]:
+                 keep: Callable[[Any, Any], bool] | None = None) -> PairSelection:
     """The pairs named by RUN_A RUN_B, ``--pairs FILE`` or ``--task TASK`` (or, with ``default_all``, every
-    same-task pair of the store); unknown runs and self-pairs are errors before any model loads."""
+    same-task pair of the store), the trials of an agent paired by ``--trials``
+    (:func:`kvjudge.judge.pairing.same_task_pairs`); unknown runs and self-pairs are errors before any model
+    loads."""
     from kvjudge.errors import UsageError
+    from kvjudge.judge.pairing import describe_pairs, same_task_pairs
 
     chosen = sum([bool(args.runs), args.pairs is not None, args.task is not None])
     if chosen > 1 or (chosen == 0 and not default_all):
@@ -457,10 +514,12 @@ def select_pairs(args: argparse.Namespace, store: Any, *, default_all: bool = Fa
     elif args.pairs is not None:
         pairs = _pairs_from_file(args.pairs)
     else:
-        pairs = same_task_pairs(store, args.task, keep)
+        selection = same_task_pairs(store.iter_runs(task=args.task), task=args.task, policy=args.trials, keep=keep)
+        pairs = selection.pairs
         if args.task is not None and not pairs:
-            count = sum(1 for state in store.iter_runs() if state.task_id == args.task)
-            raise UsageError(f"task {args.task!r} has {count} run(s) in the store; a pair needs two")
+            count = len(store.run_ids(task=args.task))
+            raise UsageError(f"task {args.task!r} has {count} run(s) in the store that pair under --trials "
+                             f"{args.trials}; a pair needs two")
         if not pairs:
             raise UsageError("the store holds no two runs on one task; ingest runs, or name the pairs")
     for a, b in pairs:
@@ -468,7 +527,9 @@ def select_pairs(args: argparse.Namespace, store: Any, *, default_all: bool = Fa
             raise UsageError(f"pair ({a}, {b}) names one run twice; a judge compares two runs")
         for run_id in (a, b):
             store.run(run_id)  # an unknown run is an error before any model call (StoreError names it)
-    return pairs
+    if args.runs or args.pairs is not None:
+        return describe_pairs(pairs, store.run, "named")
+    return selection
 
 
 def _server_options(args: argparse.Namespace, config: Config, servers: list[str]) -> tuple[int, float]:

@@ -1,9 +1,12 @@
 """`kvjudge eval`: is the judge right? Accuracy against held-out grades, beside simple baselines.
 
-    kvjudge eval [--task TASK | --pairs FILE | RUN_A RUN_B] [--template auto|chat|raw|both] [--png PATH] [--json]
+    kvjudge eval [--task TASK | --pairs FILE | RUN_A RUN_B] [--trials matched|all] [--template auto|chat|raw|both]
+                 [--png PATH] [--json]
 
-By default every same-task pair of the store is judged (judgments come from the cache when they are there)
-and scored against the grades the judge never saw; see :mod:`kvjudge.judge.evaluate` for the figures.
+By default every same-task pair of the store is judged (judgments come from the cache when they are there; an
+agent's trials paired as :mod:`kvjudge.judge.pairing` says) and scored against the grades the judge never saw;
+see :mod:`kvjudge.judge.evaluate` for the figures. Counts are of pairs, never runs; the output says how the pairs
+were chosen and how many trials per agent and task they use.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from kvjudge.commands._common import (
     open_judge,
     open_store,
     print_table,
+    print_wrapped,
     progress,
     select_pairs,
 )
@@ -47,7 +51,8 @@ def _eval(args: argparse.Namespace) -> int:
     templates = ["chat", "raw"] if args.template == "both" else [args.template]
     results: dict[str, dict[str, Any]] = {}
     with open_store(args, config) as store:
-        pairs = select_pairs(args, store, default_all=True)
+        selection = select_pairs(args, store, default_all=True)
+        pairs = selection.pairs
         for template in templates:
             judge = open_judge(args, config, template=template)
             try:
@@ -64,8 +69,8 @@ def _eval(args: argparse.Namespace) -> int:
     png = Path(args.png)
     plot_reliability(results, png)
     info(f"reliability plot: {png}")
-    payload = {"templates": results, "png": str(png)}
-    emit(args, payload, lambda: _print(results))
+    payload = {"templates": results, "png": str(png), "pairing": selection.to_json()}
+    emit(args, payload, lambda: _print(results, selection.describe()))
     return 0
 
 
@@ -86,7 +91,9 @@ def _row(name: str, m: dict[str, Any]) -> list[Any]:
             _fmt(m["inconsistent_rate"]), _fmt(m["mean_label_mass"])]
 
 
-def _print(results: dict[str, dict[str, Any]]) -> None:
+def _print(results: dict[str, dict[str, Any]], pairing: str | None = None) -> None:
+    if pairing is not None:
+        print_wrapped(f"judged {pairing}")
     columns = ["", "pairs", "coverage", "accuracy, ties ½ [95 %]", "accuracy, decisive [95 %]", "κ",
                "pos. consistency", "pos. bias", "ties", "inconsistent", "label mass"]
     for label, result in results.items():
@@ -96,4 +103,4 @@ def _print(results: dict[str, dict[str, Any]]) -> None:
         print_table(columns, rows, title=f"{model}, {label} framing: {result['graded_pairs']} pairs with different "
                                          f"grades ({result['equal_grades']} equal, {result['ungraded']} ungraded "
                                          f"left out)")
-        print(result["conclusion"])
+        print_wrapped(result["conclusion"])

@@ -7,6 +7,7 @@ import sys
 
 from kvjudge.commands._common import (
     add_output_args,
+    add_results_args,
     add_store_args,
     config_from,
     emit,
@@ -14,29 +15,28 @@ from kvjudge.commands._common import (
     megabytes,
     open_store,
     progress,
+    unmatched_results_line,
 )
 from kvjudge.retention.ingest import FORMATS, IngestReport, collect_sources, ingest_sources
 from kvjudge.retention.text_check import describe_repair
-
-# The warning line lists this many unmatched results by name; the rest are counted.
-_LISTED = 10
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "ingest", help="import runs: native or OpenAI JSONL, mini-swe-agent (*.traj.json) and SWE-agent (*.traj) "
-                       "trajectories; files or directories, .gz read transparently")
+                       "trajectories, OpenHands output.jsonl and llm_completions logs, Harbor trials (ATIF), "
+                       "inspect_ai logs (*.eval, .json); files or directories, .gz read transparently")
     parser.add_argument("paths", nargs="+", metavar="PATH",
-                        help="run file or directory (walked for *.jsonl, *.traj.json, *.traj, each optionally .gz)")
+                        help="run file or directory (walked for *.jsonl, *.traj.json, *.traj, each optionally .gz, "
+                             "*.eval and inspect .json logs, Harbor trials: result.json beside agent/, and OpenHands "
+                             "llm_completions/<instance_id>/*.json)")
     parser.add_argument("--format", choices=FORMATS, default="auto",
                         help="format of every document (default: auto, detected per document)")
     parser.add_argument("--tenant", metavar="NAME", help="tenant for runs that name none (default: default)")
     parser.add_argument("--agent", metavar="NAME",
                         help="agent of every run, overriding the model named in the trajectory (run ids of "
                              "trajectories are AGENT/INSTANCE_ID)")
-    parser.add_argument("--results", metavar="[AGENT=]FILE", action="append", default=[],
-                        help="SWE-bench evaluation results as held-out grades: a summary report or per-instance "
-                             "report.json files (a directory is searched); repeatable")
+    add_results_args(parser)
     parser.add_argument("--skip-bad", action="store_true",
                         help="import the other files when one is malformed, and list it at the end")
     parser.add_argument("--repair-text", action="store_true",
@@ -60,17 +60,9 @@ def _ingest(args: argparse.Namespace) -> int:
                                 repair_text=args.repair_text,
                                 progress=lambda n, description: advance(n, description=description))
     if report.unmatched_results:
-        info("warning: " + _unmatched_line(report))
+        info(unmatched_results_line(report.unmatched_results))
     emit(args, report.to_dict(), lambda: _human(report))
     return 0
-
-
-def _unmatched_line(report: IngestReport) -> str:
-    names = [f"{item['instance']}" for item in report.unmatched_results[:_LISTED]]
-    more = len(report.unmatched_results) - len(names)
-    files = sorted({item["results"] for item in report.unmatched_results})
-    return (f"{len(report.unmatched_results)} result(s) name no run of this import: {', '.join(names)}"
-            f"{f' and {more} more' if more else ''} (from {', '.join(files)})")
 
 
 def _human(report: IngestReport) -> None:
@@ -83,7 +75,8 @@ def _human(report: IngestReport) -> None:
         print(f"  deduplication saved {megabytes(report.dedup_saved_bytes)} MB: {megabytes(report.stored_bytes)} MB "
               f"stored for {megabytes(report.body_bytes)} MB of bodies")
     for results in report.results:
-        whose = f"{results['agent']}'s runs" if results["agent"] else "runs of any agent"
+        whose = f"{results['agent']}'s runs" if results["agent"] else \
+            "the runs it names" if results["agent_from"] == "run ids" else "runs of any agent"
         print(f"  results {results['results']}: graded {results['graded']} of {whose}"
               f"{' (agent from the ' + results['agent_from'] + ')' if results['agent_from'] == 'file name' else ''}")
     if report.evaluation_errors:

@@ -23,6 +23,7 @@ from kvjudge.commands._common import (
     open_judge,
     open_store,
     print_table,
+    print_wrapped,
     progress,
     select_pairs,
     served_entry,
@@ -84,7 +85,8 @@ def _reduce_target(args: argparse.Namespace, config: Config, store: Any, pairs: 
 def _judge(args: argparse.Namespace) -> int:
     config = config_from(args)
     with open_store(args, config) as store:
-        pairs = select_pairs(args, store)
+        selection = select_pairs(args, store)
+        pairs = selection.pairs
         judge = open_judge(args, config)
         backend = judge.backend
         try:
@@ -119,6 +121,7 @@ def _judge(args: argparse.Namespace) -> int:
                 summary["servers"] = backend.stats()
             summary["window"] = None if judge.window is None else judge.window.to_json()
             summary["room"] = judge.room
+            summary["pairing"] = selection.to_json()
             if args.still_grades:
                 summary["full_window"] = None if full_window is None else full_window.to_json()
                 summary["reduce_to"] = targets
@@ -153,8 +156,9 @@ def _emit_pair(args: argparse.Namespace, verdict: Verdict, still: StillGrades | 
     payload = verdict.to_json()
     if still is not None:
         payload.update({"full": still.full.to_json(), "held": still.held, "flipped": still.flipped,
-                        "delta_p_a": still.delta_p_a, "full_cut": still.full_cut, "views_differ": still.views_differ,
-                        "compared": still.compared, "view_tokens": still.view_tokens()})
+                        "lost": still.lost, "delta_p_a": still.delta_p_a, "full_cut": still.full_cut,
+                        "views_differ": still.views_differ, "compared": still.compared,
+                        "view_tokens": still.view_tokens()})
     emit(args, payload, lambda: _print_pair(verdict, still))
 
 
@@ -175,12 +179,12 @@ def _print_pair(verdict: Verdict, still: StillGrades | None) -> None:
         held = {True: "yes", False: "no", None: "n/a (no score)"}[still.held]
         left_out = ("  (left out: the full side was cut to fit)" if still.full_cut else
                     "  (left out: both sides read the same views)" if not still.views_differ else "")
-        print(f"winner held: {held}   Δp_a: {_fmt(still.delta_p_a)}{left_out}")
+        print_wrapped(f"winner held: {held}   Δp_a: {_fmt(still.delta_p_a)}{left_out}")
     for v in ([still.full, still.reduced] if still is not None else [verdict]):
         if v.error:
-            print(f"  {v.outcome}: {v.error}")
+            print_wrapped(f"{v.outcome}: {v.error}", indent="  ")
         for note in v.notes:
-            print(f"  note: {note}")
+            print_wrapped(f"note: {note}", indent="  ")
 
 
 def _print_summary(summary: dict[str, Any], still: bool) -> None:
@@ -188,6 +192,7 @@ def _print_summary(summary: dict[str, Any], still: bool) -> None:
         rows = [["pairs", summary["pairs"]], ["full side cut to fit (full_cut, left out)", summary["full_cut"]],
                 ["same views on both sides (left out)", summary["same_views"]], ["compared", summary["compared"]],
                 ["agreement", _fmt(summary["agreement"])], ["flips", summary["flips"]],
+                ["decisions lost (a winner became a tie or inconsistent)", summary["lost"]],
                 ["Cohen's kappa", _fmt(summary["kappa"])], ["mean |Δp_a|", _fmt(summary["mean_abs_delta_p_a"])],
                 ["coverage full / reduced", f"{_fmt(summary['coverage']['full'])} / "
                                             f"{_fmt(summary['coverage']['reduced'])}"],

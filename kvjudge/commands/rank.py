@@ -22,6 +22,7 @@ from kvjudge.commands._common import (
     open_judge,
     open_store,
     print_table,
+    print_wrapped,
     progress,
     select_pairs,
 )
@@ -79,8 +80,8 @@ def _rank(args: argparse.Namespace) -> int:
                 raise UsageError("--verdicts ranks a file of verdicts; do not name pairs as well")
             verdicts = _verdicts_from_file(args.verdicts)
         else:
-            pairs = select_pairs(args, store, default_all=True,
-                                 keep=lambda a, b: agent_of(a) != agent_of(b))
+            selection = select_pairs(args, store, default_all=True, keep=lambda a, b: agent_of(a) != agent_of(b))
+            pairs = selection.pairs
             judge = open_judge(args, config)
             try:
                 with progress("judging", len(pairs) * 2) as advance:
@@ -89,6 +90,8 @@ def _rank(args: argparse.Namespace) -> int:
             finally:
                 judge.backend.close()
         ranking = rank(verdicts, agent, bootstrap=args.bootstrap)
+        if args.verdicts is None:
+            ranking["pairing"] = selection.to_json()
     if ranking["agents"]:
         png = Path(args.png)
         plot_ranking(ranking, png)
@@ -100,7 +103,7 @@ def _rank(args: argparse.Namespace) -> int:
 
 def _print(ranking: dict[str, Any]) -> None:
     if not ranking["agents"]:
-        print(ranking["note"])
+        print_wrapped(ranking["note"])
         return
     rows = [[r["rank"], r["agent"], f"{r['strength']:+.2f}",
              "-" if r["ci95"] is None else f"[{r['ci95'][0]:+.2f}, {r['ci95'][1]:+.2f}]",

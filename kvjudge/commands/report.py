@@ -1,6 +1,7 @@
 """`kvjudge report`: one HTML page that shows how the judge did and why (and a page per pair beside it).
 
-    kvjudge report [--out PATH] [--task TASK | --pairs FILE | RUN_A RUN_B] [--bootstrap N] (+ the judge options)
+    kvjudge report [--out PATH] [--task TASK | --pairs FILE | RUN_A RUN_B] [--trials matched|all] [--bootstrap N]
+                   (+ the judge options)
 
 Every same-task pair of the store by default (as ``eval``); verdicts come from the judgment cache where they are
 there, and only the rest is judged. See :mod:`kvjudge.report` for what the page shows.
@@ -20,6 +21,7 @@ from kvjudge.commands._common import (
     info,
     open_judge,
     open_store,
+    print_wrapped,
     progress,
     select_pairs,
 )
@@ -69,7 +71,8 @@ def _report(args: argparse.Namespace) -> int:
     out = check_output(Path(args.out))
     config = config_from(args)
     with open_store(args, config) as store:
-        pairs = select_pairs(args, store, default_all=True)
+        selection = select_pairs(args, store, default_all=True)
+        pairs = selection.pairs
         judge = open_judge(args, config)
         try:
             with progress("judging", len(pairs) * 2) as advance:
@@ -78,18 +81,19 @@ def _report(args: argparse.Namespace) -> int:
             tenants = {store.run(run_id).tenant for pair in pairs for run_id in pair}
             ceilings, note = ceiling_figures(args, config, tenants)
             report = build_report(store, judge, verdicts, ceilings=ceilings, ceiling_note=note,
-                                  bootstrap=args.bootstrap)
+                                  bootstrap=args.bootstrap, pairing=selection.describe())
         finally:
             judge.backend.close()
     written = write_report(report, out)
-    payload = {**written.to_json(), "pairs": len(verdicts), "cached": sum(v.cached for v in verdicts),
+    payload = {**written.to_json(), "pairing": selection.to_json(), "pairs": len(verdicts), "cached": sum(v.cached for v in verdicts),
                "judged": sum(not v.cached for v in verdicts), "conclusion": report.evaluation["conclusion"]}
     emit(args, payload, lambda: _print(payload))
     return 0
 
 
 def _print(payload: dict[str, Any]) -> None:
-    print(payload["conclusion"])
-    print(f"report: {payload['index']} ({payload['index_bytes'] / 1e3:.0f} kB)")
-    print(f"pairs:  {payload['pair_dir']}/ ({payload['pair_pages']} pages, {payload['pair_bytes_total'] / 1e3:.0f} kB; "
-          f"{payload['cached']} of {payload['pairs']} verdicts from the cache)")
+    print_wrapped(payload["conclusion"])
+    print_wrapped(f"report: {payload['index']} ({payload['index_bytes'] / 1e3:.0f} kB)")
+    print_wrapped(f"pairs: {payload['pair_dir']}/ ({payload['pair_pages']} pages, "
+                  f"{payload['pair_bytes_total'] / 1e3:.0f} kB; {payload['cached']} of {payload['pairs']} verdicts "
+                  f"from the cache)")

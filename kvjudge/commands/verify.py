@@ -14,6 +14,7 @@ from kvjudge.commands._common import (
     info,
     open_store,
     print_table,
+    print_wrapped,
     progress,
 )
 from kvjudge.retention.blobs import short
@@ -49,8 +50,8 @@ def _verify(args: argparse.Namespace) -> int:
     def human() -> None:
         shared = f"; {report.shared_bodies} reduced bodies kept for other runs that still read them" \
             if report.shared_bodies else ""
-        print(f"{'OK' if report.ok else 'VIOLATIONS'}: {report.runs} run(s), {report.blobs_rehashed} bodies "
-              f"re-hashed{shared}")
+        print_wrapped(f"{'OK' if report.ok else 'VIOLATIONS'}: {report.runs} run(s), {report.blobs_rehashed} "
+                      f"bodies re-hashed{shared}")
         if report.violations:
             print_table(("check", "run", "ref", "problem"),
                         [(v.check, v.run or "", short(v.ref) if v.ref else "", v.message) for v in report.violations])

@@ -33,10 +33,16 @@ NO_PREFERENCE = ("tie", "inconsistent")
 RELIABILITY_BINS = 5
 
 
+def best_grade(state: Any) -> dict[str, Any] | None:
+    """The run's held-out grade with the best score — the one it is scored by (None when it has none)."""
+    scored = [g for g in state.grades if isinstance(g.get("score"), (int, float))]
+    return max(scored, key=lambda g: float(g["score"])) if scored else None
+
+
 def grade_score(state: Any) -> float | None:
     """The run's best held-out grade score (None when it has no grade)."""
-    scores = [float(g["score"]) for g in state.grades if isinstance(g.get("score"), (int, float))]
-    return max(scores) if scores else None
+    grade = best_grade(state)
+    return None if grade is None else float(grade["score"])
 
 
 def truth(state_a: Any, state_b: Any) -> str | None:

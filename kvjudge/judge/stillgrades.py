@@ -9,7 +9,9 @@ full runs uncut and the reduced views really differ from them, so a pair is *com
 - at least one of its two views differs between the sides (else the same text was read twice).
 
 For one pair: the tokens of each view on each side, whether the winner held, Δp_a. For a batch:
-agreement, flips, Cohen's κ and Δp_a over the compared pairs; coverage and position consistency per side.
+agreement, flips (a winner turned into the other), lost decisions (a winner turned into no preference: what a
+capable judge does when reduction hid what it decided on), Cohen's κ and Δp_a over the compared pairs; coverage
+and position consistency per side.
 """
 
 from __future__ import annotations
@@ -69,6 +71,11 @@ class StillGrades:
         return {self.full.outcome, self.reduced.outcome} == {"a", "b"}
 
     @property
+    def lost(self) -> bool:
+        """A decisive winner that the reduced views no longer decide (a tie or an inconsistent verdict)."""
+        return self.full.outcome in ("a", "b") and self.reduced.outcome in ("tie", "inconsistent")
+
+    @property
     def delta_p_a(self) -> float | None:
         """``reduced.p_a − full.p_a`` (None when either has no score)."""
         if not self.comparable:
@@ -78,8 +85,9 @@ class StillGrades:
 
     def to_json(self) -> dict[str, Any]:
         return {"a": self.full.a, "b": self.full.b, "full": self.full.to_json(), "reduced": self.reduced.to_json(),
-                "held": self.held, "flipped": self.flipped, "delta_p_a": self.delta_p_a, "full_cut": self.full_cut,
-                "views_differ": self.views_differ, "compared": self.compared, "view_tokens": self.view_tokens()}
+                "held": self.held, "flipped": self.flipped, "lost": self.lost, "delta_p_a": self.delta_p_a,
+                "full_cut": self.full_cut, "views_differ": self.views_differ, "compared": self.compared,
+                "view_tokens": self.view_tokens()}
 
 
 def cohen_kappa(first: Sequence[str], second: Sequence[str], categories: Sequence[str] = CATEGORIES) -> float | None:
@@ -121,8 +129,8 @@ def summarize_verdicts(verdicts: Sequence[Verdict]) -> dict[str, Any]:
 
 
 def still_grades_summary(results: Sequence[StillGrades]) -> dict[str, Any]:
-    """Batch summary of full-vs-reduced: agreement, flips, κ and Δp_a over the compared pairs (both scored,
-    full side uncut, views that differ); coverage, position consistency and outcomes per side."""
+    """Batch summary of full-vs-reduced: agreement, flips, lost decisions, κ and Δp_a over the compared pairs (both
+    scored, full side uncut, views that differ); coverage, position consistency and outcomes per side."""
     compared = [r for r in results if r.compared]
     deltas = [r.delta_p_a for r in compared if r.delta_p_a is not None]
     full = summarize_verdicts([r.full for r in results])
@@ -135,6 +143,7 @@ def still_grades_summary(results: Sequence[StillGrades]) -> dict[str, Any]:
         "compared": len(compared),
         "agreement": sum(bool(r.held) for r in compared) / len(compared) if compared else None,
         "flips": sum(r.flipped for r in compared),
+        "lost": sum(r.lost for r in compared),
         "kappa": cohen_kappa([r.full.outcome for r in compared], [r.reduced.outcome for r in compared]),
         "mean_abs_delta_p_a": sum(abs(d) for d in deltas) / len(deltas) if deltas else None,
         "max_abs_delta_p_a": max((abs(d) for d in deltas), default=None),

@@ -158,13 +158,15 @@ def reductions(store: Any, state: Any) -> tuple[Reduction, ...]:
 
 def build_report(store: Any, judge: Judge, verdicts: Sequence[Verdict], *,
                  ceilings: Mapping[str, Any] | None = None, ceiling_note: str | None = None,
-                 bootstrap: int = BOOTSTRAP, now: datetime.datetime | None = None) -> Report:
+                 bootstrap: int = BOOTSTRAP, pairing: str | None = None,
+                 now: datetime.datetime | None = None) -> Report:
     """The report of ``verdicts`` (as :func:`~kvjudge.judge.judge_batch` gave them, cached or fresh).
 
     ``judge`` is the judge that gave them, still open: its packing is asked again for the views of the same
     pairs (the same window, so the same views; each is checked against the hash its verdict recorded).
     ``ceilings``: the retention ceiling per tenant (``configured``, ``max_context_tokens``, ``hardware_bound``,
-    ``effective``, ``winner``), or ``ceiling_note`` saying why none is known.
+    ``effective``, ``winner``), or ``ceiling_note`` saying why none is known; ``pairing``: how the pairs were
+    chosen (one line, as ``eval`` prints it).
     """
     states = {run_id: store.run(run_id) for v in verdicts for run_id in (v.a, v.b)}
     agents = {run_id: agent_of(state) for run_id, state in states.items()}
@@ -209,7 +211,8 @@ def build_report(store: Any, judge: Judge, verdicts: Sequence[Verdict], *,
     header = {"judge": judge_description(judge), "framing": judge.framing.name,
               "window": evaluation["window"], "ceilings": dict(ceilings or {}), "ceiling_note": ceiling_note,
               "store": str(getattr(store, "path", "")), "kvjudge_version": __version__, "generated": when,
-              "pairs": len(verdicts), "runs": len(states), "cached_pairs": sum(v.cached for v in verdicts)}
+              "pairs": len(verdicts), "runs": len(states), "cached_pairs": sum(v.cached for v in verdicts),
+              "pairing": pairing}
     return Report(header=header, evaluation=evaluation, ranking=ranking, pairs=tuple(pairs), runs=tuple(runs))
 
 

@@ -4,6 +4,7 @@ Public API (see docs/contracts.md, "retention → tiering, judge, demo")::
 
     from kvjudge.retention import Store, fold, RunState, plan_reduction, apply_plan, verify
     from kvjudge.retention import ingest_paths, IngestReport          # getting runs in (or store.ingest)
+    from kvjudge.retention import attach_grades, GradeReport          # grades that arrive after the import
     from kvjudge.retention import open_cold_store, tier_run, rehydrate_run   # tiering (kvjudge.retention.tiering)
 """
 
@@ -30,6 +31,7 @@ from kvjudge.retention.events import (
 from kvjudge.retention.extract import head_tail_extract
 from kvjudge.retention.faults import fault_point
 from kvjudge.retention.ingest import IngestReport, ingest_paths
+from kvjudge.retention.late_grades import GradeReport, attach_grades
 from kvjudge.retention.lifecycle import STATES, is_reducible
 from kvjudge.retention.reduce import (
     ReductionPlan,
@@ -70,7 +72,7 @@ from kvjudge.retention.verify import Violation, VerifyReport, verify
 
 __all__ = [
     "EVENT_TYPES", "STATES", "BlobStore", "BodyLocation", "Branch", "BranchOpened", "BranchReduced", "Dropped",
-    "Event", "Explanation", "GradeRecorded", "Reduced", "Rehydrated", "RunStarted", "RunState", "StateChanged",
+    "Event", "Explanation", "GradeRecorded", "GradeReport", "attach_grades", "Reduced", "Rehydrated", "RunStarted", "RunState", "StateChanged",
     "Store", "TextError", "TextRepaired", "TierStarted", "Tiered", "Transition", "TransitionRecorded",
     "VerifierRecorded", "canonical_json", "IngestReport", "fault_point", "fold", "fold_onto", "head_tail_extract",
     "ingest_paths", "is_reducible", "parse_checked", "ref_of",

@@ -8,7 +8,8 @@ Kinds, in the order a run meets them:
 
 - ``RunStarted``, ``BranchOpened``, ``TransitionRecorded``, ``VerifierRecorded``, ``GradeRecorded`` —
   the history of the run as ingested;
-- ``StateChanged`` — a lifecycle step (running → grading → graded | ungraded → archived);
+- ``StateChanged`` — a lifecycle step (running → grading → graded | ungraded → archived; ungraded → graded
+  directly after a grade attached later, ``kvjudge grade``);
 - ``Reduced`` / ``BranchReduced`` / ``Dropped`` — later facts about earlier records, written by reduction;
 - ``TierStarted`` / ``Tiered`` / ``Rehydrated`` — the move of bodies to cold storage and back;
 - ``TextRepaired`` — ingest stored U+FFFD in place of text that was not Unicode (``--repair-text``).
@@ -113,8 +114,13 @@ class VerifierRecorded(Event):
 
 @dataclass(frozen=True)
 class GradeRecorded(Event):
+    """A held-out grade. ``replaces`` (optional, left out of the payload when unset): the grades this one stands in
+    for (``kvjudge grade --replace``); they stay in the log, the fold drops them from the run's grades."""
+
     kind: ClassVar[str] = "GradeRecorded"
+    optional: ClassVar[tuple[str, ...]] = ("replaces",)
     grade: dict[str, Any]
+    replaces: list[dict[str, Any]] | None = None
 
 
 @dataclass(frozen=True)

@@ -221,6 +221,9 @@ class RunFolder:
         elif isinstance(event, ev.VerifierRecorded):
             self.verifier.append(event.result)
         elif isinstance(event, ev.GradeRecorded):
+            for replaced in event.replaces or ():
+                if replaced in self.grades:
+                    self.grades.remove(replaced)
             self.grades.append(event.grade)
         elif isinstance(event, ev.StateChanged):
             self.state = event.state

@@ -281,10 +281,12 @@ class Store:
             # transaction holds the write lock: the LSNs are known before the rows go in, in one executemany.
             first = self._next_lsn()
             lsns = list(range(first, first + len(events)))
+            previous: ev.Event | None = None
             for lsn, event in zip(lsns, events):
                 if event.run != run_id:
                     raise UsageError(f"event for run {event.run!r} appended to run {run_id!r}")
-                self._check_event(run_id, folder, event)
+                self._check_event(run_id, folder, event, after_grade=isinstance(previous, ev.GradeRecorded))
+                previous = event
                 if folder is None:
                     folder = RunFolder(id=run_id)
                 folder.apply(lsn, event)
@@ -302,7 +304,7 @@ class Store:
             "coalesce((SELECT max(lsn) FROM events), 0))").fetchone()
         return int(row[0]) + 1
 
-    def _check_event(self, run_id: str, folder: RunFolder | None, event: ev.Event) -> None:
+    def _check_event(self, run_id: str, folder: RunFolder | None, event: ev.Event, *, after_grade: bool) -> None:
         if isinstance(event, ev.RunStarted):
             if folder is not None:
                 raise StoreError(f"run {run_id} already exists in the store")
@@ -310,7 +312,12 @@ class Store:
         if folder is None:
             raise StoreError(f"no run {run_id!r} in the store; list runs with `kvjudge runs`")
         if isinstance(event, ev.StateChanged):
-            check_transition(run_id, folder.state, event.state)
+            check_transition(run_id, folder.state, event.state, after_grade=after_grade)
+        elif isinstance(event, ev.GradeRecorded):
+            missing = [grade for grade in event.replaces or () if grade not in folder.grades]
+            if missing:
+                raise StoreError(f"run {run_id}: a grade replaces {canonical_json(missing[0])}, which the run does "
+                                 f"not hold")
         elif isinstance(event, ev.BranchOpened):
             if event.branch in folder.branches:
                 raise StoreError(f"run {run_id} already has a branch {event.branch!r}")
@@ -413,13 +420,19 @@ class Store:
             return False
         return self._conn.execute("SELECT 1 FROM runs WHERE id = ?", (run_id,)).fetchone() is not None
 
-    def run_ids(self, tenant: str | None = None) -> list[str]:
-        """Run ids, sorted (only ``tenant``'s when given)."""
-        if tenant is None:
-            return [row[0] for row in self._conn.execute("SELECT id FROM runs ORDER BY id")]
-        if not _storable(tenant):
-            return []
-        return [row[0] for row in self._conn.execute("SELECT id FROM runs WHERE tenant = ? ORDER BY id", (tenant,))]
+    def run_ids(self, tenant: str | None = None, *, task: str | None = None, state: str | None = None) -> list[str]:
+        """Run ids, sorted; only those of ``tenant``, on ``task`` (its id) and in lifecycle ``state`` when given
+        (read in SQL from the projection, no run decoded)."""
+        where, values = [], []
+        for column, value in (("tenant", tenant), ("json_extract(CAST(state_json AS TEXT), '$.task_id')", task),
+                              ("state", state)):
+            if value is not None:
+                if not _storable(value):
+                    return []
+                where.append(f"{column} = ?")
+                values.append(value)
+        clause = f" WHERE {' AND '.join(where)}" if where else ""
+        return [row[0] for row in self._conn.execute(f"SELECT id FROM runs{clause} ORDER BY id", values)]
 
     def run_ids_with_tier_status(self, status: str) -> list[str]:
         """Run ids whose projected state has ``tier.status == status``, sorted (read in SQL, no run decoded)."""
@@ -427,9 +440,9 @@ class Store:
             "SELECT id FROM runs WHERE json_extract(CAST(state_json AS TEXT), '$.tier.status') = ? ORDER BY id",
             (status,))]
 
-    def iter_runs(self, tenant: str | None = None) -> Iterator[RunState]:
-        """Folded states one at a time (never the whole store in memory)."""
-        for run_id in self.run_ids(tenant):
+    def iter_runs(self, tenant: str | None = None, **filters: str | None) -> Iterator[RunState]:
+        """Folded states one at a time (never the whole store in memory); ``filters`` as :meth:`run_ids`."""
+        for run_id in self.run_ids(tenant, **filters):
             yield self.run(run_id)
 
     def mark(self, run_id: str, state: str) -> RunState:

@@ -1,5 +1,6 @@
-"""Getting runs in: kvjudge's native JSONL, OpenAI chat JSONL, mini-swe-agent and SWE-agent trajectories, with
-SWE-bench results as held-out grades.
+"""Getting runs in: kvjudge's native JSONL, OpenAI chat JSONL, mini-swe-agent and SWE-agent trajectories, Harbor
+trials (ATIF) and inspect_ai eval logs, with SWE-bench results, Harbor rewards and inspect scores as held-out
+grades.
 
 Public API::
 
@@ -7,10 +8,14 @@ Public API::
     report = ingest_paths(store, ["runs/", "more.jsonl.gz"], results=["model.run1.json"])  # or store.ingest(...)
 
 One module per job: :mod:`.sources` (files, directories, ``.gz``, documents), one parser per format
-(:mod:`.native`, :mod:`.openai`, :mod:`.mini_swe_agent`, :mod:`.swe_agent`), :mod:`.results` (SWE-bench
-reports), :mod:`.model` (the ParsedRun every parser builds) and :mod:`.importer` (check, then write in batches).
+(:mod:`.native`, :mod:`.openai`, :mod:`.mini_swe_agent`, :mod:`.swe_agent`, :mod:`.harbor`,
+:mod:`.inspect_log`), the readers of inspect's logs (:mod:`.inspect_reader`, over :mod:`.archive` for ``.eval``
+zips and :mod:`.json_stream` for ``.json`` logs), :mod:`.results` (SWE-bench reports, Harbor results, inspect
+scores), :mod:`.model` (the ParsedRun every parser builds) and :mod:`.importer` (check, then write in batches).
 """
 
+from kvjudge.retention.ingest.archive import Archive
+from kvjudge.retention.ingest.harbor import parse_harbor, read_result
 from kvjudge.retention.ingest.importer import (
     BATCH_BYTES,
     BATCH_RUNS,
@@ -22,11 +27,13 @@ from kvjudge.retention.ingest.importer import (
     parse_document,
     stored_content_hash,
 )
+from kvjudge.retention.ingest.inspect_log import parse_inspect_sample, score_grade
 from kvjudge.retention.ingest.model import DEFAULT_TENANT, DocumentError, ParseContext, ParsedRun
 from kvjudge.retention.ingest.native import parse_native, schema
 from kvjudge.retention.ingest.sources import RUN_SUFFIXES, Document, Source, collect_sources, iter_documents
 
 __all__ = [
+    "Archive", "parse_harbor", "parse_inspect_sample", "read_result", "score_grade",
     "BATCH_BYTES", "BATCH_RUNS", "DEFAULT_TENANT", "FORMATS", "RUN_SUFFIXES", "Document", "DocumentError",
     "IngestReport", "ParseContext", "ParsedRun", "Source", "collect_sources", "detect_format", "ingest_paths",
     "ingest_sources", "iter_documents", "parse_document", "parse_native", "schema", "stored_content_hash",

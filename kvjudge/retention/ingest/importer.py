@@ -21,16 +21,19 @@ from typing import Any
 
 from kvjudge.errors import IngestError
 from kvjudge.retention import events as ev
+from kvjudge.retention.ingest.harbor import is_harbor, parse_harbor
+from kvjudge.retention.ingest.inspect_log import is_inspect_sample, parse_inspect_sample
 from kvjudge.retention.ingest.mini_swe_agent import is_mini_swe_agent, parse_mini_swe_agent
 from kvjudge.retention.ingest.model import DocumentError, ParseContext, ParsedRun, settle_events
 from kvjudge.retention.ingest.native import parse_native
 from kvjudge.retention.ingest.openai import parse_openai
+from kvjudge.retention.ingest.openhands import is_openhands, parse_openhands
 from kvjudge.retention.ingest.results import ResultsIndex, load_results
 from kvjudge.retention.ingest.sources import Document, Source, collect_sources, iter_documents
 from kvjudge.retention.ingest.swe_agent import is_swe_agent, parse_swe_agent
 from kvjudge.retention.text_check import TextError, parse_checked
 
-FORMATS = ("auto", "native", "openai", "mini-swe-agent", "swe-agent")
+FORMATS = ("auto", "native", "openai", "mini-swe-agent", "swe-agent", "openhands", "harbor", "inspect")
 BATCH_RUNS = 64
 BATCH_BYTES = 8 << 20
 
@@ -47,6 +50,12 @@ def detect_format(obj: Any) -> str | None:
         return "mini-swe-agent"
     if is_swe_agent(obj):
         return "swe-agent"
+    if is_openhands(obj):
+        return "openhands"
+    if is_harbor(obj):
+        return "harbor"
+    if is_inspect_sample(obj):
+        return "inspect"
     if "branches" in obj or ("id" in obj and "messages" not in obj):
         return "native"
     if "messages" in obj:
@@ -74,14 +83,20 @@ def parse_document(document: Document, fmt: str, context: ParseContext) -> Parse
 
 def _parse_as(fmt: str | None, obj: Any, context: ParseContext, document: Document) -> ParsedRun:
     if fmt is None:
-        raise DocumentError("$", "is none of the formats kvjudge reads (native, openai, mini-swe-agent, swe-agent); "
-                                 "name one with --format")
+        raise DocumentError("$", "is none of the formats kvjudge reads (native, openai, mini-swe-agent, swe-agent, "
+                                 "openhands, harbor, inspect); name one with --format")
     if fmt == "native":
         return parse_native(obj, context)
     if fmt == "openai":
         return parse_openai(obj, context, document.text)
     if fmt == "mini-swe-agent":
         return parse_mini_swe_agent(obj, context)
+    if fmt == "openhands":
+        return parse_openhands(obj, context, document)
+    if fmt == "harbor":
+        return parse_harbor(obj, context)
+    if fmt == "inspect":
+        return parse_inspect_sample(obj, context)
     return parse_swe_agent(obj, context)
 
 
@@ -196,7 +211,7 @@ class _Importer:
         runs = [run for source in planned for run in source.runs]
         self.results.bind_agents(run.agent for run in runs if run.grading_open and run.agent)
         for run in runs:
-            grade = self.results.grade_for(run.agent, run.task_id) if run.grading_open else None
+            grade = self.results.grade_for(run.agent, run.task_id, run.run_id) if run.grading_open else None
             if grade is not None:
                 self.grades[run.run_id] = grade
             run.n_events += len(settle_events(run.run_id, run.grading_open, grade))
@@ -330,7 +345,7 @@ def _final_state(run: ParsedRun) -> str:
 def _conflict(where: str, run_id: str, stored: str, new: str) -> IngestError:
     return IngestError(f"{where}: run {run_id!r} is already in the store with other content (stored {stored}, "
                        f"this input {new}) — a run id names one content, and --results grades, --agent and "
-                       f"--tenant are part of it")
+                       f"--tenant are part of it (grades that came later: kvjudge grade RUN --results FILE)")
 
 
 def _changed(source: Source) -> IngestError:

@@ -1,11 +1,24 @@
 """Where runs come from: files and directories (walked in name order), ``.gz`` read transparently, and the JSON
-documents in each file — one per line in JSONL, else the whole file — decoded lazily, one at a time."""
+documents in each file — one per line in JSONL, else the whole file — decoded lazily, one at a time.
+
+Two harness layouts are sources of their own: a Harbor trial (``result.json`` beside ``agent/``: the result and
+the ATIF trajectory with its continuations, read as one document) and an inspect eval log (``*.eval``, and a
+``.json`` file that begins as inspect's logs do: one document per sample, read one at a time).
+
+OpenHands layouts: ``llm_completions/<instance_id>/<model>-<unix time>.json`` is one file per model call, and
+the calls of one instance folder are one run: the last call is the source, the earlier ones its
+:attr:`Source.series`. A directory walk passes over OpenHands' side files (evaluation output
+``*.swebench_eval.jsonl`` — results, for ``--results`` —, ``*.swebench.jsonl`` predictions,
+``*.critic_attempt_N.jsonl`` attempts, ``maximum_retries_exceeded.jsonl``) and over an ``llm_completions``
+folder beside an ``output.jsonl`` (the same runs; output.jsonl is the fuller record): name them to read them.
+"""
 
 from __future__ import annotations
 
 import gzip
 import json
 import os
+import re
 import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -13,12 +26,21 @@ from pathlib import Path
 from typing import IO, Any
 
 from kvjudge.errors import IngestError
+from kvjudge.retention.ingest import harbor, inspect_reader
 
 #: Names a directory walk picks up (each also with ``.gz``); a file named on the command line is read whatever
-#: its name.
+#: its name. Beside them a walk reads Harbor trials, inspect ``*.eval`` archives and inspect ``.json`` logs.
 RUN_SUFFIXES = (".jsonl", ".traj.json", ".traj")
 _WHOLE_SUFFIXES = (".traj.json", ".traj", ".json")  # one JSON document per file
 _READ_ERRORS = (OSError, EOFError, zlib.error)
+#: Source kinds: a plain file, a Harbor trial (a trial directory, or an ATIF trajectory with its continuations),
+#: an inspect ``.eval`` archive.
+FILE, HARBOR, EVAL = "file", "harbor", "eval"
+#: OpenHands' files beside its output.jsonl that hold no runs (a directory walk passes over them).
+_SIDE_FILES = re.compile(r"(\.swebench_eval\.jsonl|\.swebench\.jsonl|\.critic_attempt_\d+\.jsonl"
+                         r"|^maximum_retries_exceeded\.jsonl)(\.gz)?$")
+_COMPLETIONS_DIR = "llm_completions"
+_COMPLETION_NAME = re.compile(r"^.+-(\d+(?:\.\d+)?)\.json$")
 
 
 @dataclass(frozen=True)
@@ -26,7 +48,11 @@ class Source:
     """One file to import."""
 
     path: Path
-    size: int  # bytes on disk
+    size: int  # bytes on disk (of every file read: a Harbor trial's, the series' files included)
+    kind: str = FILE
+    #: Earlier files of the same run, oldest first, read with it (OpenHands: the earlier model calls of one
+    #: instance, whose usage the run's assistant turns carry).
+    series: tuple[Path, ...] = ()
 
     @property
     def name(self) -> str:
@@ -47,7 +73,10 @@ def collect_sources(paths: Iterable[str | os.PathLike[str]]) -> tuple[list[Sourc
     """The files to import, in a stable order, and how many other files the directory walks passed over.
 
     A directory is walked recursively for run files (``*.jsonl``, ``*.traj.json``, ``*.traj``, each optionally
-    ``.gz``); a file named directly is always read. A path named twice is read once.
+    ``.gz``; ``*.eval``; inspect ``.json`` logs) and Harbor trials (``result.json`` beside ``agent/``: one source,
+    its other files passed over; a trial without ``result.json`` has not finished and is passed over whole); a
+    file named directly is always read (an ATIF ``trajectory.json`` with its trial, or with its continuations).
+    A path named twice is read once.
     """
     sources: list[Source] = []
     seen: set[Path] = set()
@@ -57,36 +86,121 @@ def collect_sources(paths: Iterable[str | os.PathLike[str]]) -> tuple[list[Sourc
         if path.is_dir():
             found = 0
             for root, dirs, files in os.walk(path):
+                here = Path(root)
+                if harbor.is_trial_dir(here) or _unfinished_trial(here):
+                    dirs.clear()  # a trial is read as one source; nothing under it is a run file of its own
+                    found += _add(sources, seen, _trial(here)) if harbor.is_trial_dir(here) else 0
+                    ignored += _files_under(here) - (_trial_files(here) if harbor.is_trial_dir(here) else 0)
+                    continue
                 dirs.sort()
+                if _COMPLETIONS_DIR in dirs and any(name in files for name in ("output.jsonl", "output.jsonl.gz")):
+                    dirs.remove(_COMPLETIONS_DIR)  # the same runs as output.jsonl: passed over
+                    ignored += sum(len(names) for _, _, names in os.walk(Path(root) / _COMPLETIONS_DIR))
                 for name in sorted(files):
-                    if _is_run_file(name):
-                        found += _add(sources, seen, Path(root) / name)
+                    if _is_run_file(name) or is_completions_log(here / name) \
+                            or (name.endswith(".json") and inspect_reader.is_json_log(here / name)):
+                        found += _add(sources, seen, _file(here / name))
                     else:
                         ignored += 1
             if found == 0 and not any(s.path.is_relative_to(path) for s in sources):
                 raise IngestError(f"{path}: no run files in this directory (looked for "
-                                  f"{', '.join('*' + s for s in RUN_SUFFIXES)}, optionally .gz)")
+                                  f"{', '.join('*' + s for s in RUN_SUFFIXES)}, optionally .gz, *.eval, inspect "
+                                  f"logs, Harbor trials and OpenHands {_COMPLETIONS_DIR}/<instance_id>/*.json)")
         elif path.is_file():
-            _add(sources, seen, path)
+            _add(sources, seen, _file(path))
         else:
             raise IngestError(f"{path} does not exist; pass run files (JSONL, *.traj.json, *.traj) or directories")
     if not sources:
         raise IngestError("nothing to import; pass run files or directories")
-    return sources, ignored
+    return _series(sources), ignored
 
 
 def _is_run_file(name: str) -> bool:
     base = name[:-3] if name.endswith(".gz") else name
-    return base.endswith(RUN_SUFFIXES)
+    return (base.endswith(RUN_SUFFIXES) and not _SIDE_FILES.search(name)) or name.endswith(inspect_reader.EVAL_SUFFIX)
 
 
-def _add(sources: list[Source], seen: set[Path], path: Path) -> int:
-    key = path.resolve()
+
+def is_completions_log(path: Path) -> bool:
+    """An OpenHands completions log: ``llm_completions/<instance_id>/<model>-<unix time>.json``."""
+    return path.parent.parent.name == _COMPLETIONS_DIR and _COMPLETION_NAME.match(path.name) is not None
+
+
+def _series(sources: list[Source]) -> list[Source]:
+    """Completions logs of one instance folder → one source: the last call, the earlier ones its series."""
+    calls: dict[Path, list[Source]] = {}
+    for source in sources:
+        if is_completions_log(source.path):
+            calls.setdefault(source.path.parent, []).append(source)
+    if not calls:
+        return sources
+    out = []
+    for source in sources:
+        group = calls.get(source.path.parent) if is_completions_log(source.path) else None
+        if group is None:
+            out.append(source)
+        elif group[0] is source:  # the group takes the place of its first file
+            ordered = sorted(group, key=lambda s: (_call_time(s.path), s.path.name))
+            out.append(Source(path=ordered[-1].path, size=sum(s.size for s in group),
+                              series=tuple(s.path for s in ordered[:-1])))
+    return out
+
+
+def _call_time(path: Path) -> float:
+    found = _COMPLETION_NAME.match(path.name)
+    return float(found.group(1)) if found else 0.0
+
+
+def _file(path: Path) -> Source:
+    """A file as a source: an ATIF trajectory becomes its trial (or its group of continuations)."""
+    if harbor.is_trajectory_name(path.name):
+        trial = path.parent.parent
+        if path.parent.name == harbor.AGENT_DIR and harbor.is_trial_dir(trial):
+            return _trial(trial)
+        main = path.parent / "trajectory.json"
+        parts = harbor.trajectory_files(path.parent) if main.is_file() else [path]
+        return Source(path=parts[0], size=sum(p.stat().st_size for p in parts), kind=HARBOR)
+    kind = EVAL if path.name.endswith(inspect_reader.EVAL_SUFFIX) else FILE
+    return Source(path=path, size=path.stat().st_size, kind=kind)
+
+
+def _trial(folder: Path) -> Source:
+    parts = [folder / harbor.RESULT, *harbor.trajectory_files(folder / harbor.AGENT_DIR)]
+    return Source(path=folder, size=sum(p.stat().st_size for p in parts), kind=HARBOR)
+
+
+def _trial_files(folder: Path) -> int:
+    return 1 + len(harbor.trajectory_files(folder / harbor.AGENT_DIR))
+
+
+def _unfinished_trial(folder: Path) -> bool:
+    """A Harbor trial still running (or stopped before writing its result): ``config.json`` beside ``agent/``."""
+    return (folder / "config.json").is_file() and (folder / harbor.AGENT_DIR).is_dir()
+
+
+def _files_under(folder: Path) -> int:
+    return sum(len(files) for _, _, files in os.walk(folder))
+
+
+def _add(sources: list[Source], seen: set[Path], source: Source) -> int:
+    key = source.path.resolve()
     if key in seen:
         return 0
     seen.add(key)
-    sources.append(Source(path=path, size=path.stat().st_size))
+    sources.append(source)
     return 1
+
+
+def harbor_parts(source: Source) -> dict[str, bytes]:
+    """The files of a Harbor source, by name: ``result.json`` and ``agent/trajectory*.json`` of a trial, or an
+    ATIF trajectory and its continuations."""
+    if source.path.is_dir():
+        agent = source.path / harbor.AGENT_DIR
+        parts = {harbor.RESULT: (source.path / harbor.RESULT).read_bytes()}
+        parts.update({f"{harbor.AGENT_DIR}/{p.name}": p.read_bytes() for p in harbor.trajectory_files(agent)})
+        return parts
+    files = harbor.trajectory_files(source.path.parent) if source.path.name == "trajectory.json" else [source.path]
+    return {p.name: p.read_bytes() for p in files}
 
 
 @dataclass
@@ -96,15 +210,21 @@ class Document:
     source: Source
     line: int | None  # 1-based line in a JSONL file; None for a whole-file document
     raw: bytes
+    member: str | None = None  # the archive member or log position this document is (``samples/1_epoch_1.json``)
+    #: A document of several parts (a Harbor trial's files; an eval's spec and one sample), decoded into one
+    #: object: part name → its raw JSON bytes, or a value already decoded.
+    parts: dict[str, Any] | None = None
 
     @property
     def where(self) -> str:
-        return f"{self.source.path}:{self.line}" if self.line is not None else str(self.source.path)
+        where = f"{self.source.path}:{self.line}" if self.line is not None else str(self.source.path)
+        return f"{where}:{self.member}" if self.member is not None else where
 
     @property
     def text(self) -> str:
         """The document as text; bytes that are not UTF-8 become lone surrogates (``surrogateescape``)."""
-        return self.raw.decode("utf-8", "surrogateescape")
+        raw = self.raw if self.parts is None else b"".join(p for p in self.parts.values() if isinstance(p, bytes))
+        return raw.decode("utf-8", "surrogateescape")
 
     def decode(self, *, repair_text: bool = False) -> Any:
         """The decoded JSON value; IngestError (naming the file and line) when it is not UTF-8 JSON.
@@ -112,25 +232,56 @@ class Document:
         With ``repair_text``, bytes that are not UTF-8 pass as lone surrogates, for
         :func:`~kvjudge.retention.text_check.parse_checked` to store as U+FFFD.
         """
-        try:
-            text = self.raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            if not repair_text:
-                raise IngestError(f"{self.where}: not UTF-8 ({exc.reason} at byte {exc.start}; inside a string, "
-                                  f"--repair-text stores U+FFFD in its place)") from None
-            text = self.text
-        try:
-            return json.loads(text)
-        except json.JSONDecodeError as exc:
-            at = f"column {exc.colno}" if self.line is not None else f"line {exc.lineno} column {exc.colno}"
-            raise IngestError(f"{self.where}: not valid JSON ({exc.msg} at {at})") from None
-        except (ValueError, RecursionError) as exc:  # an integer of > 4300 digits; nesting ~1000 deep
-            raise IngestError(f"{self.where}: not valid JSON for kvjudge ({str(exc).split(';')[0]})") from None
+        if self.parts is None:
+            return decode_json(self.raw, self.where, line=self.line, repair_text=repair_text)
+        return {name: decode_json(part, self.where if self.member else f"{self.where}:{name}",
+                                  repair_text=repair_text) if isinstance(part, bytes) else part
+                for name, part in self.parts.items()}
+
+
+    def companions(self) -> Iterator[Any]:
+        """The decoded documents of the source's series (earlier files of the same run), one at a time;
+        IngestError naming the file when one is not JSON."""
+        for path in self.source.series:
+            try:
+                raw = path.read_bytes()
+            except OSError as exc:
+                raise IngestError(f"{path}: cannot be read ({_reason(exc)}); is it a complete file?") from None
+            yield Document(Source(path=path, size=len(raw)), None, raw).decode()
+
+
+def decode_json(raw: bytes, where: str, *, line: int | None = None, repair_text: bool = False) -> Any:
+    """``raw`` decoded as UTF-8 JSON; IngestError naming ``where`` (and the column, or line and column)."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        if not repair_text:
+            raise IngestError(f"{where}: not UTF-8 ({exc.reason} at byte {exc.start}; inside a string, "
+                              f"--repair-text stores U+FFFD in its place)") from None
+        text = raw.decode("utf-8", "surrogateescape")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        at = f"column {exc.colno}" if line is not None else f"line {exc.lineno} column {exc.colno}"
+        raise IngestError(f"{where}: not valid JSON ({exc.msg} at {at})") from None
+    except (ValueError, RecursionError) as exc:  # an integer of > 4300 digits; nesting ~1000 deep
+        raise IngestError(f"{where}: not valid JSON for kvjudge ({str(exc).split(';')[0]})") from None
 
 
 def iter_documents(source: Source) -> Iterator[Document]:
-    """The documents of ``source`` in order, read as a stream (JSONL line by line)."""
+    """The documents of ``source`` in order, read as a stream (JSONL line by line; a log sample by sample)."""
     try:
+        if source.kind == HARBOR:
+            yield Document(source, None, b"", parts=harbor_parts(source))
+            return
+        if source.kind == EVAL:
+            for member, parts in inspect_reader.eval_samples(source.path):
+                yield Document(source, None, b"", member=member, parts=parts)
+            return
+        if source.path.suffix == ".json" and inspect_reader.is_json_log(source.path):
+            for where, parts in inspect_reader.json_log_samples(source.path):
+                yield Document(source, None, b"", member=where, parts=parts)
+            return
         whole = _whole_file(source)
         with _open(source) as handle:
             if whole:

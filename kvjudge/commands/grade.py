@@ -1,0 +1,66 @@
+"""`kvjudge grade RUN... | --all --results FILE...`: attach evaluation results that arrived after the import."""
+
+from __future__ import annotations
+
+import argparse
+
+from kvjudge.commands._common import (
+    add_output_args,
+    add_results_args,
+    add_store_args,
+    config_from,
+    emit,
+    info,
+    open_store,
+    unmatched_results_line,
+)
+from kvjudge.errors import UsageError
+from kvjudge.retention.events import canonical_json
+from kvjudge.retention.late_grades import GradeReport, attach_grades
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "grade", help="attach evaluation results that arrived after the import (a new fact in each run's log)",
+        description="Read evaluation results (SWE-bench reports, OpenHands evaluation output, as --results of "
+                    "ingest) and append each run's grade to its log: an ungraded run becomes graded; what was "
+                    "imported is not changed. Running it again changes nothing; a different grade for a graded "
+                    "run is refused unless --replace.")
+    parser.add_argument("runs", nargs="*", metavar="RUN", help="run ids to grade (or --all)")
+    parser.add_argument("--all", action="store_true", help="every run in the store (or the tenant's)")
+    parser.add_argument("--tenant", metavar="NAME", help="with --all: only this tenant's runs")
+    add_results_args(parser)
+    parser.add_argument("--replace", action="store_true",
+                        help="record a different grade in place of the one a run holds (the old one stays in the "
+                             "run's log); without it such a run refuses the whole command")
+    add_store_args(parser)
+    add_output_args(parser)
+    parser.set_defaults(func=_grade)
+
+
+def _grade(args: argparse.Namespace) -> int:
+    if bool(args.runs) == bool(args.all):
+        raise UsageError("name the runs to grade (RUN...) or pass --all")
+    if args.tenant is not None and not args.all:
+        raise UsageError("--tenant selects runs for --all; with RUN... name the runs")
+    if not args.results:
+        raise UsageError("pass the results to attach: --results [AGENT=]FILE (repeatable)")
+    config = config_from(args)
+    with open_store(args, config, read_tiered=False) as store:
+        report = attach_grades(store, args.results, None if args.all else args.runs, tenant=args.tenant,
+                               replace=args.replace)
+    if report.unmatched_results:
+        info(unmatched_results_line(report.unmatched_results, "run graded here"))
+    emit(args, report.to_dict(), lambda: _human(report))
+    return 0
+
+
+def _human(report: GradeReport) -> None:
+    print(f"graded {len(report.graded)} run(s), replaced {len(report.replaced)} grade(s), {len(report.unchanged)} "
+          f"unchanged, {len(report.no_result)} without a result — {report.store}")
+    for entry in report.graded:
+        print(f"  {entry['run']}: {canonical_json(entry['grade'])} → {entry['state']}")
+    for entry in report.replaced:
+        old = ", ".join(canonical_json(grade) for grade in entry["replaces"])
+        print(f"  {entry['run']}: {old} replaced by {canonical_json(entry['grade'])}")
+    if report.evaluation_errors:
+        print(f"  {report.evaluation_errors} result(s) were evaluation errors: those runs stay as they are")

@@ -1,0 +1,324 @@
+"""Harbor trials (Terminal-Bench 2 and every other Harbor dataset): ATIF trajectories with their ``result.json``.
+
+Shapes, as Harbor writes them:
+
+- a job directory ``jobs/<job>/`` holds one directory per trial, ``<task_name[:32]>__<7 characters>``, with
+  ``result.json``, ``config.json``, ``trial.log``, ``agent/`` (what the agent wrote) and ``verifier/``;
+- ``agent/trajectory.json`` is ATIF (Agent Trajectory Interchange Format, ``schema_version`` ``ATIF-v1.0`` …
+  ``ATIF-v1.6``): ``session_id``, ``agent{name, version, model_name}``, ``steps[]{step_id (1, 2, … in each
+  file), source system|user|agent, message (a string or content parts), reasoning_content, tool_calls[]
+  {tool_call_id, function_name, arguments}, observation.results[]{source_call_id, content}, metrics
+  {prompt_tokens (cached included), completion_tokens, …}, is_copied_context}``, ``final_metrics``,
+  ``continued_trajectory_ref``. An agent that summarises its context continues in ``trajectory.cont-1.json``,
+  ``-2`` …, whose first steps may be copies of earlier context (``is_copied_context``);
+- ``result.json`` (TrialResult): ``task_name``, ``trial_name``, ``agent_info{name, version, model_info{name,
+  provider}}``, ``config.agent.model_name``, ``verifier_result.rewards.reward`` (null when the verifier did not
+  run), ``exception_info{exception_type, exception_message, …}``.
+
+Newer minor ATIF versions and fields this kvjudge does not know are accepted; a major version other than 1 is
+not. The checks are Harbor's own: step ids increase within a file, and an observation result names a tool call
+of its own step (or none).
+
+Mapping: a trial is a run. Agent = ``<agent name>@<model>`` (the model as the job named it,
+``config.agent.model_name``, else ``model_info``, else the trajectory's); task id = ``task_name``; trial =
+``trial_name``; run id ``<agent>/<task>/<trial>``. The first user message is the task prompt (its transition
+reads ``{{task}}``); each agent step is an assistant transition per tool call (its reasoning before its
+message), with the step's ``metrics`` as the call's usage; each observation result a tool transition. The
+continuation files follow in order, their copied steps left out (counted in the metadata). The reward is the
+held-out grade: ``{"grader": "harbor", "score": reward, "label": "pass"|"fail"|"partial"}``; a null verifier
+result, a reward outside [0, 1] or rewards without ``reward`` leave the run ungraded, and an exception is noted
+on the run. A lone ATIF file (no ``result.json``) imports ungraded as ``<agent>/<session_id>``, with no task
+(nothing in ATIF names the task).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kvjudge.errors import IngestError
+from kvjudge.retention.ingest.model import (
+    DocumentError,
+    JsonPath,
+    ParseContext,
+    ParsedRun,
+    content_text,
+    dig,
+    get_field,
+    need,
+    scalars,
+    settle_events,
+    subpath,
+    usage_of,
+    with_marker,
+)
+
+RESULT = "result.json"
+AGENT_DIR = "agent"
+TASK_MARKER = "{{task}}"
+GRADER = "harbor"
+_TRAJECTORY = re.compile(r"(?:^|/)trajectory(?:\.cont-(\d+))?\.json\Z")
+_VERSION = re.compile(r"ATIF-v(\d+)\.(\d+)\Z")
+_SOURCES = ("system", "user", "agent")
+
+
+def is_trajectory_name(name: str) -> bool:
+    """``trajectory.json`` or ``trajectory.cont-N.json`` (optionally under a folder)."""
+    return _TRAJECTORY.search(name) is not None
+
+
+def continuation_index(name: str) -> int:
+    """0 for ``trajectory.json``, N for ``trajectory.cont-N.json``."""
+    found = _TRAJECTORY.search(name)
+    return int(found.group(1)) if found and found.group(1) else 0
+
+
+def is_trial_dir(path: Path) -> bool:
+    """A finished Harbor trial: ``result.json`` beside ``agent/``."""
+    return (path / RESULT).is_file() and (path / AGENT_DIR).is_dir()
+
+
+def trajectory_files(folder: Path) -> list[Path]:
+    """``trajectory.json`` and its continuations in ``folder``, in order."""
+    found = [path for path in folder.glob("trajectory*.json") if path.is_file() and is_trajectory_name(path.name)]
+    return sorted(found, key=lambda path: continuation_index(path.name))
+
+
+def is_atif(obj: Any) -> bool:
+    """One ATIF document: an ``ATIF-…`` schema version beside ``steps``."""
+    return (isinstance(obj, dict) and isinstance(obj.get("schema_version"), str)
+            and obj["schema_version"].startswith("ATIF-") and "steps" in obj)
+
+
+def is_harbor(obj: Any) -> bool:
+    """An ATIF document, or a trial as kvjudge reads it: ``{file name: decoded file}`` holding a trajectory."""
+    if is_atif(obj):
+        return True
+    return isinstance(obj, dict) and any(isinstance(key, str) and is_trajectory_name(key) for key in obj)
+
+
+@dataclass(frozen=True)
+class TrialResult:
+    """What kvjudge takes from a ``result.json``."""
+
+    task: str
+    trial: str
+    agent_name: str
+    agent_version: str | None
+    model: str | None
+    grade: dict[str, Any] | None
+    ungraded_because: str | None
+    exception: str | None
+
+    @property
+    def agent(self) -> str:
+        return agent_label(self.agent_name, self.model)
+
+    @property
+    def run_id(self) -> str:
+        return f"{self.agent}/{self.task}/{self.trial}"
+
+
+def agent_label(name: str, model: str | None) -> str:
+    """``<agent name>@<model>``, or the name alone when no model is known."""
+    return f"{name}@{model}" if model else name
+
+
+def read_result(result: Any, path: JsonPath = "$") -> TrialResult:
+    """A ``result.json`` (decoded) → :class:`TrialResult`; DocumentError naming the JSON path of what is wrong."""
+    need(isinstance(result, dict), path, "a Harbor result.json must be a JSON object")
+    task = get_field(result, "task_name", path, str, "a string")
+    trial = get_field(result, "trial_name", path, str, "a string")
+    info = get_field(result, "agent_info", path, dict, "an object")
+    name = get_field(info, "name", subpath(path, "agent_info"), str, "a string")
+    version = info.get("version") if isinstance(info.get("version"), str) else None
+    model = dig(result, "config", "agent", "model_name")
+    if not isinstance(model, str) or not model:
+        model_info = info.get("model_info") if isinstance(info.get("model_info"), dict) else {}
+        parts = [model_info.get(key) for key in ("provider", "name") if isinstance(model_info.get(key), str)]
+        model = "/".join(parts) or None
+    grade, because = _grade(result.get("verifier_result"), subpath(path, "verifier_result"))
+    exception = None
+    info_exc = result.get("exception_info")
+    if isinstance(info_exc, dict):
+        kind = info_exc.get("exception_type") if isinstance(info_exc.get("exception_type"), str) else "exception"
+        message = info_exc.get("exception_message") if isinstance(info_exc.get("exception_message"), str) else ""
+        exception = f"{kind}: {message.strip().splitlines()[0][:200]}" if message.strip() else kind
+    if grade is None and because is None:
+        because = f"no verifier result ({exception})" if exception else "no verifier result"
+    return TrialResult(task, trial, name, version, model, grade, because, exception)
+
+
+def _grade(verifier: Any, path: JsonPath) -> tuple[dict[str, Any] | None, str | None]:
+    if verifier is None:
+        return None, None
+    need(isinstance(verifier, dict), path, "must be an object or null")
+    rewards = verifier.get("rewards")
+    if rewards is None:
+        return None, "the verifier recorded no rewards"
+    need(isinstance(rewards, dict), subpath(path, "rewards"), "must be an object of reward names to numbers")
+    key = "reward" if "reward" in rewards else (next(iter(rewards)) if len(rewards) == 1 else None)
+    if key is None:
+        return None, f"rewards has no 'reward' among {len(rewards)} entries"
+    value = get_field(rewards, key, subpath(path, "rewards"), (int, float), "a number")
+    need(math.isfinite(value), subpath(path, "rewards", key), f"must be a finite number, not {value}")
+    if not 0 <= value <= 1:
+        return None, f"reward {value} is outside [0, 1]"
+    label = "pass" if value == 1 else "fail" if value == 0 else "partial"
+    return {"grader": GRADER if key == "reward" else f"{GRADER}:{key}", "score": float(value), "label": label}, None
+
+
+def parse_harbor(obj: Any, context: ParseContext) -> ParsedRun:
+    """A trial (``{file name: decoded file}``) or one ATIF document → ParsedRun (DocumentError names the path)."""
+    need(isinstance(obj, dict), "$", "a Harbor trial or ATIF trajectory must be a JSON object")
+    if is_atif(obj):
+        parts: list[tuple[JsonPath, dict[str, Any]]] = [("$", obj)]
+        result = None
+    else:
+        names = sorted((key for key in obj if is_trajectory_name(key)), key=continuation_index)
+        need(bool(names), "$", "no trajectory.json in this trial")
+        need(continuation_index(names[0]) == 0, ("$", names[0]),
+             "a continuation without its trajectory.json (the run's first part)")
+        parts = []
+        for name in names:
+            need(isinstance(obj[name], dict), ("$", name), "an ATIF trajectory must be a JSON object")
+            parts.append((("$", name), obj[name]))
+        result = read_result(obj[RESULT], ("$", RESULT)) if RESULT in obj else None
+    main_path, main = parts[0]
+    for path, part in parts:
+        _check_header(part, path)
+    atif_agent = main["agent"]
+    name = result.agent_name if result else atif_agent["name"]
+    model = result.model if result else (atif_agent.get("model_name") or None)
+    agent = context.agent or agent_label(name, model)
+    session = main.get("session_id") if isinstance(main.get("session_id"), str) else None
+    if result is not None:
+        run_id, task, trial = f"{agent}/{result.task}/{result.trial}", result.task, result.trial
+    else:
+        need(bool(session), subpath(main_path, "session_id"), "missing (a lone trajectory is named by its session)")
+        run_id, task, trial = f"{agent}/{session}", None, session
+    run = context.new_run(run_id, "harbor", agent=agent, grading_open=result is None)
+    steps, copied = _steps(parts)
+    prompt = next((text for kind, text, _ in steps if kind == "user"), None)
+    last_metrics = parts[-1][1].get("final_metrics") if isinstance(parts[-1][1].get("final_metrics"), dict) else {}
+    version = result.agent_version if result else atif_agent.get("version")
+    metadata = scalars({
+        "format": main["schema_version"], "harness": f"harbor {name} {version}" if version else f"harbor {name}",
+        "model": model, "session_id": session, "continuations": len(parts) - 1 or None, "copied_steps": copied or None,
+        "exception": result.exception if result else None,
+        "ungraded_because": result.ungraded_because if result else None,
+        "cost": last_metrics.get("total_cost_usd"), "prompt_tokens": last_metrics.get("total_prompt_tokens"),
+        "completion_tokens": last_metrics.get("total_completion_tokens")})
+    run.start(task_id=task, prompt=prompt, metadata=metadata, trial=trial)
+    branch = run.branch("main")
+    prompted = False
+    for kind, text, step in steps:
+        if kind == "user" and not prompted:
+            prompted = True
+            run.step(branch, "user", text=with_marker(text or "", prompt, TASK_MARKER))
+        elif kind == "agent":
+            _agent_step(run, branch, text, step)
+        else:
+            run.step(branch, kind, text=text)
+            for name_out, output in step.get("outputs", ()):
+                run.step(branch, "tool", output=(name_out, output, None))
+    if result is not None:
+        run.events.extend(settle_events(run.run_id, True, result.grade))
+    return run
+
+
+def _check_header(part: dict[str, Any], path: JsonPath) -> None:
+    version = get_field(part, "schema_version", path, str, "a string such as \"ATIF-v1.6\"")
+    found = _VERSION.match(version)
+    need(found is not None and found.group(1) == "1", subpath(path, "schema_version"),
+         f"unknown ATIF version {version!r} (this kvjudge reads ATIF-v1.x)")
+    agent = get_field(part, "agent", path, dict, "an object")
+    get_field(agent, "name", subpath(path, "agent"), str, "a string")
+    steps = get_field(part, "steps", path, list, "a list of steps")
+    need(len(steps) > 0, subpath(path, "steps"), "must not be empty")
+
+
+def _steps(parts: list[tuple[JsonPath, dict[str, Any]]]) -> tuple[list[tuple[str, str | None, dict[str, Any]]], int]:
+    """Every step of every part, checked, as (source, text, details); copied context left out (and counted)."""
+    out: list[tuple[str, str | None, dict[str, Any]]] = []
+    copied = 0
+    for base, part in parts:
+        previous = 0
+        for index, step in enumerate(part["steps"]):
+            where = subpath(base, "steps", index)
+            need(isinstance(step, dict), where, "must be an object")
+            step_id = step.get("step_id")
+            need(isinstance(step_id, int) and not isinstance(step_id, bool) and step_id >= 1, subpath(where, "step_id"),
+                 "must be a whole number from 1")
+            need(step_id > previous, subpath(where, "step_id"),
+                 f"step {step_id} comes after step {previous}: steps out of order")
+            previous = step_id
+            source = step.get("source")
+            need(source in _SOURCES, subpath(where, "source"), f"must be one of {', '.join(_SOURCES)}")
+            text = content_text(step.get("message"), subpath(where, "message"))
+            details = _details(step, where)
+            if step.get("is_copied_context") is True:
+                copied += 1
+                continue
+            out.append((source, text, details))
+    return out, copied
+
+
+def _details(step: dict[str, Any], where: JsonPath) -> dict[str, Any]:
+    """A step's tool calls, observation results (each matched to its call), reasoning and usage."""
+    calls: list[tuple[str, str, Any]] = []
+    for index, call in enumerate(step.get("tool_calls") or []):
+        at = subpath(where, "tool_calls", index)
+        need(isinstance(call, dict), at, "must be an object")
+        call_id = get_field(call, "tool_call_id", at, str, "a string")
+        function = get_field(call, "function_name", at, str, "a string")
+        calls.append((call_id, function, call.get("arguments")))
+    names = {call_id: function for call_id, function, _ in calls}
+    outputs: list[tuple[str | None, str]] = []
+    observation = step.get("observation")
+    if observation is not None:
+        need(isinstance(observation, dict), subpath(where, "observation"), "must be an object")
+        results = get_field(observation, "results", subpath(where, "observation"), list, "a list")
+        for index, result in enumerate(results):
+            at = subpath(where, "observation", "results", index)
+            need(isinstance(result, dict), at, "must be an object")
+            source_call = result.get("source_call_id")
+            if source_call is not None:
+                need(source_call in names, subpath(at, "source_call_id"),
+                     f"names tool call {source_call!r}, which is not among this step's tool_calls")
+            outputs.append((names.get(source_call) if source_call else None,
+                            content_text(result.get("content"), subpath(at, "content")) or ""))
+    reasoning = step.get("reasoning_content")
+    metrics = step.get("metrics")
+    return {"calls": calls, "outputs": outputs, "reasoning": reasoning if isinstance(reasoning, str) else None,
+            "usage": usage_of(metrics)}
+
+
+def _agent_step(run: ParsedRun, branch: str, text: str | None, step: dict[str, Any]) -> None:
+    """One agent step → an assistant transition per tool call (reasoning and message on the first, with the
+    step's usage), then a tool transition per observation result."""
+    if step["reasoning"]:
+        text = f"{step['reasoning']}\n\n{text}" if text else step["reasoning"]
+    calls = step["calls"]
+    for index in range(max(1, len(calls))):
+        run.step(branch, "assistant", text=text if index == 0 else None,
+                 call=(calls[index][1], calls[index][2]) if calls else None,
+                 usage=step["usage"] if index == 0 else None)
+    for name, output in step["outputs"]:
+        run.step(branch, "tool", output=(name, output, None))
+
+
+def read_trial_result(path: Path) -> TrialResult:
+    """A ``result.json`` file → TrialResult; IngestError naming the file and the JSON path."""
+    try:
+        data = json.loads(path.read_bytes())
+    except (OSError, ValueError) as exc:
+        raise IngestError(f"{path}: not readable JSON ({exc})") from None
+    try:
+        return read_result(data)
+    except DocumentError as exc:
+        raise IngestError(f"{path}: {exc.path}: {exc.message}") from None

@@ -1,0 +1,400 @@
+"""Harbor trials (ATIF + result.json) and inspect_ai eval logs (.eval, zstd or deflated; .json) in: runs, agents,
+tasks, trials, held-out grades, per-call usage; hostile and broken files refused with one line and nothing
+written. Every file is written by the tests through kvjudge.testing.harbor and kvjudge.testing.inspect_logs,
+shaped as the harnesses write them; nothing is downloaded."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import zipfile
+from pathlib import Path
+
+import pytest
+from helpers import kvjudge
+from test_ingest import snapshot, store  # noqa: F401 - the store fixture; a snapshot of everything an import writes
+
+from kvjudge.errors import IngestError
+from kvjudge.judge import body_resolver, render_view
+from kvjudge.retention import Store
+from kvjudge.retention.ingest import archive, json_stream
+from kvjudge.retention.ingest.inspect_log import score_grade
+from kvjudge.retention.ingest.results import load_results
+from kvjudge.retention.ingest.synthetic import make_episode
+from kvjudge.testing.harbor import TrialSpec, write_job
+from kvjudge.testing.inspect_logs import ZstdZip, eval_spec, sample, write_eval, write_json_log
+
+TERMINUS = "terminus-2@anthropic/claude-sonnet-4-5-20250929"
+CLAUDE = "claude-code@openai/gpt-5"
+TASKS = ("fix-csv-quoting", "build-cython-ext")
+
+
+def two_agent_job(root: Path) -> Path:
+    """Two agents × two tasks × two trials; terminus-2 summarised its context once on one trial; one claude-code
+    trial timed out before the verifier ran; claude-code failed the second task."""
+    trials = []
+    for t_index, task in enumerate(TASKS):
+        for trial in range(2):
+            trials.append(TrialSpec(task, suffix=f"T{t_index}{trial}aaaa", seed=10 * t_index + trial,
+                                    continuations=1 if (t_index, trial) == (0, 1) else 0))
+            trials.append(TrialSpec(task, agent="claude-code", model="openai/gpt-5", suffix=f"C{t_index}{trial}bbbb",
+                                    seed=50 + 10 * t_index + trial, reward=0.0 if t_index else 1.0,
+                                    exception="AgentTimeoutError" if (t_index, trial) == (1, 1) else None))
+    trials[-1].reward = None
+    return write_job(root, "2025-11-02__10-00-00", trials)
+
+
+def transitions(store: Store, run_id: str) -> list:
+    return list(store.run(run_id).branches[0].transitions)
+
+
+def test_a_harbor_job_imports_trials_as_runs(store: Store, tmp_path: Path) -> None:
+    job = two_agent_job(tmp_path / "jobs")
+    report = store.ingest([tmp_path / "jobs"])
+    assert len(report.imported) == 8 and report.skipped == []
+    assert dict(report.states) == {"graded": 7, "ungraded": 1}
+    # Per trial: config.json, trial.log, the agent's other logs (a session JSONL too), the verifier's files; and
+    # the job's own three files. None of them is read as a run.
+    assert report.ignored_files == 3 + 8 * 2 + 4 + 4 + 7 * 2
+    run_id = f"{TERMINUS}/{TASKS[0]}/{TASKS[0]}__T00aaaa"
+    state = store.run(run_id)
+    assert (state.agent, state.task_id, state.trial) == (TERMINUS, TASKS[0], f"{TASKS[0]}__T00aaaa")
+    assert state.grades == ({"grader": "harbor", "score": 1.0, "label": "pass"},)
+    assert state.metadata["format"] == "ATIF-v1.6" and state.metadata["harness"] == "harbor terminus-2 2.0.0"
+    steps = transitions(store, run_id)
+    assert store.text(steps[0].text_ref) == "{{task}}"
+    assert "Task Description:" in store.text(state.task_prompt_ref)
+    calls = [t for t in steps if t.tool_call]
+    assert calls[0].tool_call["name"] == "bash_command" and calls[-1].tool_call["name"] == "mark_task_complete"
+    assert calls[0].usage == {"input_tokens": 2400, "output_tokens": 80}  # the step's metrics, cached included
+    outputs = [t for t in steps if t.tool_output]
+    assert len(outputs) == len(calls) and all(t.tool_output["name"] for t in outputs)
+    assert "New Terminal Output" in store.text(outputs[0].tool_output["output_ref"])
+
+    timed_out = store.run(f"{CLAUDE}/{TASKS[1]}/{TASKS[1]}__C11bbbb")
+    assert timed_out.state == "ungraded" and timed_out.grades == ()
+    assert timed_out.metadata["exception"].startswith("AgentTimeoutError")
+    claude = transitions(store, f"{CLAUDE}/{TASKS[0]}/{TASKS[0]}__C00bbbb")
+    first_call = next(t for t in claude if t.tool_call)
+    assert first_call.tool_call["name"] == "Bash"
+    # The reasoning comes before the message in the assistant's text.
+    assert store.text(first_call.text_ref).startswith("Let me look at the repository layout first.\n\nI'll run")
+    assert store.run(f"{CLAUDE}/{TASKS[1]}/{TASKS[1]}__C10bbbb").grades[0]["label"] == "fail"
+    assert job.is_dir()
+
+
+def test_continuations_belong_to_the_same_run(store: Store, tmp_path: Path) -> None:
+    two_agent_job(tmp_path / "jobs")
+    store.ingest([tmp_path / "jobs"])
+    whole = store.run(f"{TERMINUS}/{TASKS[0]}/{TASKS[0]}__T00aaaa")
+    continued = store.run(f"{TERMINUS}/{TASKS[0]}/{TASKS[0]}__T01aaaa")
+    assert continued.metadata["continuations"] == 1 and continued.metadata["copied_steps"] == 1
+    texts = [store.text(t.text_ref) for t in continued.branches[0].transitions if t.text_ref]
+    # The copied prompt is left out; the summary that starts the continuation is in, once.
+    assert texts.count("{{task}}") == 1 and sum("Summary of the work so far" in t for t in texts) == 1
+    assert any(t.tool_call and t.tool_call["name"] == "mark_task_complete" for t in continued.branches[0].transitions)
+    assert "continuations" not in whole.metadata
+
+
+def test_reimport_is_idempotent_and_a_trajectory_names_its_trial(store: Store, tmp_path: Path) -> None:
+    job = two_agent_job(tmp_path / "jobs")
+    store.ingest([tmp_path / "jobs"])
+    before = snapshot(store)
+    again = store.ingest([tmp_path / "jobs"])
+    assert again.imported == [] and len(again.already_present) == 8
+    trial = job / f"{TASKS[0]}__T01aaaa"
+    named = store.ingest([trial / "agent" / "trajectory.cont-1.json", trial / "agent" / "trajectory.json", trial])
+    assert named.runs == [f"{TERMINUS}/{TASKS[0]}/{TASKS[0]}__T01aaaa"] and named.imported == []
+    assert snapshot(store) == before
+
+
+def test_a_lone_atif_file_imports_ungraded(store: Store, tmp_path: Path) -> None:
+    job = write_job(tmp_path / "jobs", "j", [TrialSpec("hello-world", continuations=2, seed=3)])
+    lone = tmp_path / "lone"
+    lone.mkdir()
+    for path in (job / "hello-world__AbC1234" / "agent").glob("trajectory*.json"):
+        (lone / path.name).write_bytes(path.read_bytes())
+    report = store.ingest([lone / "trajectory.json"])
+    run_id = f"{TERMINUS}/hello-world__AbC1234-session"
+    assert report.imported == [run_id] and dict(report.states) == {"ungraded": 1}
+    state = store.run(run_id)
+    assert state.task_id is None and state.trial == "hello-world__AbC1234-session" and state.grades == ()
+    assert state.metadata["continuations"] == 2
+    # A continuation named on its own reads the same run.
+    assert store.ingest([lone / "trajectory.cont-2.json"]).already_present == [run_id]
+
+
+def harbor_broken(tmp_path: Path, change) -> Path:  # noqa: ANN001 - change(trial_dir)
+    job = write_job(tmp_path / "broken", "j", [TrialSpec("hello-world", seed=4)])
+    trial = job / "hello-world__AbC1234"
+    change(trial)
+    return trial
+
+
+def edit_json(path: Path, edit) -> None:  # noqa: ANN001
+    data = json.loads(path.read_text())
+    edit(data)
+    path.write_text(json.dumps(data))
+
+
+def _swap_steps(trial: Path) -> None:
+    def edit(data: dict) -> None:
+        data["steps"][2]["step_id"], data["steps"][3]["step_id"] = 4, 3
+    edit_json(trial / "agent" / "trajectory.json", edit)
+
+
+def _orphan_result(trial: Path) -> None:
+    def edit(data: dict) -> None:
+        data["steps"][1]["observation"]["results"][0]["source_call_id"] = "call_nowhere"
+    edit_json(trial / "agent" / "trajectory.json", edit)
+
+
+def _text_reward(trial: Path) -> None:
+    edit_json(trial / "result.json", lambda data: data["verifier_result"]["rewards"].update(reward="1.0"))
+
+
+HARBOR_BROKEN = [
+    (_swap_steps, '$["agent/trajectory.json"].steps[3].step_id: step 3 comes after step 4: steps out of order'),
+    (_orphan_result, '$["agent/trajectory.json"].steps[1].observation.results[0].source_call_id: names tool call '
+                     "'call_nowhere'"),
+    (_text_reward, '$["result.json"].verifier_result.rewards.reward: must be a number, not a string'),
+]
+
+
+@pytest.mark.parametrize("change, expected", HARBOR_BROKEN, ids=["step-order", "orphan-result", "text-reward"])
+def test_broken_harbor_trials_are_refused_and_nothing_is_written(store: Store, tmp_path: Path, change,
+                                                                 expected: str) -> None:
+    two_agent_job(tmp_path / "jobs")
+    store.ingest([tmp_path / "jobs"])
+    before = snapshot(store)
+    trial = harbor_broken(tmp_path, change)
+    good = write_job(tmp_path / "good", "g", [TrialSpec("other-task", seed=9)])
+    with pytest.raises(IngestError) as caught:
+        store.ingest([good, trial.parent])
+    message = str(caught.value)
+    assert "\n" not in message and message.startswith(f"{trial}: ") and expected in message
+    assert snapshot(store) == before
+    skipped = store.ingest([good, trial.parent], skip_bad=True)
+    assert [item["path"] for item in skipped.skipped] == [str(trial)] and len(skipped.imported) == 1
+
+
+def inspect_samples(model: str, *, scores=("C", "I"), epochs: int = 2, steps: int = 4) -> list[dict]:  # noqa: ANN001
+    out = []
+    for index, value in enumerate(scores):
+        episode = make_episode(f"case-{index}", 300 + index, target_bytes=4_000)
+        episode.steps = episode.steps[:steps]
+        out.extend(sample(episode, index + 1, epoch, model=model, score=value) for epoch in range(1, epochs + 1))
+    return out
+
+
+@pytest.mark.parametrize("kind", ["zstd", "deflate", "json", "running"])
+def test_inspect_logs_import_sample_by_epoch(store: Store, tmp_path: Path, kind: str) -> None:
+    model = "openai/gpt-4o"
+    spec = eval_spec("csv_quoting", model, epochs=2, samples=2)
+    samples = inspect_samples(model)
+    if kind == "json":
+        path = write_json_log(tmp_path / "2025-11-03T09-12-44_csv-quoting_abc.json", spec, samples)
+    else:
+        path = write_eval(tmp_path / "log.eval", spec, samples, compression="deflate" if kind == "deflate" else "zstd",
+                          finished=kind != "running")
+    if kind == "zstd":
+        with zipfile.ZipFile(path) as opened:
+            assert {info.compress_type for info in opened.infolist()} == {archive.ZIP_ZSTANDARD}
+    listed = sorted(os.listdir(tmp_path))
+    report = store.ingest([tmp_path])
+    assert sorted(os.listdir(tmp_path)) == listed  # nothing extracted
+    assert report.imported == [f"{model}/csv_quoting/{i}/{e}" for i in (1, 2) for e in (1, 2)]
+    state = store.run(f"{model}/csv_quoting/2/2")
+    assert (state.agent, state.task_id, state.trial) == (model, "csv_quoting/2", "2")
+    assert state.grades == ({"grader": "inspect:includes", "score": 0.0, "label": "incorrect"},)
+    assert store.run(f"{model}/csv_quoting/1/1").grades[0]["label"] == "correct"
+    steps = list(state.branches[0].transitions)
+    assert [t.role for t in steps[:4]] == ["system", "user", "assistant", "tool"]
+    assert store.text(steps[1].text_ref) == "{{task}}"
+    # Usage from the model event that produced each message (matched by id), cache reads counted in.
+    assert steps[2].usage == {"input_tokens": 2400, "output_tokens": 60}
+    assert steps[2].tool_call["name"] == "bash" and json.loads(store.text(steps[2].tool_call["arguments_ref"]))["cmd"]
+    assert sum(1 for t in steps if t.usage) == 5  # four tool calls and the answer
+
+
+def test_inspect_solver_names_the_agent_and_unscored_samples_take_results(store: Store, tmp_path: Path) -> None:
+    model = "anthropic/claude-sonnet-4-5"
+    spec = eval_spec("csv_quoting", model, solver="react")
+    unscored = write_eval(tmp_path / "run.eval", spec, inspect_samples(model, scores=(None, None), epochs=1))
+    (tmp_path / "scored").mkdir()
+    scored = write_eval(tmp_path / "scored" / "scored.eval", spec, inspect_samples(model, scores=("P", 0.25), epochs=1))
+    report = store.ingest([unscored], results=[str(scored)])
+    agent = f"react@{model}"
+    assert report.imported == [f"{agent}/csv_quoting/1/1", f"{agent}/csv_quoting/2/1"]
+    assert [store.run(r).grades for r in report.imported] == [
+        ({"grader": "inspect:includes", "score": 0.5, "label": "partial"},),
+        ({"grader": "inspect:includes", "score": 0.25, "label": "0.25"},)]
+    assert report.unmatched_results == []
+
+
+@pytest.mark.parametrize("value, expected", [
+    ("C", (1.0, "correct")), ("I", (0.0, "incorrect")), ("P", (0.5, "partial")), ("N", (0.0, "no answer")),
+    ("yes", (1.0, "yes")), ("False", (0.0, "False")), ("0.75", (0.75, "0.75")), (True, (1.0, "True")), (1, (1.0, "1")),
+    (7, None), (-0.5, None), ("maybe", None), ({"a": 1}, None), ([1, 0], None)])
+def test_inspect_score_values_map_to_grades(value, expected) -> None:  # noqa: ANN001
+    grade, because = score_grade({"match": {"value": value}}, "$.scores")
+    if expected is None:
+        assert grade is None and because
+    else:
+        assert (grade["score"], grade["label"]) == expected and grade["grader"] == "inspect:match"
+
+
+def test_harbor_results_files_grade_by_run_id(tmp_path: Path) -> None:
+    job = two_agent_job(tmp_path / "jobs")
+    [one] = load_results([str(job / f"{TASKS[1]}__C10bbbb" / "result.json")])
+    assert one.run_grades == {f"{CLAUDE}/{TASKS[1]}/{TASKS[1]}__C10bbbb":
+                              {"grader": "harbor", "score": 0.0, "label": "fail"}}
+    grades = {run: grade for results in load_results([str(job)]) for run, grade in results.run_grades.items()}
+    with Store.open(tmp_path / "s.sqlite") as opened:
+        opened.ingest([job])
+        assert {r: (opened.run(r).grades[0] if opened.run(r).grades else None) for r in opened.run_ids()} == grades
+
+
+def zip_of(path: Path, members: dict[str, bytes]) -> Path:
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as opened:
+        for name, data in members.items():
+            opened.writestr(name, data)
+    return path
+
+
+def _truncated(path: Path) -> str:
+    good = write_eval(path, eval_spec("t", "m/x"), inspect_samples("m/x", epochs=1))
+    good.write_bytes(good.read_bytes()[: good.stat().st_size * 2 // 3])
+    return "not a complete zip archive"
+
+
+def _bomb(path: Path) -> str:
+    # 64 MiB of zeros zstd-compress to a few kB: far beyond 200× its stored size.
+    ZstdZip(path).write({"header.json": json.dumps({"eval": eval_spec("t", "m/x")}).encode(),
+                         "samples/1_epoch_1.json": [b"\0" * (1 << 20)] * 64})
+    return "samples/1_epoch_1.json: declares 67108864 bytes from"
+
+
+def _lying_size(path: Path) -> str:
+    ZstdZip(path, declared_size={"samples/1_epoch_1.json": 1000}).write({
+        "header.json": json.dumps({"eval": eval_spec("t", "m/x")}).encode(),
+        "samples/1_epoch_1.json": [b" " * (1 << 20)] * 4})
+    return "samples/1_epoch_1.json: inflates beyond the 1000 bytes the archive declares"
+
+
+def _climbing(path: Path) -> str:
+    write_eval(path, eval_spec("t", "m/x"), inspect_samples("m/x", epochs=1), members={"../../etc/cron.d/x": b"{}"})
+    return "member '../../etc/cron.d/x' has an absolute or climbing path"
+
+
+def _absolute(path: Path) -> str:
+    zip_of(path, {"header.json": b"{}", "/etc/passwd": b"root"})
+    return "member '/etc/passwd' has an absolute or climbing path"
+
+
+def _bad_member_json(path: Path) -> str:
+    write_eval(path, eval_spec("t", "m/x"), [], members={"samples/9_epoch_1.json": b'{"id": 9, "epoch": '})
+    return "samples/9_epoch_1.json: not valid JSON"
+
+
+EVAL_BROKEN = [_truncated, _bomb, _lying_size, _climbing, _absolute, _bad_member_json]
+
+
+@pytest.mark.parametrize("make", EVAL_BROKEN, ids=[f.__name__.strip("_") for f in EVAL_BROKEN])
+def test_hostile_eval_archives_are_refused_and_nothing_is_written(store: Store, tmp_path: Path, make) -> None:
+    good = write_eval(tmp_path / "good.eval", eval_spec("t", "m/good"), inspect_samples("m/good", epochs=1))
+    store.ingest([good])
+    before = snapshot(store)
+    bad = tmp_path / "bad.eval"
+    expected = make(bad)
+    listed = sorted(os.listdir(tmp_path))
+    with pytest.raises(IngestError) as caught:
+        store.ingest([good, bad])
+    message = str(caught.value)
+    assert "\n" not in message and message.startswith(str(bad)) and expected in message, message
+    assert snapshot(store) == before and sorted(os.listdir(tmp_path)) == listed
+    assert store.ingest([good, bad], skip_bad=True).skipped[0]["path"] == str(bad)
+
+
+def test_a_truncated_json_log_is_refused(store: Store, tmp_path: Path) -> None:
+    path = write_json_log(tmp_path / "log.json", eval_spec("t", "m/x"), inspect_samples("m/x"))
+    path.write_bytes(path.read_bytes()[:-300])
+    with pytest.raises(IngestError, match=r"log\.json: .*the file ends early"):
+        store.ingest([path])
+    assert store.run_ids() == []
+
+
+def test_json_log_streams_values_across_the_window(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(json_stream, "_CHUNK", 5)  # every value crosses several windows
+    log = {"version": 2, "status": "success", "eval": {"task": "t", "n": 12345678901234567890123},
+           "samples": [{"id": i, "text": "é\"\\" * (i * 40), "x": 1.5e-7} for i in range(4)], "reductions": []}
+    raw = json.dumps(log, indent=2, ensure_ascii=False).encode()
+    members = list(json_stream.JsonObjectStream(io.BytesIO(raw), "log.json").members("samples"))
+    assert [m[2] for m in members if m[0] == "samples"] == log["samples"]
+    assert members[2] == ("eval", None, log["eval"])
+
+
+def test_untrusted_text_in_a_trajectory_is_refused_or_repaired(store: Store, tmp_path: Path) -> None:
+    def change(trial: Path) -> None:
+        path = trial / "agent" / "trajectory.json"
+        path.write_text(path.read_text().replace("Let me look at", "Let me \\ud800look at", 1))
+    trial = harbor_broken(tmp_path, change)
+    with pytest.raises(IngestError, match=r'\$\["agent/trajectory.json"\]\.steps\[1\]\.message is not valid Unicode'):
+        store.ingest([trial])
+    report = store.ingest([trial], repair_text=True)
+    assert list(report.repaired) == report.imported and len(report.imported) == 1
+
+
+def test_no_grade_or_reward_reaches_the_judges_view(store: Store, tmp_path: Path) -> None:
+    two_agent_job(tmp_path / "jobs")
+    model = "openai/gpt-4o"
+    write_eval(tmp_path / "jobs" / "log.eval", eval_spec("csv_quoting", model), inspect_samples(model, epochs=1))
+    store.ingest([tmp_path / "jobs"])
+    assert len(store.run_ids()) == 10
+    for state in store.iter_runs():
+        view = render_view(state, body_resolver(state, store.text))
+        assert state.grades or state.state == "ungraded"
+        for hidden in ("reward", "Grades", "verifier_result", "inspect:includes", "harbor", "exception_info",
+                       '"value"', "AgentTimeoutError", "incorrect"):
+            assert hidden not in view, (state.id, hidden)
+
+
+@pytest.mark.model
+def test_judge_task_pairs_a_harbor_job_across_agents(tmp_path: Path, default_model: Path) -> None:
+    trials = [TrialSpec("fix-csv", agent=agent, model=model, suffix=f"{agent[:1].upper()}{n}xxxxx", seed=n,
+                        steps=1, target_bytes=600, reward=float(agent == "terminus-2"))
+              for agent, model in (("terminus-2", "m/alpha"), ("claude-code", "m/beta")) for n in range(2)]
+    write_job(tmp_path / "jobs", "job", trials)
+    store = str(tmp_path / "store.sqlite")
+    assert kvjudge("ingest", str(tmp_path / "jobs"), "--store", store).returncode == 0
+    judged = kvjudge("judge", "--task", "fix-csv", "--model", str(default_model), "--n-ctx", "1024", "--no-certify",
+                     "--store", store, "--json", timeout=900)
+    assert judged.returncode == 0, judged.stderr
+    *rows, _ = [json.loads(line) for line in judged.stdout.splitlines()]
+    agents = {"terminus-2@m/alpha", "claude-code@m/beta"}
+    with Store.open(store) as opened:
+        pairs = [(opened.run(r["a"]), opened.run(r["b"])) for r in rows]
+    assert pairs and all(a.task_id == b.task_id == "fix-csv" for a, b in pairs)
+    assert any({a.agent, b.agent} == agents for a, b in pairs)
+    assert "harbor" not in judged.stdout and "reward" not in judged.stdout
+
+
+def test_an_eval_member_is_read_within_its_bound(tmp_path: Path) -> None:
+    path = tmp_path / "x.eval"
+    ZstdZip(path).write({"samples/big.json": [b" " * (1 << 20)] * 8})
+    with archive.Archive(path) as opened:
+        assert opened.read("samples/big.json") == b" " * (8 << 20)  # 8 MiB from a few hundred bytes: the floor
+
+
+def test_bytes_that_are_not_utf8_in_an_eval_sample_are_refused_or_repaired(store: Store, tmp_path: Path) -> None:
+    samples = inspect_samples("m/x", scores=("C",), epochs=1)
+    raw = json.dumps(samples[0], indent=2).encode().replace(b"Running `", b"Running \xff`", 1)
+    path = write_eval(tmp_path / "log.eval", eval_spec("t", "m/x"), [], members={"samples/1_epoch_1.json": raw})
+    with pytest.raises(IngestError, match=r"log\.eval:samples/1_epoch_1\.json: text at \$\.sample\.messages\[2\]"
+                                          r"\.content\[1\]\.text is not valid Unicode"):
+        store.ingest([path])
+    assert store.run_ids() == []
+    report = store.ingest([path], repair_text=True)
+    assert list(report.repaired) == ["m/x/t/1/1"]
+    assert "Running \ufffd`" in store.text(store.run("m/x/t/1/1").branches[0].transitions[2].text_ref)

@@ -1,0 +1,175 @@
+"""kvjudge reads a capable judge right: end to end through the CLI, against a simulated judge of known quality.
+
+The bundled judge model has no signal, so nothing measured with it can show that `eval`, `rank` and
+`judge --still-grades` would report a good judge's quality correctly. Here the judge is
+:mod:`kvjudge.testing.sim_judge`, served over HTTP as vLLM serves a model, whose accuracy and position bias are
+set and which decides a pair only when both runs' final patch and last test outcome are visible in their views.
+The runs are SWE-bench-shaped (:mod:`kvjudge.testing.graded_runs`), ingested with `kvjudge ingest`; the server
+is certified with `kvjudge probe --server`, and every figure below comes from the CLI's JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import pytest
+from helpers import kvjudge, kvjudge_json
+
+from kvjudge.testing.graded_runs import GradedRun, swe_run, write_graded
+from kvjudge.testing.sim_judge import Settings, SimJudgeServer, draw
+
+PARALLEL = "4"  # requests in flight: the simulated judge answers at once, the client is the bottleneck
+
+
+def _ingest(tmp_path: Path, runs: Sequence[GradedRun]) -> tuple[Path, Path]:
+    """The runs in a store (through `kvjudge ingest`) and the answer key beside it."""
+    runs_file, key = write_graded(tmp_path, runs)
+    store = tmp_path / "store.sqlite"
+    ingested = kvjudge_json("ingest", str(runs_file), "--store", str(store))
+    assert ingested["imported"] == len(runs) and ingested["states"] == {"graded": len(runs)}
+    return store, key
+
+
+@pytest.fixture
+def serve() -> Iterator:
+    """Start simulated judges (each certified with `kvjudge probe --server`); all stopped after the test."""
+    started: list[SimJudgeServer] = []
+
+    def start(key: Path, settings: Settings) -> SimJudgeServer:
+        server = SimJudgeServer(key, settings).start()
+        started.append(server)
+        probed = kvjudge_json("probe", "--server", server.url)
+        assert probed["certified"] and probed["max_context_tokens"] == settings.max_model_len
+        assert server.judge.reasons == {"no_runs": 1}  # the probe's prompt just under the context quotes no runs
+        server.judge.reasons.clear()
+        return server
+
+    yield start
+    for server in started:
+        server.stop()
+
+
+# ------------------------------------------------------------------------------------------------- eval
+def _eval_runs() -> list[GradedRun]:
+    """110 tasks with one resolved and one unresolved run (which one sorts first is drawn), and 8 tasks whose two
+    runs are both resolved (equal grades: no truth, left out of the accuracy)."""
+    rng = random.Random(23)
+    runs = []
+    for number in range(118):
+        task = f"repo__issue-{number}"
+        first_passes = rng.random() < 0.5
+        both = number >= 110
+        runs.append(swe_run(f"{task}/x", task=task, passed=first_passes or both, seed=number, explore=2,
+                            file_lines=30))
+        runs.append(swe_run(f"{task}/y", task=task, passed=not first_passes or both, seed=number, explore=2,
+                            file_lines=30))
+    return runs
+
+
+@pytest.mark.parametrize(("accuracy", "bias"), [(0.8, 0.5), (0.7, 0.6)])
+def test_eval_recovers_the_set_accuracy_and_position_bias(tmp_path: Path, serve, accuracy: float,
+                                                          bias: float) -> None:
+    runs = _eval_runs()
+    store, key = _ingest(tmp_path, runs)
+    settings = Settings(accuracy=accuracy, bias=bias, seed=11)
+    server = serve(key, settings)
+    result = kvjudge_json("eval", "--server", server.url, "--store", str(store), "--parallel", PARALLEL,
+                          "--png", str(tmp_path / "eval.png"))
+    [(framing, figures)] = result["templates"].items()
+    assert framing == "raw"  # vLLM publishes no chat template: the raw framing through the completions API
+    assert (figures["graded_pairs"], figures["equal_grades"], figures["ungraded"]) == (110, 8, 0)
+    judge = figures["judge"]
+    assert judge["pairs"] == 110 and judge["coverage"] == 1.0 and judge["decisive"] == 110
+    # Exactly the pairs the server's draws judged right, and the set accuracy within eval's Wilson interval.
+    by_id = {run.id: run for run in runs}
+    expected = sum(draw(settings.seed, by_id[f"repo__issue-{n}/x"].key.marker,
+                        by_id[f"repo__issue-{n}/y"].key.marker) < accuracy for n in range(110))
+    assert judge["correct"] == expected
+    low, high = judge["accuracy_decisive_ci95"]
+    assert low <= accuracy <= high, (judge["accuracy_decisive"], low, high)
+    low, high = judge["accuracy_ties_half_ci95"]
+    assert low <= accuracy <= high
+    assert judge["position_bias"] == pytest.approx(bias, abs=0.02)
+    assert judge["position_consistency"] == 1.0 and judge["inconsistent_rate"] == 0.0
+    # Every order of every pair was read by the server, evidence visible; equal grades got no preference.
+    assert server.judge.reasons == {"decided": 220, "equal_grades": 16}
+    assert (tmp_path / "eval.png").stat().st_size > 0
+
+
+# ------------------------------------------------------------------------------------------------- rank
+AGENT_PASSES = {"strong": 27, "middling": 15, "weak": 3}  # resolved tasks out of 30
+
+
+def test_rank_recovers_the_order_of_three_agents(tmp_path: Path, serve) -> None:
+    rng = random.Random(7)
+    runs = []
+    for agent, passes in AGENT_PASSES.items():
+        resolved = set(rng.sample(range(30), passes))
+        runs += [swe_run(f"{agent}/task-{n}", task=f"task-{n}", agent=agent, passed=n in resolved, seed=n,
+                         explore=2, file_lines=30) for n in range(30)]
+    store, key = _ingest(tmp_path, runs)
+    server = serve(key, Settings(accuracy=0.9, bias=0.55, seed=3))
+    ranking = kvjudge_json("rank", "--server", server.url, "--store", str(store), "--parallel", PARALLEL,
+                           "--bootstrap", "300", "--png", str(tmp_path / "rank.png"))
+    assert ranking["pairs"] == 90 and ranking["games"] == 90  # three pairs of agents on each of 30 tasks
+    rows = ranking["agents"]
+    assert [row["agent"] for row in rows] == ["strong", "middling", "weak"]
+    strong, _middling, weak = rows
+    assert strong["ci95"][0] > weak["ci95"][1]  # the ends of the order are told apart, not just ordered
+    assert all(row["coverage"] == 1.0 for row in rows)
+
+
+# ----------------------------------------------------------------------------------------- still grades
+# Runs of ≈ 5,500 tokens: six 80-line source files read while exploring, a 12-line patch, a test log. Reduced to
+# 4,000 tokens today's reduction cuts every body above a common cap of ≈ 400 tokens, which the patch and the test
+# log are under: the evidence survives. At 1,200 the cap is far under the patch: the evidence is cut.
+EVIDENCE_SURVIVES = 4000
+EVIDENCE_CUT = 1200
+
+
+def test_still_grades_holds_where_the_evidence_survives_and_loses_every_verdict_where_it_is_cut(
+        tmp_path: Path, serve) -> None:
+    runs = []
+    for number in range(40):
+        task = f"repo__issue-{number}"
+        runs += [swe_run(f"{task}/pass", task=task, passed=True, seed=number, explore=6, file_lines=80),
+                 swe_run(f"{task}/fail", task=task, passed=False, seed=number, explore=6, file_lines=80)]
+    store, key = _ingest(tmp_path, runs)
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("".join(json.dumps({"a": f"repo__issue-{n}/pass", "b": f"repo__issue-{n}/fail"}) + "\n"
+                             for n in range(40)))
+    server = serve(key, Settings(accuracy=0.8, bias=0.6, seed=5))
+
+    def still_grades(reduce_to: int) -> tuple[list[dict], dict, Counter]:
+        before = Counter(server.judge.reasons)
+        lines = _json_lines("judge", "--pairs", str(pairs), "--still-grades", "--reduce-to", str(reduce_to),
+                            "--server", server.url, "--store", str(store), "--parallel", PARALLEL)
+        return lines[:-1], lines[-1]["summary"], Counter(server.judge.reasons) - before
+
+    verdicts, summary, reasons = still_grades(EVIDENCE_SURVIVES)
+    assert (summary["pairs"], summary["compared"], summary["full_cut"], summary["same_views"]) == (40, 40, 0, 0)
+    assert all(v["view_tokens"]["reduced"]["a"] < v["view_tokens"]["full"]["a"] for v in verdicts)
+    full_outcomes = summary["outcomes"]["full"]
+    assert full_outcomes["a"] + full_outcomes["b"] == 40  # the full runs show the evidence: every pair decided
+    assert summary["agreement"] >= 0.95 and summary["flips"] == 0 and summary["lost"] == 0
+    # Both sides' views showed each run's whole patch and test outcome: every call was decided on it.
+    assert reasons == {"decided": 160}
+
+    verdicts, summary, reasons = still_grades(EVIDENCE_CUT)
+    assert summary["compared"] == 40
+    # The negative control fails the way it should: no verdict holds, every one is counted as lost.
+    assert summary["agreement"] == 0.0 and summary["lost"] == 40 and summary["flips"] == 0
+    assert summary["outcomes"]["reduced"]["inconsistent"] == 40  # no preference, each order leaning to position A
+    assert all(v["held"] is False and v["lost"] is True for v in verdicts)
+    # The full side came from the judgment cache; the reduced views hid the evidence from every call.
+    assert set(reasons) <= {"evidence_hidden", "unidentified"} and sum(reasons.values()) == 80
+
+
+def _json_lines(*args: str) -> list[dict]:
+    done = kvjudge(*args, "--json")
+    assert done.returncode == 0, done.stderr
+    return [json.loads(line) for line in done.stdout.splitlines()]
