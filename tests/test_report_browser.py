@@ -99,8 +99,8 @@ def test_wrong_only_leaves_exactly_the_pairs_eval_counted_wrong(built: dict[str,
         agent, task = run_id.split("/")
         return agent in PASSES[task]
 
-    wrong = {(v["a"], v["b"]) for v in built["verdicts"] if v["outcome"] in ("a", "b") and passed(v["a"]) != passed(v["b"])
-             and (v["outcome"] == "a") != passed(v["a"])}
+    decisive = [v for v in built["verdicts"] if v["outcome"] in ("a", "b") and passed(v["a"]) != passed(v["b"])]
+    wrong = {(v["a"], v["b"]) for v in decisive if (v["outcome"] == "a") != passed(v["a"])}
     judge = built["eval"]["judge"]
     assert len(wrong) == judge["decisive"] - judge["correct"] >= 1
     open_page(browser, built["index"])

@@ -18,7 +18,6 @@ from kvjudge.commands._common import (
     ceilings_from,
     config_from,
     emit,
-    info,
     open_judge,
     open_store,
     print_wrapped,
@@ -85,8 +84,9 @@ def _report(args: argparse.Namespace) -> int:
         finally:
             judge.backend.close()
     written = write_report(report, out)
-    payload = {**written.to_json(), "pairing": selection.to_json(), "pairs": len(verdicts), "cached": sum(v.cached for v in verdicts),
-               "judged": sum(not v.cached for v in verdicts), "conclusion": report.evaluation["conclusion"]}
+    cached = sum(v.cached for v in verdicts)
+    payload = {**written.to_json(), "pairing": selection.to_json(), "pairs": len(verdicts), "cached": cached,
+               "judged": len(verdicts) - cached, "conclusion": report.evaluation["conclusion"]}
     emit(args, payload, lambda: _print(payload))
     return 0
 

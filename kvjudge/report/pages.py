@@ -165,12 +165,12 @@ def render_index(report: Report, pair_href: str) -> str:
     pairs = report.pairs
     tasks = sorted({p.task for p in pairs if p.task is not None})
     agents = sorted({name for p in pairs for name in p.agents})
+    figure_rows = [("judge", report.evaluation["judge"])] + [(name, report.evaluation["baselines"][name])
+                                                             for name in BASELINES]
     return environment().get_template("index.html").render(
         csp=csp(script=True), script=_inline("report.js").text, header=report.header,
-        evaluation=report.evaluation, ranking=report.ranking,
-        figure_rows=[("judge", report.evaluation["judge"])] + [(name, report.evaluation["baselines"][name])
-                                                               for name in BASELINES], pairs=pairs, runs=report.runs, tasks=tasks,
-        agents=agents, pair_href=pair_href, accuracy=accuracy_chart(report.evaluation),
+        evaluation=report.evaluation, ranking=report.ranking, figure_rows=figure_rows, pairs=pairs, runs=report.runs,
+        tasks=tasks, agents=agents, pair_href=pair_href, accuracy=accuracy_chart(report.evaluation),
         reliability=reliability_chart(report.evaluation["judge"]["reliability"]),
         strengths=ranking_chart(report.ranking), figures={"eval": report.evaluation, "rank": report.ranking})
 
