@@ -35,7 +35,9 @@ models: $(STAMP)
 demo: $(STAMP)
 	$(PY) -m kvjudge demo
 
+# The report's tests drive a real Chromium: the system's, installed from its packages when missing.
 test: $(STAMP)
+	scripts/ensure-chromium
 	$(PY) -m pytest -q
 
 bench: $(STAMP)

@@ -10,7 +10,8 @@
    grades beside the baselines;
 6. tier the reduced runs to a local cold directory and read one back through the store;
 7. verify the store (re-hash, re-fold from LSN 0, tiered refs present);
-8. write ``report.json`` and ``report.png`` to the output directory.
+8. write ``report.json``, ``report.png`` and the HTML report (``report.html``, pair pages in ``report-pairs/``:
+   the reduced side's verdicts, as ``kvjudge report`` writes them) to the output directory.
 
 On a CPU the demo caps the memory the probe may plan with (``context_target``: the memory a context of that many
 tokens needs), so certification takes seconds, not hours, and the hardware bound on the ceiling is visible.
@@ -36,6 +37,7 @@ from kvjudge.judge import Judge, LlamaBackend, WindowPlanner, still_grades, wind
 from kvjudge.judge.evaluate import evaluate
 from kvjudge.models import judge_model_path
 from kvjudge.probe import RuntimeSettings, lookup_capability, memory_needed, probe
+from kvjudge.report import build_report, with_tier_status, write_report
 from kvjudge.retention import Store, verify
 from kvjudge.retention.cold import LocalDirColdStore
 from kvjudge.retention.reduce import reduce_run, run_tokens
@@ -175,6 +177,13 @@ def run_demo(options: DemoOptions, say: Say, progress: ProgressFactory) -> dict[
             with clock.step("judge_reduced"), progress("judging reduced runs", len(uncut) * 2) as advance:
                 reduced = judge.judge_pairs(store, uncut, on_call=advance)
             reduced_window = judge.window
+            with clock.step("html_report"):
+                # The HTML report of the reduced side, from these verdicts and the views they were judged from
+                # (the judge's packing, asked again in the same window), as `kvjudge report` builds it.
+                figures = {"configured": ceiling.configured, "max_context_tokens": entry.max_context_tokens,
+                           "hardware_bound": ceiling.hardware_bound, "effective": ceiling.effective,
+                           "winner": ceiling.winner}
+                html = build_report(store, judge, reduced, ceilings={runs[r].tenant: figures for r in run_ids})
         finally:
             backend.close()
         comparisons, summary = still_grades(full, reduced)
@@ -222,6 +231,9 @@ def run_demo(options: DemoOptions, say: Say, progress: ProgressFactory) -> dict[
         report["verify"] = checked.to_dict()
         say(f"[7/7] verify: {'ok' if checked.ok else 'FAILED'} — {checked.runs} runs re-folded from LSN 0, "
             f"{checked.blobs_rehashed} bodies re-hashed, {len(checked.violations)} violation(s)")
+
+        html = with_tier_status(html, store)  # the verdicts and views are those judged; the runs are tiered now
+    report["html"] = write_report(html, out / "report.html").to_json()
 
     report["runs"] = [{"id": r, "task": runs[r].task_id, "grade": (runs[r].grades[0] if runs[r].grades else None),
                        "verifier_passed": all(v.get("passed") for v in runs[r].verifier),

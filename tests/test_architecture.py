@@ -1,6 +1,6 @@
 """The dependency rule of DESIGN.md, checked on the source: a package imports only from packages before it.
 
-``tokens, server_client ← probe ← budget ← retention ← judge ← demo / commands ← cli``, with the foundation modules (errors,
+``tokens, server_client ← probe ← budget ← retention ← judge ← report ← demo / commands ← cli``, with the foundation modules (errors,
 config, file writes, the bundled models, terminal display, the llama-cpp-python adapter) usable by all. Every import counts,
 including the ones inside functions.
 """
@@ -18,6 +18,7 @@ LAYERS = [
     {"budget"},
     {"retention"},
     {"judge"},
+    {"report"},
     {"demo", "commands"},
     {"cli", "__main__"},
     {"testing"},  # test material (harness-shaped files, simulated servers): uses anything, used by nothing

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -74,6 +75,15 @@ def test_demo_end_to_end_on_two_runs(tmp_path: Path, default_model: Path) -> Non
     assert set(judged["versus_grades"]["reduced"]["baselines"]) == {"always_first", "longer_run", "last_exit_zero"}
     assert report["tier"]["read_back_identical"] and len(report["tier"]["runs"]) == 2
     assert report["verify"]["ok"] and report["verify"]["violations"] == []
+    # The HTML report of the reduced side: its figures are the demo's own (its verdicts came from the cache).
+    html = report["html"]
+    assert html["index"] == str(out / "report.html") and html["pair_pages"] == 1
+    assert 'id="views-differ"' not in (out / "report-pairs" / "0001.html").read_text()  # the views judged
+    index = (out / "report.html").read_text()
+    assert index.count("<td>tiered</td>") == 2  # the runs as they stand now: moved to the cold directory
+    block = re.search(r'<script type="application/json" id="kvjudge-figures">(.*?)</script>', index, flags=re.S)
+    page = json.loads(block.group(1))["eval"]
+    assert {k: v for k, v in page.items() if k not in ("manifest", "window")} == judged["versus_grades"]["reduced"]
 
     with Store.open(out / "store.sqlite") as store:
         assert sorted(store.run_ids()) == ["clamp-1", "clamp-2"]

@@ -14,7 +14,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "demo", help="the whole story on the bundled models: probe, budget, ingest, judge, reduce, tier, verify",
         description="Probe and certify the judge model, resolve budgets and the retention ceiling, ingest the "
                     "sample runs, judge every same-task pair from the full and the reduced runs, tier them to a "
-                    "local cold directory, verify, and write report.json + report.png.")
+                    "local cold directory, verify, and write report.json, report.png and report.html.")
     parser.add_argument("--out", metavar="DIR", default="kvjudge-demo",
                         help="output directory for the store, cold files and report (default: ./kvjudge-demo)")
     parser.add_argument("--model", metavar="PATH", help="judge model GGUF (default: the bundled judge model)")
@@ -33,5 +33,6 @@ def _demo(args: argparse.Namespace) -> int:
                           runs_file=Path(args.runs) if args.runs else None, config=config_from(args))
     report = run_demo(options, say=info, progress=progress)
     out = options.out_dir
-    emit(args, report, lambda: print(f"report: {out / 'report.json'}\nchart:  {out / 'report.png'}"))
+    emit(args, report, lambda: print(f"report: {out / 'report.json'}\nchart:  {out / 'report.png'}\n"
+                                     f"html:   {out / 'report.html'}"))
     return 0

@@ -1,0 +1,99 @@
+"""`kvjudge report`: one HTML page that shows how the judge did and why (and a page per pair beside it).
+
+    kvjudge report [--out PATH] [--task TASK | --pairs FILE | RUN_A RUN_B] [--trials matched|all] [--bootstrap N]
+                   (+ the judge options)
+
+Every same-task pair of the store by default (as ``eval``); verdicts come from the judgment cache where they are
+there, and only the rest is judged. See :mod:`kvjudge.report` for what the page shows.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from kvjudge.commands._common import (
+    add_judge_args,
+    ceilings_from,
+    config_from,
+    emit,
+    open_judge,
+    open_store,
+    print_wrapped,
+    progress,
+    select_pairs,
+)
+from kvjudge.config import Config
+from kvjudge.errors import CapabilityMissing, UsageError
+from kvjudge.judge import judge_batch
+from kvjudge.judge.ranking import BOOTSTRAP
+from kvjudge.report import build_report, check_output, write_report
+
+DEFAULT_OUT = "kvjudge-report.html"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "report", help="write an HTML report: is the judge right, the agents' ranking, every pair with the views "
+                       "the judge read",
+        description="Judge every same-task pair (or the pairs named; cached verdicts are reused) and write a "
+                    "self-contained HTML report: the judge's figures against held-out grades beside the baselines "
+                    "(as eval), the agents' ranking (as rank), a sortable and filterable table of pairs, and a page "
+                    "per pair with both views exactly as the judge read them.")
+    add_judge_args(parser)
+    parser.add_argument("--out", metavar="PATH", default=DEFAULT_OUT,
+                        help=f"the report's HTML file; pair pages go to a folder beside it, named after it with "
+                             f"-pairs (default ./{DEFAULT_OUT})")
+    parser.add_argument("--bootstrap", type=int, default=BOOTSTRAP, metavar="N",
+                        help=f"bootstrap resamples for the ranking's intervals (default {BOOTSTRAP})")
+    parser.add_argument("--ceiling", type=int, metavar="N",
+                        help="the configured ceiling the header shows, lowered to N tokens (as for kvjudge reduce)")
+    parser.add_argument("--capabilities", metavar="FILE",
+                        help="capability cache file the header's ceiling is read from (default: in the cache dir)")
+    parser.set_defaults(func=_report)
+
+
+def ceiling_figures(args: argparse.Namespace, config: Config, tenants: set[str]) -> tuple[dict[str, Any], str | None]:
+    """The retention ceiling per tenant and the bound that won, as ``kvjudge reduce`` and ``budget --ceiling``
+    compute it; or no figures and the reason (no probe figure yet)."""
+    try:
+        ceilings = ceilings_from(args, config, required=False)
+        return {tenant: ceilings.describe(tenant) for tenant in sorted(tenants)}, None
+    except CapabilityMissing as exc:
+        return {}, str(exc)
+
+
+def _report(args: argparse.Namespace) -> int:
+    if args.bootstrap < 1:
+        raise UsageError(f"--bootstrap must be at least 1, got {args.bootstrap}")
+    out = check_output(Path(args.out))
+    config = config_from(args)
+    with open_store(args, config) as store:
+        selection = select_pairs(args, store, default_all=True)
+        pairs = selection.pairs
+        judge = open_judge(args, config)
+        try:
+            with progress("judging", len(pairs) * 2) as advance:
+                judge.planner.progress = lambda message: advance(0, description=message)
+                verdicts = judge_batch(judge, store, pairs, on_call=advance)
+            tenants = {store.run(run_id).tenant for pair in pairs for run_id in pair}
+            ceilings, note = ceiling_figures(args, config, tenants)
+            report = build_report(store, judge, verdicts, ceilings=ceilings, ceiling_note=note,
+                                  bootstrap=args.bootstrap, pairing=selection.describe())
+        finally:
+            judge.backend.close()
+    written = write_report(report, out)
+    cached = sum(v.cached for v in verdicts)
+    payload = {**written.to_json(), "pairing": selection.to_json(), "pairs": len(verdicts), "cached": cached,
+               "judged": len(verdicts) - cached, "conclusion": report.evaluation["conclusion"]}
+    emit(args, payload, lambda: _print(payload))
+    return 0
+
+
+def _print(payload: dict[str, Any]) -> None:
+    print_wrapped(payload["conclusion"])
+    print_wrapped(f"report: {payload['index']} ({payload['index_bytes'] / 1e3:.0f} kB)")
+    print_wrapped(f"pairs: {payload['pair_dir']}/ ({payload['pair_pages']} pages, "
+                  f"{payload['pair_bytes_total'] / 1e3:.0f} kB; {payload['cached']} of {payload['pairs']} verdicts "
+                  f"from the cache)")

@@ -1,0 +1,103 @@
+"""The report's files, without a browser: what the HTML source holds, how it is written, and the errors before
+any model loads. (tests/test_report_browser.py renders the same pages in Chromium.)"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import hashlib
+import re
+from html import unescape
+from pathlib import Path
+from typing import Any
+
+import pytest
+from report_support import N_CTX, PAYLOAD_RUN, seeded_store
+
+from kvjudge.cli import main
+from kvjudge.judge import Judge, LlamaBackend, Verdict, WindowPlanner, judge_batch
+from kvjudge.report import build_report, judged_against, pair_dir_for, write_report
+
+
+class _WithEvidence(Verdict):
+    """A verdict with a field the report does not know by name (as new verdict fields will arrive)."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {**super().to_json(), "evidence_retention": {"a": 0.75, "b": "<b>all</b>"}}
+
+
+def _report(tmp_path: Path, model: Path, task: str | None = None, extend: bool = False) -> Any:
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    store_path, pairs = seeded_store(tmp_path / "store.sqlite", model)
+    from kvjudge.retention import Store
+
+    with Store.open(store_path) as store:
+        backend = LlamaBackend(model_path=model)
+        try:
+            judge = Judge(backend, planner=WindowPlanner(backend, requested=N_CTX, certify=False))
+            chosen = [p for p in pairs if task is None or store.run(p[0]).task_id == task]
+            verdicts = judge_batch(judge, store, chosen)
+            if extend:
+                verdicts = [_WithEvidence(**{f.name: getattr(v, f.name) for f in dataclasses.fields(v)})
+                            for v in verdicts]
+            return build_report(store, judge, verdicts, ceiling_note="no probe figure"), verdicts
+        finally:
+            backend.close()
+
+
+@pytest.mark.model
+def test_the_pages_quote_run_text_and_run_only_their_own_script(tmp_path: Path, default_model: Path) -> None:
+    report, verdicts = _report(tmp_path, default_model, extend=True)
+    assert all(v.cached for v in verdicts)  # the seeded cache answered every order: no model call
+    written = write_report(report, tmp_path / "out" / "report.html")
+    index = written.index.read_text()
+    pages = {p.name: p.read_text() for p in sorted(written.pair_dir.iterdir())}
+    assert len(pages) == written.pair_pages == 12 and written.index_bytes == len(index.encode())
+    for name, html in [("index", index), *pages.items()]:
+        assert "<script>window.pwned" not in html and "onerror=" not in html.replace("onerror=&#34;", ""), name
+        assert 'href="javascript' not in html and "<svg onload" not in html, name
+        policy = unescape(re.search(r'http-equiv="Content-Security-Policy" content="([^"]+)"', html).group(1))
+        assert policy.startswith("default-src 'none'") and "unsafe" not in policy and "http" not in policy, name
+    payload_page = next(html for html in pages.values() if f"<span class=\"mono\">{PAYLOAD_RUN}</span>" in html)
+    assert "&lt;script&gt;window.pwned = &#34;script&#34;;&lt;/script&gt;" in payload_page
+    assert "&lt;/textarea&gt;&lt;/pre&gt;&lt;img" in payload_page and "<script" not in payload_page
+    # The index's scripts: the figures (JSON, never run) and its own, allowed by the sha256 in its policy.
+    scripts = re.findall(r"<script([^>]*)>(.*?)</script>", index, flags=re.S)
+    assert [attrs for attrs, _ in scripts] == [' type="application/json" id="kvjudge-figures"', ""]
+    digest = base64.b64encode(hashlib.sha256(scripts[1][1].encode()).digest()).decode()
+    assert f"script-src 'sha256-{digest}'" in unescape(index)
+    # A verdict field the report does not know is shown by name, its value escaped.
+    assert all("evidence_retention" in html and "&lt;b&gt;all&lt;/b&gt;" in html for html in pages.values())
+    assert "no probe figure" in index  # no ceiling was given: the header says why
+
+
+@pytest.mark.model
+def test_a_smaller_report_replaces_the_pair_pages_of_the_last(tmp_path: Path, default_model: Path) -> None:
+    index = tmp_path / "report.html"
+    first, _ = _report(tmp_path / "all", default_model)
+    write_report(first, index)
+    (pair_dir_for(index) / "notes.txt").write_text("mine")
+    second, _ = _report(tmp_path / "one-task", default_model, task="clamp")
+    written = write_report(second, index)
+    assert sorted(p.name for p in written.pair_dir.iterdir()) == ["0001.html", "0002.html", "0003.html"]
+    assert "3 judged pair(s)" in index.read_text() and index.stat().st_mode & 0o777 == 0o644
+    assert not list(tmp_path.glob(".report-pairs.*"))  # no staging folder left behind
+
+
+@pytest.mark.parametrize(("out", "says"), [(".", "is a directory"), ("report.txt", "does not end in .html"),
+                                           ("taken.html", "is not a directory")])
+def test_a_bad_out_path_is_one_line_before_anything_is_judged(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                              out: str, says: str) -> None:
+    (tmp_path / "taken-pairs").write_text("a file where the pair pages would go")
+    # No store exists and no model is named: the path is refused before either is opened.
+    code = main(["report", "--store", str(tmp_path / "missing.sqlite"), "--out", str(tmp_path / out)])
+    err = capsys.readouterr().err.strip()
+    assert code != 0 and says in err and len(err.splitlines()) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["taken-pairs"]
+
+
+def test_how_a_verdict_stands_against_the_grades() -> None:
+    assert judged_against("a", "a") == "right" and judged_against("b", "a") == "wrong"
+    assert judged_against("tie", "b") == judged_against("inconsistent", "a") == "no preference"
+    assert judged_against("error", "a") == "unscored" and judged_against("overflow", "b") == "unscored"
+    assert judged_against("a", "equal") == "equal grades" and judged_against("a", None) == "ungraded"
