@@ -10,11 +10,15 @@ Cases (``--cases``; each writer below makes one, so a harness is added with one 
 - ``harbor``: a Harbor job of N trials (two agents, ATIF trajectories of about ``--run-mb`` MB, ``result.json``
   and the other files of each trial), from :mod:`kvjudge.testing.harbor`;
 - ``inspect-eval`` / ``inspect-json``: one inspect log of N samples (zstd ``.eval``; ``.json``), from
-  :mod:`kvjudge.testing.inspect_logs`.
+  :mod:`kvjudge.testing.inspect_logs`;
+- ``openhands``: OpenHands' SWE-bench ``output.jsonl`` of N instances (two models' evaluation folders, half each,
+  on shared instances; lines of about ``--run-mb`` MB, each event with its model response), from
+  :mod:`kvjudge.testing.openhands`.
 
 For each set, in fresh child processes (each reports its own peak RSS, VmHWM, as it exits):
 
-- **baseline**: ``json.load`` of each JSON document (each file; each member of an ``.eval`` archive, inflated),
+- **baseline**: ``json.load`` of each JSON document (each file; each line of a ``.jsonl``; each member of an
+  ``.eval`` archive, inflated),
   SHA-256 of every string value of 32 bytes or more (the bodies; roles, ids and timestamps are not) and one
   SQLite ``INSERT OR IGNORE`` per body into a content-addressed table, one commit per document (WAL,
   ``synchronous=FULL``, like the store) — the least an importer can do;
@@ -24,7 +28,8 @@ MB are the bytes on disk (compressed for ``.eval``). Targets: kvjudge MB/s ≥ 0
 trajectories, ≥ 0.6 × for each harness case; kvjudge's peak RSS at the largest N within 10 % of the smallest;
 dedup savings reported. Writes ``ingest_throughput.json`` to ``--out`` and prints it as one line.
 
-    python benchmarks/ingest_throughput.py --out /tmp/bench [--cases trajectories harbor inspect-eval inspect-json]
+    python benchmarks/ingest_throughput.py --out /tmp/bench
+        [--cases trajectories harbor inspect-eval inspect-json openhands]
         [--n 100 1000] [--harness-n 100 500] [--size-mb 1.0] [--run-mb 0.2]
 """
 
@@ -45,6 +50,7 @@ from typing import Any
 from kvjudge.retention.ingest.archive import Archive
 from kvjudge.retention.ingest.synthetic import make_episode, mini_swe_agent_v1, mini_swe_agent_v2, swe_agent
 from kvjudge.testing.harbor import TrialSpec, write_job
+from kvjudge.testing import openhands
 from kvjudge.testing.inspect_logs import eval_spec, sample, write_eval, write_json_log
 
 MODELS = ("anthropic/claude-sonnet-4-5-20250929", "openai/gpt-5-mini", "hosted_vllm/qwen3-coder-30b")
@@ -77,8 +83,9 @@ def generate(directory: Path, n: int, size_mb: float, seed: int) -> list[int]:
 
 
 # Bytes of tool output per byte of a run, measured on the writers' output: a Harbor trial holds each output
-# once (its observation); an inspect sample twice (the tool message, the tool event's attachment).
-_HARNESS_OUTPUT_SHARE = {"harbor": 0.8, "inspect": 0.45}
+# once (its observation); an inspect sample twice (the tool message, the tool event's attachment); an OpenHands
+# line once (the observation), beside the instruction, the metrics and each action's model response.
+_HARNESS_OUTPUT_SHARE = {"harbor": 0.8, "inspect": 0.45, "openhands": 0.48}
 
 
 def harbor_job(directory: Path, n: int, run_mb: float, seed: int) -> list[int]:
@@ -116,12 +123,28 @@ def inspect_json(directory: Path, n: int, run_mb: float, seed: int) -> list[int]
     return [path.stat().st_size]
 
 
+def openhands_output(directory: Path, n: int, run_mb: float, seed: int) -> list[int]:
+    """OpenHands ``output.jsonl`` files of ``n`` instances in all: two models' evaluation output folders, half the
+    instances each, on shared instances; each file's size."""
+    rng = random.Random(seed)
+    sizes = []
+    for number, model in enumerate(MODELS[:2]):
+        lines = (openhands.output_line(make_episode(
+            f"repo{index % 97}__proj-{index}", seed * 100_003 + 2 * index + number, model=model,
+            target_bytes=int(run_mb * 1e6 * rng.uniform(0.3, 1.7) * _HARNESS_OUTPUT_SHARE["openhands"])), model)
+            for index in range(number, n, 2))
+        folder = directory / openhands.eval_metadata(model)["eval_output_dir"]
+        sizes.append(openhands.write_jsonl(folder / "output.jsonl", lines).stat().st_size)
+    return sizes
+
+
 #: case → (writer(directory, n, MB per run, seed) → sizes, target ratio, default N option). One writer per harness.
 CASES: dict[str, tuple[Any, float, str]] = {
     "trajectories": (generate, 0.5, "n"),
     "harbor": (harbor_job, 0.6, "harness_n"),
     "inspect-eval": (inspect_eval, 0.6, "harness_n"),
     "inspect-json": (inspect_json, 0.6, "harness_n"),
+    "openhands": (openhands_output, 0.6, "harness_n"),
 }
 
 
@@ -138,7 +161,8 @@ def baseline(directory: Path, store: Path) -> dict[str, Any]:
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA synchronous=FULL")
     conn.execute("CREATE TABLE IF NOT EXISTS blobs (ref TEXT PRIMARY KEY, size INTEGER NOT NULL, body BLOB)")
-    files = sorted(p for p in directory.rglob("*") if p.is_file() and p.suffix in (".json", ".traj", ".eval"))
+    files = sorted(p for p in directory.rglob("*") if p.is_file()
+                   and p.suffix in (".json", ".jsonl", ".traj", ".eval"))
     bodies = 0
     started = time.perf_counter()
     for data in _documents(files):
@@ -156,12 +180,16 @@ def baseline(directory: Path, store: Path) -> dict[str, Any]:
 
 
 def _documents(files: list[Path]):
-    """Each file's JSON document; each member of an ``.eval`` archive, inflated."""
+    """Each file's JSON document; each line of a ``.jsonl``; each member of an ``.eval`` archive, inflated."""
     for path in files:
         if path.suffix == ".eval":
             with Archive(path) as archive:
                 for name in archive.names():
                     yield json.loads(archive.read(name))
+        elif path.suffix == ".jsonl":
+            with path.open("rb") as handle:
+                for line in handle:
+                    yield json.loads(line)
         else:
             with path.open("rb") as handle:
                 yield json.load(handle)
@@ -257,9 +285,10 @@ def main() -> None:
     parser.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES))
     parser.add_argument("--n", type=int, nargs="+", default=[100, 1000], help="trajectory files per set")
     parser.add_argument("--harness-n", type=int, nargs="+", default=[100, 500],
-                        help="Harbor trials / inspect samples per set")
+                        help="Harbor trials / inspect samples / OpenHands instances per set")
     parser.add_argument("--size-mb", type=float, default=1.0, help="mean size of a trajectory file")
-    parser.add_argument("--run-mb", type=float, default=0.2, help="mean size of a Harbor trial or inspect sample")
+    parser.add_argument("--run-mb", type=float, default=0.2,
+                        help="mean size of a Harbor trial, an inspect sample or an OpenHands line")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--baseline-child", nargs=2, metavar=("DIR", "DB"), help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -205,3 +205,22 @@ def test_kvjudge_probe_certifies_it_with_a_refused_prompt(tmp_path: Path) -> Non
     assert ok["outcome"] == "ok" and 8192 - 32 <= ok["prompt_tokens"] == probed["max_ok_input"] < 8192
     assert over["outcome"] == "overflow" and over["n_ctx_reported"] == 8192 and over["prompt_tokens"] > 8192
     assert probed["safe_context"] <= probed["max_ok_input"]
+
+
+def test_it_keeps_every_text_it_is_sent_to_read_only_when_given_a_list(tmp_path: Path) -> None:
+    _runs, key = write_graded(tmp_path, [GOOD, BAD])
+    segments = RAW.segments(_view(GOOD), _view(BAD))
+    received: list[str] = []
+    with SimJudgeServer(key, Settings(), prompts=received) as server:
+        backend = ServerBackend(url=server.url)
+        backend.count("a view to count")
+        backend.score(segments)  # the completions API
+        backend.score([TemplateText("<|im_start|>user\n"), *segments, TemplateText("<|im_end|>\n")])  # chat
+    # The tokenize texts (the client first counts the empty text: the BOS every tokenization adds), the
+    # completions prompt whole, the chat request rendered by its template.
+    assert received[:3] == ["", "a view to count", "".join(segments)]
+    assert received[3].startswith("<|im_start|>user\n") and user_message(segments) in received[3]
+    assert len(received) == 4
+    with SimJudgeServer(key, Settings()) as server:  # none kept by default
+        ServerBackend(url=server.url).score(segments)
+        assert server.prompts is None and server.requests["/v1/completions"] == 1

@@ -54,6 +54,11 @@ top logprobs, in vLLM's shapes.
 ``{"token", "logprob", "bytes"}``). A prompt over ``max_model_len`` is refused with vLLM's words; more than
 ``max_logprobs`` logprobs likewise. The tokenizer is a small deterministic one (words, numbers, punctuation and
 whitespace runs; about four characters a token on code); a prompt counts one BOS token more.
+
+**What it was sent.** ``SimJudgeServer(key, settings, prompts=[])`` appends to that list every text a request
+asks it to read — each completions prompt, each chat request's messages as its template renders them, each
+``/tokenize`` text — so a test can check what a judge is shown (that no grade reaches it, say). Off by default:
+a long benchmark would keep every prompt.
 """
 
 from __future__ import annotations
@@ -434,12 +439,20 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 class _Api:
-    """The endpoints' answers, in vLLM's shapes."""
+    """The endpoints' answers, in vLLM's shapes; every text sent to be read is appended to ``prompts`` when it
+    is a list."""
 
-    def __init__(self, judge: SimJudge) -> None:
+    def __init__(self, judge: SimJudge, prompts: list[str] | None = None) -> None:
         self.judge = judge
         self.settings = judge.settings
         self.created = int(time.time())
+        self.prompts = prompts
+        self._lock = threading.Lock()
+
+    def _received(self, text: str) -> None:
+        if self.prompts is not None:
+            with self._lock:
+                self.prompts.append(text)
 
     def health(self, _body: dict[str, Any]) -> dict[str, Any]:
         return {}
@@ -466,6 +479,7 @@ class _Api:
             text = body.get("prompt", body.get("content"))
         if not isinstance(text, str):
             raise _bad_request("tokenize needs a \"prompt\" string")
+        self._received(text)
         tokens = SimJudge.token_ids(text, bos=bool(body.get("add_special_tokens", True)))
         return {"count": len(tokens), "max_model_len": self.settings.max_model_len, "tokens": tokens}
 
@@ -496,6 +510,8 @@ class _Api:
             prompt = prompt[0]
         if not isinstance(prompt, str) and not (isinstance(prompt, list) and all(isinstance(t, int) for t in prompt)):
             raise _bad_request("prompt must be a string or a list of token ids")
+        if isinstance(prompt, str):
+            self._received(prompt)
         prompt_tokens = self.judge.prompt_tokens(prompt)
         asked = body.get("logprobs")
         self._limits(prompt_tokens, body.get("max_tokens"), asked)
@@ -516,6 +532,7 @@ class _Api:
         if not isinstance(messages, list) or not messages or not all(
                 isinstance(m, dict) and isinstance(m.get("content"), str) for m in messages):
             raise _bad_request("messages must be a non-empty list of {\"role\", \"content\"} objects")
+        self._received(_chat_text(messages))
         prompt_tokens = len(SimJudge.token_ids(_chat_text(messages), bos=True))
         asked = body.get("top_logprobs") if body.get("logprobs") else None
         self._limits(prompt_tokens, body.get("max_tokens"), asked)
@@ -550,8 +567,9 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 256  # a judge pool opens many connections at once
 
-    def __init__(self, address: tuple[str, int], judge: SimJudge, *, verbose: bool = False) -> None:
-        self.api = _Api(judge)
+    def __init__(self, address: tuple[str, int], judge: SimJudge, *, verbose: bool = False,
+                 prompts: list[str] | None = None) -> None:
+        self.api = _Api(judge, prompts)
         self.verbose = verbose
         self.requests: Counter[str] = Counter()
         self._lock = threading.Lock()
@@ -567,7 +585,8 @@ class SimJudgeServer:
     """The server in a background thread of this process (for a test or a benchmark): ``url`` once started.
 
     ``key`` is an :class:`AnswerKey` or the path of a key file. ``requests`` counts requests per path and
-    ``judge.reasons`` the decisions by reason (decided, evidence_hidden, …).
+    ``judge.reasons`` the decisions by reason (decided, evidence_hidden, …). ``prompts``: a list to append every
+    text the server is sent to read (prompts and tokenize texts), or None (the default) to keep none.
     """
 
     key: AnswerKey | str | Path
@@ -575,6 +594,7 @@ class SimJudgeServer:
     host: str = "127.0.0.1"
     port: int = 0
     verbose: bool = False
+    prompts: list[str] | None = field(default=None, repr=False)
     judge: SimJudge = field(init=False, repr=False)
     url: str = field(init=False, default="")
     _server: _Server | None = field(init=False, default=None, repr=False)
@@ -593,7 +613,7 @@ class SimJudgeServer:
         return self._server.requests if self._server is not None else Counter()
 
     def start(self) -> SimJudgeServer:
-        self._server = _Server((self.host, self.port), self.judge, verbose=self.verbose)
+        self._server = _Server((self.host, self.port), self.judge, verbose=self.verbose, prompts=self.prompts)
         host, port = self._server.server_address[:2]
         self.url = f"http://{host}:{port}"
         self._thread = threading.Thread(target=self._server.serve_forever, name="sim-judge", daemon=True)
