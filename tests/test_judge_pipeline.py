@@ -81,6 +81,15 @@ def test_a_cached_verdict_is_found_without_rendering_or_counting(store: Store, s
     assert reads == []
 
 
+def test_every_field_of_a_folded_run_is_either_in_the_view_source_or_named_as_read_by_no_view() -> None:
+    from kvjudge.judge.render import NOT_VIEW_FIELDS, VIEW_FIELDS
+    from kvjudge.retention.state import Branch, RunState, Transition
+
+    for kind, cls in (("run", RunState), ("branch", Branch), ("step", Transition)):
+        declared = {f.name for f in dataclasses.fields(cls)}
+        assert declared == set(VIEW_FIELDS[kind]) | set(NOT_VIEW_FIELDS[kind]), kind
+
+
 def test_what_a_view_derives_from_ignores_names_lifecycle_grades_and_tiering(store: Store) -> None:
     state = store.run(PAIRS[0][0])
     digest = view_source(state)

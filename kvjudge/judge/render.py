@@ -18,15 +18,16 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
+import operator
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from kvjudge.display import invisible_class
-from kvjudge.retention.events import canonical_json
 from kvjudge.retention.reduce import resolve as seen_ref
-from kvjudge.retention.state import DROPPED, LOCAL, REDUCED
+from kvjudge.retention.state import DROPPED, REDUCED
 
 if TYPE_CHECKING:
     from kvjudge.retention.state import RunState
@@ -295,23 +296,30 @@ def render_view(state: Any, resolve: BodyResolver, *, show_grades: bool = False,
     return render_parts(state, resolve, show_grades=show_grades, show_verifier=show_verifier, full=full).text
 
 
-# What a view of a run is made of besides its bodies' bytes: fields of the folded state no view, evidence figure or
-# view reduction reads, left out of :func:`view_source` so that they can change without changing it.
-_NOT_READ = ("id", "tenant", "state", "lifecycle", "tier", "text_repairs", "agent", "metadata", "trial")
+# Every field of a folded run, step and branch is either read here (what every view of the run derives from) or
+# named as read by no view, no evidence figure and no view reduction (a test holds the two lists to the dataclasses).
+VIEW_FIELDS = {"run": ("task_id", "task_prompt_ref", "branches", "bodies", "reduced", "verifier", "grades"),
+               "branch": ("id", "status", "parent", "fork_at", "transitions", "summary_ref"),
+               "step": ("seq", "role", "text_ref", "tool_call", "tool_output")}
+NOT_VIEW_FIELDS = {"run": ("id", "tenant", "state", "lifecycle", "tier", "text_repairs", "agent", "metadata", "trial"),
+                   "branch": (), "step": ("usage", "context")}
 
 
 def view_source(state: RunState, *, show_grades: bool = False, show_verifier: bool = False) -> str:
     """sha256 of what every view of ``state`` is derived from: its steps and refs as a reader sees them (each body
-    local, or reduced to a summary, or dropped — refs name bytes, so equal digests read equal text), and its
-    verifier results and grades only where a view shows them. The lifecycle, the tier status, the run's names and
-    its grades (held out) are not in it: grading a run or moving it to cold storage does not change its views."""
-    data = state.to_dict()
-    for name in _NOT_READ:
-        data.pop(name, None)
-    if not show_grades:
-        data.pop("grades", None)
-    if not show_verifier:
-        data.pop("verifier", None)
-    data["bodies"] = {ref: [loc.status, loc.summary_ref] if loc.status in (REDUCED, DROPPED) else LOCAL
-                      for ref, loc in sorted(state.bodies.items())}
-    return hashlib.sha256(canonical_json(data).encode("utf-8")).hexdigest()
+    local unless reduced to a summary or dropped — refs name bytes, so equal digests read equal text), and its
+    verifier results and grades only where a view shows them. The run's names, lifecycle, tier status and held-out
+    grades are not in it: grading a run or moving it to cold storage does not change its views."""
+    step = operator.attrgetter(*VIEW_FIELDS["step"])
+    branch = operator.attrgetter(*(name for name in VIEW_FIELDS["branch"] if name != "transitions"))
+    shown = {"verifier": show_verifier, "grades": show_grades}
+    data: dict[str, Any] = {}
+    for name in VIEW_FIELDS["run"]:
+        if name == "branches":
+            data[name] = [[*branch(b), [step(t) for t in b.transitions]] for b in state.branches]
+        elif name == "bodies":  # a body is local (read as itself) unless the log says a reader sees another
+            data[name] = sorted([ref, loc.status, loc.summary_ref] for ref, loc in state.bodies.items()
+                                if loc.status in (REDUCED, DROPPED))
+        else:
+            data[name] = getattr(state, name) if shown.get(name, True) else None
+    return hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":")).encode("utf-8")).hexdigest()
