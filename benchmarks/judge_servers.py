@@ -5,8 +5,8 @@ so every backend reads the same views). Two llama-cpp-python servers (``python -
 model, n_ctx ``--server-n-ctx``) run on 127.0.0.1 with the in-process judge's thread count. Judgments are not
 cached; each configuration judges a warm-up pair first, not counted.
 
-1. **in-process** (``LlamaBackend``, prefix KV reuse), **one server** (a pool of one) and **two servers** (every
-   pair's orders in flight across both), ``--parallel`` requests per server, judge the same pairs in rounds of
+1. **in-process** (``LlamaBackend``, prefix KV reuse), **one server** (a pool of one) and **two servers** (pairs
+   in flight across both, each pair's two orders on one server), ``--parallel`` requests per server, judge the same pairs in rounds of
    ``--round`` pairs, taking turns at going first: on a shared machine they then share the same load, and the
    ratios between them are what to read;
 2. **killed halfway**: the two servers judge all the pairs again and one is SIGKILLed once half of them are
@@ -90,7 +90,7 @@ def run(model: Path, pairs: int, per_round: int, n_ctx: int, server_n_ctx: int, 
             judges = dict(zip(names, (Judge(local, use_cache=False), Judge(pools[0], use_cache=False),
                                       Judge(pools[1], use_cache=False))))
             for judge in judges.values():
-                judge_batch(judge, store, [warm])  # on two servers its two orders go one to each
+                judge_batch(judge, store, [warm])  # its two orders go to one server, one after the other
             seconds = dict.fromkeys(names, 0.0)
             verdicts: dict[str, list[Verdict]] = {name: [] for name in names}
             for number, first in enumerate(range(0, pairs, per_round)):

@@ -179,6 +179,11 @@ def _tokenize_in_windows(llama: Any, text: str, *, add_bos: bool, special: bool)
     return ids
 
 
+def model_counter_name(sha256: str) -> str:
+    """The counter name of a GGUF's own tokenizer: ``model:<first 16 hex of the file's sha256>``."""
+    return f"model:{sha256[:16]}"
+
+
 class ModelTokenizer:
     """A GGUF model's own tokenizer through llama-cpp-python (``vocab_only=True``: no weights loaded).
 
@@ -196,7 +201,7 @@ class ModelTokenizer:
 
     @property
     def name(self) -> str:
-        return f"model:{self.sha256[:16]}"
+        return model_counter_name(self.sha256)
 
     def _model(self) -> Any:
         if self._llama is None:

@@ -232,7 +232,8 @@ def test_reduction_keeps_the_patch_and_the_last_test_outcome_while_the_ceiling_a
             for line in lines.submission_lines + lines.outcome_lines:  # on the rendered text itself
                 assert escape(line) in view, (target, line)
             task = store.text(state.task_prompt_ref)
-            assert all(f"  {escape(line)}" in view for line in task.splitlines() if line.strip())
+            view_lines = set(view.splitlines())
+            assert all(escape(line) in view_lines for line in task.splitlines() if line.strip())
         # Tighter than that, evidence goes too, and only once everything ranked below it is down to its marker:
         # the final message, the task, the last test log, and the patch last of all.
         worth = body_worth(state, find_evidence(state, store.text), store.text)

@@ -23,6 +23,7 @@ from kvjudge.errors import ContextRefused, JudgeError, ServerUnavailable
 from kvjudge.judge import SCORED, Judge, ServerBackend, ServerPool, judge_batch
 from kvjudge.judge.prompt import RAW, TemplateText
 from kvjudge.judge.servers import top_logprobs
+from kvjudge.judge.verdict import VERDICT_KEY_PREFIX
 from kvjudge.retention import Store
 from kvjudge.retention.synthetic import make_run
 from kvjudge.server_client import RetryPolicy, ServerClient
@@ -176,16 +177,22 @@ def test_a_pool_sends_a_call_to_another_server_when_one_refuses_connections(serv
 
 
 def test_a_server_whose_calls_keep_failing_is_dropped_and_its_calls_go_elsewhere(
-        servers: list[LlamaServer], store: Store, default_model: Path) -> None:
+        servers: list[LlamaServer], tmp_path: Path, default_model: Path) -> None:
     fine = ServerBackend(url=servers[1].url, n_ctx=JUDGE_N_CTX)
     # Alive, but no answer ever comes within its time-out: each call fails (a time-out is not retried there).
     hopeless = ServerBackend(url=servers[0].url, n_ctx=JUDGE_N_CTX, info=fine.info, timeout_s=0.01)
     pool = ServerPool([hopeless, fine], parallel=1, tokenizer=ModelTokenizer(default_model))
-    verdicts = judge_batch(Judge(pool, use_cache=False), store, [("good", "bad"), ("good", "skipped")])
+    # A pair's second order goes where its first was answered, so the failing server is offered first orders only:
+    # four pairs (no two the same pair in either order) give it three to fail while the other answers the fourth.
+    other = make_run("other", ["collected 12 items\n10 passed, 2 failed"], passed=False, final="2 failed")
+    other["task"]["id"] = "fix-csv"
+    pairs = [("good", "bad"), ("good", "skipped"), ("bad", "skipped"), ("other", "good")]
+    with store_from_runs(tmp_path / "four.sqlite", [*_runs(), other]) as store:
+        verdicts = judge_batch(Judge(pool, use_cache=False), store, pairs)
     assert all(v.outcome in SCORED for v in verdicts), [v.error for v in verdicts]
     assert all(o.server == fine.url for v in verdicts for o in v.orders)
     assert list(pool.dropped) == [hopeless.url] and "3 calls in a row failed" in pool.dropped[hopeless.url]
-    assert pool.resent == 3 and hopeless.calls == 0 and fine.calls == 4
+    assert pool.resent == 3 and hopeless.calls == 0 and fine.calls == 8
 
 
 def test_when_every_server_fails_the_pair_is_an_error_never_a_score(servers: list[LlamaServer], store: Store,
@@ -229,8 +236,9 @@ def test_a_pool_survives_a_server_killed_mid_batch(servers: list[LlamaServer], d
     lines = [json.loads(line) for line in [first, *rest.splitlines()]]
     pairs, summary = lines[:-1], lines[-1]["summary"]
     assert len(pairs) == 3
-    # Both orders of the first pair went out at once, one to each server.
-    assert set(pairs[0]["answered_by"].values()) == {survivor.url, doomed.url}
+    # The two orders of a pair went to one server, one after the other (its prompt cache can reuse their prefix);
+    # the second pair went to the other server meanwhile.
+    assert len(set(pairs[0]["answered_by"].values())) == 1
     # Every pair still has a verdict. The calls in flight on the killed server were sent to the survivor: every
     # order attributed to the killed server is one its own access log shows it answered (200), none a failed call.
     assert all(p["outcome"] in SCORED and p["error"] is None for p in pairs)
@@ -244,8 +252,11 @@ def test_a_pool_survives_a_server_killed_mid_batch(servers: list[LlamaServer], d
                                 capture_output=True, text=True, timeout=900)
     assert sequential.returncode == 0, sequential.stderr
     alone = [json.loads(line) for line in sequential.stdout.splitlines()][:-1]
-    # The same pairs, the same cache keys, the same manifests, the same verdicts within logprob rounding.
-    assert _judgment_keys(pool_store) == _judgment_keys(seq_store) and len(_judgment_keys(seq_store)) == 6
+    # The same pairs, the same cache keys (an order's per order, a verdict's per pair), the same manifests, the same
+    # verdicts within logprob rounding.
+    keys = _judgment_keys(seq_store)
+    assert _judgment_keys(pool_store) == keys and len(keys) == 6 + 3
+    assert sum(key.startswith(VERDICT_KEY_PREFIX) for key in keys) == 3
     for pooled, single in zip(pairs, alone, strict=True):
         assert (pooled["a"], pooled["b"]) == (single["a"], single["b"])
         assert pooled["manifest"] == single["manifest"]

@@ -87,7 +87,7 @@ def test_view_shows_skeleton_and_tools_and_holds_out_verifier_and_grades(tmp_pat
         view = render_view(state, body_resolver(state, store.text))
         shown = render_view(state, body_resolver(state, store.text), show_verifier=True, show_grades=True)
         assert store.run("r1").verifier and store.run("r1").grades  # the stored run keeps both
-    assert "Fix the bug." in view and "[step 2] tool (bash, exit 0):" in view and "-> calls bash: step 0" in view
+    assert "Fix the bug." in view and "[step 2] tool (bash, exit 0):" in view and "-> calls bash:\nstep 0\n" in view
     assert "Abandoned attempt attempt-1" in view and "Traceback: boom" in view
     assert "Verifier" not in view and "pytest: passed" not in view  # the run's own test output stays
     assert "Grades" not in view and "human" not in view

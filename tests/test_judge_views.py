@@ -98,9 +98,11 @@ def test_text_both_runs_share_is_quoted_once_the_same_in_both_orders(store: Any,
         assert text.index(COMMON_OPENING) < text.index(COMMON_CLOSING) < text.index(opening("A"))
         assert text.count("<<<BEGIN RUN A>>>") == text.count("<<<END RUN A>>>") == 1
         assert text.count("<<<BEGIN RUN B>>>") == text.count("<<<END RUN B>>>") == 1
-    common = [segment for segment in prompts[0].segments if segment == view_a.common]
-    assert common and common == [segment for segment in prompts[1].segments if segment == view_a.common]
-    assert prompts[0].segments[:4] == prompts[1].segments[:4]  # instructions and the whole block: one prefix
+    # The block's segments, between its delimiters: the same text, and the same prefix (instructions and the whole
+    # block) in both orders.
+    prefixes = [prompt.segments[:list(prompt.segments).index(COMMON_CLOSING) + 1] for prompt in prompts]
+    assert "".join(prefixes[0][prefixes[0].index(COMMON_OPENING) + 1:-1]) == view_a.common
+    assert prefixes[0] == prefixes[1]
     # The pair named the other way round gets the same block.
     swapped = pack_pair(b, a, judge_backend.count, 100_000)
     assert swapped[0].common == view_a.common and swapped[0].text == view_b.text
@@ -231,15 +233,18 @@ def test_show_judge_view_prints_the_view_the_judge_sends(tmp_path: Path, default
     assert shared.further_reduced and alone.further_reduced  # both pairs are cut to fit the window
     prompt_ab, _, prompt_cd, _ = backend.sent
 
-    def between(segments: list[str], start: str) -> str:
-        return segments[segments.index(start) + 1]
+    def between(segments: list[str], start: str, end: str) -> str:
+        """The text of the segments after ``start`` up to the one that begins with ``end`` (a view, the block)."""
+        first = segments.index(start) + 1
+        last = next(i for i in range(first, len(segments)) if segments[i].startswith(end))
+        return "".join(segments[first:last])
 
     common = ("--n-ctx", str(n_ctx), "--model", str(default_model), "--store", str(path))
     code, beside = cli_json(capsys, "show", "a", "--judge-view", "--beside", "b", *common)
-    assert code == 0 and beside["text"] == between(prompt_ab, opening("A"))
-    assert beside["common"] == between(prompt_ab, COMMON_OPENING) and beside["further_reduced"]
+    assert code == 0 and beside["text"] == between(prompt_ab, opening("A"), closing("A"))
+    assert beside["common"] == between(prompt_ab, COMMON_OPENING, COMMON_CLOSING) and beside["further_reduced"]
     code, view = cli_json(capsys, "show", "c", "--judge-view", *common)  # half the room: as beside a run as long
-    assert code == 0 and view["common"] is None and view["text"] == between(prompt_cd, opening("A"))
+    assert code == 0 and view["common"] is None and view["text"] == between(prompt_cd, opening("A"), closing("A"))
     assert view["allowance"] == judge.room_at(n_ctx) // 2 and view["evidence"]["submission"] == "patch"
     # People get the same text (run text shown visibly: this one has no control characters).
     from kvjudge.cli import main

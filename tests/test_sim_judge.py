@@ -42,7 +42,8 @@ ALSO_GOOD = swe_run("also-good", task="csv-7", passed=True, seed=3)
 
 
 def _view(run: object) -> str:
-    """A view as the judge's renderer indents bodies: the submission and the test outcome, among other lines."""
+    """A view with indented bodies (the judge's renderer writes them flush; both read the same): the submission and
+    the test outcome, among other lines."""
     return "Task csv-7:\n  Fix the reader.\n[step 9] tool (bash, exit 0):\n" + "\n".join(
         "  " + line for line in [*run.patch.splitlines(), run.outcome])  # type: ignore[attr-defined]
 

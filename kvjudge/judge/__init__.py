@@ -1,21 +1,26 @@
-"""The judge: two runs read into one local model, a pairwise verdict from the model's own probabilities.
+"""The judge: two runs read into one model, a pairwise verdict from the model's own probabilities.
 
 Public API::
 
-    from kvjudge.judge import open_backend, LlamaBackend, ServerBackend, Judge, judge_pair, Verdict
+    from kvjudge.judge import open_backend, LlamaBackend, ServerBackend, Judge, judge_batch, judge_pair, Verdict
     from kvjudge.judge import still_grades, StillGrades, cohen_kappa, render_view, escape
 
-- backends: :class:`LlamaBackend` (in-process llama-cpp-python, prefix KV reuse), :class:`ServerBackend`
-  (one OpenAI-compatible server: completions, or chat completions for the chat framing, with logprobs) and
-  :class:`ServerPool` (several servers of one model, with retries and failover; :func:`open_servers`);
-  :func:`open_backend` picks one from CLI/config choices; :class:`WindowPlanner` sizes the window to the
-  pairs (certifying that size only).
+The pipeline runs one way (:mod:`kvjudge.judge.pipeline`): pairs (:mod:`kvjudge.judge.pairing`) → views →
+prompts → scores → verdicts, through :func:`judge_batch` for every caller.
+
+- backends: the :class:`Backend` protocol (everything a caller may ask of a backend), :class:`LlamaBackend`
+  (in-process llama-cpp-python, prefix KV reuse), :class:`ServerBackend` (one OpenAI-compatible server:
+  completions, or chat completions for the chat framing, with logprobs) and :class:`ServerPool` (several servers
+  of one model, with retries and failover; :func:`open_servers`); :func:`open_backend` picks one from CLI/config
+  choices; :class:`WindowPlanner` sizes the window to the pairs (certifying that size only). Labels, spellings and
+  renormalisation: :mod:`kvjudge.judge.labels`.
 - views: :func:`render_view` of a folded run (verifier results and grades held out), :func:`escape` for the
   delimiters, :func:`pack_pair` into the window (further-reduced views derived with the retention's pure
-  ``plan_reduction``); prompts in the model's chat template or raw (:mod:`kvjudge.judge.prompt`).
-- verdicts: :class:`Judge` / :func:`judge_pair` ask both orders and un-swap; outcomes a | b | tie |
-  inconsistent | overflow | error; judgments are cached in the store. :func:`judge_batch` sends every
-  pair's orders concurrently through a server pool, with the judge's own stages.
+  ``plan_reduction``); token counts added up from counts kept once per body (:class:`ViewCounter`); prompts in
+  the model's chat template or raw (:mod:`kvjudge.judge.prompt`).
+- verdicts: :class:`Judge` / :func:`judge_pair` / :func:`judge_batch` ask both orders and un-swap; outcomes a | b |
+  tie | inconsistent | overflow | error; each order's call and each verdict are cached in the store (a verdict
+  found by what identifies it, without rendering the pair again).
 - meta-evaluation and ranking: :mod:`kvjudge.judge.evaluate` (accuracy against held-out grades beside
   baselines) and :mod:`kvjudge.judge.ranking` (Bradley–Terry with bootstrap intervals).
 - still grades: :func:`still_grades` compares full and reduced verdicts (agreement, flips, κ, Δp_a).
@@ -23,16 +28,9 @@ Public API::
   outcome the views judged show (:class:`RunEvidence`, on every verdict), flagged when a reduction hides some.
 """
 
-from kvjudge.judge.backends import (
-    LABELS,
-    Backend,
-    LabelScore,
-    LlamaBackend,
-    PromptOverflow,
-    open_backend,
-)
-from kvjudge.judge.batch import judge_batch
+from kvjudge.judge.backends import Backend, LlamaBackend, open_backend
 from kvjudge.judge.evidence import RunEvidence
+from kvjudge.judge.labels import LABELS, LabelScore, PromptOverflow
 from kvjudge.judge.pack import (
     BaseView,
     CommonBlock,
@@ -46,32 +44,34 @@ from kvjudge.judge.pack import (
     pack_run,
     pair_bases,
 )
-from kvjudge.judge.prompt import RAW, TEMPLATE_CHOICES, TEMPLATE_VERSION, Framing, TemplateText, choose_framing
-from kvjudge.judge.render import body_resolver, escape, render_view
+from kvjudge.judge.pipeline import Judge, judge_batch, judge_pair
+from kvjudge.judge.prompt import RAW, TEMPLATE_CHOICES, TEMPLATE_VERSION, Framing, Prompt, TemplateText, choose_framing
+from kvjudge.judge.render import ViewParts, body_resolver, escape, render_parts, render_view, view_source
+from kvjudge.judge.servers import ServerBackend, ServerPool, open_servers
 from kvjudge.judge.stillgrades import StillGrades, cohen_kappa, still_grades, still_grades_summary, summarize_verdicts
 from kvjudge.judge.verdict import (
     DEFAULT_MARGIN,
     OUTCOMES,
     SCORED,
-    Judge,
     OrderPrompt,
-    PackedPair,
     OrderScore,
+    PackedPair,
     Verdict,
     decide,
-    judge_pair,
     judgment_key,
     order_score,
+    verdict_key,
 )
-from kvjudge.judge.servers import ServerBackend, ServerPool, open_servers
+from kvjudge.judge.viewcount import ViewCounter
 from kvjudge.judge.window import Window, WindowPlanner, window_tokens
 
 __all__ = [
     "DEFAULT_MARGIN", "LABELS", "OUTCOMES", "RAW", "SCORED", "TEMPLATE_CHOICES", "TEMPLATE_VERSION", "Backend",
     "BaseView", "CommonBlock", "Framing", "Judge", "LabelScore", "LlamaBackend", "OrderPrompt", "OrderScore",
-    "PackedPair", "PackedView", "PairBases", "PromptOverflow", "RunEvidence", "RunTokens", "ServerBackend",
-    "ServerPool", "StillGrades", "TemplateText", "Verdict", "Window", "WindowPlanner", "base_view", "body_resolver",
-    "choose_framing", "cohen_kappa", "common_block", "decide", "escape", "fit_view", "judge_batch", "judge_pair",
-    "judgment_key", "open_backend", "open_servers", "order_score", "pack_pair", "pack_run", "pair_bases",
-    "render_view", "still_grades", "still_grades_summary", "summarize_verdicts", "window_tokens",
+    "PackedPair", "PackedView", "PairBases", "Prompt", "PromptOverflow", "RunEvidence", "RunTokens", "ServerBackend",
+    "ServerPool", "StillGrades", "TemplateText", "Verdict", "ViewCounter", "ViewParts", "Window", "WindowPlanner",
+    "base_view", "body_resolver", "choose_framing", "cohen_kappa", "common_block", "decide", "escape", "fit_view",
+    "judge_batch", "judge_pair", "judgment_key", "open_backend", "open_servers", "order_score", "pack_pair",
+    "pack_run", "pair_bases", "render_parts", "render_view", "still_grades", "still_grades_summary",
+    "summarize_verdicts", "verdict_key", "view_source", "window_tokens",
 ]

@@ -1,59 +1,66 @@
-"""Model backends for the judge: in-process llama-cpp-python here; OpenAI-compatible servers in
-:mod:`kvjudge.judge.servers`.
+"""Model backends for the judge: the :class:`Backend` protocol and in-process llama-cpp-python here;
+OpenAI-compatible servers in :mod:`kvjudge.judge.servers`.
 
-Both answer one question — given a prompt made of text segments, what probability does the model put
-on each answer label as its next token? — by forced choice: no sampling, no free-text parsing. The
-probabilities are renormalised over the labels, so only their ratio matters. A label may be spelled
-by several tokens (``" A"`` after ``"Answer:"``, or a bare ``"A"``); their probabilities are summed.
+Every backend answers by forced choice (:mod:`kvjudge.judge.labels`). The protocol is the only way the judge talks
+to a backend: whatever a caller may want to know of one (its window, whether it is fixed and vouched for, the
+counter its counts are kept under, prefix tokens it saved, the servers behind it) is a member of it, so no caller
+asks what kind of backend it holds.
 
 A backend failure is a :class:`~kvjudge.errors.JudgeError`; a prompt longer than the context is a
-:class:`PromptOverflow`. The verdict code turns them into the outcomes ``error`` and ``overflow``,
-never into a score.
+:class:`~kvjudge.judge.labels.PromptOverflow`. The verdict code turns them into the outcomes ``error`` and
+``overflow``, never into a score.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol
 
 from kvjudge._llama import chat_template_inputs, last_logits, quiet_native_output, rewind
 from kvjudge.errors import JudgeError, ModelError
-from kvjudge.judge.prompt import Framing, TemplateText, choose_framing
-from kvjudge.tokens import tokenize_exact
+from kvjudge.judge.labels import SPELLINGS, LabelScore, PromptOverflow, ResultFn, renormalise, score_in_turn
+from kvjudge.judge.prompt import Framing, Prompt, TemplateText, choose_framing
+from kvjudge.tokens import model_counter_name, tokenize_exact
 
-# The answer labels and the spellings whose probabilities count for each.
-LABELS: tuple[str, str] = ("A", "B")
-_SPELLINGS: dict[str, tuple[str, ...]] = {label: (f" {label}", label) for label in LABELS}
+if TYPE_CHECKING:
+    from kvjudge.config import Config
 
-
-class PromptOverflow(JudgeError):
-    """The prompt does not fit the backend's context (an outcome of its own: ``overflow``)."""
+__all__ = ["Backend", "LlamaBackend", "PromptOverflow", "open_backend"]
 
 
-@dataclass(frozen=True)
-class LabelScore:
-    """What one forced-choice call returned.
-
-    ``probs`` maps each label to its probability renormalised over the labels (they sum to 1);
-    ``label_mass`` is how much of the full next-token distribution the labels held (a low figure
-    means the model wanted to say something else — worth knowing, not an error).
-    """
-
-    probs: dict[str, float]
-    label_mass: float
-    prompt_tokens: int
-    reused_tokens: int = 0
-    server: str | None = None  # the server that answered (server backends)
-
-
-@runtime_checkable
 class Backend(Protocol):
-    """What the judge needs from a model runtime."""
+    """What the judge needs from a model runtime, and all a caller may ask of one."""
 
-    n_ctx: int
+    #: The judge window in tokens (None: an in-process backend not sized yet).
+    n_ctx: int | None
+    #: Tokens the window keeps free beyond the prompt's counted length (a server tokenizes the prompt whole).
+    slack_tokens: int
+    #: True: the window is the server's and only checked by :meth:`resize`; False: :meth:`resize` loads one.
+    window_fixed: bool
+    #: The fixed window was vouched for by a certified capability entry (an in-process window is certified size by
+    #: size by the window planner: False here).
+    certified: bool
+    #: Calls answered, and prompt tokens whose KV cache was reused rather than evaluated (0 where unknown).
+    calls: int
+    tokens_saved: int
+
+    @property
+    def counter_name(self) -> str:
+        """The name body counts are kept under in the store's count cache (the same tokenizer, the same name)."""
+        ...
+
+    @property
+    def model_path(self) -> Path | None:
+        """The judge model's GGUF on this machine (None: none known, e.g. a server without a local copy)."""
+        ...
+
+    @property
+    def servers(self) -> list[str]:
+        """The URLs of the servers behind the backend (empty in-process)."""
+        ...
 
     def manifest(self) -> dict[str, Any]:
         """Model sha256, backend name and version, n_ctx, threads, batch size (recorded in every verdict)."""
@@ -61,6 +68,10 @@ class Backend(Protocol):
 
     def count(self, text: str) -> int:
         """Tokens of ``text`` with the model's own tokenizer (as one segment of a prompt)."""
+        ...
+
+    def count_prompt(self, segments: Sequence[str]) -> int:
+        """Tokens of a whole prompt as the backend evaluates it (with the BOS the model adds, where known)."""
         ...
 
     def framing(self, choice: str = "auto") -> Framing:
@@ -71,6 +82,10 @@ class Backend(Protocol):
         """Make the context window ``n_ctx`` tokens (a server's window is fixed: only checks it fits)."""
         ...
 
+    def measure_prefill(self, n_tokens: int = 256) -> float:
+        """Prompt tokens per second of the model here (in-process only; a server raises JudgeError)."""
+        ...
+
     def score(self, segments: Sequence[str], shared: int = 0) -> LabelScore:
         """Forced-choice label probabilities for the prompt ``"".join(segments)``.
 
@@ -79,17 +94,19 @@ class Backend(Protocol):
         """
         ...
 
+    def score_many(self, groups: Iterable[Sequence[Prompt]], on_result: ResultFn) -> None:
+        """Score every prompt of every group (a pair's orders: one after the other, on one server where there are
+        several), taking groups as they are needed — so the caller prepares the next while calls are in flight.
+        ``on_result`` hears of each prompt once, in the caller's thread; a failure is reported, never raised."""
+        ...
+
+    def stats(self) -> dict[str, Any]:
+        """Figures for a summary: calls, prefix tokens saved; servers, those dropped, requests sent elsewhere."""
+        ...
+
     def close(self) -> None:
         """Release the model (idempotent)."""
         ...
-
-
-def _renormalise(raw: dict[str, float]) -> tuple[dict[str, float], float]:
-    """Label probabilities (summed over spellings, from the full distribution) → renormalised, mass."""
-    mass = sum(raw.values())
-    if not mass > 0 or not math.isfinite(mass):
-        raise JudgeError(f"the model gave the answer labels no probability ({raw}); check the model and prompt")
-    return {label: raw[label] / mass for label in LABELS}, mass
 
 
 @dataclass
@@ -103,7 +120,7 @@ class LlamaBackend:
     the rest is evaluated. ``tokens_saved`` counts the prompt tokens that reuse skipped.
     """
 
-    model_path: Path
+    model_path: Path  # type: ignore[assignment]  # always known here (the protocol's is Optional)
     n_ctx: int | None = None
     n_threads: int | None = None
     n_batch: int = 512
@@ -114,6 +131,9 @@ class LlamaBackend:
     tokens_saved: int = 0
     calls: int = 0
     loads: int = 0
+    slack_tokens: int = 0  # the prompt is tokenized segment by segment, exactly as counted
+    window_fixed: bool = False
+    certified: bool = False
     _vocab: Any = field(default=None, repr=False)
     _llama: Any = field(default=None, repr=False)
     _label_ids: dict[str, tuple[int, ...]] = field(default_factory=dict, repr=False)
@@ -132,7 +152,7 @@ class LlamaBackend:
                 self._vocab = Llama(model_path=str(self.model_path), vocab_only=True, verbose=False)
         except (ValueError, RuntimeError) as exc:
             raise ModelError(f"cannot read the tokenizer of {self.model_path} ({exc}); check the file") from exc
-        for label, spellings in _SPELLINGS.items():
+        for label, spellings in SPELLINGS.items():
             ids: set[int] = set()
             for spelling in spellings:
                 tokens = self._vocab.tokenize(spelling.encode(), add_bos=False, special=False)
@@ -221,6 +241,15 @@ class LlamaBackend:
             ids = ids[1:]  # the template wrote its own BOS: one is enough
         return ids
 
+    @property
+    def counter_name(self) -> str:
+        assert self.model_sha256 is not None
+        return model_counter_name(self.model_sha256)
+
+    @property
+    def servers(self) -> list[str]:
+        return []
+
     def count(self, text: str) -> int:
         return len(self.tokenize(text))
 
@@ -230,6 +259,17 @@ class LlamaBackend:
         for index, segment in enumerate(segments):
             ids.extend(self.tokenize(segment, add_bos=index == 0))
         return ids
+
+    def count_prompt(self, segments: Sequence[str]) -> int:
+        return len(self.prompt_tokens(segments))
+
+    def score_many(self, groups: Iterable[Sequence[Prompt]], on_result: ResultFn) -> None:
+        """One call at a time, in order (the model runs here)."""
+        score_in_turn(self.score, groups, on_result)
+
+    def stats(self) -> dict[str, Any]:
+        return {"calls": self.calls, "tokens_evaluated": self.tokens_evaluated, "tokens_saved": self.tokens_saved,
+                "loads": self.loads}
 
     def score(self, segments: Sequence[str], shared: int = 0) -> LabelScore:
         import numpy as np
@@ -264,7 +304,7 @@ class LlamaBackend:
         top = float(logits.max())
         log_z = top + math.log(float(np.exp(logits - top).sum()))
         raw = {label: sum(math.exp(float(logits[i]) - log_z) for i in ids) for label, ids in self._label_ids.items()}
-        probs, mass = _renormalise(raw)
+        probs, mass = renormalise(raw)
         self.calls += 1
         self.tokens_evaluated += len(tokens) - keep
         self.tokens_saved += keep
@@ -278,7 +318,7 @@ class LlamaBackend:
 
 
 def open_backend(*, model: str | Path | None = None, server: str | None = None, n_ctx: int | None = None,
-                 threads: int | None = None, config: Any = None) -> Backend:
+                 threads: int | None = None, config: Config | None = None) -> Backend:
     """The judge's backend from CLI-style choices and the config's ``[judge]`` section.
 
     ``server`` (or ``[judge] server``) selects the OpenAI-compatible server (a pool of one:

@@ -24,12 +24,15 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvjudge.judge.evidence import batch
 from kvjudge.judge.render import body_resolver, render_view
 from kvjudge.judge.stillgrades import cohen_kappa
 from kvjudge.judge.verdict import SCORED, Verdict
+
+if TYPE_CHECKING:
+    from kvjudge.retention import Store
 
 Z95 = 1.959963984540054
 BASELINES: tuple[str, ...] = ("always_first", "longer_run", "last_exit_zero")
@@ -161,7 +164,7 @@ def last_exit_code(state: Any) -> int | None:
     return codes[-1] if codes else None
 
 
-def view_length(store: Any, state: Any) -> int:
+def view_length(store: Store, state: Any) -> int:
     """Characters of the run as the judge would read it, everything held out hidden."""
     return len(render_view(state, body_resolver(state, store.text)))
 
@@ -200,7 +203,7 @@ def conclusion(judge: Mapping[str, Any], baselines: Mapping[str, Mapping[str, An
     return f"the judge beats every baseline: {score:.2f} (95 % interval from {low:.2f}) vs {name} {best:.2f}"
 
 
-def evaluate(store: Any, verdicts: Sequence[Verdict]) -> dict[str, Any]:
+def evaluate(store: Store, verdicts: Sequence[Verdict]) -> dict[str, Any]:
     """The judge's figures and the baselines' on the pairs of ``verdicts`` (truth from the store's grades)."""
     states: dict[str, Any] = {}
 

@@ -31,6 +31,14 @@ def hides(before: Visibility | None, after: Visibility | None) -> bool | None:
     return hidden if measured else None
 
 
+def visibility_from_json(data: dict[str, Any] | None) -> Visibility | None:
+    """A :class:`Visibility` from its ``to_json()`` (the verdict cache keeps it so)."""
+    if data is None:
+        return None
+    return Visibility(data["submission"], data["submission_lines"], data["submission_visible"],
+                      data["verification"], data["verification_outcome_visible"])
+
+
 @dataclass(frozen=True)
 class RunEvidence:
     """One run's evidence in one verdict: in its full view (``full``) and in the view judged (``view``)."""
@@ -108,4 +116,5 @@ def summary_line(figures_of: dict[str, Any], names: tuple[str, str]) -> str:
     return line
 
 
-__all__ = ["RunEvidence", "batch", "compared", "describe", "figures", "hides", "summary_line"]
+__all__ = ["RunEvidence", "batch", "compared", "describe", "figures", "hides", "summary_line",
+           "visibility_from_json"]

@@ -2,7 +2,9 @@
 
 A prompt is a list of segments. Each segment is tokenized on its own, so the token count of a prompt is
 exactly the sum of its segments' counts (packing can trust it), and the leading segments — the template's
-opening and the instructions — are the same token prefix in every call (a backend keeps their KV cache).
+opening and the instructions — are the same token prefix in every call (a backend keeps their KV cache). A view is
+itself several segments — the markup the judge writes (step headers, markers) and each body of text as it is
+stored — so its count is the sum of counts kept once per body (:mod:`kvjudge.judge.viewcount`).
 
 Text both runs of a pair contain word for word (a harness's prompts, the task) may be quoted once, in a block
 common to both runs, before them::
@@ -43,8 +45,9 @@ from kvjudge.errors import ModelError, UsageError
 
 # Bump when the instructions, the view layout or the escaping change: it is part of the judgment cache
 # key and of every verdict's manifest.
-TEMPLATE_VERSION = "pairwise-v4"  # v2: escaping across invisible code points; v3: verifier held out, framings;
-# v4: text common to both runs quoted once, and the shorter cut markers of evidence-keeping reduction
+TEMPLATE_VERSION = "pairwise-v5"  # v2: escaping across invisible code points; v3: verifier held out, framings;
+# v4: text common to both runs quoted once, and the shorter cut markers of evidence-keeping reduction;
+# v5: bodies quoted as stored, each on the lines after its heading (no indentation), so a view's tokens add up
 TEMPLATE_CHOICES: tuple[str, ...] = ("auto", "chat", "raw")
 
 # Positions in the prompt, not run ids: in the second order the pair's run b is shown as "A".
@@ -91,9 +94,28 @@ def common_reference(number: int) -> str:
     return f"[common text {number}]"
 
 
-def common_segments(common: str) -> list[str]:
+# Text quoted in a prompt: one segment, or several (a view, the common block) whose join is the text.
+Quoted = str | Sequence[str]
+
+
+def _segments_of(quoted: Quoted) -> list[str]:
+    if isinstance(quoted, str):
+        return [quoted] if quoted else []
+    return [segment for segment in quoted if segment]
+
+
+def common_segments(common: Quoted) -> list[str]:
     """The common block's segments (none without common text): what it adds to a pair's prompt."""
-    return [COMMON_OPENING, common, COMMON_CLOSING] if common else []
+    inner = _segments_of(common)
+    return [COMMON_OPENING, *inner, COMMON_CLOSING] if inner else []
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """A prompt ready for a backend: its segments, of which the first ``shared`` are the same in every call."""
+
+    segments: Sequence[str]
+    shared: int
 
 
 @dataclass(frozen=True)
@@ -112,17 +134,17 @@ class Framing:
         block)."""
         return 3 if self.name == "chat" else 2
 
-    def segments(self, view_first: str, view_second: str, common: str = "") -> list[str]:
+    def segments(self, view_first: Quoted, view_second: Quoted, common: Quoted = "") -> list[str]:
         """The prompt for one order: instructions, the block common to both runs (when there is one), run A
         (first shown), run B, question.
 
-        Views and common text must already be escaped (:func:`~kvjudge.judge.render.render_view` does it). The
-        delimiters sit in their own segments, so a view's token count is the same wherever it is placed, and the
-        block costs exactly :func:`common_segments`' tokens.
+        Views and common text must already be escaped (:func:`~kvjudge.judge.render.render_view` does it); each is
+        one segment or several. The delimiters sit in their own segments, so a view's token count is the same
+        wherever it is placed, and the block costs exactly :func:`common_segments`' tokens.
         """
         first, second = POSITIONS
-        body = [INSTRUCTIONS, *common_segments(common), opening(first), view_first,
-                closing(first) + opening(second), view_second]
+        body = [INSTRUCTIONS, *common_segments(common), opening(first), *_segments_of(view_first),
+                closing(first) + opening(second), *_segments_of(view_second)]
         if self.name == "chat":
             return [TemplateText(self.head), *body, closing(second) + QUESTION, TemplateText(self.tail)]
         return [*body, closing(second) + QUESTION + RAW_ANSWER_CUE]
@@ -131,7 +153,7 @@ class Framing:
         """The prompt with empty views: what packing counts as the framing."""
         return [segment for segment in self.segments("", "") if segment]
 
-    def user_message(self, view_first: str, view_second: str, common: str = "") -> str:
+    def user_message(self, view_first: Quoted, view_second: Quoted, common: Quoted = "") -> str:
         """The chat framing's user message alone (for a server that applies the template itself)."""
         return user_message(self.segments(view_first, view_second, common))
 

@@ -2,7 +2,10 @@
 
 A view is rendered from the folded :class:`~kvjudge.retention.RunState`: the task, every transition
 (the skeleton that always survives), each body's text — or the extract standing in for it, with a visible
-elision marker, or a marker saying it was dropped — and tool calls and results. What the judge is scored
+elision marker, or a marker saying it was dropped — and tool calls and results. It is rendered as segments
+(:func:`render_parts`): the markup the judge writes, and each body as stored, so that the view's token count adds
+up from counts kept once per body. :func:`view_source` is the digest of everything a view is derived from, by
+which a verdict is found in the cache without rendering the run again. What the judge is scored
 against is hidden unless asked for: grades always, and verifier results too (grades are often derived from
 them, so a judge that read them would be reading the answer key). The stored run keeps both.
 
@@ -14,13 +17,20 @@ prompt that quotes two views is built in :mod:`kvjudge.judge.prompt`.
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
+import operator
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvjudge.display import invisible_class
 from kvjudge.retention.reduce import resolve as seen_ref
+from kvjudge.retention.state import DROPPED, REDUCED
+
+if TYPE_CHECKING:
+    from kvjudge.retention.state import RunState
 
 # Markers the judge sees in place of text that is not there (visible elision, never silent). An extract
 # carries its own marker from kvjudge.retention.extract: "[212 lines cut]".
@@ -126,87 +136,190 @@ def elided_resolver(_ref: str) -> Body:
     return Body(None, "elided")
 
 
+_ABSENT = object()
+
+
 def _field(obj: Any, name: str, default: Any = None) -> Any:
-    if isinstance(obj, Mapping):
+    if isinstance(obj, dict):  # a concrete type first: this runs for every field of every step rendered
         return obj.get(name, default)
-    return getattr(obj, name, default)
+    value = getattr(obj, name, _ABSENT)
+    if value is _ABSENT:
+        return obj.get(name, default) if isinstance(obj, Mapping) else default
+    return value
 
 
-def _indent(text: str, prefix: str = "  ") -> str:
-    return "\n".join(prefix + line if line else line for line in text.split("\n"))
+# A body a view shows: its ref, and whether escaping changed its text (then its stored count does not apply).
+BodyPart = tuple[str, bool]
 
 
-def _transition(t: Any, resolve: BodyResolver) -> list[str]:
+@dataclass(frozen=True)
+class ViewParts:
+    """A view as the segments it is quoted in: the markup the judge writes (headings, markers, references) and
+    each body's text as stored, escaped. ``bodies[i]`` names the body ``texts[i]`` shows (None: markup), so the
+    view's token count is the sum of the markup's counts and the bodies' stored counts; ``missing`` counts the
+    bodies that could not be read (shown as a marker)."""
+
+    texts: tuple[str, ...]
+    bodies: tuple[BodyPart | None, ...]
+    missing: int = 0
+
+    @property
+    def text(self) -> str:
+        """The view's text (the segments joined)."""
+        return "".join(self.texts)
+
+
+class _Parts:
+    """Builds a view line by line: markup lines (escaped here) and bodies, joined by newlines; consecutive markup
+    (newlines included) becomes one segment. Every body is a whole line or more, so escaping each piece on its own
+    gives the text escaping the whole would."""
+
+    def __init__(self) -> None:
+        self.texts: list[str] = []
+        self.bodies: list[BodyPart | None] = []
+        self.markup: list[str] = []
+        self.missing = 0
+        self.lines = 0
+
+    def _separate(self) -> None:
+        if self.lines:
+            self.markup.append("\n")
+        self.lines += 1
+
+    def line(self, text: str) -> None:
+        self._separate()
+        self.markup.append(escape(text))
+
+    def body(self, body: Body) -> None:
+        if body.kind not in ("original", "summary") or body.ref is None:
+            self.missing += body.kind == "missing"
+            self.line(body.shown())
+            return
+        self._separate()
+        raw = body.text or ""
+        if not raw:
+            return
+        self._flush()
+        shown = escape(raw)
+        self.texts.append(shown)
+        self.bodies.append((body.ref, shown != raw))
+
+    def _flush(self) -> None:
+        if self.markup:
+            self.texts.append("".join(self.markup))
+            self.bodies.append(None)
+            self.markup = []
+
+    def done(self) -> ViewParts:
+        self._flush()
+        return ViewParts(tuple(self.texts), tuple(self.bodies), self.missing)
+
+
+def _transition(t: Any, resolve: BodyResolver, out: _Parts) -> None:
     role = _field(t, "role", "?")
     seq = _field(t, "seq", "?")
-    lines: list[str] = []
     tool_output = _field(t, "tool_output")
     if tool_output:
         exit_code = _field(tool_output, "exit_code")
         code = "" if exit_code is None else f", exit {exit_code}"
-        lines.append(f"[step {seq}] {role} ({_field(tool_output, 'name', 'tool')}{code}):")
+        out.line(f"[step {seq}] {role} ({_field(tool_output, 'name', 'tool')}{code}):")
     else:
-        lines.append(f"[step {seq}] {role}:")
+        out.line(f"[step {seq}] {role}:")
     text_ref = _field(t, "text_ref")
     if text_ref:
-        lines.append(_indent(resolve(text_ref).shown()))
+        out.body(resolve(text_ref))
     tool_call = _field(t, "tool_call")
     if tool_call:
+        out.line(f"-> calls {_field(tool_call, 'name', 'tool')}:")
         arguments_ref = _field(tool_call, "arguments_ref")
-        arguments = resolve(arguments_ref).shown() if arguments_ref else ""
-        lines.append(_indent(f"-> calls {_field(tool_call, 'name', 'tool')}: {arguments}"))
+        if arguments_ref:
+            out.body(resolve(arguments_ref))
     if tool_output:
         output_ref = _field(tool_output, "output_ref")
         if output_ref:
-            lines.append(_indent(resolve(output_ref).shown()))
-    return lines
+            out.body(resolve(output_ref))
 
 
-def render_view(state: Any, resolve: BodyResolver, *, show_grades: bool = False, show_verifier: bool = False,
-                full: bool = False) -> str:
-    """The escaped text of one run as the judge reads it (deterministic: same state and bodies, same text).
+def render_parts(state: Any, resolve: BodyResolver, *, show_grades: bool = False, show_verifier: bool = False,
+                 full: bool = False) -> ViewParts:
+    """One run as the judge reads it, as segments (deterministic: same state and bodies, same parts).
 
-    Verifier results and grades appear only with ``show_verifier`` / ``show_grades`` (experiments: they are
-    what the judge is measured against). ``full`` shows every dead branch step by step even where a summary
-    stands in for it (the full run).
+    Each body stands on the lines after its heading, as stored (escaped). Verifier results and grades appear only
+    with ``show_verifier`` / ``show_grades`` (experiments: they are what the judge is measured against). ``full``
+    shows every dead branch step by step even where a summary stands in for it (the full run).
     """
-    lines: list[str] = []
+    out = _Parts()
     task_id = _field(state, "task_id")
-    lines.append(f"Task {task_id}:" if task_id else "Task:")
+    out.line(f"Task {task_id}:" if task_id else "Task:")
     prompt_ref = _field(state, "task_prompt_ref")
     if prompt_ref:
-        lines.append(_indent(resolve(prompt_ref).shown()))
+        out.body(resolve(prompt_ref))
     for branch in _field(state, "branches", ()) or ():
         status = _field(branch, "status", "live")
         transitions = _field(branch, "transitions", ()) or ()
         if status == "dead":
             fork = _field(branch, "fork_at")
             where = f" (forked at step {fork})" if fork is not None else ""
-            lines.append(f"Abandoned attempt {_field(branch, 'id')}{where}, {len(transitions)} steps:")
+            out.line(f"Abandoned attempt {_field(branch, 'id')}{where}, {len(transitions)} steps:")
             summary_ref = _field(branch, "summary_ref")
             if summary_ref and not full:
-                lines.append(_indent(resolve(summary_ref).shown()))
+                out.body(resolve(summary_ref))
                 continue
         else:
-            lines.append(f"Branch {_field(branch, 'id')}, {len(transitions)} steps:")
+            out.line(f"Branch {_field(branch, 'id')}, {len(transitions)} steps:")
         for t in transitions:
-            lines.extend(_transition(t, resolve))
+            _transition(t, resolve, out)
     verifier = _field(state, "verifier", ()) or ()
     if not show_verifier:
         pass  # held out: not even a line saying so, so a view with and without results differ only there
     elif verifier:
-        lines.append("Verifier results:")
+        out.line("Verifier results:")
         for result in verifier:
             passed = _field(result, "passed")
             verdict = "passed" if passed else ("failed" if passed is not None else "no result")
             detail = _field(result, "detail")
-            lines.append(f"  - {_field(result, 'name', 'verifier')}: {verdict}" + (f" ({detail})" if detail else ""))
+            out.line(f"  - {_field(result, 'name', 'verifier')}: {verdict}" + (f" ({detail})" if detail else ""))
     else:
-        lines.append("Verifier results: none recorded")
+        out.line("Verifier results: none recorded")
     if show_grades:
         grades = _field(state, "grades", ()) or ()
-        lines.append("Grades:" if grades else "Grades: none recorded")
+        out.line("Grades:" if grades else "Grades: none recorded")
         for grade in grades:
-            lines.append(f"  - {_field(grade, 'grader', '?')}: score {_field(grade, 'score')} "
-                         f"label {_field(grade, 'label')}")
-    return escape("\n".join(lines))
+            out.line(f"  - {_field(grade, 'grader', '?')}: score {_field(grade, 'score')} "
+                     f"label {_field(grade, 'label')}")
+    return out.done()
+
+
+def render_view(state: Any, resolve: BodyResolver, *, show_grades: bool = False, show_verifier: bool = False,
+                full: bool = False) -> str:
+    """The escaped text of one run as the judge reads it (:func:`render_parts` joined)."""
+    return render_parts(state, resolve, show_grades=show_grades, show_verifier=show_verifier, full=full).text
+
+
+# Every field of a folded run, step and branch is either read here (what every view of the run derives from) or
+# named as read by no view, no evidence figure and no view reduction (a test holds the two lists to the dataclasses).
+VIEW_FIELDS = {"run": ("task_id", "task_prompt_ref", "branches", "bodies", "reduced", "verifier", "grades"),
+               "branch": ("id", "status", "parent", "fork_at", "transitions", "summary_ref"),
+               "step": ("seq", "role", "text_ref", "tool_call", "tool_output")}
+NOT_VIEW_FIELDS = {"run": ("id", "tenant", "state", "lifecycle", "tier", "text_repairs", "agent", "metadata", "trial"),
+                   "branch": (), "step": ("usage", "context")}
+
+
+def view_source(state: RunState, *, show_grades: bool = False, show_verifier: bool = False) -> str:
+    """sha256 of what every view of ``state`` is derived from: its steps and refs as a reader sees them (each body
+    local unless reduced to a summary or dropped — refs name bytes, so equal digests read equal text), and its
+    verifier results and grades only where a view shows them. The run's names, lifecycle, tier status and held-out
+    grades are not in it: grading a run or moving it to cold storage does not change its views."""
+    step = operator.attrgetter(*VIEW_FIELDS["step"])
+    branch = operator.attrgetter(*(name for name in VIEW_FIELDS["branch"] if name != "transitions"))
+    shown = {"verifier": show_verifier, "grades": show_grades}
+    data: dict[str, Any] = {}
+    for name in VIEW_FIELDS["run"]:
+        if name == "branches":
+            data[name] = [[*branch(b), [step(t) for t in b.transitions]] for b in state.branches]
+        elif name == "bodies":  # a body is local (read as itself) unless the log says a reader sees another
+            data[name] = sorted([ref, loc.status, loc.summary_ref] for ref, loc in state.bodies.items()
+                                if loc.status in (REDUCED, DROPPED))
+        else:
+            data[name] = getattr(state, name) if shown.get(name, True) else None
+    return hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":")).encode("utf-8")).hexdigest()

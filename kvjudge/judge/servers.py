@@ -8,7 +8,9 @@ and reads the labels from them. A label missing from the top N is an error, neve
 
 :class:`ServerPool` spreads many calls over several servers of the same model: ``parallel`` requests in flight
 per server, each request retried with back-off on connection errors, 429 and 5xx (see
-:mod:`kvjudge.server_client`). A server that stops accepting connections is dropped and its requests go to the
+:mod:`kvjudge.server_client`). It takes the calls as they are prepared (the caller prepares the next pair while
+requests are in flight), and sends the two orders of a pair to the same server one after the other, so that the
+server's prompt cache can reuse what they share (instructions and the block of text common to both runs). A server that stops accepting connections is dropped and its requests go to the
 others (as is one whose calls keep failing after their retries); a request that failed on every live server is an
 ``error`` outcome, never a score. Neither the cache keys nor the manifest name a server, so a pool's verdicts are
 keyed exactly as one server's.
@@ -20,11 +22,11 @@ import math
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvjudge._llama import chat_template_inputs
 from kvjudge.errors import (
@@ -35,9 +37,27 @@ from kvjudge.errors import (
     ServerUnavailable,
     UsageError,
 )
-from kvjudge.judge.backends import _SPELLINGS, LABELS, LabelScore, PromptOverflow, _renormalise
-from kvjudge.judge.prompt import Framing, TemplateText, choose_framing, user_message
-from kvjudge.server_client import DEFAULT_TIMEOUT_S, RetryPolicy, ServerClient, ServerInfo, normalize_url
+from kvjudge.judge.labels import (
+    LABELS,
+    SPELLINGS,
+    LabelScore,
+    PromptOverflow,
+    ResultFn,
+    renormalise,
+    score_in_turn,
+)
+from kvjudge.judge.prompt import Framing, Prompt, TemplateText, choose_framing, user_message
+from kvjudge.server_client import (
+    DEFAULT_TIMEOUT_S,
+    RetryPolicy,
+    ServerClient,
+    ServerInfo,
+    ServerTokenCounter,
+    normalize_url,
+)
+
+if TYPE_CHECKING:
+    from kvjudge.tokens import ModelTokenizer
 
 DEFAULT_TOP_LOGPROBS = 20
 VLLM_MAX_LOGPROBS = 20  # vLLM refuses more unless started with a larger --max-logprobs
@@ -85,7 +105,7 @@ def label_score(top: Mapping[str, float], *, top_n: int, prompt_tokens: int, ser
     raw = {label: 0.0 for label in LABELS}
     seen: set[str] = set()
     for token, logprob in top.items():
-        for label, spellings in _SPELLINGS.items():
+        for label, spellings in SPELLINGS.items():
             if token in spellings and math.isfinite(logprob):
                 raw[label] += math.exp(logprob)
                 seen.add(label)
@@ -93,7 +113,7 @@ def label_score(top: Mapping[str, float], *, top_n: int, prompt_tokens: int, ser
     if missing:
         raise JudgeError(f"label(s) {', '.join(missing)} not among the server's top {top_n} next tokens; the model "
                          f"did not answer the forced choice")
-    probs, mass = _renormalise(raw)
+    probs, mass = renormalise(raw)
     return LabelScore(probs=probs, label_mass=mass, prompt_tokens=prompt_tokens, server=server)
 
 
@@ -121,7 +141,8 @@ class ServerBackend:
     slack_tokens: int = 16
     calls: int = 0
     tokens_saved: int = 0  # the server's own prompt cache may reuse KV; it does not tell us
-    tokenizer: Any = field(default=None, repr=False)
+    window_fixed: bool = True
+    tokenizer: ModelTokenizer | None = field(default=None, repr=False)
     client: ServerClient = field(default=None, repr=False)  # type: ignore[assignment]  # built from url when None
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -148,7 +169,24 @@ class ServerBackend:
 
     @property
     def model_sha256(self) -> str | None:
-        return getattr(self.tokenizer, "sha256", None)
+        return None if self.tokenizer is None else self.tokenizer.sha256
+
+    @property
+    def certified(self) -> bool:
+        """The window was vouched for by the server's certified capability entry."""
+        return (self.n_ctx_source or "").startswith(CERTIFIED_SOURCES)
+
+    @property
+    def counter_name(self) -> str:
+        """The local tokenizer's name, else the served model's (what ``kvjudge runs`` and reduction count with)."""
+        if self.tokenizer is not None:
+            return self.tokenizer.name
+        assert self.info is not None
+        return ServerTokenCounter(self.client, self.info.model_id).name
+
+    @property
+    def servers(self) -> list[str]:
+        return [self.url]
 
     def manifest(self) -> dict[str, Any]:
         """What judged (never where): equal for every server of a pool, so cache keys do not depend on the URL."""
@@ -166,6 +204,12 @@ class ServerBackend:
             return self.client.count(text)
         except ServerError as exc:
             raise JudgeError(f"cannot count tokens: {exc}") from exc
+
+    def count_prompt(self, segments: Sequence[str]) -> int:
+        return sum(self.count(segment) for segment in segments)
+
+    def measure_prefill(self, n_tokens: int = 256) -> float:
+        raise JudgeError(f"the prefill speed of the server {self.url} is not measured here")
 
     def framing(self, choice: str = "auto") -> Framing:
         """The prompt framing for ``--template choice``: the served model's chat template from the local GGUF,
@@ -222,6 +266,13 @@ class ServerBackend:
         except ServerUnavailable as exc:
             raise JudgeError(f"the judge server failed: {exc}") from exc
 
+    def score_many(self, groups: Iterable[Sequence[Prompt]], on_result: ResultFn) -> None:
+        """One request at a time (a pool of servers sends them concurrently)."""
+        score_in_turn(self.score, groups, on_result)
+
+    def stats(self) -> dict[str, Any]:
+        return {"servers": [self.url], "dropped": {}, "resent": 0, "calls": {self.url: self.calls}, "parallel": 1}
+
     def close(self) -> None:
         self.client.close()
 
@@ -245,10 +296,6 @@ def local_tokenizer(info: ServerInfo, client: ServerClient, model_path: str | Pa
     return candidate if served[offset:] == candidate.tokenize(_TOKENIZER_CHECK) else None
 
 
-# on_result(index, score, error, server that answered, seconds the answering request took)
-ResultFn = Callable[[int, "LabelScore | None", "JudgeError | None", "str | None", float], None]
-
-
 def _timed(call: Callable[[Sequence[str]], LabelScore], segments: Sequence[str]) -> tuple[LabelScore, float]:
     started = time.perf_counter()
     return call(segments), time.perf_counter() - started
@@ -256,10 +303,27 @@ def _timed(call: Callable[[Sequence[str]], LabelScore], segments: Sequence[str])
 
 @dataclass
 class _Job:
-    index: int
+    """One prompt of a group: ``group`` and ``position`` name it to the caller; ``then`` is the group's next prompt,
+    sent when this one is settled, to the server that settled it (``prefer``) while that server is live."""
+
+    group: int
+    position: int
     segments: Sequence[str]
+    then: _Job | None = None
+    prefer: str | None = None
     tried: set[str] = field(default_factory=set)
     last_failure: str = ""
+
+
+def _chain(group: int, prompts: Sequence[Prompt]) -> _Job | None:
+    """The group's prompts as jobs, each followed by the next."""
+    first: _Job | None = None
+    for position in reversed(range(len(prompts))):
+        first = _Job(group, position, prompts[position].segments, then=first)
+    return first
+
+
+InFlight = dict["Future[tuple[LabelScore, float]]", "tuple[_Job, ServerBackend]"]
 
 
 class ServerPool:
@@ -269,8 +333,10 @@ class ServerPool:
     the same manifest). ``n_ctx`` is the judge's window on all of them.
     """
 
-    def __init__(self, backends: Sequence[ServerBackend], *, parallel: int = DEFAULT_PARALLEL, tokenizer: Any = None,
-                 dropped: Mapping[str, str] | None = None) -> None:
+    window_fixed = True
+
+    def __init__(self, backends: Sequence[ServerBackend], *, parallel: int = DEFAULT_PARALLEL,
+                 tokenizer: ModelTokenizer | None = None, dropped: Mapping[str, str] | None = None) -> None:
         if not backends:
             raise JudgeError("no judge server is reachable; start one or check the URLs")
         if parallel < 1:
@@ -302,6 +368,19 @@ class ServerPool:
         return [b.url for b in self.backends]
 
     @property
+    def servers(self) -> list[str]:
+        return self.urls
+
+    @property
+    def model_path(self) -> Path | None:
+        tokenizer = self.backends[0].tokenizer
+        return None if tokenizer is None else tokenizer.path
+
+    @property
+    def counter_name(self) -> str:
+        return self.backends[0].counter_name
+
+    @property
     def live(self) -> list[ServerBackend]:
         return [b for b in self.backends if b.url not in self.dropped]
 
@@ -321,7 +400,13 @@ class ServerPool:
     @property
     def certified(self) -> bool:
         """The window was vouched for by every server's certified capability entry."""
-        return (self.backends[0].n_ctx_source or "").startswith(CERTIFIED_SOURCES)
+        return self.backends[0].certified
+
+    def measure_prefill(self, n_tokens: int = 256) -> float:
+        raise JudgeError("the prefill speed of judge servers is not measured here")
+
+    def count_prompt(self, segments: Sequence[str]) -> int:
+        return sum(self.count(segment) for segment in segments)
 
     def _drop(self, url: str, reason: str) -> None:
         with self._lock:
@@ -346,59 +431,86 @@ class ServerPool:
     def score(self, segments: Sequence[str], shared: int = 0) -> LabelScore:
         """One call through the pool (failover included)."""
         results: list[tuple[LabelScore | None, JudgeError | None]] = []
-        self.score_many([segments], lambda _i, score, error, _url, _s: results.append((score, error)))
+        self.score_many([[Prompt(segments, shared)]],
+                        lambda _g, _p, score, error, _url, _s: results.append((score, error)))
         score, error = results[0]
         if error is not None:
             raise error
         assert score is not None
         return score
 
-    def score_many(self, prompts: Sequence[Sequence[str]], on_result: ResultFn) -> None:
-        """Score every prompt; ``on_result(index, score, error, server, seconds)`` is called once per prompt, in
-        this thread.
+    def score_many(self, groups: Iterable[Sequence[Prompt]], on_result: ResultFn) -> None:
+        """Score every prompt of every group; ``on_result(group, position, score, error, server, seconds)`` is called
+        once per prompt, in this thread.
 
-        Up to ``parallel`` requests per live server are in flight. A request whose server cannot be reached
-        (after the client's retries) goes to a live server that has not tried it; the unreachable server is
-        dropped. When every live server has tried it, it fails with the last failure: an error, never a score.
+        Up to ``parallel`` requests per live server are in flight; groups are taken from ``groups`` while fewer than
+        that many requests wait to be sent, so preparing the next groups overlaps the requests in flight. A group's
+        prompts go one after the other to the server that answered the first (while it is live). A request whose
+        server cannot be reached (after the client's retries) goes to a live server that has not tried it; the
+        unreachable server is dropped. When every live server has tried it, it fails with the last failure: an
+        error, never a score.
         """
-        pending: deque[_Job] = deque(_Job(i, p) for i, p in enumerate(prompts))
-        in_flight: dict[Future[tuple[LabelScore, float]], tuple[_Job, ServerBackend]] = {}
+        source: Iterator[tuple[int, Sequence[Prompt]]] = iter(enumerate(groups))
+        more = True
+        ready: deque[_Job] = deque()
+        in_flight: InFlight = {}
         busy: dict[str, int] = {b.url: 0 for b in self.backends}
         workers = max(1, self.parallel * len(self.backends))
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kvjudge-judge") as executor:
-            while pending or in_flight:
-                self._dispatch(executor, pending, in_flight, busy)
-                if not in_flight:  # nothing could be sent: no live server is left that has not tried them
-                    while pending:
-                        job = pending.popleft()
-                        on_result(job.index, None, JudgeError(self._gave_up(job)), None, 0.0)
-                    break
-                done, _ = wait(list(in_flight), return_when=FIRST_COMPLETED)
+            while True:
+                self._dispatch(executor, ready, in_flight, busy)
+                done = [future for future in in_flight if future.done()]
+                if not done and more and len(ready) < workers:
+                    pulled = next(source, None)  # prepares the group: the requests in flight go on meanwhile
+                    if pulled is None:
+                        more = False
+                    elif (first := _chain(*pulled)) is not None:
+                        ready.append(first)
+                    continue
+                if not done and in_flight:
+                    done = list(wait(list(in_flight), return_when=FIRST_COMPLETED)[0])
                 for future in done:
                     job, backend = in_flight.pop(future)
                     busy[backend.url] -= 1
-                    self._settle(job, backend, future, pending, on_result)
+                    self._settle(job, backend, future, ready, on_result)
+                if done:
+                    continue
+                if ready:  # nothing could be sent: no live server is left that has not tried them
+                    job = ready.popleft()
+                    self._finish(job, None, JudgeError(self._gave_up(job)), None, 0.0, ready, on_result)
+                    continue
+                if not more:
+                    return
 
-    def _dispatch(self, executor: ThreadPoolExecutor, pending: deque[_Job],
-                  in_flight: dict[Future[tuple[LabelScore, float]], tuple[_Job, ServerBackend]],
+    def _dispatch(self, executor: ThreadPoolExecutor, ready: deque[_Job], in_flight: InFlight,
                   busy: dict[str, int]) -> None:
         # Round-robin over the live servers, one request at a time, so the first server does not take every slot.
+        live = {b.url for b in self.live}
         progress = True
-        while pending and progress:
+        while ready and progress:
             progress = False
             for backend in self.live:
                 if busy[backend.url] >= self.parallel:
                     continue
-                job = next((j for j in pending if backend.url not in j.tried), None)
+                job = next((j for j in ready if backend.url not in j.tried
+                            and (j.prefer in (None, backend.url) or j.prefer not in live)), None)
                 if job is None:
                     continue
-                pending.remove(job)
+                ready.remove(job)
                 busy[backend.url] += 1
                 in_flight[executor.submit(_timed, backend.request_score, job.segments)] = (job, backend)
                 progress = True
 
+    def _finish(self, job: _Job, score: LabelScore | None, failure: JudgeError | None, url: str | None,
+                seconds: float, ready: deque[_Job], on_result: ResultFn) -> None:
+        """Report ``job``'s outcome, and put the group's next prompt first in line, for the same server."""
+        on_result(job.group, job.position, score, failure, url, seconds)
+        if job.then is not None:
+            job.then.prefer = url
+            ready.appendleft(job.then)
+
     def _settle(self, job: _Job, backend: ServerBackend, future: Future[tuple[LabelScore, float]],
-                pending: deque[_Job], on_result: ResultFn) -> None:
+                ready: deque[_Job], on_result: ResultFn) -> None:
         try:
             score, seconds = future.result()
         except ServerUnavailable as exc:
@@ -412,19 +524,20 @@ class ServerPool:
                 self._drop(backend.url, f"{DROP_AFTER_FAILURES} calls in a row failed; last: {exc}")
             if any(b.url not in job.tried for b in self.live):
                 self.resent += 1
-                pending.appendleft(job)  # first in line: it has waited longest
+                job.prefer = None
+                ready.appendleft(job)  # first in line: it has waited longest
             else:
-                on_result(job.index, None, JudgeError(self._gave_up(job)), None, 0.0)
+                self._finish(job, None, JudgeError(self._gave_up(job)), None, 0.0, ready, on_result)
             return
         except JudgeError as exc:  # a refusal, an overflow, a missing label: the same on every server
-            on_result(job.index, None, exc, backend.url, 0.0)
+            self._finish(job, None, exc, backend.url, 0.0, ready, on_result)
             return
-        except Exception as exc:  # a bug or a runtime crash is an outcome, never a score
-            on_result(job.index, None, JudgeError(f"the judge backend failed ({type(exc).__name__}: {exc})"),
-                      backend.url, 0.0)
+        except Exception as exc:  # noqa: BLE001 - a bug or a runtime crash is an outcome, never a score
+            failure = JudgeError(f"the judge backend failed ({type(exc).__name__}: {exc})")
+            self._finish(job, None, failure, backend.url, 0.0, ready, on_result)
             return
         self._failures[backend.url] = 0
-        on_result(job.index, score, None, backend.url, seconds)
+        self._finish(job, score, None, backend.url, seconds, ready, on_result)
 
     def _gave_up(self, job: _Job) -> str:
         tried = ", ".join(sorted(job.tried)) or "none"

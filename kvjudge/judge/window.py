@@ -14,10 +14,14 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvjudge.errors import JudgeError
 from kvjudge.judge.pack import ANSWER_TOKENS
+
+if TYPE_CHECKING:
+    from kvjudge.judge.backends import Backend
+    from kvjudge.probe import CapabilityEntry
 
 WINDOW_STEP = 256
 BOUNDS: tuple[str, str] = ("certified", "analytic")
@@ -59,9 +63,9 @@ class Window:
                 "measured": self.measured, "cut": self.cut}
 
 
-def _measured_speed(entry: Any) -> float | None:
+def _measured_speed(entry: CapabilityEntry) -> float | None:
     """Prompt tokens per second of the trials that ran (a lower bound: a trial's time includes loading)."""
-    rates = [t["prompt_tokens"] / t["seconds"] for t in getattr(entry, "trials", ()) or ()
+    rates = [t["prompt_tokens"] / t["seconds"] for t in entry.trials or ()
              if t.get("outcome") == "ok" and t.get("prompt_tokens") and t.get("seconds")]
     return max(rates) if rates else None
 
@@ -73,7 +77,7 @@ class WindowPlanner:
     ``requested`` (``--n-ctx``) is an upper bound, itself checked against what the device holds.
     """
 
-    backend: Any
+    backend: Backend
     requested: int | None = None
     certify: bool = True
     memory_budget: int | str | None = None  # the capability entry to use (None: [probe] memory_budget, else latest)
@@ -88,25 +92,36 @@ class WindowPlanner:
         if self.say is not None:
             self.say(message)
 
+    def cap(self, bound: str = "certified") -> tuple[int, str]:
+        """The largest window the pairs may get, and what bounds it: what :meth:`plan` holds any batch to."""
+        if bound not in BOUNDS:
+            raise JudgeError(f"window bound must be one of {', '.join(BOUNDS)}, got {bound!r}")
+        if self.backend.window_fixed:  # a server's context is what it is
+            cap = self.requested or self.backend.n_ctx
+            if cap is None:
+                raise JudgeError("the judge server reports no context size; pass --n-ctx N")
+            source = "the servers' certified safe_context" if self.backend.certified else "the server's context"
+            return cap, source
+        return self._local(bound)[:2]
+
     def plan(self, needed_tokens: int, *, bound: str = "certified") -> Window:
         """The window for prompts of up to ``needed_tokens`` tokens (without the answer)."""
-        from kvjudge.judge.backends import LlamaBackend
+        needed = window_tokens(needed_tokens)
+        if self.backend.window_fixed:
+            cap, source = self.cap(bound)
+            # A pool windowed from every server's certified entry (kvjudge probe --server) has run that size.
+            return Window(min(needed, cap), needed, cap, source, measured=self.backend.certified)
+        return self._plan_local(needed, bound)
+
+    def _local(self, bound: str) -> tuple[int, str, Any, bool]:
+        """The in-process cap, what bounds it, the capability entry behind it and whether that entry is certified."""
+        from kvjudge.probe import ensure_capability, lookup_capability
 
         if bound not in BOUNDS:
             raise JudgeError(f"window bound must be one of {', '.join(BOUNDS)}, got {bound!r}")
-        needed = window_tokens(needed_tokens)
-        if not isinstance(self.backend, LlamaBackend):  # a server's context is what it is
-            cap = self.requested or self.backend.n_ctx
-            # A pool windowed from every server's certified entry (kvjudge probe --server) has run that size.
-            certified = bool(getattr(self.backend, "certified", False))
-            source = "the servers' certified safe_context" if certified else "the server's context"
-            return Window(min(needed, cap), needed, cap, source, measured=certified)
-        return self._plan_local(needed, bound)
-
-    def _plan_local(self, needed: int, bound: str) -> Window:
-        from kvjudge.probe import ensure_capability, lookup_capability, ran_at
-
         model = self.backend.model_path
+        if model is None:
+            raise JudgeError("an in-process judge needs its model file; pass --model PATH")
         entry = lookup_capability(model, memory_budget=self.memory_budget)
         if entry is None or entry.stale:  # the analytic figure: no model run
             entry = ensure_capability(model, certify=False, memory_budget=self.memory_budget)
@@ -120,6 +135,14 @@ class WindowPlanner:
                 raise JudgeError(f"--n-ctx {self.requested} is over {cap_source} ({cap}) for {model.name} on "
                                  f"this device; use --n-ctx {cap} or less")
             cap, cap_source = self.requested, "--n-ctx"
+        return cap, cap_source, entry, certified
+
+    def _plan_local(self, needed: int, bound: str) -> Window:
+        from kvjudge.probe import ensure_capability, ran_at
+
+        cap, cap_source, entry, certified = self._local(bound)
+        model = self.backend.model_path
+        assert model is not None
         n_ctx = min(needed, cap)
         measured = ran_at(entry, n_ctx) or (certified and n_ctx <= int(entry.safe_context))
         if not measured and self.certify:

@@ -28,7 +28,7 @@ dependencies (fastapi and uvicorn are test extras only), and it is listening wit
                     "+    return quote(field, sep)",      # its final patch's changed lines and
                     "==== 43 passed in 1.87s ===="]}]}    # its last test outcome line
 
-Lines are compared whole, with surrounding whitespace stripped (a view indents bodies), after the escaping the
+Lines are compared whole, with surrounding whitespace stripped (a view may indent them), after the escaping the
 judge applies to run text (runs of ``<`` or ``>``); a line cut in the middle by an elision is not visible. Markers
 must be unique in the key; a line that is only ``+`` or ``-`` (a blank line added or removed) says nothing and is
 left out of the evidence by :func:`changed_lines`.

@@ -1,0 +1,496 @@
+"""The judging pipeline: pairs → views → prompts → scores → verdicts, each stage run once per pair, in one direction.
+
+:func:`judge_batch` is the one entry point (``Judge.judge_pairs`` and ``judge_pair`` are it too), for every
+backend:
+
+1. **verdicts already known**: each pair's verdict is looked up in the verdict cache by what identifies it
+   (:func:`~kvjudge.judge.verdict.verdict_key`) — the folded runs are read, nothing is rendered or counted;
+2. **views**: each run's view is rendered once per batch (:mod:`kvjudge.judge.pack`; token counts added up from
+   counts kept per body, :mod:`kvjudge.judge.viewcount`), the pair's common block found, the pair fitted into the
+   window. A server's window is its own, so its pairs are prepared one by one while earlier pairs' requests are in
+   flight; an in-process window is sized to the pairs, so theirs are all prepared first;
+3. **prompts**: both orders; an order already answered (the order cache, or earlier in this batch) is not sent
+   again, and one being asked is waited for;
+4. **scores**: ``backend.score_many`` takes each pair's calls as they are needed (a pool sends the two orders to
+   the same server one after the other; in-process calls run in turn);
+5. **verdicts**: decided (:func:`~kvjudge.judge.verdict.conclude`), written to both caches, and reported in the
+   order of the pairs, each as soon as it and every pair before it are decided.
+
+Cache writes are gathered and written a few dozen at a time in one transaction.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from kvjudge.errors import JudgeError, UsageError
+from kvjudge.judge.backends import Backend
+from kvjudge.judge.evidence import RunEvidence
+from kvjudge.judge.labels import LabelScore, PromptOverflow
+from kvjudge.judge.pack import (
+    ANSWER_TOKENS,
+    BaseView,
+    PackedView,
+    PairBases,
+    RunTokens,
+    base_view,
+    fit_view,
+    pack_pair,
+    pair_bases,
+)
+from kvjudge.judge.prompt import TEMPLATE_VERSION, Framing
+from kvjudge.judge.render import view_source
+from kvjudge.judge.verdict import (
+    DEFAULT_MARGIN,
+    ORDERS,
+    SCORED,
+    OrderPrompt,
+    OrderScore,
+    PairReduce,
+    SideRecord,
+    Verdict,
+    conclude,
+    judge_settings,
+    judgment_key,
+    order_score,
+    overflow_message,
+    score_from_payload,
+    score_payload,
+    text_sha256,
+    verdict_from_record,
+    verdict_key,
+    verdict_record,
+)
+from kvjudge.judge.viewcount import ViewCounter
+from kvjudge.judge.window import Window, WindowPlanner
+
+if TYPE_CHECKING:
+    from kvjudge.retention import Store
+    from kvjudge.retention.state import RunState
+
+VerdictFn = Callable[[int, Verdict], None]
+# Cache writes gathered before one transaction writes them.
+_WRITE_BATCH = 64
+
+
+@dataclass
+class Judge:
+    """A backend plus the judging settings; judges pairs of runs held in a store.
+
+    ``template`` (auto | chat | raw) picks the prompt framing; ``show_verifier`` / ``show_grades`` put what
+    the judge is measured against into its input (experiments only). ``use_cache`` reads and writes
+    judgments through ``store.get_judgment`` / ``store.put_judgment`` (one entry per order, one per verdict), so a
+    re-run of the same pair costs no model call — nor, for a verdict, any rendering. ``planner`` sizes the
+    backend's window to the pairs; without one a backend that has no window yet gets a default planner (certifying
+    the size it needs).
+    """
+
+    backend: Backend
+    margin: float = DEFAULT_MARGIN
+    show_grades: bool = False
+    show_verifier: bool = False
+    use_cache: bool = True
+    template: str = "auto"
+    planner: WindowPlanner | None = None
+    window: Window | None = field(default=None, repr=False)
+    _framing: Framing | None = field(default=None, repr=False)
+    _framing_tokens: int | None = field(default=None, repr=False)
+    _counter: ViewCounter | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.margin < 0.5:
+            raise UsageError(f"the tie margin must be in [0, 0.5), got {self.margin}; set [judge] margin")
+
+    @property
+    def framing(self) -> Framing:
+        """The prompt framing (the model's chat template, or raw), resolved once from ``template``."""
+        if self._framing is None:
+            self._framing = self.backend.framing(self.template)
+        return self._framing
+
+    @property
+    def framing_tokens(self) -> int:
+        """Tokens of the prompt without the two views (template, instructions, delimiters, question)."""
+        if self._framing_tokens is None:
+            self._framing_tokens = self.backend.count_prompt(self.framing.framing_segments())
+        return self._framing_tokens
+
+    @property
+    def counter(self) -> ViewCounter:
+        """Counts views from their parts, bodies through the store's count cache under the backend's counter."""
+        if self._counter is None:
+            self._counter = ViewCounter(self.backend.count, self.backend.counter_name)
+        return self._counter
+
+    @property
+    def room(self) -> int:
+        """Tokens both views may take together in the current window (before any window is open: in the largest
+        one the judge may open, as when every verdict came from the cache)."""
+        return self.room_at(self.backend.n_ctx if self.backend.n_ctx is not None else self.window_cap())
+
+    def room_at(self, n_ctx: int) -> int:
+        """Tokens both views (and the block common to both) may take together in a window of ``n_ctx``."""
+        return n_ctx - self.framing_tokens - ANSWER_TOKENS - self.backend.slack_tokens
+
+    @property
+    def allowance(self) -> int:
+        """Half the room: what each view may take when both are long."""
+        return self.room // 2
+
+    def window_cap(self, bound: str = "certified") -> int:
+        """The largest window a batch may get: a pair that must be cut is cut to fit it, and only then does what a
+        pair reads depend on the window (nothing is loaded or counted to know it)."""
+        planner = self.planner
+        if planner is None:
+            if self.backend.n_ctx is not None:
+                return self.backend.n_ctx  # a window chosen by the caller: pairs are fitted into it
+            planner = self.planner = WindowPlanner(self.backend)
+        return planner.cap(bound)[0]
+
+    def manifest(self) -> dict[str, Any]:
+        return {**self.backend.manifest(), "template_version": TEMPLATE_VERSION, **self.framing.manifest(),
+                "show_verifier": self.show_verifier, "show_grades": self.show_grades}
+
+    def base_of(self, store: Store, state: RunState, *, reduce_to: int | None = None,
+                full: bool = False) -> BaseView:
+        """One folded run's view before it is fitted to a window."""
+        return base_view(store, state, self.counter, show_grades=self.show_grades, show_verifier=self.show_verifier,
+                         reduce_to=reduce_to, full=full)
+
+    def base(self, store: Store, run_id: str, *, reduce_to: int | None = None, full: bool = False) -> BaseView:
+        """One run's view before it is fitted to a window."""
+        return self.base_of(store, store.run(run_id), reduce_to=reduce_to, full=full)
+
+    def pack(self, store: Store, run_id: str, *, reduce_to: int | None = None, full: bool = False,
+             allowance: int | None = None) -> PackedView:
+        """The view of one run as it would be read beside a run as long as itself (half the room), or within
+        ``allowance`` tokens."""
+        return fit_view(self.base(store, run_id, reduce_to=reduce_to, full=full), self.counter,
+                        self.allowance if allowance is None else allowance)
+
+    def pack_pair(self, store: Store, a: str, b: str, n_ctx: int) -> tuple[PackedView, PackedView]:
+        """The two views of a pair as a window of ``n_ctx`` gets them (what :meth:`judge_pairs` sends)."""
+        pair = pair_bases(self.base(store, a), self.base(store, b), self.counter)
+        return pack_pair(pair.a, pair.b, self.counter, self.room_at(n_ctx), pair)
+
+    def needed_tokens(self, base_a: BaseView, base_b: BaseView) -> int:
+        """Prompt tokens of the pair read whole (framing + the block common to both + both views)."""
+        return self.framing_tokens + pair_bases(base_a, base_b, self.counter).tokens
+
+    def open_window(self, needed: int, bound: str = "certified") -> None:
+        """Size the backend's window for prompts of up to ``needed`` tokens (see :class:`WindowPlanner`)."""
+        planner = self.planner
+        if planner is None:
+            if self.backend.n_ctx is not None:
+                return  # a window chosen by the caller (LlamaBackend(n_ctx=...)): pairs are fitted into it
+            planner = self.planner = WindowPlanner(self.backend)
+        self.window = planner.open(needed, bound=bound)
+
+    def order_prompts(self, view_a: PackedView, view_b: PackedView) -> list[OrderPrompt]:
+        """The two orders' prompts for two views that fit."""
+        manifest = self.manifest()
+        common = view_a.common_segments or view_a.common  # the same block in both orders (both views carry it)
+        block = text_sha256(view_a.common)
+        prompts = []
+        for order in ORDERS:
+            first, second = (view_a, view_b) if order == "ab" else (view_b, view_a)
+            assert first.text is not None and second.text is not None and first.sha256 and second.sha256
+            segments = self.framing.segments(first.segments or first.text, second.segments or second.text, common)
+            key = judgment_key(manifest, first.text, second.text, view_a.common,
+                               hashes=(first.sha256, second.sha256, block))
+            prompts.append(OrderPrompt(segments, self.framing.shared, order=order, key=key))
+        return prompts
+
+    def conclude(self, view_a: PackedView, view_b: PackedView, orders: Sequence[OrderScore],
+                 failure: JudgeError | None = None, *, started: float, seconds: float | None = None) -> Verdict:
+        """The verdict from the orders scored and the failure that stopped the rest (see
+        :func:`~kvjudge.judge.verdict.conclude`). ``seconds`` overrides the time since ``started``."""
+        over = [v.run_id for v in (view_a, view_b) if v.text is None]
+        overflow = overflow_message(over, self.room, self.backend.n_ctx) if over else None
+        return conclude((SideRecord.of(view_a), SideRecord.of(view_b)), orders, failure, margin=self.margin,
+                        manifest=self.manifest(), common_tokens=view_a.common_tokens,
+                        seconds=time.perf_counter() - started if seconds is None else seconds, overflow=overflow)
+
+    def judge_pairs(self, store: Store, pairs: Sequence[tuple[str, str]], *, reduce_to: PairReduce = None,
+                    full: bool = False, bound: str = "certified",
+                    on_call: Callable[[], None] | None = None) -> list[Verdict]:
+        """Judge ``pairs`` of ``store`` (both orders each): :func:`judge_batch`."""
+        return judge_batch(self, store, pairs, reduce_to=reduce_to, full=full, bound=bound, on_call=on_call)
+
+    def judge_pair(self, store: Store, a: str, b: str, *, reduce_to: int | None = None, full: bool = False,
+                   on_call: Callable[[], None] | None = None) -> Verdict:
+        """Judge runs ``a`` and ``b`` from ``store`` in both orders (see :func:`judge_batch`)."""
+        return self.judge_pairs(store, [(a, b)], reduce_to=reduce_to, full=full, on_call=on_call)[0]
+
+
+def judge_pair(store: Store, a: str, b: str, backend: Backend, *, margin: float = DEFAULT_MARGIN,
+               show_grades: bool = False, show_verifier: bool = False, use_cache: bool = True,
+               reduce_to: int | None = None, template: str = "auto") -> Verdict:
+    """Judge runs ``a`` and ``b`` of ``store`` with ``backend`` (both orders, cached in the store)."""
+    return Judge(backend, margin=margin, show_grades=show_grades, show_verifier=show_verifier, use_cache=use_cache,
+                 template=template).judge_pair(store, a, b, reduce_to=reduce_to)
+
+
+def judge_batch(judge: Judge, store: Store, pairs: Sequence[tuple[str, str]], *, reduce_to: PairReduce = None,
+                full: bool = False, bound: str = "certified", on_call: Callable[[], None] | None = None,
+                on_verdict: VerdictFn | None = None) -> list[Verdict]:
+    """Judge ``pairs`` of ``store``, both orders each, in one window (the stages in the module docstring).
+
+    ``reduce_to`` (tokens, or tokens per pair) judges views reduced that far (derived, never stored): the reduced
+    side of a still-grades check. ``full`` starts from the original bodies wherever the store can still read them
+    (the full side); ``bound`` "analytic" lets an in-process window grow to the analytic bound. ``on_call()`` hears
+    of each order scored or read from a cache; ``on_verdict(index, verdict)`` of each verdict, in pair order.
+    """
+    return _Batch(judge, store, pairs, reduce_to, full, bound, on_call, on_verdict).run()
+
+
+@dataclass
+class _Pending:
+    """A pair on its way: its views, the orders scored so far, the calls it waits for, its own seconds."""
+
+    index: int
+    view_a: PackedView
+    view_b: PackedView
+    started: float
+    seconds: float
+    complete: bool
+    orders: list[OrderScore] = field(default_factory=list)
+    waiting: int = 0
+    failure: JudgeError | None = None
+
+
+class _Batch:
+    """One run of the pipeline over ``pairs`` (see the module docstring)."""
+
+    def __init__(self, judge: Judge, store: Store, pairs: Sequence[tuple[str, str]], reduce_to: PairReduce,
+                 full: bool, bound: str, on_call: Callable[[], None] | None, on_verdict: VerdictFn | None) -> None:
+        self.judge, self.store, self.pairs = judge, store, list(pairs)
+        self.reduce_to, self.full, self.bound = reduce_to, full, bound
+        self.on_call, self.on_verdict = on_call, on_verdict
+        self.verdicts: list[Verdict | None] = [None] * len(self.pairs)
+        self.reported = 0
+        self.states: dict[str, RunState] = {}
+        self.bases: dict[tuple[str, int | None], BaseView] = {}
+        self.uses: Counter[tuple[str, int | None]] = Counter()
+        self.keys: dict[int, str] = {}
+        self.fitted: dict[int, PairBases | Verdict] = {}
+        self.asked: dict[str, list[tuple[_Pending, OrderPrompt]]] = {}   # order key → pairs waiting for it
+        self.answered: dict[str, LabelScore] = {}                        # order key → its answer, this batch
+        self.sent: list[tuple[_Pending, list[OrderPrompt]]] = []         # group → pair, prompts sent
+        self.writes: dict[str, dict[str, Any]] = {}
+        self.needed = 0
+        self.manifest: dict[str, Any] = {}
+        self.settings: dict[str, Any] = {}
+
+    def target(self, pair: tuple[str, str]) -> int | None:
+        return self.reduce_to.get(pair) if isinstance(self.reduce_to, Mapping) else self.reduce_to
+
+    def state(self, run_id: str) -> RunState:
+        if run_id not in self.states:
+            self.states[run_id] = self.store.run(run_id)
+        return self.states[run_id]
+
+    def run(self) -> list[Verdict]:
+        judge = self.judge
+        self.manifest = judge.manifest()
+        self.settings = judge_settings(self.manifest)
+        misses = self.known() if judge.use_cache else list(range(len(self.pairs)))
+        if misses:
+            if not judge.backend.window_fixed:
+                # An in-process window is sized to the pairs: every pair's views first, then the window.
+                for index in misses:
+                    self.fitted[index] = self.pair_views(index)
+                if self.needed:
+                    judge.open_window(self.needed, self.bound)
+            judge.backend.score_many(self.groups(misses), self.on_result)
+            if judge.backend.window_fixed and self.needed:
+                judge.open_window(self.needed, self.bound)  # a server's window: only what it says of the pairs
+        self.flush()
+        missing = [index for index, verdict in enumerate(self.verdicts) if verdict is None]
+        if missing:  # every call reports exactly once; anything else is a bug, never a silent gap
+            raise JudgeError(f"internal: {len(missing)} pair(s) were never decided")
+        return [verdict for verdict in self.verdicts if verdict is not None]
+
+    # -------------------------------------------------------------------- stage 1: verdicts already known
+    def known(self) -> list[int]:
+        """Decide every pair whose verdict is cached; the indexes of the others."""
+        window = self.judge.window_cap(self.bound)
+        slack = self.judge.backend.slack_tokens
+        sources: dict[str, str] = {}
+        show = {"show_grades": self.judge.show_grades, "show_verifier": self.judge.show_verifier}
+        misses = []
+        for index, (a, b) in enumerate(self.pairs):
+            started = time.perf_counter()
+            for run_id in (a, b):
+                if run_id not in sources:
+                    sources[run_id] = view_source(self.state(run_id), **show)
+            key = verdict_key(self.settings, window=window, slack=slack, source_a=sources[a], source_b=sources[b],
+                              reduce_to=self.target((a, b)), full=self.full)
+            record = self.store.get_judgment(key)
+            if record is None:
+                self.keys[index] = key
+                misses.append(index)
+                continue
+            verdict = verdict_from_record(record, a, b, margin=self.judge.margin,
+                                          seconds=time.perf_counter() - started)
+            for _ in ORDERS:
+                self.called()
+            self.decided(index, verdict)
+        return misses
+
+    # ----------------------------------------------------------------------------------- stage 2: views
+    def pair_views(self, index: int) -> PairBases | Verdict:
+        """The pair's two views and their common block (an error verdict where counting tokens failed)."""
+        a, b = self.pairs[index]
+        target = self.target((a, b))
+        started = time.perf_counter()
+        try:
+            views = []
+            for run_id in (a, b):
+                key = (run_id, target)
+                if key not in self.bases:
+                    self.bases[key] = self.judge.base_of(self.store, self.state(run_id), reduce_to=target,
+                                                         full=self.full)
+                views.append(self.bases[key])
+            pair = pair_bases(views[0], views[1], self.judge.counter)
+            self.needed = max(self.needed, self.judge.framing_tokens + pair.tokens)
+        except JudgeError as exc:  # the backend failed while counting tokens: an outcome, not a crash
+            return self.failed(a, b, str(exc), started)
+        return pair
+
+    def failed(self, a: str, b: str, message: str, started: float) -> Verdict:
+        unknown = RunTokens(full=None, reduced=None, view=None, further_reduced=False)
+        side = {run: SideRecord(run, unknown, (), None, RunEvidence(None, None)) for run in (a, b)}
+        return conclude((side[a], side[b]), [], JudgeError(message), margin=self.judge.margin,
+                        manifest=self.manifest, common_tokens=0, seconds=time.perf_counter() - started,
+                        overflow=None)
+
+    def release(self, index: int) -> None:
+        """Forget the runs' views once their last pair of the batch is packed."""
+        a, b = self.pairs[index]
+        target = self.target((a, b))
+        for key in ((a, target), (b, target)):
+            self.uses[key] -= 1
+            if self.uses[key] <= 0:
+                self.bases.pop(key, None)
+
+    # ------------------------------------------------------------------------ stage 3: prompts (and packing)
+    def groups(self, misses: list[int]) -> Iterator[list[OrderPrompt]]:
+        """Each pair's calls still to make, prepared as the backend asks for them."""
+        for index in misses:
+            a, b = self.pairs[index]
+            target = self.target((a, b))
+            self.uses.update([(a, target), (b, target)])
+        for index in misses:
+            prompts = self.prepare(index)
+            if prompts:
+                yield prompts
+
+    def prepare(self, index: int) -> list[OrderPrompt]:
+        """Pack the pair and ask for its orders; the prompts to send (none: decided, or waiting on others)."""
+        started = time.perf_counter()
+        fitted = self.fitted.pop(index, None) or self.pair_views(index)
+        if isinstance(fitted, Verdict):
+            self.release(index)
+            self.decided(index, fitted)
+            return []
+        view_a, view_b = pack_pair(fitted.a, fitted.b, self.judge.counter, self.judge.room, fitted)
+        self.release(index)
+        pending = _Pending(index, view_a, view_b, started, time.perf_counter() - started, fitted.complete)
+        if view_a.text is None or view_b.text is None:
+            self.conclude(pending)
+            return []
+        send: list[OrderPrompt] = []
+        use_cache = self.judge.use_cache
+        for prompt in self.judge.order_prompts(view_a, view_b):
+            answer = self.answered.get(prompt.key)
+            if answer is None and use_cache and prompt.key not in self.asked:
+                payload = self.store.get_judgment(prompt.key)
+                if payload is not None:
+                    answer = self.answered[prompt.key] = score_from_payload(payload)
+                    pending.orders.append(order_score(prompt.order, answer, True))
+                    self.called()
+                    continue
+            if answer is not None:  # answered earlier in this batch: read as from the cache
+                pending.orders.append(order_score(prompt.order, answer, use_cache))
+                self.called()
+                continue
+            pending.waiting += 1
+            if prompt.key in self.asked:  # the same call is already on its way: wait for its answer
+                self.asked[prompt.key].append((pending, prompt))
+            else:
+                self.asked[prompt.key] = [(pending, prompt)]
+                send.append(prompt)
+        if send:
+            self.sent.append((pending, send))
+        elif not pending.waiting:
+            self.conclude(pending)
+        return send
+
+    # ----------------------------------------------------------------------------------- stage 4: scores
+    def on_result(self, group: int, position: int, score: LabelScore | None, failure: JudgeError | None,
+                  _server: str | None, seconds: float) -> None:
+        sender, prompts = self.sent[group]
+        prompt = prompts[position]
+        sender.seconds += seconds
+        if score is not None:
+            self.answered[prompt.key] = score
+            if self.judge.use_cache:
+                self.write(prompt.key, score_payload(score, self.manifest))
+        for place, (pending, asked) in enumerate(self.asked.pop(prompt.key, [])):
+            if score is not None:
+                # The later waiters read the answer as a later batch would read the cache.
+                pending.orders.append(order_score(asked.order, score, place > 0 and self.judge.use_cache))
+            elif pending.failure is None:
+                pending.failure = failure
+            pending.waiting -= 1
+            self.called()
+            if not pending.waiting:
+                self.conclude(pending)
+
+    # ---------------------------------------------------------------------------------- stage 5: verdicts
+    def conclude(self, pending: _Pending) -> None:
+        verdict = self.judge.conclude(pending.view_a, pending.view_b, pending.orders, pending.failure,
+                                      started=pending.started, seconds=pending.seconds)
+        key = self.keys.get(pending.index)
+        skeleton_overflow = verdict.outcome == "overflow" and not isinstance(pending.failure, PromptOverflow)
+        if (key is not None and pending.complete and pending.failure is None
+                and (verdict.outcome in SCORED or skeleton_overflow)
+                and judge_settings(verdict.manifest) == self.settings):
+            sides = (SideRecord.of(pending.view_a), SideRecord.of(pending.view_b))
+            self.write(key, verdict_record(verdict, sides))
+        self.decided(pending.index, verdict)
+
+    def decided(self, index: int, verdict: Verdict) -> None:
+        """Keep the verdict; report every verdict now decided in pair order."""
+        self.verdicts[index] = verdict
+        while self.reported < len(self.verdicts) and self.verdicts[self.reported] is not None:
+            if self.on_verdict is not None:
+                self.on_verdict(self.reported, self.verdicts[self.reported])  # type: ignore[arg-type]
+            self.reported += 1
+
+    def called(self) -> None:
+        if self.on_call is not None:
+            self.on_call()
+
+    def write(self, key: str, payload: dict[str, Any]) -> None:
+        self.writes[key] = payload
+        if len(self.writes) >= _WRITE_BATCH:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write the gathered cache entries in one transaction (and the token counts made since the last)."""
+        self.judge.counter.save(self.store)
+        if not self.writes:
+            return
+        with self.store.transaction("put_judgments"):
+            for key, payload in self.writes.items():
+                self.store.put_judgment(key, payload)
+        self.writes.clear()
+
+
+__all__ = ["Judge", "VerdictFn", "judge_batch", "judge_pair"]
