@@ -2,7 +2,7 @@
 
 The figures are the library's own: :func:`~kvjudge.judge.evaluate.evaluate` (what ``kvjudge eval`` prints) and
 :func:`~kvjudge.judge.ranking.rank` over the verdicts between different agents (what ``kvjudge rank`` prints).
-The views are the judge's own packing (:meth:`~kvjudge.judge.Judge.prepare_pairs`) and its prompts
+The views are the judge's own packing (:meth:`~kvjudge.judge.Judge.pack_pair`, in the window each verdict was judged in) and its prompts
 (:meth:`~kvjudge.judge.Judge.order_prompts`), checked against the hash of the view each verdict records. What
 reduction removed comes from the runs' logs (``Reduced`` / ``BranchReduced`` / ``Dropped`` events).
 """
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvjudge import __version__
-from kvjudge.judge import SCORED, Judge, OrderPrompt, PackedPair, Verdict
+from kvjudge.judge import SCORED, Judge, OrderPrompt, Verdict
 from kvjudge.judge.evaluate import evaluate, grade_score, truth
 from kvjudge.judge.ranking import BOOTSTRAP, agent_of, rank
 from kvjudge.retention import events as ev
@@ -25,6 +25,7 @@ from kvjudge.retention import events as ev
 KNOWN_VERDICT_FIELDS = frozenset({
     "a", "b", "outcome", "p_a", "p_a_by_order", "tokens", "further_reduced", "seconds", "manifest", "margin",
     "position_consistent", "cached", "tokens_saved", "error", "notes", "label_mass", "view_sha256", "answered_by",
+    "evidence", "evidence_hidden", "common_tokens",
 })
 
 # How a verdict stands against the held-out grades (the pairs table's "judged" column and its filter).
@@ -94,6 +95,9 @@ class PairDetail:
     views: tuple[str | None, str | None]
     views_match: bool                    # the views shown hash to what the verdict recorded it read
     prompts: tuple[OrderPrompt, ...]
+    common: str = ""                     # the block of text both views share, quoted once (empty: none)
+    view_segments: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())  # each view as its segments in a prompt
+    evidence: dict[str, Any] = field(default_factory=dict)  # per run: its evidence in the full view and as read
     extra: dict[str, Any] = field(default_factory=dict)  # verdict fields the report does not know by name
 
 
@@ -174,17 +178,22 @@ def build_report(store: Any, judge: Judge, verdicts: Sequence[Verdict], *,
     evaluation["manifest"] = judge.manifest()
     evaluation["window"] = None if judge.window is None else judge.window.to_json()
     ranking = rank([v for v in verdicts if agents[v.a] != agents[v.b]], agents.__getitem__, bootstrap=bootstrap)
-    packed = judge.prepare_pairs(store, [(v.a, v.b) for v in verdicts])
     pairs = []
-    for number, (verdict, item) in enumerate(zip(verdicts, packed), start=1):
+    for number, verdict in enumerate(verdicts, start=1):
         state_a, state_b = states[verdict.a], states[verdict.b]
         views: tuple[str | None, str | None] = (None, None)
         prompts: tuple[OrderPrompt, ...] = ()
-        if isinstance(item, PackedPair):
-            views = (item.view_a.text, item.view_b.text)
-            if item.view_a.text is not None and item.view_b.text is not None:
-                prompts = tuple(judge.order_prompts(item.view_a, item.view_b))
-            matches = {"a": item.view_a.sha256, "b": item.view_b.sha256} == {
+        common = ""
+        segments: tuple[tuple[str, ...], ...] = ((), ())
+        if verdict.outcome != "error":
+            # The pair packed again in the window its verdict was judged in: the judge's own views and prompts.
+            n_ctx = verdict.manifest.get("n_ctx") or judge.window_cap()
+            view_a, view_b = judge.pack_pair(store, verdict.a, verdict.b, int(n_ctx))
+            views, common = (view_a.text, view_b.text), view_a.common
+            segments = tuple(tuple(v.segments) or ((v.text,) if v.text is not None else ()) for v in (view_a, view_b))
+            if view_a.text is not None and view_b.text is not None:
+                prompts = tuple(judge.order_prompts(view_a, view_b))
+            matches = {"a": view_a.sha256, "b": view_b.sha256} == {
                 side: verdict.view_sha256.get(side) for side in ("a", "b")}
         else:
             matches = not verdict.view_sha256 or not any(verdict.view_sha256.values())
@@ -192,7 +201,7 @@ def build_report(store: Any, judge: Judge, verdicts: Sequence[Verdict], *,
             number=number, verdict=verdict, task=state_a.task_id, agents=(agents[verdict.a], agents[verdict.b]),
             grades=(grade_score(state_a), grade_score(state_b)),
             judged=judged_against(verdict.outcome, truth(state_a, state_b)), views=views, views_match=matches,
-            prompts=prompts,
+            prompts=prompts, common=common, view_segments=segments, evidence=verdict.to_json()["evidence"],
             extra={k: v for k, v in verdict.to_json().items() if k not in KNOWN_VERDICT_FIELDS}))
     runs = []
     tokens: dict[str, Any] = {}

@@ -145,18 +145,23 @@ def pair_file(number: int) -> str:
 
 
 def _prompt_parts(pair: PairDetail, order: str, segments: list[str]) -> list[dict[str, Any]]:
-    """One order's prompt as the judge sent it, segment by segment; a segment that is one of the views (in the
-    order's sequence) is named rather than quoted again: the views are shown in full beside each other."""
+    """One order's prompt as the judge sent it, segment by segment; the segments of a view (in the order's
+    sequence) are named rather than quoted again: the views are shown in full beside each other."""
     expected = ["a", "b"] if order == "ab" else ["b", "a"]
     parts: list[dict[str, Any]] = []
-    for segment in segments:
+    index = 0
+    while index < len(segments):
+        segment = segments[index]
         side = expected[0] if expected else None
-        template = isinstance(segment, TemplateText)
-        if side is not None and not template and segment == pair.views[0 if side == "a" else 1]:
+        view = pair.view_segments[0 if side == "a" else 1] if side is not None else ()
+        if view and tuple(segments[index:index + len(view)]) == view:
             expected.pop(0)
             parts.append({"view": side, "run": pair.verdict.a if side == "a" else pair.verdict.b})
-        elif segment:
-            parts.append({"text": str(segment), "template": template})
+            index += len(view)
+            continue
+        if segment:
+            parts.append({"text": str(segment), "template": isinstance(segment, TemplateText)})
+        index += 1
     return parts
 
 

@@ -1,8 +1,9 @@
 """Judgments of chosen probabilities, written into a store's judgment cache where the judge writes its own.
 
 A judge of known behaviour at no model time: the views, the prompts and the cache keys are the judge's own
-(:meth:`~kvjudge.judge.Judge.prepare_pairs`, :meth:`~kvjudge.judge.Judge.order_prompts`,
-:meth:`~kvjudge.judge.Judge.record_score`); only the label probabilities are chosen. ``kvjudge eval``, ``rank``
+(:meth:`~kvjudge.judge.Judge.pack_pair` in the window the judge would open for these pairs,
+:meth:`~kvjudge.judge.Judge.order_prompts`, :func:`~kvjudge.judge.verdict.score_payload`); only the label
+probabilities are chosen. ``kvjudge eval``, ``rank``
 and ``report`` run with the same judge settings (model, framing, ``--n-ctx``) then read those verdicts from the
 cache, as they would read verdicts a real judge left there.
 """
@@ -12,7 +13,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from kvjudge.judge import Judge, LabelScore, PackedPair
+from kvjudge.judge import Judge, LabelScore
+from kvjudge.judge.verdict import score_payload
+from kvjudge.judge.window import window_tokens
 
 
 def seed_judgments(judge: Judge, store: Any, choices: Mapping[tuple[str, str], tuple[float, float]], *,
@@ -22,16 +25,22 @@ def seed_judgments(judge: Judge, store: Any, choices: Mapping[tuple[str, str], t
     ``1 - p_ba``). The pairs are packed together, in one window, as a judge run over exactly them would pack
     them. Returns the number of judgments written."""
     pairs = list(choices)
+    bases = {run_id: judge.base(store, run_id) for pair in pairs for run_id in pair}
+    needed = max(judge.needed_tokens(bases[a], bases[b]) for a, b in pairs)
+    n_ctx = judge.planner.plan(needed).n_ctx if judge.planner is not None else \
+        (judge.backend.n_ctx or window_tokens(needed))
     manifest = judge.manifest()
     written = 0
-    for (a, b), item in zip(pairs, judge.prepare_pairs(store, pairs)):
-        if not isinstance(item, PackedPair):
-            raise ValueError(f"pair ({a}, {b}) could not be packed: {item.error}")
-        p_ab, p_ba = choices[(a, b)]
-        for prompt in judge.order_prompts(item.view_a, item.view_b):
-            first = p_ab if prompt.order == "ab" else 1.0 - p_ba
-            tokens = judge.framing_tokens + item.view_a.tokens.view + item.view_b.tokens.view  # packing is exact
-            judge.record_score(store, prompt, LabelScore(probs={"A": first, "B": 1.0 - first}, label_mass=label_mass,
-                                                         prompt_tokens=tokens), manifest)
-            written += 1
+    with store.transaction("seed_judgments"):
+        for a, b in pairs:
+            view_a, view_b = judge.pack_pair(store, a, b, n_ctx)
+            if view_a.text is None or view_b.text is None:
+                raise ValueError(f"pair ({a}, {b}) does not fit a window of {n_ctx} tokens")
+            p_ab, p_ba = choices[(a, b)]
+            tokens = judge.framing_tokens + view_a.tokens.view + view_b.tokens.view + view_a.common_tokens
+            for prompt in judge.order_prompts(view_a, view_b):
+                first = p_ab if prompt.order == "ab" else 1.0 - p_ba
+                score = LabelScore(probs={"A": first, "B": 1.0 - first}, label_mass=label_mass, prompt_tokens=tokens)
+                store.put_judgment(prompt.key, score_payload(score, manifest))
+                written += 1
     return written
