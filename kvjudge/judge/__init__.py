@@ -2,14 +2,14 @@
 
 Public API::
 
-    from kvjudge.judge import open_backend, LlamaBackend, ServerBackend, Judge, judge_pair, Verdict
+    from kvjudge.judge import LlamaBackend, ServerBackend, Judge, judge_pair, Verdict
     from kvjudge.judge import still_grades, StillGrades, cohen_kappa, render_view, escape
 
 - backends: :class:`LlamaBackend` (in-process llama-cpp-python, prefix KV reuse), :class:`ServerBackend`
   (one OpenAI-compatible server: completions, or chat completions for the chat framing, with logprobs) and
   :class:`ServerPool` (several servers of one model, with retries and failover; :func:`open_servers`);
-  :func:`open_backend` picks one from CLI/config choices; :class:`WindowPlanner` sizes the window to the
-  pairs (certifying that size only).
+  :class:`WindowPlanner` sizes the window to the pairs (certifying that size only). Which backend a command uses
+  is the judge target's business (:mod:`kvjudge.target`).
 - views: :func:`render_view` of a folded run (verifier results and grades held out), :func:`escape` for the
   delimiters, :func:`pack_pair` into the window (further-reduced views derived with the retention's pure
   ``plan_reduction``); prompts in the model's chat template or raw (:mod:`kvjudge.judge.prompt`).
@@ -29,7 +29,6 @@ from kvjudge.judge.backends import (
     LabelScore,
     LlamaBackend,
     PromptOverflow,
-    open_backend,
 )
 from kvjudge.judge.batch import judge_batch
 from kvjudge.judge.evidence import RunEvidence
@@ -72,6 +71,6 @@ __all__ = [
     "PackedPair", "PackedView", "PairBases", "PromptOverflow", "RunEvidence", "RunTokens", "ServerBackend",
     "ServerPool", "StillGrades", "TemplateText", "Verdict", "Window", "WindowPlanner", "base_view", "body_resolver",
     "choose_framing", "cohen_kappa", "common_block", "decide", "escape", "fit_view", "judge_batch", "judge_pair",
-    "judgment_key", "open_backend", "open_servers", "order_score", "pack_pair", "pack_run", "pair_bases",
+    "judgment_key", "open_servers", "order_score", "pack_pair", "pack_run", "pair_bases",
     "render_view", "still_grades", "still_grades_summary", "summarize_verdicts", "window_tokens",
 ]
