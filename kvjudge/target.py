@@ -32,7 +32,7 @@ from kvjudge.budget import CeilingBound, effective_ceiling
 from kvjudge.errors import CapabilityMissing, KvjudgeError, ServerError, UsageError
 from kvjudge.judge import Judge, LlamaBackend, WindowPlanner, open_servers
 from kvjudge.judge.servers import local_tokenizer
-from kvjudge.models import file_sha256, judge_model_path, resolve_model
+from kvjudge import models
 from kvjudge.probe import CapabilityEntry, lookup_capability, lookup_served, probe_server
 from kvjudge.probe.served import MAX_SERVED_TRIALS
 from kvjudge.retention import ColdReader, ColdStores, Store, resolve_target
@@ -101,7 +101,7 @@ class JudgeTarget:
         """The local judge GGUF: ``[judge] model``, else the bundled judge model (fetched on first use)."""
         if self._model_path is None:
             named = self.settings.judge.model
-            self._model_path = resolve_model(named) if named else judge_model_path()
+            self._model_path = models.resolve_model(named) if named else models.judge_model_path()
         return self._model_path
 
     @property
@@ -225,10 +225,10 @@ class JudgeTarget:
     def _served_counter(self) -> TokenCounter:
         named = self.settings.judge.tokenizer_model
         if named:
-            return ModelTokenizer(resolve_model(named))
+            return ModelTokenizer(models.resolve_model(named))
         entry = self.entry
         if entry is not None and entry.model_sha256 and Path(entry.model_path).is_file() \
-                and file_sha256(entry.model_path) == entry.model_sha256:
+                and models.file_sha256(entry.model_path) == entry.model_sha256:
             return ModelTokenizer(entry.model_path, sha256=entry.model_sha256)
         counters: list[ServerTokenCounter] = []
         for url in self.servers:
@@ -244,7 +244,9 @@ class JudgeTarget:
                 if checked is not None:
                     client.close()
                     return checked
-            counters.append(ServerTokenCounter(client, info.model_id))
+            member = ServerTokenCounter(client, info.model_id)
+            member.count("")  # the tokenize route and the BOS it adds, found once before requests go in parallel
+            counters.append(member)
         if not counters:
             raise CapabilityMissing(f"no judge server answers to count tokens ({', '.join(self.servers)}); name a "
                                     f"local copy of the served GGUF with [judge] tokenizer_model / "
