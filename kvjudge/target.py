@@ -16,7 +16,8 @@ Python API need to know about the judge; nothing is loaded, asked or probed unti
 - **the token counter** of ``[retention] counter`` (what reduction, tiering and ``runs`` count with): ``chars`` and
   ``tiktoken`` as named; ``model`` is the judge's own tokenizer — the local GGUF's; for a served judge the GGUF
   named by ``[judge] tokenizer_model``, else the served file when it is readable here (its sha256 the entry's, or
-  its tokenization checked against the server's), else the servers' own ``/tokenize``, a batch of bodies in flight
+  its tokenization checked against the server's), else ``[judge] model`` when it tokenizes as the server does,
+  else the servers' own ``/tokenize``, a batch of bodies in flight
   at once across the pool (``[judge] parallel`` requests per server);
 - **the cold stores**, **the store** (with its reader of tiered bodies) and **the judge** (backend, framing,
   window planner).
@@ -24,6 +25,7 @@ Python API need to know about the judge; nothing is loaded, asked or probed unti
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -36,7 +38,7 @@ from kvjudge import models
 from kvjudge.probe import CapabilityEntry, lookup_capability, lookup_served, probe_server
 from kvjudge.probe.served import MAX_SERVED_TRIALS
 from kvjudge.retention import ColdReader, ColdStores, Store, resolve_target
-from kvjudge.server_client import ServerClient, ServerTokenCounter
+from kvjudge.server_client import ServerClient, ServerInfo, ServerTokenCounter
 from kvjudge.settings import Settings
 from kvjudge.tokens import ModelTokenizer, ParallelCounter, TokenCounter, make_counter
 
@@ -240,7 +242,7 @@ class JudgeTarget:
                 client.close()
                 continue
             if not counters:
-                checked = local_tokenizer(info, client)  # the served file, if it tokenizes as the server does
+                checked = self._checked_vocabulary(info, client)
                 if checked is not None:
                     client.close()
                     return checked
@@ -252,6 +254,16 @@ class JudgeTarget:
                                     f"local copy of the served GGUF with [judge] tokenizer_model / "
                                     f"--tokenizer-model")
         return ParallelCounter(counters, parallel=self.settings.judge.parallel)
+
+    def _checked_vocabulary(self, info: ServerInfo, client: ServerClient) -> TokenCounter | None:
+        """A local GGUF that tokenizes as the server does: the served file when it is readable here, else
+        ``[judge] model`` (a local copy of the same model under another path). None: count with the servers."""
+        candidates = [info.model_path, self.settings.judge.model]
+        for path in dict.fromkeys(candidate for candidate in candidates if candidate):
+            checked = local_tokenizer(dataclasses.replace(info, model_path=path), client)
+            if checked is not None:
+                return checked
+        return None
 
     # ------------------------------------------------------------------------------------ store and tiers
     def cold_stores(self, endpoint_url: str | None = None) -> ColdStores:

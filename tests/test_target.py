@@ -186,6 +186,10 @@ def test_a_served_counter_counts_locally_when_it_can_else_in_parallel_batches(tm
         assert [run_tokens(store, store.run(f"r{i}"), counter) for i in range(6)] == totals
         assert first.requests["/tokenize"] + second.requests["/tokenize"] == asked
 
+    # [judge] model names a local GGUF, but it does not tokenize as these servers do: it is checked, not trusted.
+    unchecked = JudgeTarget.resolve(pool.with_overrides({"judge.model": str(judge_model)}), capabilities=caps)
+    assert isinstance(unchecked.counter(), ParallelCounter)
+
     # A local copy of the served GGUF ([judge] tokenizer_model / --tokenizer-model): no request at all.
     local = JudgeTarget.resolve(pool.with_overrides({"judge.tokenizer_model": str(judge_model)}),
                                 capabilities=caps).counter()

@@ -600,8 +600,10 @@ def run_tokens(store: Any, state: RunState, counter: TokenCounter) -> int:
 def stored_tokens(store: Any, state: RunState, counter_name: str) -> int | None:
     """Tokens of visible text in ``state`` from the counts the store already has under ``counter_name``; None
     when a body it shows was never counted (nothing is read or counted here: it costs one query)."""
+    known = store.cached_counts(state.bodies.keys(), counter_name)
+    if not known:  # never counted (the common case before a reduction): no need to work out what a reader sees
+        return None
     refs = view_refs(state)
-    known = store.cached_counts(set(refs), counter_name)
     if any(ref not in known for ref in refs):
         return None
     return sum(known[ref] for ref in refs)
