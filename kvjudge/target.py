@@ -30,11 +30,11 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from kvjudge import models
 from kvjudge.budget import CeilingBound, effective_ceiling
 from kvjudge.errors import CapabilityMissing, KvjudgeError, ServerError, UsageError
 from kvjudge.judge import Judge, LlamaBackend, WindowPlanner, open_servers
 from kvjudge.judge.servers import local_tokenizer
-from kvjudge import models
 from kvjudge.probe import CapabilityEntry, lookup_capability, lookup_served, probe_server
 from kvjudge.probe.served import MAX_SERVED_TRIALS
 from kvjudge.retention import ColdReader, ColdStores, Store, resolve_target
@@ -294,10 +294,12 @@ class JudgeTarget:
         else ``[judge] template``), tie margin (``[judge] margin``) and held-out inputs.
 
         With servers the backend is a :class:`~kvjudge.judge.ServerPool` windowed from each member's capability
-        entry (a member without one is probed first); ``n_ctx`` only lowers the window."""
+        entry (a member without one is probed first); ``n_ctx`` only lowers the window (and, given, lets a member
+        without an entry judge within its reported context, not certified, without probing it)."""
         chosen = self.settings.judge
         if self.served:
-            self.entries()  # probe on first use: a member without an entry is probed before the pool opens
+            if n_ctx is None:  # a member without an entry is probed first, where the pool would refuse it
+                self.entries()
             backend: Any = open_servers(
                 self.servers, n_ctx=n_ctx, tokenizer_model=chosen.tokenizer_model, parallel=chosen.parallel,
                 timeout_s=chosen.timeout, cache_path=self.capabilities,

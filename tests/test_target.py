@@ -149,6 +149,15 @@ def test_a_member_without_an_entry_is_probed_on_first_use(tmp_path: Path, sim) -
     entries = CapabilityCache(caps).entries()
     assert {e.server["url"] for e in entries} == {known.url, fresh.url}
 
+    # `kvjudge judge` over a pool nobody probed: each member is probed on first use, one line each, then judged.
+    store = tmp_path / "s.sqlite"
+    store_from_runs(store, [make_run("a", ["x"]), make_run("b", ["y"], passed=False)]).close()
+    pool = (sim(4096), sim(4096))
+    done = kvjudge("judge", "a", "b", "--server", pool[0].url, "--server", pool[1].url, "--store", str(store),
+                   "--json")
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.count("probing it now") == 2 and all(1 <= s.requests["/v1/completions"] for s in pool)
+
     # A member that cannot be reached: no figure, and the error says how to get one — never the configured value.
     nowhere = f"http://127.0.0.1:{free_ports(1)[0]}"
     blind = JudgeTarget.resolve(Settings().with_overrides({"judge.servers": (known.url, nowhere)}),
