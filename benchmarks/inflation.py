@@ -50,7 +50,7 @@ from pathlib import Path
 
 from kvjudge._llama import chat_renderer, end_of_generation_ids
 from kvjudge.budget import ConversationTurn, TokenBudget, TokenEstimation, TurnMetrics
-from kvjudge.commands._common import progress
+from kvjudge.commands._output import progress
 from kvjudge.models import resolve_model
 from kvjudge.retention import Store
 from kvjudge.tokens import MessageOverhead, ModelTokenizer, make_counter, template_overhead

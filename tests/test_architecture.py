@@ -1,8 +1,8 @@
-"""The dependency rule of DESIGN.md, checked on the source: a package imports only from packages before it.
+"""kvjudge's layer rule, checked on the source: a package imports only from packages before it.
 
-``tokens, server_client ← probe ← budget ← retention ← judge ← report ← demo / commands ← cli``, with the foundation modules (errors,
-config, file writes, the bundled models, terminal display, the llama-cpp-python adapter) usable by all. Every import counts,
-including the ones inside functions.
+``tokens, server_client ← probe ← budget ← retention ← judge ← target ← report ← demo / commands ← cli``, with the
+foundation modules (errors, settings, file writes, the bundled models, terminal display, the llama-cpp-python adapter)
+usable by all. Every import counts, including the ones inside functions.
 """
 
 from __future__ import annotations
@@ -12,12 +12,13 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "kvjudge"
 LAYERS = [
-    {"errors", "config", "settings", "atomic", "models", "display", "_llama", "__init__"},
+    {"errors", "settings", "atomic", "models", "display", "_llama", "__init__"},
     {"tokens", "server_client"},
     {"probe"},
     {"budget"},
     {"retention"},
     {"judge"},
+    {"target"},  # the judge target: where probe figures become the numbers budget and retention take
     {"report"},
     {"demo", "commands"},
     {"cli", "__main__"},
@@ -59,7 +60,22 @@ def test_no_package_imports_one_after_it() -> None:
 
 
 def test_budget_and_retention_take_plain_numbers_from_the_probe() -> None:
-    # DESIGN: budget never imports probe types (the caller injects), retention takes the ceiling as a number.
+    # budget never imports probe types (the caller injects), retention takes the ceiling as a number.
     for part in ("budget", "retention"):
         for path in (PACKAGE / part).rglob("*.py"):
             assert "probe" not in _kvjudge_imports(path), path
+
+
+def test_settings_have_one_reader_and_the_judge_target_one_home() -> None:
+    # Every setting is read through kvjudge.settings (no module parses kvjudge.toml itself), and the rules of the
+    # judge target are decided in kvjudge/target.py: no command, the demo or the report opens capability entries.
+    readers, lookups = [], []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        source = path.read_text()
+        if "tomllib" in source and path.name != "settings.py":
+            readers.append(str(path.relative_to(PACKAGE)))
+        if _part(path) in ("commands", "demo", "report") and any(
+                name in source for name in ("lookup_served", "effective_ceiling(", "open_servers(", "LlamaBackend(")):
+            lookups.append(str(path.relative_to(PACKAGE)))
+    assert readers == [] and lookups == []
+    assert "target" in _kvjudge_imports(PACKAGE / "demo.py")

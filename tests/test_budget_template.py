@@ -12,8 +12,8 @@ import pytest
 from helpers import cli_json_ok
 from kvjudge._llama import chat_renderer
 from kvjudge.budget import TokenBudget, TokenEstimation, TurnMetrics
-from kvjudge.config import load_config
 from kvjudge.errors import ConfigError
+from kvjudge.settings import Settings
 from kvjudge.tokens import MessageOverhead, ModelTokenizer, template_overhead
 
 TEMPLATE = MessageOverhead("test", user=3, assistant=5)
@@ -56,8 +56,8 @@ def test_the_budget_adds_the_templated_reply_after_a_report_and_drops_templated_
 
 def test_template_from_config_needs_a_known_name(tmp_path: Path) -> None:
     (tmp_path / "kvjudge.toml").write_text('[context.estimation]\ntemplate = "llama-9"\n')
-    with pytest.raises(ConfigError, match="template = 'llama-9' is unknown; use one of model, chatml"):
-        TokenEstimation.from_config(load_config(tmp_path / "kvjudge.toml"), tmp_path / "any.gguf")
+    with pytest.raises(ConfigError, match='template must be one of "model", "chatml", got \'llama-9\''):
+        Settings.load(tmp_path / "kvjudge.toml")
 
 
 @pytest.mark.model
@@ -72,7 +72,7 @@ def test_the_judge_models_template_costs_five_tokens_a_message(judge_model: Path
 def test_a_model_without_a_template_is_told_to_count_chatml(default_model: Path, tmp_path: Path) -> None:
     (tmp_path / "kvjudge.toml").write_text('[context.estimation]\ntemplate = "model"\n')
     with pytest.raises(ConfigError, match='no chat template of its own.*template "chatml"'):
-        TokenEstimation.from_config(load_config(tmp_path / "kvjudge.toml"), default_model)
+        TokenEstimation.from_settings(Settings.load(tmp_path / "kvjudge.toml"), default_model)
 
 
 CONVERSATION = [

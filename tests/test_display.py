@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from helpers import cli_json_ok
 from kvjudge.cli import main
-from kvjudge.commands._common import info
+from kvjudge.commands._output import info
 from kvjudge.display import visible
 from kvjudge.retention.synthetic import make_run, write_jsonl
 

@@ -1,4 +1,4 @@
-"""Config loading, the models memo, and the CLI's error contract (one line, no traceback, non-zero exit)."""
+"""The default locations, the models memo, and the CLI's error contract (one line, no traceback, non-zero exit)."""
 
 from __future__ import annotations
 
@@ -9,41 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from kvjudge.config import cache_dir, data_dir, load_config
-from kvjudge.errors import ConfigError, ModelError
+from kvjudge.errors import ModelError
 from kvjudge.models import file_sha256, resolve_model
-
-
-def test_missing_implicit_config_means_defaults(tmp_path: Path) -> None:
-    config = load_config()
-    assert config.source is None
-    assert config.get("memory.context_tokens", int, 1234) == 1234
-
-
-def test_config_values_are_type_checked(tmp_path: Path) -> None:
-    path = tmp_path / "kvjudge.toml"
-    path.write_text('[memory]\ncontext_tokens = "lots"\nthreshold_pct = 0.5\n[retention.tenants.acme]\nceiling = 9000\n')
-    config = load_config(path)
-    assert config.get("memory.threshold_pct", float) == 0.5
-    assert config.get("retention.tenants.acme.ceiling", int) == 9000
-    with pytest.raises(ConfigError, match=r"context_tokens must be int, got 'lots'"):
-        config.get("memory.context_tokens", int)
-
-
-def test_bool_is_not_a_number(tmp_path: Path) -> None:
-    path = tmp_path / "kvjudge.toml"
-    path.write_text("[memory]\ncontext_tokens = true\n")
-    with pytest.raises(ConfigError, match="must be int"):
-        load_config(path).get("memory.context_tokens", int)
-
-
-def test_bad_config_files_are_errors(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="does not exist"):
-        load_config(tmp_path / "nope.toml")
-    broken = tmp_path / "broken.toml"
-    broken.write_text("[memory\n")
-    with pytest.raises(ConfigError, match="not valid TOML"):
-        load_config(broken)
+from kvjudge.settings import cache_dir, data_dir
 
 
 def test_dirs_follow_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -16,6 +16,8 @@ from gguf_factory import write_llama_gqa
 from kvjudge.errors import CacheError, CapabilityMissing
 from kvjudge.probe import CapabilityCache, CapabilityEntry, RuntimeSettings, lookup_capability, probe
 from kvjudge.probe.core import current_components
+from kvjudge.settings import Settings
+from kvjudge.target import JudgeTarget
 
 
 def _entry(fingerprint: str = "f" * 64, *, max_ok_input: int | None = 3000, safe_context: int | None = 2700,
@@ -110,8 +112,16 @@ def test_staleness_from_the_config_file(tmp_path: Path, isolated_dirs: Path) -> 
     old = (datetime.now(timezone.utc) - timedelta(days=10)).isoformat()
     CapabilityCache(cache_path).put(dataclasses.replace(entry, probed_at=old))
     assert not lookup_capability(model, cache_path=cache_path, memory_budget="1GiB").stale
-    (isolated_dirs / "kvjudge.toml").write_text("[probe]\nstaleness_days = 7\n")
-    assert lookup_capability(model, cache_path=cache_path, memory_budget="1GiB").stale
+    config = tmp_path / "short.toml"
+    config.write_text("[probe]\nstaleness_days = 7\n")
+    # The probe reads no config file itself: the caller passes what its settings say (--config included).
+    assert not lookup_capability(model, cache_path=cache_path, memory_budget="1GiB").stale
+    days = Settings.load(config).probe.staleness_days
+    assert lookup_capability(model, cache_path=cache_path, memory_budget="1GiB", staleness_days=days).stale
+    target = JudgeTarget.resolve(Settings.load(config).with_overrides({"judge.model": str(model),
+                                                                        "probe.memory_budget": "1GiB"}),
+                                 capabilities=cache_path)
+    assert target.entry is not None and target.entry.stale
 
 
 @pytest.mark.parametrize("content", ["{not json", "[]", '{"version": 99, "entries": {}}',

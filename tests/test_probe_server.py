@@ -94,14 +94,20 @@ def test_a_missing_or_stale_server_entry_is_a_clear_error(server: LlamaServer, t
     store_from_runs(store, _long_runs()).close()
     nowhere = f"http://127.0.0.1:{free_ports(1)[0]}"
     cold = f"file://{tmp_path}"
+    # A server nobody can reach has no figure and cannot be probed: a clear error, never the configured ceiling.
     for args in (("reduce", "--all", "--server", nowhere, "--store", str(store)),
-                 ("tier", "--all", "--server", nowhere, "--to", cold, "--store", str(store)),
-                 ("budget", "--ceiling", "--server", server.url),
-                 ("judge", "long", "short", "--server", server.url, "--store", str(store))):
+                 ("tier", "--all", "--server", nowhere, "--to", cold, "--store", str(store))):
         done = kvjudge(*args)
         assert done.returncode != 0 and "Traceback" not in done.stderr
         assert "no probe figure for the model served at" in done.stderr, done.stderr
         assert "kvjudge probe --server" in done.stderr
+    # A server that answers but has no entry is probed on first use (at most three requests), saying so.
+    first_use = kvjudge("budget", "--ceiling", "--server", server.url, "--json")
+    assert first_use.returncode == 0, first_use.stderr
+    assert f"no capability entry for the model served at {server.url}" in first_use.stderr
+    assert json.loads(first_use.stdout)["effective"] == SERVED_N_CTX // 2
+    assert len(kvjudge_json("cache", "show")["entries"]) == 1
+    assert kvjudge_json("cache", "clear")["removed_entries"] == 1  # the rest of this test starts without it
     # `tier --unreduced` moves runs whatever their size: no figure is needed for that.
     raw_store = tmp_path / "raw.sqlite"
     store_from_runs(raw_store, _long_runs()).close()

@@ -33,13 +33,24 @@ def setup(tmp_path: Path) -> dict[str, Path]:
 def test_ingest_then_runs_json(setup: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
     code, payload = cli_json(capsys, "ingest", str(setup["runs"]), "--config", str(setup["config"]))
     assert code == 0 and payload["ingested"] == ["a", "b"] and payload["store"] == str(setup["store"])
-    code, rows = cli_json(capsys, "runs", "--config", str(setup["config"]))
-    assert code == 0 and [r["id"] for r in rows] == ["a", "b"]
+    # A listing never waits for a tokenizer: nothing is counted yet, and it says so (and how to count).
+    assert main(["runs", "--config", str(setup["config"]), "--json"]) == 0
+    listed = capsys.readouterr()
+    rows = json.loads(listed.out)
+    assert [r["id"] for r in rows] == ["a", "b"] and all(r["tokens"] is None for r in rows)
+    assert "2 of 2 run(s) not counted yet with chars/4" in listed.err and "kvjudge runs --count" in listed.err
+    code, counted = cli_json(capsys, "runs", "--count", "--config", str(setup["config"]))
+    assert code == 0 and [r["id"] for r in counted] == ["a", "b"]
     with Store.open(setup["store"]) as store:
         expected = {r: run_tokens(store, store.run(r), CHARS) for r in ("a", "b")}
-    for row in rows:
+    for row in counted:
         assert {"id", "tenant", "state", "tokens", "reduced"} <= set(row)
         assert row["tokens"] == expected[row["id"]] and row["reduced"] is False
+    # Counted once, the counts are the store's: a plain listing shows them and says nothing more.
+    assert main(["runs", "--config", str(setup["config"]), "--json"]) == 0
+    again = capsys.readouterr()
+    assert [r["tokens"] for r in json.loads(again.out)] == [expected["a"], expected["b"]]
+    assert "not counted" not in again.err
     assert {r["id"]: (r["tenant"], r["state"]) for r in rows} == {"a": ("default", "graded"), "b": ("acme", "running")}
     code, rows = cli_json(capsys, "runs", "--tenant", "acme", "--config", str(setup["config"]))
     assert [r["id"] for r in rows] == ["b"]

@@ -16,7 +16,7 @@ from helpers import kvjudge, store_from_runs
 
 from kvjudge.commands import eval as eval_command
 from kvjudge.commands import rank as rank_command
-from kvjudge.commands._common import print_table
+from kvjudge.commands._output import print_table
 from kvjudge.judge.evaluate import evaluate
 from kvjudge.judge.ranking import rank
 from kvjudge.retention.synthetic import make_run

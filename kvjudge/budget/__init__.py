@@ -3,16 +3,14 @@
 This package takes plain numbers; it never imports probe types (the caller resolves and injects).
 """
 
-from kvjudge.budget.ceiling import DEFAULT_CEILING, CeilingBound, configured_ceiling, effective_ceiling
+from kvjudge.budget.ceiling import DEFAULT_CEILING, CeilingBound, effective_ceiling
 from kvjudge.budget.estimation import DEFAULT_CHARS_PER_TOKEN, TokenEstimation
 from kvjudge.budget.provider import ConversationTurn, MemMessage, MemoryProvider, SessionContext, TurnMetrics
 from kvjudge.budget.resolve import (
     DEFAULT_CONTEXT_TOKENS,
     BudgetSource,
-    MemorySettings,
     ResolvedBudget,
-    budget_from_config,
-    memory_settings,
+    budget_from_settings,
     resolve_budget,
 )
 from kvjudge.budget.token_budget import (
@@ -26,7 +24,7 @@ from kvjudge.budget.token_budget import (
 __all__ = [
     "DEFAULT_CEILING", "DEFAULT_CHARS_PER_TOKEN", "DEFAULT_CONTEXT_TOKENS", "DEFAULT_THRESHOLD_PCT",
     "MAX_THRESHOLD_PCT", "MIN_MAX_TOKENS", "MIN_THRESHOLD_PCT",
-    "BudgetSource", "CeilingBound", "ConversationTurn", "MemMessage", "MemoryProvider", "MemorySettings",
-    "ResolvedBudget", "SessionContext", "TokenBudget", "TokenEstimation", "TurnMetrics",
-    "budget_from_config", "configured_ceiling", "effective_ceiling", "memory_settings", "resolve_budget",
+    "BudgetSource", "CeilingBound", "ConversationTurn", "MemMessage", "MemoryProvider", "ResolvedBudget",
+    "SessionContext", "TokenBudget", "TokenEstimation", "TurnMetrics",
+    "budget_from_settings", "effective_ceiling", "resolve_budget",
 ]

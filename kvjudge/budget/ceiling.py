@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvjudge.config import Config
-from kvjudge.errors import CapabilityMissing, ConfigError, UsageError
+from kvjudge.errors import CapabilityMissing, UsageError
+from kvjudge.settings import RetentionSettings
 
-DEFAULT_CEILING = 200_000
+DEFAULT_CEILING = RetentionSettings().ceiling  # [retention] ceiling when the config names none
 
 
 @dataclass(frozen=True)
@@ -42,18 +42,3 @@ def effective_ceiling(configured: int, max_context_tokens: int | None) -> Ceilin
         raise UsageError(f"max_context_tokens must be positive, got {max_context_tokens!r}")
     bound = max_context_tokens // 2
     return CeilingBound(configured=configured, hardware_bound=bound, effective=min(configured, bound))
-
-
-def configured_ceiling(config: Config, tenant: str | None = None) -> int:
-    """``[retention.tenants.NAME] ceiling``, else ``[retention] ceiling``, else 200 000."""
-    value = config.get("retention.ceiling", int, DEFAULT_CEILING)
-    if tenant is not None:
-        tenants = config.section("retention.tenants")
-        if tenant in tenants:
-            per_tenant = tenants[tenant]
-            if not isinstance(per_tenant, dict):
-                raise ConfigError(f"{config.source}: [retention.tenants.{tenant}] must be a table")
-            value = config.get(f"retention.tenants.{tenant}.ceiling", int, value)
-    if value <= 0:
-        raise ConfigError(f"{config.source}: the retention ceiling must be positive, got {value}")
-    return value

@@ -16,10 +16,9 @@ import dataclasses
 import os
 from dataclasses import dataclass, field
 
-from kvjudge.config import Config
 from kvjudge.errors import ConfigError, KvjudgeError
+from kvjudge.settings import Settings
 from kvjudge.tokens import (
-    CHAT_TEMPLATES,
     TIKTOKEN_ENCODING,
     CharsPerToken,
     MessageOverhead,
@@ -57,23 +56,20 @@ class TokenEstimation:
         return cls(make_counter("model", model_path))
 
     @classmethod
-    def from_config(cls, config: Config, model_path: str | os.PathLike[str] | None = None) -> TokenEstimation:
+    def from_settings(cls, settings: Settings, model_path: str | os.PathLike[str] | None = None) -> TokenEstimation:
         """From ``[context.estimation]``: ``chars_per_token = N`` or ``counter = "chars"|"tiktoken"|"model"``,
         and ``template = "model"|"chatml"`` to count the chat template's tokens per message.
 
         ``counter = "model"`` and ``template`` use the tokenizer (and template) of ``model_path``.
         """
-        chars_per_token = config.get("context.estimation.chars_per_token", (int, float), None)
-        counter = config.get("context.estimation.counter", str, None)
-        template = config.get("context.estimation.template", str, None)
-        where = f"{config.source}: [context.estimation]"
+        chosen = settings.context.estimation
+        chars_per_token, counter, template = chosen.chars_per_token, chosen.counter, chosen.template
+        where = f"{settings.source or 'the settings'}: [context.estimation]"
         if chars_per_token is not None and counter not in (None, "chars"):
             raise ConfigError(f"{where} sets both chars_per_token and counter = {counter!r}; keep one of them")
         if model_path is None and (counter == "model" or template is not None):
             key, value = ("counter", counter) if counter == "model" else ("template", template)
             raise ConfigError(f"{where} {key} = \"{value}\" needs a model; pass --model")
-        if template is not None and template not in CHAT_TEMPLATES:
-            raise ConfigError(f"{where} template = {template!r} is unknown; use one of {', '.join(CHAT_TEMPLATES)}")
         try:
             n = DEFAULT_CHARS_PER_TOKEN if chars_per_token is None else float(chars_per_token)
             estimation = cls(make_counter(counter or "chars", model_path, chars_per_token=n))

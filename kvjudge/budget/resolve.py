@@ -10,18 +10,16 @@ entry for its model and device and passes the two figures in.
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass
 from enum import StrEnum
 
 from kvjudge.budget.estimation import TokenEstimation
-from kvjudge.budget.token_budget import DEFAULT_THRESHOLD_PCT, TokenBudget
-from kvjudge.config import Config
-from kvjudge.errors import ConfigError, UsageError
+from kvjudge.budget.token_budget import TokenBudget
+from kvjudge.errors import UsageError
+from kvjudge.settings import Settings
 
 DEFAULT_CONTEXT_TOKENS = 8192
-MEMORY_PROVIDERS = ("token_budget",)
 
 
 class BudgetSource(StrEnum):
@@ -52,31 +50,6 @@ def resolve_budget(explicit: int | None, max_ok_input: int | None,
 
 
 @dataclass(frozen=True)
-class MemorySettings:
-    """The ``[memory]`` section, checked."""
-
-    provider: str = "token_budget"
-    context_tokens: int | None = None
-    threshold_pct: float = DEFAULT_THRESHOLD_PCT
-
-
-def memory_settings(config: Config) -> MemorySettings:
-    """Read ``[memory] provider / context_tokens / threshold_pct``; a bad value names the file and key."""
-    provider = config.get("memory.provider", str, "token_budget")
-    if provider not in MEMORY_PROVIDERS:
-        raise ConfigError(f"{config.source}: [memory] provider {provider!r} is unknown; "
-                          f"use one of {', '.join(MEMORY_PROVIDERS)}")
-    context_tokens = config.get("memory.context_tokens", int, None)
-    if context_tokens is not None and context_tokens <= 0:
-        raise ConfigError(f"{config.source}: [memory] context_tokens must be positive, got {context_tokens}")
-    threshold = config.get("memory.threshold_pct", (int, float), DEFAULT_THRESHOLD_PCT)
-    # TokenBudget clamps to [0.1, 0.99]; a value outside (0, 1] is a mistake (80 meant as 80 %), not a choice.
-    if not math.isfinite(threshold) or not 0 < threshold <= 1:
-        raise ConfigError(f"{config.source}: [memory] threshold_pct must be a fraction like 0.8, got {threshold}")
-    return MemorySettings(provider=provider, context_tokens=context_tokens, threshold_pct=float(threshold))
-
-
-@dataclass(frozen=True)
 class ResolvedBudget:
     """A resolved budget with its provenance, ready to build a :class:`TokenBudget` from."""
 
@@ -90,10 +63,11 @@ class ResolvedBudget:
         return TokenBudget(self.tokens, self.threshold_pct).with_estimation(self.estimation)
 
 
-def budget_from_config(config: Config, *, max_ok_input: int | None = None, safe_context: int | None = None,
-                       model_path: str | os.PathLike[str] | None = None) -> ResolvedBudget:
-    """Resolve the budget from the config and the caller's capability figures (plain numbers)."""
-    settings = memory_settings(config)
-    tokens, source = resolve_budget(settings.context_tokens, max_ok_input, safe_context)
-    return ResolvedBudget(tokens=tokens, source=source, threshold_pct=settings.threshold_pct,
-                          estimation=TokenEstimation.from_config(config, model_path))
+def budget_from_settings(settings: Settings, *, max_ok_input: int | None = None, safe_context: int | None = None,
+                         model_path: str | os.PathLike[str] | None = None) -> ResolvedBudget:
+    """Resolve the budget from ``[memory]`` and ``[context.estimation]`` and the caller's capability figures
+    (plain numbers)."""
+    memory = settings.memory
+    tokens, source = resolve_budget(memory.context_tokens, max_ok_input, safe_context)
+    return ResolvedBudget(tokens=tokens, source=source, threshold_pct=memory.threshold_pct,
+                          estimation=TokenEstimation.from_settings(settings, model_path))

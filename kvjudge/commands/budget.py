@@ -1,35 +1,22 @@
 """`kvjudge budget`: the token budget a conversation gets, and `--ceiling`: the retention ceiling bound.
 
-This module is the caller the seed speaks of: it reads the capability cache entry for the model on this
-device and injects plain numbers into :mod:`kvjudge.budget`, which never imports probe types.
+The budget of a conversation model comes from its capability entry on this device (or a served model's), as plain
+numbers injected into :mod:`kvjudge.budget`; the ceiling is the judge target's (:mod:`kvjudge.target`), as
+``reduce`` and ``tier`` use it: for a pool of judge servers, bounded by the smallest served context.
 """
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from kvjudge import models
-from kvjudge.budget import budget_from_config, configured_ceiling, effective_ceiling
-from kvjudge.commands._common import (
-    add_output_args,
-    config_from,
-    emit,
-    entry_summary,
-    info,
-    judge_model,
-    judge_servers,
-    lookup_entry,
-    print_table,
-    served_entry,
-    warn_if_stale,
-)
-from kvjudge.config import Config
-from kvjudge.errors import CapabilityMissing, UsageError
-
-if TYPE_CHECKING:
-    from kvjudge.probe import CapabilityEntry
+from kvjudge.budget import budget_from_settings
+from kvjudge.commands._args import add_output_args, settings_from, target_from
+from kvjudge.commands._output import emit, info, print_table
+from kvjudge.errors import UsageError
+from kvjudge.settings import Settings
+from kvjudge.target import JudgeTarget, entry_summary
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -42,8 +29,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="GGUF model (default: the default model; with --ceiling: [judge] model or the "
                              "default judge model)")
     parser.add_argument("--server", metavar="URL",
-                        help="the judge is this OpenAI-compatible server: use its `kvjudge probe --server` entry "
-                             "(default with --ceiling: [judge] server)")
+                        help="the model is this OpenAI-compatible server: use its `kvjudge probe --server` entry, "
+                             "probed on first use (default with --ceiling: [judge] servers / server, a pool bounded "
+                             "by its smallest served context)")
     parser.add_argument("--ceiling", action="store_true", help="show the retention ceiling bound instead")
     parser.add_argument("--tenant", metavar="NAME", help="tenant whose configured ceiling to use (with --ceiling)")
     parser.add_argument("--capabilities", metavar="FILE", help="capability cache file (default: in the cache dir)")
@@ -51,52 +39,38 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=_run)
 
 
-def _lookup(args: argparse.Namespace, config: Config, model_path: Path) -> CapabilityEntry | None:
-    # The probe would read ./kvjudge.toml itself; pass the budget from the config this command was given.
-    return lookup_entry(model_path, args.capabilities, config.get("probe.memory_budget", (str, int), None))
-
-
 def _run(args: argparse.Namespace) -> int:
-    config = config_from(args)
-    if args.ceiling:
-        return _ceiling(args, config)
-    if args.tenant is not None:
-        raise UsageError("--tenant only applies with --ceiling; add --ceiling or drop --tenant")
-    return _budget(args, config)
-
-
-def _served_judge(args: argparse.Namespace, config: Config) -> str | None:
-    """The judge server whose entry bounds the figures: ``--server``, else (for the ceiling) ``[judge] server``
-    or the first of ``[judge] servers``."""
     if args.server and args.model:
         raise UsageError("--server and --model name two judges; pass one")
+    if args.tenant is not None and not args.ceiling:
+        raise UsageError("--tenant only applies with --ceiling; add --ceiling or drop --tenant")
+    settings = settings_from(args)
+    # --model / --server name the model: the conversation's (the default model unless named), or with --ceiling
+    # the judge ([judge] model / servers unless named).
     if args.server:
-        return args.server
-    servers = judge_servers(args, config) if args.ceiling else []
-    return servers[0] if servers else None
+        settings = settings.with_overrides({"judge.servers": (args.server,)}, {"judge.servers": "--server"},
+                                           unset=("judge.server",))
+    elif args.model and args.ceiling:
+        settings = settings.with_overrides({"judge.model": args.model}, {"judge.model": "--model"},
+                                           unset=("judge.server", "judge.servers"))
+    target = target_from(args, settings=settings)
+    return _ceiling(args, target) if args.ceiling else _budget(args, settings, target)
 
 
-def _budget(args: argparse.Namespace, config: Config) -> int:
-    server = _served_judge(args, config)
-    if server is not None:
-        entry = served_entry(args, server, args.capabilities, required=False)
-        model_label = f"{entry.server['model_id']} @ {entry.server['url']}" if entry else server
+def _budget(args: argparse.Namespace, settings: Settings, target: JudgeTarget) -> int:
+    if args.server:
+        entry = target.entry
+        model_label = target.label
         model_path = Path(entry.model_path) if entry and Path(entry.model_path).is_file() else None
     else:
         model_path = models.resolve_model(args.model)
-        entry = _lookup(args, config, model_path)
+        entry = target.local_entry(model_path)
         model_label = str(model_path)
-    resolved = budget_from_config(
-        config,
-        max_ok_input=entry.max_ok_input if entry else None,
-        safe_context=entry.safe_context if entry else None,
-        model_path=model_path,
-    )
-    if server is None:
         if entry is None:
             info(f"no capability entry for {model_path} on this device; run `kvjudge probe --model {model_path}` "
                  f"to derive the budget from what really runs")
-        warn_if_stale(entry, model_path)
+    resolved = budget_from_settings(settings, max_ok_input=entry.max_ok_input if entry else None,
+                                    safe_context=entry.safe_context if entry else None, model_path=model_path)
     provider = resolved.provider()
     payload = {
         "model": model_label,
@@ -121,42 +95,31 @@ def _budget(args: argparse.Namespace, config: Config) -> int:
     return 0
 
 
-def _ceiling(args: argparse.Namespace, config: Config) -> int:
-    configured = configured_ceiling(config, args.tenant)
-    server = _served_judge(args, config)
-    if server is not None:
-        # Never fall back to the configured value alone: served_entry raises CapabilityMissing without a figure.
-        entry = served_entry(args, server, args.capabilities)
-        assert entry is not None
-        model_label = f"{entry.server['model_id']} @ {entry.server['url']}"
-        title = f"{Path(entry.server['model_id']).name} @ {entry.server['url']}"
-    else:
-        model_path = judge_model(args, config)
-        entry = _lookup(args, config, model_path)
-        if entry is None:
-            # Never fall back to the configured value alone: it would promise more than the judge can read.
-            raise CapabilityMissing(
-                f"no probe figure for the judge model {model_path} on this device, so the ceiling cannot be "
-                f"bounded; run `kvjudge probe --model {model_path}`")
-        warn_if_stale(entry, model_path)
-        model_label, title = str(model_path), model_path.name
-    bound = effective_ceiling(configured, entry.max_context_tokens)
+def _ceiling(args: argparse.Namespace, target: JudgeTarget) -> int:
+    bound = target.ceiling(args.tenant)  # CapabilityMissing without a probe figure: never the configured value
+    entry = target.entry
+    assert entry is not None
     payload = {
-        "model": model_label,
+        "model": target.label,
+        "servers": list(target.servers),
         "tenant": args.tenant,
         "configured": bound.configured,
-        "max_context_tokens": entry.max_context_tokens,
+        "max_context_tokens": target.max_context_tokens,
         "hardware_bound": bound.hardware_bound,
         "effective": bound.effective,
         "winner": bound.winner,
         "capability": entry_summary(entry),
     }
+    title = (f"{Path(entry.server['model_id']).name} @ {entry.server['url']}" if target.served
+             else target.model_path.name)
 
     def human() -> None:
         # No square brackets: the table renders rich markup.
         source = f"retention.tenants.{args.tenant}.ceiling" if args.tenant else "retention.ceiling"
+        pool = f" (the smallest of {len(target.servers)} servers)" if len(target.servers) > 1 else ""
         rows = [("configured", bound.configured, f"config {source} (or its default)"),
-                ("hardware bound", bound.hardware_bound, f"max_context_tokens {entry.max_context_tokens} // 2"),
+                ("hardware bound", bound.hardware_bound, f"max_context_tokens {payload['max_context_tokens']} // "
+                                                         f"2{pool}"),
                 ("effective", bound.effective, f"{bound.winner} wins")]
         print_table(("ceiling", "tokens", "from"), rows, title=f"retention ceiling for {title}")
 

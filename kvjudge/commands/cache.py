@@ -7,8 +7,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from kvjudge.commands._common import add_output_args, emit, format_mib, info, print_table, progress, staleness_days
+from kvjudge.commands._args import add_output_args, settings_from
+from kvjudge.commands._output import emit, format_mib, info, print_table, progress
 from kvjudge.errors import KvjudgeError
+from kvjudge.probe import CapabilityCache, RuntimeSettings, probe, probe_server, served_status
+from kvjudge.probe.core import current_components
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -26,9 +29,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _status(entry: Any) -> str:
-    from kvjudge.probe import served_status
-    from kvjudge.probe.core import current_components
-
     if entry.served:
         return served_status(entry)
     if entry.stale:
@@ -61,10 +61,8 @@ def _model_label(entry: Any) -> str:
     return Path(entry.model_path).name
 
 
-def _cache(args: argparse.Namespace) -> Any:
-    from kvjudge.probe import CapabilityCache
-
-    return CapabilityCache(args.cache, staleness_days=staleness_days(args))
+def _cache(args: argparse.Namespace) -> CapabilityCache:
+    return CapabilityCache(args.cache, staleness_days=settings_from(args).probe.staleness_days)
 
 
 def _cache_show(args: argparse.Namespace) -> int:
@@ -88,8 +86,6 @@ def _cache_show(args: argparse.Namespace) -> int:
 
 
 def _cache_refresh(args: argparse.Namespace) -> int:
-    from kvjudge.probe import RuntimeSettings, probe
-
     cache = _cache(args)
     results = []
     for entry in cache.entries():
@@ -133,8 +129,6 @@ def _cache_refresh(args: argparse.Namespace) -> int:
 
 def _refresh_served(cache: Any, entry: Any, status: str) -> dict[str, Any]:
     """Probe a served entry again through its URL (an unreachable server is skipped, its entry kept)."""
-    from kvjudge.probe import probe_server
-
     url = entry.server["url"]
     row = {"fingerprint": entry.fingerprint, "model_path": entry.model_path, "label": _model_label(entry),
            "was": status}

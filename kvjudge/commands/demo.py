@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from kvjudge.commands._common import add_output_args, config_from, emit, info, progress
+from kvjudge.commands._args import add_output_args, settings_from
+from kvjudge.commands._output import emit, info, progress
 from kvjudge.demo import DEFAULT_CONTEXT_TARGET, DemoOptions, run_demo
 
 
@@ -30,7 +31,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _demo(args: argparse.Namespace) -> int:
     options = DemoOptions(out_dir=Path(args.out).resolve(), model=Path(args.model) if args.model else None,
                           context_target=args.context_target, ceiling=args.ceiling,
-                          runs_file=Path(args.runs) if args.runs else None, config=config_from(args))
+                          runs_file=Path(args.runs) if args.runs else None, settings=settings_from(args))
     report = run_demo(options, say=info, progress=progress)
     out = options.out_dir
     emit(args, report, lambda: print(f"report: {out / 'report.json'}\nchart:  {out / 'report.png'}\n"

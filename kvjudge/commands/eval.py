@@ -15,19 +15,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from kvjudge.commands._common import (
-    add_judge_args,
-    config_from,
-    emit,
-    info,
-    open_judge,
-    open_store,
-    print_table,
-    print_wrapped,
-    progress,
-    select_pairs,
-)
-from kvjudge.judge import judge_batch
+from kvjudge.commands._args import add_judge_args, judged, opened_judge, select_pairs, target_from
+from kvjudge.commands._output import emit, info, print_table, print_wrapped
 from kvjudge.judge.evaluate import BASELINES, EVIDENCE_SIDES, evaluate, plot_reliability
 from kvjudge.judge.evidence import summary_line
 
@@ -48,25 +37,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    config = config_from(args)
+    target = target_from(args)
+    # --template both: each framing in turn; otherwise the one named, else [judge] template.
     templates = ["chat", "raw"] if args.template == "both" else [args.template]
     results: dict[str, dict[str, Any]] = {}
-    with open_store(args, config) as store:
+    with target.open_store(stores=target.cold_stores(args.endpoint_url)) as store:
         selection = select_pairs(args, store, default_all=True)
-        pairs = selection.pairs
         for template in templates:
-            judge = open_judge(args, config, template=template)
-            try:
+            with opened_judge(args, target, template=template) as judge:
                 label = judge.framing.name
-                with progress(f"judging ({label} framing)", len(pairs) * 2) as advance:
-                    judge.planner.progress = lambda message: advance(0, description=message)
-                    verdicts = judge_batch(judge, store, pairs, on_call=advance)
+                verdicts = judged(judge, store, selection.pairs, f"judging ({label} framing)")
                 result = evaluate(store, verdicts)
                 result["manifest"] = judge.manifest()
                 result["window"] = None if judge.window is None else judge.window.to_json()
                 results[label] = result
-            finally:
-                judge.backend.close()
     png = Path(args.png)
     plot_reliability(results, png)
     info(f"reliability plot: {png}")

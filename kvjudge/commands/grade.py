@@ -4,19 +4,12 @@ from __future__ import annotations
 
 import argparse
 
-from kvjudge.commands._common import (
-    add_output_args,
-    add_results_args,
-    add_store_args,
-    config_from,
-    emit,
-    info,
-    open_store,
-    unmatched_results_line,
-)
+from kvjudge.commands._args import add_output_args, add_results_args, add_store_args, target_from
+from kvjudge.commands._output import emit, info, unmatched_results_line
 from kvjudge.errors import UsageError
 from kvjudge.retention.events import canonical_json
 from kvjudge.retention.late_grades import GradeReport, attach_grades
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
@@ -44,8 +37,8 @@ def _grade(args: argparse.Namespace) -> int:
         raise UsageError("--tenant selects runs for --all; with RUN... name the runs")
     if not args.results:
         raise UsageError("pass the results to attach: --results [AGENT=]FILE (repeatable)")
-    config = config_from(args)
-    with open_store(args, config, read_tiered=False) as store:
+    target = target_from(args)
+    with target.open_store(read_tiered=False) as store:
         report = attach_grades(store, args.results, None if args.all else args.runs, tenant=args.tenant,
                                replace=args.replace)
     if report.unmatched_results:

@@ -5,18 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from kvjudge.commands._common import (
-    add_output_args,
-    add_results_args,
-    add_store_args,
-    config_from,
-    emit,
-    info,
-    megabytes,
-    open_store,
-    progress,
-    unmatched_results_line,
-)
+from kvjudge.commands._args import add_output_args, add_results_args, add_store_args, target_from
+from kvjudge.commands._output import emit, info, megabytes, progress, unmatched_results_line
 from kvjudge.retention.ingest import FORMATS, IngestReport, collect_sources, ingest_sources
 from kvjudge.retention.text_check import describe_repair
 
@@ -48,13 +38,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _ingest(args: argparse.Namespace) -> int:
-    config = config_from(args)
+    target = target_from(args)
     sources, ignored = collect_sources(args.paths)
     total = sum(source.size for source in sources)
     if sys.stderr.isatty():
         info(f"{len(sources)} file(s), {megabytes(total)} MB: checking every run, then importing")
     # Each file is read twice (checked, then written): the bar counts files in both passes.
-    with open_store(args, config, read_tiered=False) as store, progress("ingesting", 2 * len(sources)) as advance:
+    with target.open_store(read_tiered=False) as store, progress("ingesting", 2 * len(sources)) as advance:
         report = ingest_sources(store, sources, ignored_files=ignored, fmt=args.format, tenant=args.tenant,
                                 agent=args.agent, results=args.results, skip_bad=args.skip_bad,
                                 repair_text=args.repair_text,

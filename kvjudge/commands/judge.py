@@ -16,23 +16,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from kvjudge.commands._common import (
-    add_judge_args,
-    config_from,
-    emit,
-    open_judge,
-    open_store,
-    print_table,
-    print_wrapped,
-    progress,
-    select_pairs,
-    served_entry,
-)
-from kvjudge.config import Config
+from kvjudge.commands._args import add_judge_args, opened_judge, select_pairs, target_from
+from kvjudge.commands._output import emit, print_table, print_wrapped, progress
 from kvjudge.errors import UsageError
 from kvjudge.judge import (
-    LlamaBackend,
-    ServerPool,
     StillGrades,
     Verdict,
     judge_batch,
@@ -40,6 +27,7 @@ from kvjudge.judge import (
     summarize_verdicts,
 )
 from kvjudge.judge.evidence import describe, summary_line
+from kvjudge.target import JudgeTarget
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -59,39 +47,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=_judge)
 
 
-def _reduce_target(args: argparse.Namespace, config: Config, store: Any, pairs: list[tuple[str, str]],
-                   backend: Any) -> dict[str, int]:
-    """Per-tenant token target of the reduced side of --still-grades (the effective ceiling by default)."""
+def _reduce_target(args: argparse.Namespace, target: JudgeTarget, store: Any,
+                   pairs: list[tuple[str, str]]) -> dict[str, int]:
+    """Per-tenant token target of the reduced side of --still-grades: ``--reduce-to``, else the effective ceiling
+    (the judge target's: never the configured value alone, CapabilityMissing without a probe figure)."""
     tenants = {store.run(run_id).tenant for pair in pairs for run_id in pair}
     if args.reduce_to is not None:
         if args.reduce_to <= 0:
             raise UsageError(f"--reduce-to must be a positive number of tokens, got {args.reduce_to}")
         return {tenant: args.reduce_to for tenant in tenants}
-    from kvjudge.budget import configured_ceiling, effective_ceiling
-    from kvjudge.probe import lookup_capability
-
-    if isinstance(backend, ServerPool):
-        # The smallest served context of the pool bounds what every server's judge can read.
-        max_context = min(served_entry(args, url).max_context_tokens for url in backend.urls)
-    elif isinstance(backend, LlamaBackend):
-        entry = lookup_capability(backend.model_path)
-        max_context = None if entry is None else entry.max_context_tokens
-    else:
-        raise UsageError("--still-grades needs --reduce-to N with this backend")
-    # Never the configured ceiling alone: without a probe figure effective_ceiling raises CapabilityMissing.
-    return {tenant: effective_ceiling(configured_ceiling(config, tenant), max_context).effective
-            for tenant in tenants}
+    return {tenant: target.ceiling(tenant).effective for tenant in tenants}
 
 
 def _judge(args: argparse.Namespace) -> int:
-    config = config_from(args)
-    with open_store(args, config) as store:
+    target = target_from(args)
+    with target.open_store(stores=target.cold_stores(args.endpoint_url)) as store:
         selection = select_pairs(args, store)
         pairs = selection.pairs
-        judge = open_judge(args, config)
-        backend = judge.backend
-        try:
-            targets = _reduce_target(args, config, store, pairs, backend) if args.still_grades else {}
+        with opened_judge(args, target) as judge:
+            backend = judge.backend
+            targets = _reduce_target(args, target, store, pairs) if args.still_grades else {}
             sides = 2 if args.still_grades else 1
             with progress("judging", len(pairs) * 2 * sides) as advance:
                 judge.planner.progress = lambda message: advance(0, description=message)
@@ -114,11 +89,11 @@ def _judge(args: argparse.Namespace) -> int:
                 for index, verdict in enumerate(verdicts):
                     _emit_pair(args, verdict, results[index])
             summary = (still_grades_summary(results) if args.still_grades else summarize_verdicts(verdicts))
-            summary["prefix_tokens_saved"] = getattr(backend, "tokens_saved", 0)
+            summary["prefix_tokens_saved"] = backend.tokens_saved
             wall = time.monotonic() - tracker.started
             summary["wall_seconds"] = round(wall, 3)
             summary["pairs_per_minute"] = round(len(pairs) * sides / (wall / 60), 2) if wall > 0 else None
-            if isinstance(backend, ServerPool):
+            if backend.servers:
                 summary["servers"] = backend.stats()
             summary["window"] = None if judge.window is None else judge.window.to_json()
             summary["room"] = judge.room
@@ -126,8 +101,6 @@ def _judge(args: argparse.Namespace) -> int:
             if args.still_grades:
                 summary["full_window"] = None if full_window is None else full_window.to_json()
                 summary["reduce_to"] = targets
-        finally:
-            backend.close()
     emit(args, {"summary": summary}, lambda: _print_summary(summary, args.still_grades))
     return 0
 

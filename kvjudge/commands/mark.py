@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from kvjudge.commands._common import add_output_args, add_store_args, config_from, emit, open_store
+from kvjudge.commands._args import add_output_args, add_store_args, target_from
+from kvjudge.commands._output import emit
 from kvjudge.retention.lifecycle import STATES
 
 
@@ -19,8 +20,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _mark(args: argparse.Namespace) -> int:
-    config = config_from(args)
-    with open_store(args, config) as store:
+    target = target_from(args)
+    with target.open_store() as store:
         state = store.mark(args.run, args.state)
     payload = {"run": state.id, "state": state.state, "lifecycle": list(state.lifecycle)}
     emit(args, payload, lambda: print(f"{state.id}: {' → '.join(state.lifecycle)}"))

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 
 from kvjudge import models
-from kvjudge.commands._common import add_output_args, emit, info
+from kvjudge.commands._args import add_output_args
+from kvjudge.commands._output import emit, info
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -5,16 +5,11 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from kvjudge.commands._common import (
-    add_output_args,
-    config_from,
-    emit,
-    format_mib,
-    print_table,
-    progress,
-    staleness_days,
-)
+from kvjudge.commands._args import add_output_args, records_settings, settings_from
+from kvjudge.commands._output import emit, format_mib, print_table, progress
 from kvjudge.errors import UsageError
+from kvjudge.probe import RuntimeSettings, parse_size, probe, probe_server
+from kvjudge.probe.settings import KV_TYPE_NAMES
 
 
 def _positive_int(text: str) -> int:
@@ -28,8 +23,6 @@ def _positive_int(text: str) -> int:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from kvjudge.probe.settings import KV_TYPE_NAMES
-
     parser = subparsers.add_parser(
         "probe", help="how much context a model really holds on this device (devices, KV math, certified run)",
         description="Probe the model (default: the bundled default model): device memory, the GGUF shape, the "
@@ -57,13 +50,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--refresh", action="store_true", help="certify again even if the cache holds a fresh result")
     parser.add_argument("--timeout", type=float, metavar="S", help="seconds per certification trial (or request)")
     parser.add_argument("--cache", metavar="PATH", help="capability cache file (default: in the cache dir)")
+    records_settings(parser, "memory_budget")
     add_output_args(parser)
     parser.set_defaults(func=_probe)
 
 
-def _settings(args: argparse.Namespace) -> Any:
-    from kvjudge.probe import RuntimeSettings
-
+def _runtime(args: argparse.Namespace) -> RuntimeSettings:
     if args.gpu_layers < -1:
         raise UsageError(f"--gpu-layers must be -1 (all), 0 or a positive count, got {args.gpu_layers}")
     return RuntimeSettings(type_k=args.type_k, type_v=args.type_v, flash_attn=args.flash_attn,
@@ -77,42 +69,34 @@ _LOCAL_ONLY = {"n_ctx": None, "type_k": "f16", "type_v": "f16", "flash_attn": Fa
 
 
 def _probe(args: argparse.Namespace) -> int:
-    from kvjudge.probe import probe
-    from kvjudge.probe.settings import parse_size
-
-    if args.server:
-        return _probe_server(args)
-    settings = _settings(args)
-    config = config_from(args)
-    budget = args.memory_budget if args.memory_budget is not None else config.get("probe.memory_budget", (str, int))
-    if budget is not None:
-        budget = parse_size(budget)
     if args.timeout is not None and args.timeout <= 0:
         raise UsageError(f"--timeout must be positive, got {args.timeout}")
+    if args.server:
+        return _probe_server(args)
+    runtime = _runtime(args)
+    settings = settings_from(args)
+    budget = settings.probe.memory_budget
     with progress("certifying", total=None) as advance:
-        report = probe(args.model, settings=settings, memory_budget=budget, n_ctx=args.n_ctx,
-                       certify=not args.no_certify, cache_path=args.cache, refresh=args.refresh,
+        report = probe(args.model, settings=runtime, memory_budget=None if budget is None else parse_size(budget),
+                       n_ctx=args.n_ctx, certify=not args.no_certify, cache_path=args.cache, refresh=args.refresh,
                        progress=lambda message: advance(1, description=message), trial_timeout_s=args.timeout,
-                       staleness_days=staleness_days(args))
+                       staleness_days=settings.probe.staleness_days)
     payload = report.as_dict()
     emit(args, payload, lambda: _print_report(payload))
     return 0
 
 
 def _probe_server(args: argparse.Namespace) -> int:
-    from kvjudge.probe import probe_server
-
     local = [f"--{name.replace('_', '-')}" for name, default in _LOCAL_ONLY.items()
              if getattr(args, name) != default]
     if local:
         raise UsageError(f"{', '.join(local)} describe(s) a local runtime; with --server the server's own settings "
                          f"apply (drop them)")
-    if args.timeout is not None and args.timeout <= 0:
-        raise UsageError(f"--timeout must be positive, got {args.timeout}")
+    settings = settings_from(args)
     with progress("certifying the served model", total=None) as advance:
         report = probe_server(args.server, certify=not args.no_certify, cache_path=args.cache, refresh=args.refresh,
                               progress=lambda message: advance(1, description=message), timeout_s=args.timeout,
-                              staleness_days=staleness_days(args))
+                              staleness_days=settings.probe.staleness_days)
     payload = report.as_dict()
     emit(args, payload, lambda: _print_served(payload))
     return 0

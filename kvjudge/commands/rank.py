@@ -13,21 +13,9 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from kvjudge.commands._common import (
-    add_judge_args,
-    config_from,
-    emit,
-    info,
-    jsonl_objects,
-    open_judge,
-    open_store,
-    print_table,
-    print_wrapped,
-    progress,
-    select_pairs,
-)
+from kvjudge.commands._args import add_judge_args, judged, jsonl_objects, opened_judge, select_pairs, target_from
+from kvjudge.commands._output import emit, info, print_table, print_wrapped
 from kvjudge.errors import UsageError
-from kvjudge.judge import judge_batch
 from kvjudge.judge.ranking import BOOTSTRAP, agent_of, plot_ranking, rank
 
 DEFAULT_PNG = "kvjudge-rank.png"
@@ -66,8 +54,8 @@ def _verdicts_from_file(path: str) -> list[Any]:
 def _rank(args: argparse.Namespace) -> int:
     if args.bootstrap < 1:
         raise UsageError(f"--bootstrap must be at least 1, got {args.bootstrap}")
-    config = config_from(args)
-    with open_store(args, config) as store:
+    target = target_from(args)
+    with target.open_store(stores=target.cold_stores(args.endpoint_url)) as store:
         agents: dict[str, str] = {}
 
         def agent(run_id: str) -> str:
@@ -81,14 +69,8 @@ def _rank(args: argparse.Namespace) -> int:
             verdicts = _verdicts_from_file(args.verdicts)
         else:
             selection = select_pairs(args, store, default_all=True, keep=lambda a, b: agent_of(a) != agent_of(b))
-            pairs = selection.pairs
-            judge = open_judge(args, config)
-            try:
-                with progress("judging", len(pairs) * 2) as advance:
-                    judge.planner.progress = lambda message: advance(0, description=message)
-                    verdicts = judge_batch(judge, store, pairs, on_call=advance)
-            finally:
-                judge.backend.close()
+            with opened_judge(args, target) as judge:
+                verdicts = judged(judge, store, selection.pairs)
         ranking = rank(verdicts, agent, bootstrap=args.bootstrap)
         if args.verdicts is None:
             ranking["pairing"] = selection.to_json()

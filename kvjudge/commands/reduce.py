@@ -10,21 +10,11 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from kvjudge.commands._common import (
-    add_ceiling_args,
-    add_output_args,
-    add_store_args,
-    ceilings_from,
-    config_from,
-    counter_for,
-    emit,
-    info,
-    open_store,
-    print_table,
-    progress,
-)
+from kvjudge.commands._args import add_ceiling_args, add_output_args, add_store_args, target_from
+from kvjudge.commands._output import emit, info, print_table, progress
 from kvjudge.errors import RunStateError, UsageError
 from kvjudge.retention.reduce import ReductionPlan, RunInColdStorage, plan_stored, reduce_run
+from kvjudge.target import entry_summary
 
 # What each loss step did, as plan.steps names it.
 _STEPS = (("bodies_reduced", "bodies reduced to extracts"), ("branches_reduced", "dead branches reduced to extracts"),
@@ -58,11 +48,10 @@ def _left_above(plan: ReductionPlan) -> str:
 
 
 def _reduce(args: argparse.Namespace) -> int:
-    config = config_from(args)
     if args.tenant is not None and not args.all:
         raise UsageError("--tenant only applies with --all; name a run or add --all")
-    ceilings = ceilings_from(args, config)
-    with open_store(args, config) as store:
+    judge = target_from(args, ceiling=args.ceiling)
+    with judge.open_store() as store:
         if args.all:
             candidates = [store.run(run_id) for run_id in store.run_ids(args.tenant)]
         else:
@@ -72,16 +61,16 @@ def _reduce(args: argparse.Namespace) -> int:
             state = refused[0]
             raise RunStateError(f"run {state.id} is {state.state}; only graded, ungraded or archived runs can be "
                                 f"reduced (finish grading first: `kvjudge mark {state.id} graded|ungraded`)")
-        counter = counter_for(args, config, ceilings.served)
-        results: list[dict[str, Any]] = []
-        targets: dict[str, dict[str, Any]] = {}
-        above: list[dict[str, Any]] = []
         reducible = [s for s in candidates if s.is_reducible]
+        # Every tenant's ceiling before anything is counted or written. Never the configured value alone: without
+        # a probe figure this raises CapabilityMissing.
+        targets = {tenant: judge.ceiling_figures(tenant) for tenant in sorted({s.tenant for s in reducible})}
+        counter = judge.counter()
+        results: list[dict[str, Any]] = []
+        above: list[dict[str, Any]] = []
         with progress("reducing", len(reducible)) as advance:
             for listed in reducible:
                 state = store.run(listed.id)
-                # Never the configured value alone: without max_context_tokens this raises CapabilityMissing.
-                targets[state.tenant] = ceilings.describe(state.tenant)
                 target = targets[state.tenant]["effective"]
                 try:
                     if args.dry_run:
@@ -102,8 +91,8 @@ def _reduce(args: argparse.Namespace) -> int:
                 outcome["tenant"] = state.tenant
                 results.append(outcome)
                 advance(description=f"reducing {state.id}")
-    payload = {"store": str(store.path), "model": ceilings.judge, "counter": counter.name,
-               "ceilings": targets, "capability": ceilings.capability, "runs": results, "above_ceiling": above,
+    payload = {"store": str(store.path), "model": judge.label, "counter": counter.name,
+               "ceilings": targets, "capability": entry_summary(judge.entry), "runs": results, "above_ceiling": above,
                "refused": [{"run": s.id, "state": s.state,
                             "reason": "grading has not terminated (only graded, ungraded, archived reduce)"}
                            for s in refused]}

@@ -4,18 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from kvjudge.commands._common import (
-    add_endpoint_args,
-    add_output_args,
-    add_store_args,
-    cold_stores,
-    config_from,
-    emit,
-    megabytes,
-    open_store,
-    print_table,
-    progress,
-)
+from kvjudge.commands._args import add_endpoint_args, add_output_args, add_store_args, target_from
+from kvjudge.commands._output import emit, megabytes, print_table, progress
 from kvjudge.retention.tiering import rehydrate_run
 
 
@@ -32,9 +22,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _rehydrate(args: argparse.Namespace) -> int:
-    config = config_from(args)
-    stores = cold_stores(args, config)
-    with open_store(args, config, read_tiered=False) as store:
+    target = target_from(args)
+    stores = target.cold_stores(args.endpoint_url)
+    with target.open_store(read_tiered=False) as store:
         tiered = sum(1 for loc in store.run(args.run).bodies.values() if loc.status == "tiered")
         with progress(f"rehydrating {args.run}", tiered) as advance:
             result = rehydrate_run(store, args.run, stores, progress=lambda n: advance(n))

@@ -13,20 +13,9 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from kvjudge.commands._common import (
-    add_judge_args,
-    ceilings_from,
-    config_from,
-    emit,
-    open_judge,
-    open_store,
-    print_wrapped,
-    progress,
-    select_pairs,
-)
-from kvjudge.config import Config
-from kvjudge.errors import CapabilityMissing, UsageError
-from kvjudge.judge import judge_batch
+from kvjudge.commands._args import add_judge_args, judged, opened_judge, select_pairs, target_from
+from kvjudge.commands._output import emit, print_wrapped
+from kvjudge.errors import UsageError
 from kvjudge.judge.ranking import BOOTSTRAP
 from kvjudge.report import build_report, check_output, write_report
 
@@ -54,35 +43,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=_report)
 
 
-def ceiling_figures(args: argparse.Namespace, config: Config, tenants: set[str]) -> tuple[dict[str, Any], str | None]:
-    """The retention ceiling per tenant and the bound that won, as ``kvjudge reduce`` and ``budget --ceiling``
-    compute it; or no figures and the reason (no probe figure yet)."""
-    try:
-        ceilings = ceilings_from(args, config, required=False)
-        return {tenant: ceilings.describe(tenant) for tenant in sorted(tenants)}, None
-    except CapabilityMissing as exc:
-        return {}, str(exc)
-
-
 def _report(args: argparse.Namespace) -> int:
     if args.bootstrap < 1:
         raise UsageError(f"--bootstrap must be at least 1, got {args.bootstrap}")
     out = check_output(Path(args.out))
-    config = config_from(args)
-    with open_store(args, config) as store:
+    target = target_from(args, ceiling=args.ceiling)
+    with target.open_store(stores=target.cold_stores(args.endpoint_url)) as store:
         selection = select_pairs(args, store, default_all=True)
-        pairs = selection.pairs
-        judge = open_judge(args, config)
-        try:
-            with progress("judging", len(pairs) * 2) as advance:
-                judge.planner.progress = lambda message: advance(0, description=message)
-                verdicts = judge_batch(judge, store, pairs, on_call=advance)
-            tenants = {store.run(run_id).tenant for pair in pairs for run_id in pair}
-            ceilings, note = ceiling_figures(args, config, tenants)
+        with opened_judge(args, target) as judge:
+            verdicts = judged(judge, store, selection.pairs)
+            # The ceiling as `kvjudge reduce` computes it, or no figures and the reason (no probe figure yet).
+            ceilings, note = target.ceilings({store.run(run_id).tenant for pair in selection.pairs for run_id in pair})
             report = build_report(store, judge, verdicts, ceilings=ceilings, ceiling_note=note,
                                   bootstrap=args.bootstrap, pairing=selection.describe())
-        finally:
-            judge.backend.close()
     written = write_report(report, out)
     cached = sum(v.cached for v in verdicts)
     payload = {**written.to_json(), "pairing": selection.to_json(), "pairs": len(verdicts), "cached": cached,

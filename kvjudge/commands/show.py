@@ -11,17 +11,17 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from kvjudge.commands._common import (
+from kvjudge.commands._args import (
     add_endpoint_args,
     add_output_args,
     add_store_args,
-    config_from,
-    emit,
-    info,
-    open_judge,
-    open_store,
+    records_settings,
+    target_from,
 )
+from kvjudge.commands._output import emit, info
 from kvjudge.errors import UsageError
+from kvjudge.judge.evidence import describe
+from kvjudge.judge.prompt import COMMON_CLOSING, COMMON_OPENING
 from kvjudge.retention.blobs import short
 from kvjudge.retention.reduce import resolve
 from kvjudge.retention.state import REDUCED, TIERED, RunState
@@ -57,6 +57,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                                            "open: the certified safe_context, else the analytic "
                                                            "max_context_tokens)")
     view.add_argument("--show-verifier", action="store_true", help="show verifier results, as judge --show-verifier")
+    records_settings(parser, "model", "server", "tokenizer_model", "template")
     add_store_args(parser)
     add_endpoint_args(parser)
     add_output_args(parser)
@@ -129,22 +130,19 @@ def _shown(entry: dict[str, Any] | None, full: bool) -> str:
     return prefix + text
 
 
-# What open_judge reads that `show` does not offer: judging defaults (no certification: nothing is judged here).
-_JUDGE_DEFAULTS = {"threads": None, "parallel": None, "timeout": None, "margin": None, "no_certify": True,
-                   "show_grades": False, "no_cache": True}
-
-
 def _judge_view(args: argparse.Namespace) -> int:
     """``show RUN --judge-view``: the view the judge would be given, through the judge's own functions."""
     if args.allowance is not None and (args.allowance <= 0 or args.beside):
         raise UsageError("--allowance must be a positive number of tokens, and cannot go with --beside (the pair's "
                          "window decides the allowances)")
-    config = config_from(args)
-    with open_store(args, config) as store:
+    target = target_from(args)
+    with target.open_store(stores=target.cold_stores(args.endpoint_url)) as store:
         store.run(args.run)  # an unknown run is an error before any model loads
         if args.beside:
             store.run(args.beside)
-        judge = open_judge(argparse.Namespace(**{**_JUDGE_DEFAULTS, **vars(args)}), config)
+        # Nothing is judged here: no certification, no cached judgments.
+        info("loading the judge backend…")
+        judge = target.open_judge(n_ctx=args.n_ctx, certify=False, show_verifier=args.show_verifier, use_cache=False)
         try:
             if args.beside:
                 needed = judge.needed_tokens(judge.base(store, args.run), judge.base(store, args.beside))
@@ -168,9 +166,6 @@ def _judge_view(args: argparse.Namespace) -> int:
         raise UsageError(f"run {args.run} cannot be judged in a {n_ctx}-token window: {'; '.join(view.notes)}")
 
     def human() -> None:
-        from kvjudge.judge.evidence import describe
-        from kvjudge.judge.prompt import COMMON_CLOSING, COMMON_OPENING
-
         if view.common:
             print(COMMON_OPENING + view.common + COMMON_CLOSING, end="")
         print(view.text)
@@ -190,8 +185,8 @@ def _show(args: argparse.Namespace) -> int:
         return _judge_view(args)
     if args.allowance is not None or args.beside:
         raise UsageError("--allowance and --beside go with --judge-view")
-    config = config_from(args)
-    with open_store(args, config) as store:
+    target = target_from(args)
+    with target.open_store(stores=target.cold_stores(args.endpoint_url)) as store:
         state = store.run(args.run)
         rendered = render_run(store, state)
 

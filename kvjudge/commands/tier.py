@@ -10,24 +10,20 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from kvjudge.commands._common import (
+from kvjudge.commands._args import (
     add_ceiling_args,
     add_endpoint_args,
     add_output_args,
     add_store_args,
-    ceilings_from,
-    cold_stores,
-    config_from,
-    counter_for,
-    emit,
-    info,
-    megabytes,
-    open_store,
-    print_table,
-    progress,
+    records_settings,
+    target_from,
 )
+from kvjudge.commands._output import emit, info, megabytes, print_table, progress
 from kvjudge.errors import CapabilityMissing, UsageError
-from kvjudge.retention.tiering import TierGate, local_body_bytes, plan_all, recover, resolve_target, tier_runs
+from kvjudge.budget import DEFAULT_CHARS_PER_TOKEN
+from kvjudge.retention.tiering import TierGate, local_body_bytes, plan_all, recover, tier_runs
+from kvjudge.target import JudgeTarget
+from kvjudge.tokens import CharsPerToken, TokenCounter
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -43,6 +39,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     tier.add_argument("--to", metavar="URL",
                       help="cold store: file:///path or s3://bucket/prefix (default: [retention] cold, else a "
                            "'cold' directory in the data dir)")
+    records_settings(tier, "to")
     tier.add_argument("--unreduced", action="store_true",
                       help="also move runs above their ceiling (raw archives); the log records it")
     tier.add_argument("--verify-remote", action="store_true",
@@ -57,14 +54,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _tier(args: argparse.Namespace) -> int:
     if bool(args.run) == bool(args.all):
         raise UsageError("name one RUN or pass --all (not both)")
-    config = config_from(args)
-    # --unreduced moves runs whatever their size: a missing probe figure is no reason to stop.
-    ceilings = ceilings_from(args, config, required=not args.unreduced)
-    stores = cold_stores(args, config)
-    cold = stores.get(resolve_target(config, args.to))
+    judge = target_from(args, ceiling=args.ceiling)
+    stores = judge.cold_stores(args.endpoint_url)
+    cold = stores.get(judge.cold_target())
     results: list[dict[str, Any]] = []
     skipped: dict[str, str] = {}
-    with open_store(args, config, read_tiered=False) as store:
+    with judge.open_store(read_tiered=False) as store:
         # Recovery first: a move a crash left half done is finished before anything new starts.
         results.extend(r.to_dict() for r in recover(store, stores, verify_remote=args.verify_remote))
         finished = {r["run"] for r in results}
@@ -75,12 +70,11 @@ def _tier(args: argparse.Namespace) -> int:
             run_ids = [args.run]
         run_ids = [run_id for run_id in run_ids
                    if not (run_id in finished and store.run(run_id).tier["status"] == "tiered")]
-        counter = counter_for(args, config, ceilings.served) if run_ids else None
-        gates: dict[str, TierGate] = {}
-        for run_id in run_ids:  # every tenant's ceiling before anything moves (CapabilityMissing first)
-            tenant = store.run(run_id).tenant  # StoreError for an unknown run
-            if tenant not in gates:
-                gates[tenant] = TierGate(_ceiling(ceilings, tenant, args.unreduced), counter, args.unreduced)
+        # Every tenant's ceiling before anything moves (CapabilityMissing first; StoreError for an unknown run).
+        ceilings = {tenant: _ceiling(judge, tenant, args.unreduced)
+                    for tenant in sorted({store.run(run_id).tenant for run_id in run_ids})}
+        counter = _counter(judge, args.unreduced) if run_ids else None
+        gates = {tenant: TierGate(ceiling, counter, args.unreduced) for tenant, ceiling in ceilings.items()}
         total = sum(local_body_bytes(store, run_id) for run_id in run_ids)
         with progress(f"tiering {len(run_ids)} run(s)", total) as advance:
             moved = tier_runs(store, run_ids, cold, gates=lambda state: gates[state.tenant], stores=stores,
@@ -115,11 +109,22 @@ def _tier(args: argparse.Namespace) -> int:
     return 1 if left else 0
 
 
-def _ceiling(ceilings: Any, tenant: str, unreduced: bool) -> int | None:
+def _ceiling(judge: JudgeTarget, tenant: str, unreduced: bool) -> int | None:
     """The tenant's effective ceiling; with ``--unreduced`` a missing probe figure is no reason to stop."""
     try:
-        return ceilings.bound(tenant).effective
+        return judge.ceiling(tenant).effective
     except CapabilityMissing:
         if unreduced:
             return None
         raise
+
+
+def _counter(judge: JudgeTarget, unreduced: bool) -> TokenCounter:
+    """The judge's counter; with ``--unreduced`` a judge nobody can reach counts chars/4 (the log names it)."""
+    try:
+        return judge.counter()
+    except CapabilityMissing as exc:
+        if not unreduced:
+            raise
+        info(f"{exc}; the sizes recorded for runs moved unreduced are counted as chars/4")
+        return CharsPerToken(DEFAULT_CHARS_PER_TOKEN)

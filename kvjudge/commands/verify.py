@@ -4,19 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from kvjudge.commands._common import (
-    add_endpoint_args,
-    add_output_args,
-    add_store_args,
-    cold_stores,
-    config_from,
-    emit,
-    info,
-    open_store,
-    print_table,
-    print_wrapped,
-    progress,
-)
+from kvjudge.commands._args import add_endpoint_args, add_output_args, add_store_args, target_from
+from kvjudge.commands._output import emit, info, print_table, print_wrapped, progress
 from kvjudge.retention.blobs import short
 from kvjudge.retention.tiering import verify_checks
 from kvjudge.retention.verify import verify
@@ -34,9 +23,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    config = config_from(args)
-    stores = cold_stores(args, config)
-    with open_store(args, config, stores=stores) as store:
+    target = target_from(args)
+    stores = target.cold_stores(args.endpoint_url)
+    with target.open_store(stores=stores) as store:
         # Tiering finishes crashed moves first (recovery), then adds its remote check.
         checks = verify_checks(store, stores, rehash=args.verify_remote)
         if args.run is not None:

@@ -2,7 +2,7 @@
 
 Public API::
 
-    from kvjudge.judge import open_backend, LlamaBackend, ServerBackend, Judge, judge_batch, judge_pair, Verdict
+    from kvjudge.judge import LlamaBackend, ServerBackend, Judge, judge_batch, judge_pair, Verdict
     from kvjudge.judge import still_grades, StillGrades, cohen_kappa, render_view, escape
 
 The pipeline runs one way (:mod:`kvjudge.judge.pipeline`): pairs (:mod:`kvjudge.judge.pairing`) → views →
@@ -11,9 +11,9 @@ prompts → scores → verdicts, through :func:`judge_batch` for every caller.
 - backends: the :class:`Backend` protocol (everything a caller may ask of a backend), :class:`LlamaBackend`
   (in-process llama-cpp-python, prefix KV reuse), :class:`ServerBackend` (one OpenAI-compatible server:
   completions, or chat completions for the chat framing, with logprobs) and :class:`ServerPool` (several servers
-  of one model, with retries and failover; :func:`open_servers`); :func:`open_backend` picks one from CLI/config
-  choices; :class:`WindowPlanner` sizes the window to the pairs (certifying that size only). Labels, spellings and
-  renormalisation: :mod:`kvjudge.judge.labels`.
+  of one model, with retries and failover; :func:`open_servers`); which backend a command uses is the judge
+  target's business (:mod:`kvjudge.target`). :class:`WindowPlanner` sizes the window to the pairs (certifying
+  that size only). Labels, spellings and renormalisation: :mod:`kvjudge.judge.labels`.
 - views: :func:`render_view` of a folded run (verifier results and grades held out), :func:`escape` for the
   delimiters, :func:`pack_pair` into the window (further-reduced views derived with the retention's pure
   ``plan_reduction``); token counts added up from counts kept once per body (:class:`ViewCounter`); prompts in
@@ -28,7 +28,7 @@ prompts → scores → verdicts, through :func:`judge_batch` for every caller.
   outcome the views judged show (:class:`RunEvidence`, on every verdict), flagged when a reduction hides some.
 """
 
-from kvjudge.judge.backends import Backend, LlamaBackend, open_backend
+from kvjudge.judge.backends import Backend, LlamaBackend
 from kvjudge.judge.evidence import RunEvidence
 from kvjudge.judge.labels import LABELS, LabelScore, PromptOverflow
 from kvjudge.judge.pack import (
@@ -71,7 +71,7 @@ __all__ = [
     "PackedPair", "PackedView", "PairBases", "Prompt", "PromptOverflow", "RunEvidence", "RunTokens", "ServerBackend",
     "ServerPool", "StillGrades", "TemplateText", "Verdict", "ViewCounter", "ViewParts", "Window", "WindowPlanner",
     "base_view", "body_resolver", "choose_framing", "cohen_kappa", "common_block", "decide", "escape", "fit_view",
-    "judge_batch", "judge_pair", "judgment_key", "open_backend", "open_servers", "order_score", "pack_pair",
+    "judge_batch", "judge_pair", "judgment_key", "open_servers", "order_score", "pack_pair",
     "pack_run", "pair_bases", "render_parts", "render_view", "still_grades", "still_grades_summary",
     "summarize_verdicts", "verdict_key", "view_source", "window_tokens",
 ]

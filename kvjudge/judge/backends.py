@@ -17,7 +17,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from kvjudge._llama import chat_template_inputs, last_logits, quiet_native_output, rewind
 from kvjudge.errors import JudgeError, ModelError
@@ -25,10 +25,7 @@ from kvjudge.judge.labels import SPELLINGS, LabelScore, PromptOverflow, ResultFn
 from kvjudge.judge.prompt import Framing, Prompt, TemplateText, choose_framing
 from kvjudge.tokens import model_counter_name, tokenize_exact
 
-if TYPE_CHECKING:
-    from kvjudge.config import Config
-
-__all__ = ["Backend", "LlamaBackend", "PromptOverflow", "open_backend"]
+__all__ = ["Backend", "LlamaBackend", "PromptOverflow"]
 
 
 class Backend(Protocol):
@@ -315,32 +312,3 @@ class LlamaBackend:
             if model is not None:
                 model.close()
         self._llama = self._vocab = None
-
-
-def open_backend(*, model: str | Path | None = None, server: str | None = None, n_ctx: int | None = None,
-                 threads: int | None = None, config: Config | None = None) -> Backend:
-    """The judge's backend from CLI-style choices and the config's ``[judge]`` section.
-
-    ``server`` (or ``[judge] server``) selects the OpenAI-compatible server (a pool of one:
-    :func:`~kvjudge.judge.servers.open_servers`; ``n_ctx`` from its ``kvjudge probe --server`` entry, or
-    ``n_ctx`` within its context); otherwise llama-cpp-python opens ``model`` (or ``[judge] model``, else the
-    default judge model) without a window: :class:`~kvjudge.judge.window.WindowPlanner` sizes it for the
-    pairs and :meth:`LlamaBackend.resize` loads the weights.
-    """
-    from kvjudge.models import judge_model_path, resolve_model
-
-    def setting(key: str, kind: type, value: Any) -> Any:
-        if value is not None or config is None:
-            return value
-        return config.get(f"judge.{key}", kind)
-
-    # An explicit --model means in-process, even when the config names a server.
-    server = server if model is not None else setting("server", str, server)
-    model = setting("model", str, model)
-    threads = setting("threads", int, threads)
-    if server:
-        from kvjudge.judge.servers import open_servers
-
-        return open_servers([server], n_ctx=n_ctx, tokenizer_model=resolve_model(model) if model else None)
-    path = resolve_model(model) if model else judge_model_path()
-    return LlamaBackend(model_path=path, n_threads=threads)

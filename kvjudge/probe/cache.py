@@ -21,7 +21,7 @@ from typing import Any
 
 from filelock import FileLock, Timeout
 
-from kvjudge.config import cache_dir
+from kvjudge.settings import cache_dir
 from kvjudge.errors import CacheError, CapabilityMissing
 from kvjudge.atomic import atomic_write
 

@@ -203,24 +203,8 @@ class ProbeReport:
 
 
 def _budget(memory_budget: int | str | None) -> int | None:
-    """The budget given, else ``[probe] memory_budget`` from the config file, else None (no cap)."""
-    if memory_budget is not None:
-        return parse_size(memory_budget)
-    from kvjudge.config import load_config
-
-    configured = load_config().get("probe.memory_budget", (str, int), None)
-    return None if configured is None else parse_size(configured)
-
-
-def _staleness_days() -> float | None:
-    from kvjudge.config import load_config
-
-    value = load_config().get("probe.staleness_days", (int, float), None)
-    if value is not None and value <= 0:
-        from kvjudge.errors import ConfigError
-
-        raise ConfigError(f"[probe] staleness_days must be positive, got {value}; fix the config file")
-    return None if value is None else float(value)
+    """The budget given (a size or bytes), else None (no cap). The caller reads ``[probe] memory_budget``."""
+    return None if memory_budget is None else parse_size(memory_budget)
 
 
 def _find_entry(cache: CapabilityCache, ctx: _Context, budget_named: bool) -> CapabilityEntry | None:
@@ -280,7 +264,7 @@ def probe(model_path: str | os.PathLike[str] | None = None, *, settings: Runtime
         raise ProbeError(f"{shape.name or shape.arch} does not fit: even a {CTX_PAD}-token context needs "
                          f"{need.device_bytes / MIB:.0f} MiB but {placement.device.name} offers "
                          f"{placement.usable_bytes / MIB:.0f} MiB; raise --memory-budget or free memory")
-    cache = CapabilityCache(cache_path, staleness_days=staleness_days or _staleness_days())
+    cache = CapabilityCache(cache_path, staleness_days=staleness_days)
     existing = cache.get(ctx.fingerprint)
     notes: list[str] = []
     cached = False
@@ -344,11 +328,11 @@ def lookup_capability(model_path: str | os.PathLike[str] | None, *, cache_path: 
     """The cached entry for this model on this device with these settings (``stale`` set), or None.
 
     Never probes. An entry recorded under another fingerprint (another file, device, version or settings)
-    is not returned. ``memory_budget`` None means ``[probe] memory_budget`` from the config; when neither
-    names one, the most recent entry recorded under any budget for the same model, device and settings.
+    is not returned. ``memory_budget`` None (none named) finds the most recent entry recorded under any budget for
+    the same model, device and settings.
     """
     ctx = _context(model_path, settings, memory_budget, None)
-    cache = CapabilityCache(cache_path, staleness_days=staleness_days or _staleness_days())
+    cache = CapabilityCache(cache_path, staleness_days=staleness_days)
     return _find_entry(cache, ctx, budget_named=ctx.placement.memory_budget is not None)
 
 
@@ -404,7 +388,7 @@ def certify_context(model_path: str | os.PathLike[str] | None, n_ctx: int, *,
     if n_ctx > best:
         raise ProbeError(f"n_ctx {n_ctx} is over the {best} tokens that fit {ctx.model_path.name} on "
                          f"{ctx.placement.device.name} (analytic); use a smaller context")
-    cache = CapabilityCache(cache_path, staleness_days=staleness_days or _staleness_days())
+    cache = CapabilityCache(cache_path, staleness_days=staleness_days)
     existing = cache.get(ctx.fingerprint)
     fresh = existing is not None and not existing.stale
     trial = certify_size(ctx.model_path, settings, ctx.placement, n_ctx, progress=progress, timeout_s=trial_timeout_s)

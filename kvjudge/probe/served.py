@@ -28,7 +28,7 @@ from typing import Any
 from kvjudge.errors import ContextRefused, KvjudgeError, ProbeError, ServerError, ServerUnavailable
 from kvjudge.probe.cache import CapabilityCache, CapabilityEntry, utc_now
 from kvjudge.probe.certify import PROMPT_RESERVE, default_timeout, safe_context_for
-from kvjudge.probe.core import _staleness_days, fingerprint_of
+from kvjudge.probe.core import fingerprint_of
 from kvjudge.server_client import RetryPolicy, ServerClient, ServerInfo, normalize_url
 
 MAX_SERVED_TRIALS = 3
@@ -269,7 +269,7 @@ def probe_server(url: str, *, certify: bool = True, cache_path: str | Path | Non
     A fresh certified entry with the same fingerprint is reused unless ``refresh``. Without ``certify`` only the
     identification (and, where the server does not report it, the refusal that names its context) is done.
     """
-    cache = CapabilityCache(cache_path, staleness_days=staleness_days or _staleness_days())
+    cache = CapabilityCache(cache_path, staleness_days=staleness_days)
     client = _open(url, timeout_s)
     try:
         info = _identify(client)
@@ -332,7 +332,7 @@ def lookup_served(url: str, *, cache_path: str | Path | None = None, staleness_d
     ``identified``: what the caller's own ``identify()`` of this server just returned (not asked again).
     """
     url = normalize_url(url)
-    cache = CapabilityCache(cache_path, staleness_days=staleness_days or _staleness_days())
+    cache = CapabilityCache(cache_path, staleness_days=staleness_days)
     newest = _newest(cache, url)
     if newest is None or not verify:
         return ServedLookup(url, newest, False, "" if newest is not None else "no entry")

@@ -115,10 +115,10 @@ class Report:
 def judge_description(judge: Judge) -> dict[str, Any]:
     """Who judged: the model file and its sha256, or the server pool and the model it serves."""
     manifest = judge.manifest()
-    model_path = getattr(judge.backend, "model_path", None)
+    model_path = judge.backend.model_path
     return {"model": manifest.get("model"), "model_sha256": manifest.get("model_sha256"),
             "model_file": None if model_path is None else str(model_path),
-            "servers": list(getattr(judge.backend, "urls", None) or []),
+            "servers": list(judge.backend.servers),
             "backend": manifest.get("backend"), "backend_version": manifest.get("backend_version"),
             "template": manifest.get("template"), "chat_template_sha256": manifest.get("chat_template_sha256"),
             "template_version": manifest.get("template_version"), "show_verifier": manifest.get("show_verifier"),

@@ -44,6 +44,7 @@ from kvjudge.retention.reduce import (
     plan_reduction,
     reduce_run,
     run_tokens,
+    stored_tokens,
     view_refs,
 )
 from kvjudge.retention.state import BodyLocation, Branch, RunState, Transition, fold, fold_onto
@@ -80,7 +81,7 @@ __all__ = [
     "find_evidence", "fold", "fold_onto", "head_tail_extract", "measure",
     "ingest_paths", "is_reducible", "parse_checked", "ref_of",
     "ReductionPlan", "ReductionResult", "RunInColdStorage", "StalePlan", "Violation", "VerifyReport", "apply_plan",
-    "plan_reduction", "reduce_run", "run_tokens", "verify", "view_refs",
+    "plan_reduction", "reduce_run", "run_tokens", "stored_tokens", "verify", "view_refs",
     "REHYDRATE_POINTS", "TIER_POINTS", "ColdReader", "ColdStore", "ColdStores", "LocalDirColdStore", "Manifest",
     "RehydrateResult", "S3ColdStore", "TierGate", "TierPlan", "TierResult", "fallback_reader", "local_body_bytes",
     "open_cold_store", "plan_all", "recover", "rehydrate_run", "resolve_endpoint", "resolve_target", "tier_run",

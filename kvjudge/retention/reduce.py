@@ -41,7 +41,7 @@ from kvjudge.retention.evidence import find_evidence, is_patch
 from kvjudge.retention.extract import diff_extract, head_tail_extract
 from kvjudge.retention.state import DROPPED, LOCAL, REDUCED, TIERED, RunState, fold_onto, resolve
 from kvjudge.retention.worth import body_worth
-from kvjudge.tokens import TokenCounter
+from kvjudge.tokens import BatchCounter, TokenCounter, count_texts
 
 TextOf = Callable[[str], "str | None"]
 CountFn = Callable[[str], int]
@@ -557,6 +557,8 @@ def plan_stored(store: Any, state: RunState, target_tokens: int, counter: TokenC
         tokens = run_tokens(store, state, counter)
         if tokens > target_tokens:
             raise RunInColdStorage(state, tokens, target_tokens)
+    if isinstance(counter, BatchCounter):  # the run's bodies counted in one batch, not one request each
+        count_ahead(store, state, counter)
     return plan_reduction(state, store.text, counter, target_tokens, counts=store_counter_view(store, state, counter))
 
 
@@ -595,6 +597,18 @@ def run_tokens(store: Any, state: RunState, counter: TokenCounter) -> int:
     return total
 
 
+def stored_tokens(store: Any, state: RunState, counter_name: str) -> int | None:
+    """Tokens of visible text in ``state`` from the counts the store already has under ``counter_name``; None
+    when a body it shows was never counted (nothing is read or counted here: it costs one query)."""
+    known = store.cached_counts(state.bodies.keys(), counter_name)
+    if not known:  # never counted (the common case before a reduction): no need to work out what a reader sees
+        return None
+    refs = view_refs(state)
+    if any(ref not in known for ref in refs):
+        return None
+    return sum(known[ref] for ref in refs)
+
+
 def count_ahead(store: Any, state: RunState, counter: TokenCounter) -> None:
     """Count and store what :func:`run_tokens` of ``state`` would count, without holding any lock, so a later
     :func:`run_tokens` under a write lock reads stored counts only. Best effort: a body gone meanwhile (another
@@ -604,28 +618,32 @@ def count_ahead(store: Any, state: RunState, counter: TokenCounter) -> None:
 
 def _count_view(store: Any, state: RunState, counter: TokenCounter, *, missing_ok: bool) -> int | None:
     known = store.cached_counts(state.bodies.keys(), counter.name)
-    fresh: dict[str, int] = {}
-    total: int | None = 0
-    for ref in view_refs(state):
-        if ref not in known and ref not in fresh:
-            text = store.text(ref)
-            if text is None:
-                if missing_ok:
-                    total = None
-                    continue
-                location = state.bodies[ref]
-                if location.status == TIERED:  # a store opened without its cold reader
-                    raise ColdStoreError(f"run {state.id}: {short(ref)} is in cold storage at {location.target}; "
-                                         "counting it needs the store's cold reader")
-                raise IntegrityError(f"run {state.id}: the body of {short(ref)} is missing and no event explains it; "
-                                     f"run `kvjudge verify`")
-            fresh[ref] = counter.count(text)
-        if total is not None:
-            total += known.get(ref, fresh.get(ref, 0))
+    refs = view_refs(state)
+    texts: dict[str, str] = {}
+    missing = False
+    for ref in refs:
+        if ref in known or ref in texts:
+            continue
+        text = store.text(ref)
+        if text is None:
+            if missing_ok:
+                missing = True
+                continue
+            location = state.bodies[ref]
+            if location.status == TIERED:  # a store opened without its cold reader
+                raise ColdStoreError(f"run {state.id}: {short(ref)} is in cold storage at {location.target}; "
+                                     "counting it needs the store's cold reader")
+            raise IntegrityError(f"run {state.id}: the body of {short(ref)} is missing and no event explains it; "
+                                 f"run `kvjudge verify`")
+        texts[ref] = text
+    # One batch: a counter that asks servers has every body of the run in flight at once.
+    fresh = dict(zip(texts, count_texts(counter, list(texts.values()))))
     store.put_counts(counter.name, fresh)
-    return total
+    if missing:
+        return None
+    return sum(known.get(ref, fresh.get(ref, 0)) for ref in refs)
 
 
 __all__ = ["ReductionPlan", "ReductionResult", "RunInColdStorage", "StalePlan", "apply_plan", "branch_view",
            "count_ahead", "finish_deletions", "in_cold_storage", "plan_reduction", "plan_stored", "reduce_run", "resolve",
-           "run_tokens", "view_refs", "view_tokens"]
+           "run_tokens", "stored_tokens", "view_refs", "view_tokens"]

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kvjudge.config import data_dir
+from kvjudge.settings import data_dir
 from kvjudge.errors import IntegrityError, StoreError, UsageError
 from kvjudge.retention import events as ev
 from kvjudge.retention.blobs import BlobStore, short

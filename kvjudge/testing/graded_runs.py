@@ -110,7 +110,7 @@ def pytest_log(seed: int, test_path: str, passed: bool) -> tuple[str, str]:
         name = f"test_{_name(rng)}"
         lines += ["", f"___________________________ {name} ___________________________", "",
                   f"    def {name}():", f">       assert {_name(rng)}('a,b') == ['a', 'b']",
-                  f"E       AssertionError: assert ['a,b'] == ['a', 'b']", "",
+                  "E       AssertionError: assert ['a,b'] == ['a', 'b']", "",
                   f"{test_path}:{rng.randrange(10, 300)}: AssertionError"]
     if failed:
         outcome = f"==== {failed} failed, {total - failed} passed in {seconds:.2f}s ===="

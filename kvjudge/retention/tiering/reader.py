@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from kvjudge.config import Config
 from kvjudge.errors import ColdStoreError
 from kvjudge.retention.blobs import short
 from kvjudge.retention.cold import ColdStore
 from kvjudge.retention.state import TIERED
 from kvjudge.retention.store import Store
 from kvjudge.retention.tiering.targets import ColdStores, Notice
+from kvjudge.settings import RetentionSettings
 
 
 class ColdReader:
@@ -44,13 +44,12 @@ class ColdReader:
         return None
 
 
-def fallback_reader(config: Config | None, store: Store, *, endpoint_url: str | None = None,
+def fallback_reader(retention: RetentionSettings | None, store: Store, *, endpoint_url: str | None = None,
                     notice: Notice | None = None) -> ColdReader:
     """The reader ``kvjudge`` commands plug into ``store.fallback``, so reading a tiered run fetches its bodies.
 
     Each body is read where its move recorded; ``endpoint_url`` (``--endpoint-url``) says an S3 store moved
     (checked against each run's manifest before anything is read, see :mod:`.targets`).
     """
-    stores = (ColdStores.from_config(config, endpoint_url, notice=notice) if config is not None
-              else ColdStores(endpoint_url, override=endpoint_url, notice=notice))
+    stores = ColdStores.from_settings(retention or RetentionSettings(), endpoint_url, notice=notice)
     return ColdReader(store, stores)

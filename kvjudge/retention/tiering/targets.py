@@ -15,12 +15,12 @@ from __future__ import annotations
 import urllib.parse
 from collections.abc import Callable
 
-from kvjudge.config import Config, data_dir
 from kvjudge.errors import ColdStoreError
 from kvjudge.retention.blobs import ref_of, short
 from kvjudge.retention.cold import ColdStore, open_cold_store
 from kvjudge.retention.store import Store
 from kvjudge.retention.tiering.manifest import logged_manifest, started_event
+from kvjudge.settings import RetentionSettings, data_dir
 
 Notice = Callable[[str], None]
 
@@ -30,14 +30,14 @@ def default_target() -> str:
     return "file://" + str(data_dir() / "cold")
 
 
-def resolve_target(config: Config, to: str | None = None) -> str:
+def resolve_target(retention: RetentionSettings, to: str | None = None) -> str:
     """The target URL: ``to`` (``--to``), else ``[retention] cold``, else :func:`default_target`."""
-    return to or config.get("retention.cold", str, None) or default_target()
+    return to or retention.cold or default_target()
 
 
-def resolve_endpoint(config: Config, endpoint_url: str | None = None) -> str | None:
+def resolve_endpoint(retention: RetentionSettings, endpoint_url: str | None = None) -> str | None:
     """``--endpoint-url``, else ``[retention] endpoint_url``, else None (boto3 reads ``AWS_ENDPOINT_URL``)."""
-    return endpoint_url or config.get("retention.endpoint_url", str, None)
+    return endpoint_url or retention.endpoint_url
 
 
 def _is_s3(target: str) -> bool:
@@ -65,10 +65,10 @@ class ColdStores:
         self._moves: dict[tuple[str, str], ColdStore] = {}
 
     @classmethod
-    def from_config(cls, config: Config, endpoint_url: str | None = None, *,
-                    notice: Notice | None = None) -> ColdStores:
+    def from_settings(cls, retention: RetentionSettings, endpoint_url: str | None = None, *,
+                      notice: Notice | None = None) -> ColdStores:
         """A command's cold stores: ``endpoint_url`` is its ``--endpoint-url`` (None when not given)."""
-        return cls(resolve_endpoint(config, endpoint_url), override=endpoint_url, notice=notice)
+        return cls(resolve_endpoint(retention, endpoint_url), override=endpoint_url, notice=notice)
 
     def get(self, target: str) -> ColdStore:
         """The cold store at ``target`` for a new move (at :attr:`endpoint_url`)."""

@@ -1,0 +1,283 @@
+"""The argparse pieces commands share, and what their flags become: :class:`~kvjudge.settings.Settings` (file,
+environment, then flags), the judge target, and the pairs a judging command was given.
+
+A group of options that sets settings records which (``settings_flags`` in the parsed arguments), so
+:func:`settings_from` applies exactly the flags a command has, and an error names the flag a bad value came from.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from kvjudge.commands._output import info, progress
+from kvjudge.errors import UsageError
+from kvjudge.judge import DEFAULT_MARGIN, TEMPLATE_CHOICES, Judge, Verdict, judge_batch
+from kvjudge.judge.pairing import DEFAULT_POLICY, POLICIES, PairSelection, describe_pairs, same_task_pairs
+from kvjudge.settings import Settings
+from kvjudge.target import JudgeTarget
+
+# A flag that sets a setting: argparse dest → (the setting's dotted key, the flag as a user writes it).
+SETTING_FLAGS: dict[str, tuple[str, str]] = {
+    "store": ("retention.store", "--store"),
+    "to": ("retention.cold", "--to"),
+    "tokenizer_model": ("judge.tokenizer_model", "--tokenizer-model"),
+    "parallel": ("judge.parallel", "--parallel"),
+    "timeout": ("judge.timeout", "--timeout"),
+    "margin": ("judge.margin", "--margin"),
+    "template": ("judge.template", "--template"),
+    "threads": ("judge.threads", "--threads"),
+    "memory_budget": ("probe.memory_budget", "--memory-budget"),
+}
+# --model and --server choose the judge: --server URL (repeatable) the pool, --model PATH the local GGUF (then no
+# configured server applies); with both (`reduce`, `tier`), --model is a local copy of the served GGUF to count with.
+JUDGE_CHOICE = ("model", "server")
+# Options that mean something only to judge servers (checked once the settings say whether there are any).
+_SERVER_ONLY = ("parallel", "timeout", "tokenizer_model")
+
+
+def records_settings(parser: argparse.ArgumentParser, *dests: str) -> None:
+    """Note that ``dests`` (options just added to ``parser``) set settings (see :data:`SETTING_FLAGS`)."""
+    parser.set_defaults(settings_flags=(*(parser.get_default("settings_flags") or ()), *dests))
+
+
+def add_output_args(parser: argparse.ArgumentParser) -> None:
+    """``--json``, ``--raw`` and ``--config`` (every subcommand has all three)."""
+    parser.add_argument("--json", action="store_true", help="print one JSON object for scripts")
+    parser.add_argument("--raw", action="store_true",
+                        help="print run text as stored, terminal escape sequences included (default: control "
+                             "characters shown visibly, e.g. ␛[31m)")
+    parser.add_argument("--config", metavar="PATH", help="config file (default: ./kvjudge.toml)")
+
+
+def add_store_args(parser: argparse.ArgumentParser) -> None:
+    """``--store PATH`` (every command that reads or writes the run store)."""
+    parser.add_argument("--store", metavar="PATH", help="store file (default: [retention] store, else "
+                                                        "<data dir>/store.sqlite)")
+    records_settings(parser, "store")
+
+
+def add_endpoint_args(parser: argparse.ArgumentParser) -> None:
+    """``--endpoint-url URL`` (commands that reach an S3 cold store)."""
+    parser.add_argument("--endpoint-url", metavar="URL",
+                        help="S3 endpoint for new moves (default: [retention] endpoint_url, else AWS_ENDPOINT_URL / "
+                             "AWS config); a tiered run is read where its log says it went, and this overrides "
+                             "that only when the store at URL holds the same manifest (the store moved)")
+
+
+def add_results_args(parser: argparse.ArgumentParser) -> None:
+    """``--results [AGENT=]FILE`` (``ingest`` and ``grade``: evaluation results as held-out grades)."""
+    parser.add_argument("--results", metavar="[AGENT=]FILE", action="append", default=[],
+                        help="evaluation results as held-out grades: a SWE-bench summary report, per-instance "
+                             "report.json files, OpenHands output.swebench_eval.jsonl, Harbor result.json files, "
+                             "inspect logs (a directory is searched); repeatable")
+
+
+def add_ceiling_args(parser: argparse.ArgumentParser) -> None:
+    """``--ceiling``, ``--capabilities``, ``--model``, ``--server``: what a run's effective ceiling is computed from."""
+    parser.add_argument("--ceiling", type=int, metavar="N",
+                        help="lower the configured ceiling to N tokens (the hardware bound still applies)")
+    parser.add_argument("--capabilities", metavar="FILE",
+                        help="capability cache file (e.g. copied from the judge host; default: in the cache dir)")
+    parser.add_argument("--model", metavar="PATH", help="judge model GGUF (default: [judge] model or the default "
+                                                        "judge model); with --server: a local copy of the served "
+                                                        "GGUF to count tokens with")
+    parser.add_argument("--server", metavar="URL", action="append",
+                        help="the judge is this OpenAI-compatible server (repeat for a pool: the smallest served "
+                             "context bounds the ceiling): the ceiling comes from its `kvjudge probe --server` "
+                             "entry, probed on first use (default: [judge] servers / server, unless --model is "
+                             "given)")
+    parser.add_argument("--tokenizer-model", metavar="PATH",
+                        help="with --server: a local copy of the served GGUF, to count tokens without the server "
+                             "(default: [judge] tokenizer_model)")
+    records_settings(parser, *JUDGE_CHOICE, "tokenizer_model")
+
+
+def add_judge_args(parser: argparse.ArgumentParser, *, also_templates: tuple[str, ...] = ()) -> None:
+    """What ``judge``, ``eval``, ``rank`` and ``report`` share: the pairs, the backend, the framing, the window.
+
+    ``also_templates``: further ``--template`` values a command understands (``eval``'s ``both``: then the
+    command passes the framing to the judge itself)."""
+    parser.add_argument("runs", nargs="*", metavar="RUN", help="two run ids: RUN_A RUN_B")
+    parser.add_argument("--pairs", metavar="FILE", help='JSONL file of pairs, one {"a": RUN, "b": RUN} per line')
+    parser.add_argument("--task", metavar="TASK", help="every pair of runs on this task id")
+    parser.add_argument("--trials", choices=POLICIES, default=DEFAULT_POLICY,
+                        help="when an agent ran a task several times: matched pairs trial i with trial i of each "
+                             "other agent, all pairs every two runs on the task (default: matched; runs without a "
+                             "trial pair with every run on their task)")
+    backend = parser.add_mutually_exclusive_group()
+    backend.add_argument("--model", metavar="PATH", help="judge model GGUF (default: [judge] model, else the "
+                                                         "default judge model)")
+    backend.add_argument("--server", metavar="URL", action="append",
+                         help="OpenAI-compatible server (llama.cpp, llama-cpp-python, vLLM) instead of in-process "
+                              "llama-cpp-python; repeat for a pool of servers of one model (default: [judge] servers "
+                              "or [judge] server; a server without a `kvjudge probe --server` entry is probed on "
+                              "first use)")
+    parser.add_argument("--parallel", type=int, metavar="N",
+                        help="with servers: requests in flight per server (default: [judge] parallel or 2)")
+    parser.add_argument("--timeout", type=float, metavar="S",
+                        help="with servers: seconds per request (default: [judge] timeout or 600)")
+    parser.add_argument("--tokenizer-model", metavar="PATH",
+                        help="with --server: a local copy of the served GGUF, to count tokens without the server "
+                             "(and read its chat template)")
+    parser.add_argument("--n-ctx", type=int, metavar="N",
+                        help="upper bound on the judge window (default: sized to each batch of pairs, capped by "
+                             "the certified safe_context, else the analytic max_context_tokens)")
+    parser.add_argument("--no-certify", action="store_true",
+                        help="never certify the window size first (the window is then labelled not certified)")
+    parser.add_argument("--template", choices=(*TEMPLATE_CHOICES, *also_templates), default=None,
+                        help="prompt framing: the model's chat template, raw, or auto (chat when the GGUF has a "
+                             "template; default: [judge] template, else auto)"
+                             + "".join(f"; {name}: each framing in turn" for name in also_templates))
+    parser.add_argument("--threads", type=int, metavar="N", help="CPU threads (default: [judge] threads or "
+                                                                 "llama-cpp-python's default)")
+    parser.add_argument("--margin", type=float, metavar="M",
+                        help=f"tie margin on |p_a - 0.5| (default: [judge] margin or {DEFAULT_MARGIN})")
+    parser.add_argument("--show-verifier", action="store_true",
+                        help="show verifier results to the judge (hidden by default: grades often derive from them)")
+    parser.add_argument("--show-grades", action="store_true", help="show recorded grades to the judge "
+                                                                   "(experiments only)")
+    parser.add_argument("--no-cache", action="store_true", help="do not read or write cached judgments")
+    records_settings(parser, *JUDGE_CHOICE, "parallel", "timeout", "tokenizer_model", "threads", "margin",
+                     *(() if also_templates else ("template",)))
+    add_store_args(parser)
+    add_endpoint_args(parser)  # tiered runs are read where their moves went (--endpoint-url: the store moved)
+    add_output_args(parser)
+
+
+# ------------------------------------------------------------------------------------- settings and target
+def settings_from(args: argparse.Namespace) -> Settings:
+    """The settings of a command: its ``--config`` file (else ``KVJUDGE_CONFIG``, else ``./kvjudge.toml``), then the
+    flags it was given; a bad value is one line naming the flag."""
+    settings = Settings.load(getattr(args, "config", None))
+    dests = getattr(args, "settings_flags", None) or ()
+    values: dict[str, Any] = {}
+    names: dict[str, str] = {}
+    for dest in dests:
+        if dest in SETTING_FLAGS and getattr(args, dest, None) is not None:
+            key, flag = SETTING_FLAGS[dest]
+            values[key], names[key] = getattr(args, dest), flag
+    unset: tuple[str, ...] = ()
+    if "model" in dests:
+        model, servers = getattr(args, "model", None), getattr(args, "server", None)
+        servers = [servers] if isinstance(servers, str) else servers
+        if servers:
+            values["judge.servers"], names["judge.servers"] = tuple(servers), "--server"
+            unset = ("judge.server",)
+            if model and "judge.tokenizer_model" not in values:
+                values["judge.tokenizer_model"], names["judge.tokenizer_model"] = model, "--model"
+        elif model:
+            values["judge.model"], names["judge.model"] = model, "--model"
+            unset = ("judge.server", "judge.servers")
+    settings = settings.with_overrides(values, names, unset=unset)
+    _check_server_flags(args, dests, settings)
+    return settings
+
+
+def _check_server_flags(args: argparse.Namespace, dests: tuple[str, ...], settings: Settings) -> None:
+    given = [SETTING_FLAGS[dest][1] for dest in _SERVER_ONLY if dest in dests and getattr(args, dest) is not None]
+    if not settings.judge.server_urls and given:
+        raise UsageError(f"{', '.join(given)} only apply to judge servers (--server URL)")
+    if settings.judge.server_urls and "threads" in dests and args.threads is not None:
+        raise UsageError("--threads applies to the in-process judge; a server uses its own threads")
+
+
+def target_from(args: argparse.Namespace, *, ceiling: int | None = None,
+                settings: Settings | None = None) -> JudgeTarget:
+    """The judge target of a command: its settings, ``--capabilities`` (where it has one), a lowered ``ceiling``,
+    notes on stderr."""
+    return JudgeTarget.resolve(settings or settings_from(args), capabilities=getattr(args, "capabilities", None),
+                               ceiling=ceiling, say=info)
+
+
+@contextlib.contextmanager
+def opened_judge(args: argparse.Namespace, target: JudgeTarget, *, template: str | None = None) -> Iterator[Judge]:
+    """The judge of a judging command (``add_judge_args``: window, certification, held-out inputs, cache), its
+    backend closed on the way out."""
+    info("loading the judge backend…")
+    judge = target.open_judge(n_ctx=args.n_ctx, certify=not args.no_certify, template=template,
+                              show_verifier=args.show_verifier, show_grades=args.show_grades,
+                              use_cache=not args.no_cache)
+    try:
+        yield judge
+    finally:
+        judge.backend.close()
+
+
+def judged(judge: Judge, store: Any, pairs: Sequence[tuple[str, str]], description: str = "judging") -> list[Verdict]:
+    """:func:`~kvjudge.judge.judge_batch` of ``pairs``, with a progress bar on a terminal (a step per order)."""
+    with progress(description, len(pairs) * 2) as advance:
+        judge.planner.progress = lambda message: advance(0, description=message)
+        return judge_batch(judge, store, pairs, on_call=advance)
+
+
+# ------------------------------------------------------------------------------------------------- pairs
+def jsonl_objects(path: str, what: str, hint: str) -> list[tuple[int, dict[str, Any]]]:
+    """The JSON objects of a JSONL file, with their line numbers; one-line errors name the file and line.
+
+    ``what`` names the file in errors ("pairs file"), ``hint`` says what a line holds.
+    """
+    file = Path(path)
+    if not file.is_file():
+        raise UsageError(f"{what} {file} does not exist; pass a JSONL file of {hint}")
+    items: list[tuple[int, dict[str, Any]]] = []
+    for number, line in enumerate(file.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except ValueError as exc:
+            raise UsageError(f"{file}:{number}: not JSON ({exc.args[0]}); each line is {hint}") from exc
+        if not isinstance(item, dict):
+            raise UsageError(f"{file}:{number}: not an object; each line is {hint}")
+        items.append((number, item))
+    if not items:
+        raise UsageError(f"{what} {file} holds nothing")
+    return items
+
+
+def _pairs_from_file(path: str) -> list[tuple[str, str]]:
+    pairs: list[tuple[str, str]] = []
+    for number, item in jsonl_objects(path, "pairs file", '{"a": RUN, "b": RUN} lines'):
+        if not isinstance(item.get("a"), str) or not isinstance(item.get("b"), str):
+            raise UsageError(f"{Path(path)}:{number}: needs string fields \"a\" and \"b\" (run ids)")
+        pairs.append((item["a"], item["b"]))
+    return pairs
+
+
+def select_pairs(args: argparse.Namespace, store: Any, *, default_all: bool = False,
+                 keep: Callable[[Any, Any], bool] | None = None) -> PairSelection:
+    """The pairs named by RUN_A RUN_B, ``--pairs FILE`` or ``--task TASK`` (or, with ``default_all``, every
+    same-task pair of the store), the trials of an agent paired by ``--trials``
+    (:func:`kvjudge.judge.pairing.same_task_pairs`); unknown runs and self-pairs are errors before any model
+    loads."""
+    chosen = sum([bool(args.runs), args.pairs is not None, args.task is not None])
+    if chosen > 1 or (chosen == 0 and not default_all):
+        raise UsageError("name the pairs one way: RUN_A RUN_B, --pairs FILE or --task TASK")
+    if args.runs:
+        if len(args.runs) != 2:
+            raise UsageError(f"judge takes two run ids (RUN_A RUN_B), got {len(args.runs)}")
+        pairs = [(args.runs[0], args.runs[1])]
+    elif args.pairs is not None:
+        pairs = _pairs_from_file(args.pairs)
+    else:
+        selection = same_task_pairs(store.iter_runs(task=args.task), task=args.task, policy=args.trials, keep=keep)
+        pairs = selection.pairs
+        if args.task is not None and not pairs:
+            count = len(store.run_ids(task=args.task))
+            raise UsageError(f"task {args.task!r} has {count} run(s) in the store that pair under --trials "
+                             f"{args.trials}; a pair needs two")
+        if not pairs:
+            raise UsageError("the store holds no two runs on one task; ingest runs, or name the pairs")
+    for a, b in pairs:
+        if a == b:
+            raise UsageError(f"pair ({a}, {b}) names one run twice; a judge compares two runs")
+        for run_id in (a, b):
+            store.run(run_id)  # an unknown run is an error before any model call (StoreError names it)
+    if args.runs or args.pairs is not None:
+        return describe_pairs(pairs, store.run, "named")
+    return selection

@@ -1,0 +1,318 @@
+"""The judge target: which judge reads the runs, and every figure that follows from that choice.
+
+One object, resolved from :class:`~kvjudge.settings.Settings`, answers what every command, the demo and the
+Python API need to know about the judge; nothing is loaded, asked or probed until a figure is wanted:
+
+- **the judge**: a local GGUF judged in-process (``[judge] model``, else the bundled judge model), or a pool of
+  OpenAI-compatible servers of one model (``[judge] servers``, or ``server`` alone);
+- **its capability entries**: the local model's on this device, looked up under ``[probe] memory_budget``; each
+  server's ``kvjudge probe --server`` entry. A pool member without an entry is probed on first use (at most three
+  requests, announced on one line); one that cannot be reached leaves the figure unknown;
+- **max_context_tokens**: the local entry's, or the smallest of the pool's (any member may read a pair);
+- **the ceiling per tenant**: ``min(configured, max_context_tokens // 2)`` through
+  :func:`kvjudge.budget.effective_ceiling` (the configured value lowered by ``ceiling`` when given), with the bound
+  that won. Without a probe figure it is :class:`~kvjudge.errors.CapabilityMissing`, never the configured value
+  alone;
+- **the token counter** of ``[retention] counter`` (what reduction, tiering and ``runs`` count with): ``chars`` and
+  ``tiktoken`` as named; ``model`` is the judge's own tokenizer — the local GGUF's; for a served judge the GGUF
+  named by ``[judge] tokenizer_model``, else the served file when it is readable here (its sha256 the entry's, or
+  its tokenization checked against the server's), else ``[judge] model`` when it tokenizes as the server does,
+  else the servers' own ``/tokenize``, a batch of bodies in flight
+  at once across the pool (``[judge] parallel`` requests per server);
+- **the cold stores**, **the store** (with its reader of tiered bodies) and **the judge** (backend, framing,
+  window planner).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from kvjudge import models
+from kvjudge.budget import CeilingBound, effective_ceiling
+from kvjudge.errors import CapabilityMissing, KvjudgeError, ServerError, UsageError
+from kvjudge.judge import Judge, LlamaBackend, WindowPlanner, open_servers
+from kvjudge.judge.servers import local_tokenizer
+from kvjudge.probe import CapabilityEntry, lookup_capability, lookup_served, probe_server
+from kvjudge.probe.served import MAX_SERVED_TRIALS
+from kvjudge.retention import ColdReader, ColdStores, Store, resolve_target
+from kvjudge.server_client import ServerClient, ServerInfo, ServerTokenCounter
+from kvjudge.settings import Settings
+from kvjudge.tokens import ModelTokenizer, ParallelCounter, TokenCounter, make_counter
+
+Say = Callable[[str], None]
+
+# The figures of a capability entry worth showing (trials are the probe's business).
+ENTRY_FIELDS = ("fingerprint", "model_sha256", "device", "max_context_tokens", "max_ok_input", "safe_context",
+                "certified", "certified_at", "method", "stale")
+
+
+def entry_summary(entry: CapabilityEntry | None) -> dict[str, Any] | None:
+    """The displayable figures of a capability entry (None stays None)."""
+    if entry is None:
+        return None
+    return {name: getattr(entry, name, None) for name in ENTRY_FIELDS}
+
+
+def _silent(_message: str) -> None:
+    return None
+
+
+class JudgeTarget:
+    """The judge of ``settings`` and what follows from it (see the module doc). Build it with :meth:`resolve`.
+
+    ``capabilities`` is the capability cache file to read (``--capabilities``; default: the one in the cache dir);
+    ``ceiling`` lowers every configured ceiling to at most that many tokens (``--ceiling``); ``say`` hears the
+    one-line notes (a stale entry, a member probed on first use, a server dropped).
+    """
+
+    def __init__(self, settings: Settings, *, capabilities: str | Path | None = None, ceiling: int | None = None,
+                 say: Say | None = None) -> None:
+        if ceiling is not None and ceiling <= 0:
+            raise UsageError(f"--ceiling must be a positive number of tokens, got {ceiling}")
+        self.settings = settings
+        self.capabilities = capabilities
+        self.lowered_to = ceiling
+        self.say: Say = say or _silent
+        self._model_path: Path | None = None
+        self._entries: dict[str, CapabilityEntry | None] | None = None
+        self._missing: dict[str, str] = {}
+        self._counter: TokenCounter | None = None
+
+    @classmethod
+    def resolve(cls, settings: Settings | None = None, *, capabilities: str | Path | None = None,
+                ceiling: int | None = None, say: Say | None = None) -> JudgeTarget:
+        """The target of ``settings`` (default: :meth:`Settings.load`): nothing loaded, asked or probed yet."""
+        return cls(settings if settings is not None else Settings.load(), capabilities=capabilities,
+                   ceiling=ceiling, say=say)
+
+    # ------------------------------------------------------------------------------------------ the judge
+    @property
+    def servers(self) -> tuple[str, ...]:
+        """The judge servers (a pool of one model); empty when the judge runs in-process."""
+        return self.settings.judge.server_urls
+
+    @property
+    def served(self) -> bool:
+        return bool(self.servers)
+
+    @property
+    def model_path(self) -> Path:
+        """The local judge GGUF: ``[judge] model``, else the bundled judge model (fetched on first use)."""
+        if self._model_path is None:
+            named = self.settings.judge.model
+            self._model_path = models.resolve_model(named) if named else models.judge_model_path()
+        return self._model_path
+
+    @property
+    def label(self) -> str:
+        """The judge in words: the local GGUF's path, or ``MODEL @ URL`` of the member bounding the figures."""
+        if not self.served:
+            return str(self.model_path)
+        entry = self.entry
+        return f"{entry.server['model_id']} @ {entry.server['url']}" if entry else ", ".join(self.servers)
+
+    # ---------------------------------------------------------------------------------- capability entries
+    def entries(self) -> dict[str, CapabilityEntry | None]:
+        """Each capability entry by the model path or server URL it is for (None: no figure is known); a pool
+        member without an entry is probed here, once."""
+        if self._entries is None:
+            if self.served:
+                self._entries = {url: self._served_entry(url) for url in self.servers}
+            else:
+                self._entries = {str(self.model_path): self._local_entry(self.model_path)}
+        return self._entries
+
+    @property
+    def entry(self) -> CapabilityEntry | None:
+        """The entry that bounds the figures: the local model's, or the pool member's with the smallest
+        ``max_context_tokens``."""
+        known = [entry for entry in self.entries().values() if entry is not None]
+        return min(known, key=lambda entry: entry.max_context_tokens) if known else None
+
+    @property
+    def max_context_tokens(self) -> int | None:
+        """The local entry's, or the smallest of the pool's; None while any member's is unknown."""
+        entries = self.entries()
+        if any(entry is None for entry in entries.values()):
+            return None
+        return min(entry.max_context_tokens for entry in entries.values() if entry is not None)
+
+    def local_entry(self, model_path: str | Path) -> CapabilityEntry | None:
+        """The capability entry of a local GGUF on this device under ``[probe] memory_budget`` (never probes;
+        a stale one is returned with a note)."""
+        return self._local_entry(Path(model_path))
+
+    def _local_entry(self, model_path: Path) -> CapabilityEntry | None:
+        probe = self.settings.probe
+        entry = lookup_capability(model_path, cache_path=self.capabilities, memory_budget=probe.memory_budget,
+                                  staleness_days=probe.staleness_days)
+        if entry is None:
+            self._missing[str(model_path)] = (f"no probe figure for the judge model {model_path} on this device (its "
+                                              f"max_context_tokens), so the ceiling cannot be bounded; run `kvjudge "
+                                              f"probe --model {model_path}` (or pass --capabilities FILE)")
+        elif entry.stale:
+            self.say(f"the capability entry for {model_path} is stale; rerun `kvjudge probe --model {model_path}`")
+        return entry
+
+    def _served_entry(self, url: str) -> CapabilityEntry | None:
+        found = lookup_served(url, cache_path=self.capabilities, staleness_days=self.settings.probe.staleness_days)
+        if found.entry is None:
+            return self._probe_on_first_use(found.url, found.reason)
+        if not found.verified and found.reason:
+            self.say(f"note: {found.reason}; using the figures probed at {found.entry.age_reference()}")
+        if found.entry.stale:
+            self.say(f"the capability entry for the model served at {found.url} is stale; rerun "
+                     f"`kvjudge probe --server {found.url} --refresh`")
+        return found.entry
+
+    def _probe_on_first_use(self, url: str, reason: str) -> CapabilityEntry | None:
+        why = f" ({reason})" if reason not in ("", "no entry") else ""
+        self.say(f"no capability entry for the model served at {url}{why}: probing it now (at most "
+                 f"{MAX_SERVED_TRIALS} requests; `kvjudge probe --server {url}` does this ahead of time)")
+        try:
+            return probe_server(url, cache_path=self.capabilities,
+                                staleness_days=self.settings.probe.staleness_days).entry
+        except KvjudgeError as exc:
+            self._missing[url] = (f"no probe figure for the model served at {url}{why} (its max_context_tokens), "
+                                  f"and probing it failed ({exc}); run `kvjudge probe --server {url}` once it "
+                                  f"answers")
+            return None
+
+    # ------------------------------------------------------------------------------------------- ceilings
+    def ceiling(self, tenant: str | None = None) -> CeilingBound:
+        """The effective ceiling of ``tenant`` and the bound that won; CapabilityMissing without a probe figure."""
+        configured = self.settings.retention.ceiling_for(tenant)
+        if self.lowered_to is not None:
+            configured = min(configured, self.lowered_to)
+        max_context = self.max_context_tokens
+        if max_context is None:
+            raise CapabilityMissing("; ".join(self._missing.values()) or "no probe figure for the judge")
+        return effective_ceiling(configured, max_context)
+
+    def ceiling_figures(self, tenant: str | None = None) -> dict[str, Any]:
+        """The figures behind a tenant's ceiling (what ``--json`` shows as ``ceilings``)."""
+        bound = self.ceiling(tenant)
+        return {"configured": bound.configured, "max_context_tokens": self.max_context_tokens,
+                "hardware_bound": bound.hardware_bound, "effective": bound.effective, "winner": bound.winner}
+
+    def ceilings(self, tenants: Iterable[str]) -> tuple[dict[str, dict[str, Any]], str | None]:
+        """Every tenant's figures, or none and the reason (no probe figure yet) — for a report's header."""
+        try:
+            return {tenant: self.ceiling_figures(tenant) for tenant in sorted(tenants)}, None
+        except CapabilityMissing as exc:
+            return {}, str(exc)
+
+    def describe(self) -> dict[str, Any]:
+        """The judge, its servers and the figures of the entry that bounds them (JSON-ready)."""
+        entry = self.entry
+        return {"judge": self.label, "servers": list(self.servers), "model_sha256": entry.model_sha256 if entry
+                else None, "max_context_tokens": self.max_context_tokens, "capability": entry_summary(entry)}
+
+    # -------------------------------------------------------------------------------------- token counter
+    def counter(self) -> TokenCounter:
+        """The counter of ``[retention] counter`` (see the module doc); built once."""
+        if self._counter is None:
+            spec = self.settings.retention.counter
+            if spec.partition(":")[0] != "model":
+                self._counter = make_counter(spec)
+            elif not self.served:
+                self._counter = ModelTokenizer(self.model_path)
+            else:
+                self._counter = self._served_counter()
+        return self._counter
+
+    def _served_counter(self) -> TokenCounter:
+        named = self.settings.judge.tokenizer_model
+        if named:
+            return ModelTokenizer(models.resolve_model(named))
+        entry = self.entry
+        if entry is not None and entry.model_sha256 and Path(entry.model_path).is_file() \
+                and models.file_sha256(entry.model_path) == entry.model_sha256:
+            return ModelTokenizer(entry.model_path, sha256=entry.model_sha256)
+        counters: list[ServerTokenCounter] = []
+        for url in self.servers:
+            client = ServerClient(url, timeout_s=self.settings.judge.timeout)
+            try:
+                info = client.identify()
+            except ServerError as exc:  # an unreachable member counts nothing; the others do
+                self.say(f"judge server {client.url} left out of counting: {exc}")
+                client.close()
+                continue
+            if not counters:
+                checked = self._checked_vocabulary(info, client)
+                if checked is not None:
+                    client.close()
+                    return checked
+            member = ServerTokenCounter(client, info.model_id)
+            member.count("")  # the tokenize route and the BOS it adds, found once before requests go in parallel
+            counters.append(member)
+        if not counters:
+            raise CapabilityMissing(f"no judge server answers to count tokens ({', '.join(self.servers)}); name a "
+                                    f"local copy of the served GGUF with [judge] tokenizer_model / "
+                                    f"--tokenizer-model")
+        return ParallelCounter(counters, parallel=self.settings.judge.parallel)
+
+    def _checked_vocabulary(self, info: ServerInfo, client: ServerClient) -> TokenCounter | None:
+        """A local GGUF that tokenizes as the server does: the served file when it is readable here, else
+        ``[judge] model`` (a local copy of the same model under another path). None: count with the servers."""
+        candidates = [info.model_path, self.settings.judge.model]
+        for path in dict.fromkeys(candidate for candidate in candidates if candidate):
+            checked = local_tokenizer(dataclasses.replace(info, model_path=path), client)
+            if checked is not None:
+                return checked
+        return None
+
+    # ------------------------------------------------------------------------------------ store and tiers
+    def cold_stores(self, endpoint_url: str | None = None) -> ColdStores:
+        """The cold stores a command opens: new moves at ``endpoint_url`` (``--endpoint-url``, which also says an
+        S3 store moved), else ``[retention] endpoint_url``, else boto3's resolution; recorded moves where their log
+        says. Notices (an old log without endpoints) go to ``say``, once."""
+        return ColdStores.from_settings(self.settings.retention, endpoint_url, notice=self.say)
+
+    def cold_target(self) -> str:
+        """Where new moves go: ``[retention] cold`` (``--to``), else a ``cold`` directory in the data dir."""
+        return resolve_target(self.settings.retention)
+
+    def open_store(self, path: str | Path | None = None, *, read_tiered: bool = True,
+                   stores: ColdStores | None = None) -> Store:
+        """The store at ``path``, else ``[retention] store``, else ``<data dir>/store.sqlite``. With
+        ``read_tiered`` a tiered body is read from its cold store through ``stores`` (default:
+        :meth:`cold_stores`); tiering itself moves local bodies and opens the store without that reader."""
+        store = Store.open(path or self.settings.retention.store)
+        if read_tiered:  # the reader looks up where each tiered body went, so it needs the store
+            store.fallback = ColdReader(store, stores or self.cold_stores())
+        return store
+
+    # ------------------------------------------------------------------------------------------ the judge
+    def open_judge(self, *, n_ctx: int | None = None, certify: bool = True, template: str | None = None,
+                   margin: float | None = None, show_verifier: bool = False, show_grades: bool = False,
+                   use_cache: bool = True) -> Judge:
+        """The Judge: its backend (not yet loaded: the planner sizes the window to the pairs), framing (``template``,
+        else ``[judge] template``), tie margin (``[judge] margin``) and held-out inputs.
+
+        With servers the backend is a :class:`~kvjudge.judge.ServerPool` windowed from each member's capability
+        entry (a member without one is probed first); ``n_ctx`` only lowers the window (and, given, lets a member
+        without an entry judge within its reported context, not certified, without probing it)."""
+        chosen = self.settings.judge
+        if self.served:
+            if n_ctx is None:  # a member without an entry is probed first, where the pool would refuse it
+                self.entries()
+            backend: Any = open_servers(
+                self.servers, n_ctx=n_ctx, tokenizer_model=chosen.tokenizer_model, parallel=chosen.parallel,
+                timeout_s=chosen.timeout, cache_path=self.capabilities,
+                staleness_days=self.settings.probe.staleness_days,
+                on_drop=lambda url, why: self.say(f"judge server {url} dropped: {why}"))
+        else:
+            backend = LlamaBackend(model_path=self.model_path, n_threads=chosen.threads)
+        try:
+            planner = WindowPlanner(backend, requested=n_ctx, certify=certify,
+                                    memory_budget=self.settings.probe.memory_budget, say=self.say)
+            return Judge(backend, margin=chosen.margin if margin is None else margin, show_grades=show_grades,
+                         show_verifier=show_verifier, use_cache=use_cache, template=template or chosen.template,
+                         planner=planner)
+        except Exception:
+            backend.close()
+            raise
