@@ -1,7 +1,7 @@
 """Does a reduced run keep the evidence a grader needs? Today's uniform head-and-tail reduction beside kvjudge's.
 
 ``--runs`` SWE-bench-shaped trajectories (default 60) are generated with
-:func:`kvjudge.retention.ingest.synthetic.make_episode` — 50–120 transitions, 10k–40k tokens, a final patch of
+:func:`kvjudge.testing.trajectories.make_episode` — 50–120 transitions, 10k–40k tokens, a final patch of
 10–80 changed lines in 1–4 hunks, test runs among the steps and a last one before the submission — written as
 mini-swe-agent 2.x saves them and ingested with ``kvjudge``'s own importer. Each run is reduced to ceilings of
 2k, 4k, 8k, 16k and 32k tokens (counted with the judge model's tokenizer, ``--counter``) in two ways:
@@ -43,9 +43,9 @@ from kvjudge.retention import Store
 from kvjudge.retention.blobs import short
 from kvjudge.retention.evidence import measure
 from kvjudge.retention.extract import _cut_head, _cut_tail
-from kvjudge.retention.ingest.synthetic import make_episode, mini_swe_agent_v2
 from kvjudge.retention.reduce import plan_reduction, view_refs
 from kvjudge.retention.state import LOCAL, RunState
+from kvjudge.testing.trajectories import make_episode, mini_swe_agent_v2
 from kvjudge.tokens import TokenCounter, make_counter
 
 CEILINGS = (2048, 4096, 8192, 16384, 32768)

@@ -48,10 +48,11 @@ from pathlib import Path
 from typing import Any
 
 from kvjudge.retention.ingest.archive import Archive
-from kvjudge.retention.ingest.synthetic import make_episode, mini_swe_agent_v1, mini_swe_agent_v2, swe_agent
-from kvjudge.testing.harbor import TrialSpec, write_job
 from kvjudge.testing import openhands
+from kvjudge.testing.harbor import TrialSpec, write_job
 from kvjudge.testing.inspect_logs import eval_spec, sample, write_eval, write_json_log
+from kvjudge.testing.jsonl import write_jsonl
+from kvjudge.testing.trajectories import make_episode, mini_swe_agent_v1, mini_swe_agent_v2, swe_agent
 
 MODELS = ("anthropic/claude-sonnet-4-5-20250929", "openai/gpt-5-mini", "hosted_vllm/qwen3-coder-30b")
 # Bytes of tool output per byte of a written file, measured on make_episode's output (so files average
@@ -134,7 +135,7 @@ def openhands_output(directory: Path, n: int, run_mb: float, seed: int) -> list[
             target_bytes=int(run_mb * 1e6 * rng.uniform(0.3, 1.7) * _HARNESS_OUTPUT_SHARE["openhands"])), model)
             for index in range(number, n, 2))
         folder = directory / openhands.eval_metadata(model)["eval_output_dir"]
-        sizes.append(openhands.write_jsonl(folder / "output.jsonl", lines).stat().st_size)
+        sizes.append(write_jsonl(folder / "output.jsonl", lines).stat().st_size)
     return sizes
 
 

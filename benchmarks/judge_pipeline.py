@@ -1,7 +1,7 @@
 """The judging pipeline at scale, against a simulated judge that answers at once: only kvjudge is timed.
 
 Two agents × ``--n`` trajectories (mini-swe-agent v1, about 40 KB and 12.5k tokens each, from
-:mod:`kvjudge.retention.ingest.synthetic`) are ingested into a fresh store, and every body is counted once with the
+:mod:`kvjudge.testing.trajectories`) are ingested into a fresh store, and every body is counted once with the
 served model's tokenizer (what ``kvjudge runs`` or ingest leaves behind). The simulated judge
 (:mod:`kvjudge.testing.sim_judge`, vLLM's API, a cheap tokenizer, no local copy of its vocabulary: kvjudge counts
 through ``/tokenize``) runs in a child process with a large enough context that every pair is read whole. Then, with
@@ -41,9 +41,9 @@ from typing import Any
 
 from kvjudge.judge import Judge, PackedView, judge_batch, open_servers, pack_pair, pair_bases
 from kvjudge.retention import Store
-from kvjudge.retention.ingest.synthetic import make_episode, mini_swe_agent_v1
 from kvjudge.server_client import ServerClient
 from kvjudge.testing.sim_judge import SimJudge
+from kvjudge.testing.trajectories import make_episode, mini_swe_agent_v1
 
 AGENTS = ("anthropic/claude-sonnet-4-5-20250929", "openai/gpt-5-mini")
 TARGET_PAIRS_PER_S = 20.0

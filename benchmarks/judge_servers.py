@@ -34,7 +34,9 @@ from typing import Any
 from kvjudge.judge import SCORED, Judge, LlamaBackend, Verdict, judge_batch, open_servers
 from kvjudge.models import default_model_path
 from kvjudge.retention import Store
-from kvjudge.retention.synthetic import filler, make_run, write_jsonl
+from kvjudge.testing.filler import filler
+from kvjudge.testing.jsonl import write_jsonl
+from kvjudge.testing.native_runs import make_run
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from llama_server import LlamaServer  # noqa: E402  (the same launcher the tests use)

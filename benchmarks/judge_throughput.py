@@ -30,7 +30,9 @@ from typing import Any
 from kvjudge.judge import Judge, LlamaBackend, pack_pair
 from kvjudge.models import default_model_path
 from kvjudge.retention import Store
-from kvjudge.retention.synthetic import filler, make_run, write_jsonl
+from kvjudge.testing.filler import filler
+from kvjudge.testing.jsonl import write_jsonl
+from kvjudge.testing.native_runs import make_run
 
 TARGET_RATIO = 0.9
 

@@ -31,9 +31,11 @@ from typing import Any
 from kvjudge.judge import Judge, LlamaBackend, WindowPlanner
 from kvjudge.models import default_model_path
 from kvjudge.retention import Store
-from kvjudge.retention.synthetic import filler, make_run, write_jsonl
 from kvjudge.testing.browser import chromium, open_page
+from kvjudge.testing.filler import filler
+from kvjudge.testing.jsonl import write_jsonl
 from kvjudge.testing.judgments import seed_judgments
+from kvjudge.testing.native_runs import make_run
 
 TARGET_LOAD_S = 2.0        # the index of 500 pairs opens within this
 TARGET_RATIO = 1.0         # and faster than the one-file report (index / one file below this)

@@ -1,7 +1,7 @@
 """`kvjudge runs` on a large store never waits for a tokenizer: its first listing against the least a listing does.
 
 Two agents × N/2 SWE-bench-shaped trajectories (mini-swe-agent v1 files of about 40 KB, from
-:mod:`kvjudge.retention.ingest.synthetic`) are ingested into a fresh store; nothing has counted their tokens yet.
+:mod:`kvjudge.testing.trajectories`) are ingested into a fresh store; nothing has counted their tokens yet.
 Then, each in a fresh child process:
 
 - **kvjudge**: ``kvjudge runs --json`` — the whole command, start-up included: it lists every run with the token
@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from kvjudge.retention.ingest.synthetic import make_episode, mini_swe_agent_v1
+from kvjudge.testing.trajectories import make_episode, mini_swe_agent_v1
 
 _BARE = """
 import sys, time

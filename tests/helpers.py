@@ -15,7 +15,7 @@ import pytest
 
 from kvjudge.cli import main
 from kvjudge.retention import Store
-from kvjudge.retention.synthetic import write_jsonl
+from kvjudge.testing.jsonl import write_jsonl
 
 
 def _child_env(faults: str | None, env: Mapping[str, str] | None) -> dict[str, str]:

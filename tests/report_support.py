@@ -11,9 +11,10 @@ from helpers import store_from_runs
 
 from kvjudge.judge import Judge, LlamaBackend, WindowPlanner
 from kvjudge.retention.reduce import reduce_run
-from kvjudge.retention.synthetic import filler, make_run
-from kvjudge.tokens import make_counter
+from kvjudge.testing.filler import filler
 from kvjudge.testing.judgments import seed_judgments
+from kvjudge.testing.native_runs import make_run
+from kvjudge.tokens import make_counter
 
 N_CTX = 1024
 AGENTS = ("alpha", "beta", "gamma")

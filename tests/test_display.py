@@ -15,7 +15,8 @@ from helpers import cli_json_ok
 from kvjudge.cli import main
 from kvjudge.commands._output import info
 from kvjudge.display import visible
-from kvjudge.retention.synthetic import make_run, write_jsonl
+from kvjudge.testing.jsonl import write_jsonl
+from kvjudge.testing.native_runs import make_run
 
 # What a hostile tool output looks like: colours, a retitled window, a cleared screen, a bell, a carriage
 # return that overwrites the line, a C1 CSI, a right-to-left override, a zero-width space, tag characters.

@@ -25,11 +25,11 @@ from kvjudge.retention.evidence import (
     runs_tests,
     visibility,
 )
-from kvjudge.retention.ingest.synthetic import make_episode, mini_swe_agent_v2
 from kvjudge.retention.reduce import plan_reduction, view_refs
 from kvjudge.retention.state import LOCAL
-from kvjudge.retention.synthetic import filler
 from kvjudge.retention.worth import EXPLORATION, FINAL_MESSAGE, body_worth
+from kvjudge.testing.filler import filler
+from kvjudge.testing.trajectories import make_episode, mini_swe_agent_v2
 from kvjudge.tokens import CharsPerToken
 
 CHARS = CharsPerToken(4)

@@ -16,8 +16,9 @@ from kvjudge.errors import IngestError
 from kvjudge.retention import Store
 from kvjudge.retention import events as ev
 from kvjudge.retention.ingest import parse_native, schema, stored_content_hash
-from kvjudge.retention.synthetic import make_run, write_jsonl
 from kvjudge.retention.verify import verify
+from kvjudge.testing.jsonl import write_jsonl
+from kvjudge.testing.native_runs import make_run
 
 CONTRACT_EXAMPLE = {
     "id": "run-1", "tenant": "default", "task": {"id": "fix-csv-quoting", "prompt": "Fix quoting."},

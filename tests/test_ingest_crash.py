@@ -16,9 +16,10 @@ from pathlib import Path
 from helpers import kvjudge, kvjudge_json, start_kvjudge
 
 from kvjudge.retention import Store
-from kvjudge.retention.ingest.synthetic import make_episode, mini_swe_agent_v1, mini_swe_agent_v2, swe_agent
-from kvjudge.retention.synthetic import make_run, write_jsonl
 from kvjudge.retention.verify import verify
+from kvjudge.testing.jsonl import write_jsonl
+from kvjudge.testing.native_runs import make_run
+from kvjudge.testing.trajectories import make_episode, mini_swe_agent_v1, mini_swe_agent_v2, swe_agent
 
 RUNS = 300
 

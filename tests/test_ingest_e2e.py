@@ -13,7 +13,7 @@ from helpers import kvjudge, kvjudge_json
 
 from kvjudge.judge import SCORED, Judge, LlamaBackend
 from kvjudge.retention import Store
-from kvjudge.retention.ingest.synthetic import make_episode, mini_swe_agent_v2, swe_agent
+from kvjudge.testing.trajectories import make_episode, mini_swe_agent_v2, swe_agent
 
 pytestmark = pytest.mark.model
 N_CTX = 1024

@@ -21,9 +21,9 @@ from kvjudge.retention import Store
 from kvjudge.retention.ingest import archive, json_stream
 from kvjudge.retention.ingest.inspect_log import score_grade
 from kvjudge.retention.ingest.results import load_results
-from kvjudge.retention.ingest.synthetic import make_episode
 from kvjudge.testing.harbor import TrialSpec, write_job
 from kvjudge.testing.inspect_logs import ZstdZip, eval_spec, sample, write_eval, write_json_log
+from kvjudge.testing.trajectories import make_episode
 
 TERMINUS = "terminus-2@anthropic/claude-sonnet-4-5-20250929"
 CLAUDE = "claude-code@openai/gpt-5"

@@ -13,9 +13,10 @@ from helpers import cli_json_ok, store_snapshot
 from kvjudge.cli import main
 from kvjudge.errors import IngestError
 from kvjudge.retention import Store
-from kvjudge.retention.ingest.synthetic import Episode, make_episode, mini_swe_agent_v2
 from kvjudge.retention.verify import verify
 from kvjudge.testing import openhands as oh
+from kvjudge.testing.jsonl import write_jsonl
+from kvjudge.testing.trajectories import Episode, make_episode, mini_swe_agent_v2
 
 MODEL = "anthropic/claude-sonnet-4-20250514"
 AGENT = f"CodeActAgent/{MODEL}"
@@ -55,7 +56,7 @@ def test_output_jsonl_event_history_maps_to_the_native_model(store: Store, tmp_p
     run = episode()
     run.steps[1].returncode = 2
     line = oh.output_line(run, MODEL, error="AgentStuckInLoopError: Agent got stuck in a loop")
-    oh.write_jsonl(tmp_path / "output.jsonl", [line])
+    write_jsonl(tmp_path / "output.jsonl", [line])
     report = store.ingest([tmp_path / "output.jsonl"])
     run_id = f"{AGENT}/{INSTANCE}"
     assert report.imported == [run_id] and report.states == {"ungraded": 1}
@@ -94,7 +95,7 @@ def test_output_jsonl_event_history_maps_to_the_native_model(store: Store, tmp_p
 def test_older_pair_history(store: Store, tmp_path: Path) -> None:
     run = episode(steps=3)
     run.steps[2].returncode = 1
-    oh.write_jsonl(tmp_path / "output.jsonl", [oh.output_line(run, MODEL, pairs=True)])
+    write_jsonl(tmp_path / "output.jsonl", [oh.output_line(run, MODEL, pairs=True)])
     store.ingest([tmp_path / "output.jsonl"])
     shape = steps(store, f"{AGENT}/{INSTANCE}")
     assert shape == [("user", None, None, None, None)] + [
@@ -105,7 +106,7 @@ def test_older_pair_history(store: Store, tmp_path: Path) -> None:
 
 def test_a_line_with_its_evaluation_report_lands_graded(store: Store, tmp_path: Path) -> None:
     resolved, errored = episode(), episode("csvkit__csvkit-202", 2)
-    oh.write_jsonl(tmp_path / "output.jsonl", [oh.output_line(resolved, MODEL, with_report=oh.report(resolved=True)),
+    write_jsonl(tmp_path / "output.jsonl", [oh.output_line(resolved, MODEL, with_report=oh.report(resolved=True)),
                                                oh.output_line(errored, MODEL, with_report=oh.report(error_eval=True))])
     report = store.ingest([tmp_path])
     assert report.states == {"graded": 1, "ungraded": 1}
@@ -175,10 +176,10 @@ def test_mocked_function_calling_reads_as_the_native_calls(store: Store, tmp_pat
 def test_a_directory_walk_reads_the_runs_and_passes_over_the_rest(store: Store, tmp_path: Path) -> None:
     root = tmp_path / "outputs" / "CodeActAgent" / "claude-sonnet-4_maxiter_100"
     runs = [episode(), episode("csvkit__csvkit-202", 2)]
-    oh.write_jsonl(root / "output.jsonl", [oh.output_line(run, MODEL) for run in runs])
-    oh.write_jsonl(root / "output.swebench_eval.jsonl",
+    write_jsonl(root / "output.jsonl", [oh.output_line(run, MODEL) for run in runs])
+    write_jsonl(root / "output.swebench_eval.jsonl",
                    [oh.eval_output_line(run, MODEL, oh.report(resolved=True)) for run in runs])
-    oh.write_jsonl(root / "output.critic_attempt_1.jsonl", [oh.output_line(runs[0], MODEL)])
+    write_jsonl(root / "output.critic_attempt_1.jsonl", [oh.output_line(runs[0], MODEL)])
     (root / "maximum_retries_exceeded.jsonl").write_text(json.dumps({"instance_id": "x", "error": "boom",
                                                                      "timestamp": "2025-08-01 10:00:00"}) + "\n")
     (root / "metadata.json").write_text(json.dumps(oh.eval_metadata(MODEL)))
@@ -193,9 +194,9 @@ def test_a_directory_walk_reads_the_runs_and_passes_over_the_rest(store: Store, 
 def test_a_line_that_is_not_json_names_the_file_and_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     store_path = tmp_path / "s.sqlite"
     good = tmp_path / "runs" / "good" / "output.jsonl"
-    oh.write_jsonl(good, [oh.output_line(episode(), MODEL)])
+    write_jsonl(good, [oh.output_line(episode(), MODEL)])
     bad = tmp_path / "runs" / "bad" / "output.jsonl"
-    oh.write_jsonl(bad, [oh.output_line(episode("csvkit__csvkit-202", 2), MODEL)])
+    write_jsonl(bad, [oh.output_line(episode("csvkit__csvkit-202", 2), MODEL)])
     with bad.open("a") as handle:
         handle.write('{"instance_id": "csvkit__csvkit-303", "history": [{"action": "run", "args": {"comm\n')
     cli_json_ok(capsys, "ingest", str(good), "--store", str(store_path))
@@ -221,7 +222,7 @@ def test_a_line_that_is_not_json_names_the_file_and_line(tmp_path: Path, capsys:
 def test_bad_lines_name_the_json_path(store: Store, tmp_path: Path, mutate, message: str) -> None:
     line = oh.output_line(episode(), MODEL)
     mutate(line)
-    oh.write_jsonl(tmp_path / "output.jsonl", [line])
+    write_jsonl(tmp_path / "output.jsonl", [line])
     with pytest.raises(IngestError, match=rf"output\.jsonl:1: {message}"):
         store.ingest([tmp_path / "output.jsonl"])
     assert store.run_ids() == []
@@ -238,8 +239,8 @@ def test_an_earlier_call_that_is_not_json_is_named(store: Store, tmp_path: Path)
 
 def test_evaluation_output_as_results(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     runs = [episode(), episode("csvkit__csvkit-202", 2), episode("csvkit__csvkit-303", 3)]
-    oh.write_jsonl(tmp_path / "runs" / "output.jsonl", [oh.output_line(run, MODEL) for run in runs])
-    results = oh.write_jsonl(tmp_path / "eval" / "output.swebench_eval.jsonl", [
+    write_jsonl(tmp_path / "runs" / "output.jsonl", [oh.output_line(run, MODEL) for run in runs])
+    results = write_jsonl(tmp_path / "eval" / "output.swebench_eval.jsonl", [
         oh.eval_output_line(runs[0], MODEL, oh.report(resolved=True)),
         oh.eval_output_line(runs[1], MODEL, oh.report(empty_generation=True)),
         oh.eval_output_line(runs[2], MODEL, oh.report(test_timeout=True))])
@@ -251,12 +252,12 @@ def test_evaluation_output_as_results(tmp_path: Path, capsys: pytest.CaptureFixt
     with Store.open(tmp_path / "s.sqlite") as opened:
         assert [g["label"] for g in opened.run(f"{AGENT}/csvkit__csvkit-202").grades] == ["unresolved"]
     # The placeholder metadata eval_infer.py writes without metadata.json names no agent: graded by instance.
-    placeholder = oh.write_jsonl(tmp_path / "p" / "output.swebench_eval.jsonl",
+    placeholder = write_jsonl(tmp_path / "p" / "output.swebench_eval.jsonl",
                                  [oh.eval_output_line(runs[0], MODEL, oh.report(resolved=True), agent_class=None)])
     out = cli_json_ok(capsys, "ingest", str(tmp_path / "runs"), "--results", str(placeholder),
                       "--store", str(tmp_path / "p.sqlite"))
     assert out["states"] == {"graded": 1, "ungraded": 2} and out["results"][0]["agent_from"] is None
-    bad = oh.write_jsonl(tmp_path / "bad" / "output.swebench_eval.jsonl",
+    bad = write_jsonl(tmp_path / "bad" / "output.swebench_eval.jsonl",
                          [oh.eval_output_line(runs[0], MODEL, {"resolved": None})])
     code = main(["ingest", str(tmp_path / "runs"), "--results", str(bad), "--store", str(tmp_path / "b.sqlite")])
     assert code == 1

@@ -1,6 +1,6 @@
 """Real agent runs in: mini-swe-agent (v1 and v2 shapes) and SWE-agent trajectories, SWE-bench results as
 held-out grades. The trajectories are written by the tests, shaped as the harnesses write them (see
-kvjudge.retention.ingest.synthetic and the literal ones below); nothing is downloaded."""
+kvjudge.testing.trajectories and the literal ones below); nothing is downloaded."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from helpers import cli_json_ok, kvjudge
 from kvjudge.cli import main
 from kvjudge.errors import IngestError
 from kvjudge.retention import Store
-from kvjudge.retention.ingest.synthetic import (
+from kvjudge.retention.verify import verify
+from kvjudge.testing.trajectories import (
     MINI_SYSTEM_V2,
     Episode,
     Step,
@@ -24,7 +25,6 @@ from kvjudge.retention.ingest.synthetic import (
     mini_swe_agent_v2,
     swe_agent,
 )
-from kvjudge.retention.verify import verify
 
 PR = "TimeDelta serialization precision\n\nOutput of `td_field.serialize(\"td\", obj)` is `344`, expected `345`."
 INSTANCE = ("<pr_description>\nConsider the following PR description:\n" + PR + "\n</pr_description>\n\n"

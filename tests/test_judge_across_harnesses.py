@@ -4,7 +4,7 @@ The pairwise comparison kvjudge exists for, as a researcher meets it: a mini-swe
 trajectory shapes, two models), a SWE-agent run and an OpenHands CodeAct run (``output.jsonl``), each graded by
 its own evaluation output — SWE-bench summary reports, per-instance ``report.json`` files, OpenHands'
 ``output.swebench_eval.jsonl`` — passed to ``kvjudge ingest --results``. Every file is written here, shaped as the
-harnesses write them (:mod:`kvjudge.retention.ingest.synthetic`, :mod:`kvjudge.testing.openhands`).
+harnesses write them (:mod:`kvjudge.testing.trajectories`, :mod:`kvjudge.testing.openhands`).
 
 The judge is the simulated judge of known quality (:mod:`kvjudge.testing.sim_judge`): it decides a pair only
 when it recognises both runs by their marker line and sees each one's final patch and last test outcome, and
@@ -28,10 +28,10 @@ import pytest
 from helpers import kvjudge_json
 
 from kvjudge.retention import Store
-from kvjudge.retention.ingest import synthetic
-from kvjudge.retention.ingest.synthetic import Episode, Step, make_episode
+from kvjudge.testing import trajectories
 from kvjudge.testing import openhands as oh
 from kvjudge.testing.graded_runs import final_patch, pytest_log
+from kvjudge.testing.jsonl import write_jsonl
 from kvjudge.testing.sim_judge import (
     AnswerKey,
     KeyEntry,
@@ -42,6 +42,7 @@ from kvjudge.testing.sim_judge import (
     quoted_views,
     write_key,
 )
+from kvjudge.testing.trajectories import Episode, Step, make_episode
 
 TASKS = [f"csvkit__csvkit-{number}" for number in (101, 202, 303, 404, 505, 606, 707)]
 MINI_V1, MINI_V2, SWE_AGENT, OPENHANDS = "openai/gpt-4o", "anthropic/claude-sonnet-4-5", "gemini/gemini-2.5-pro", \
@@ -123,11 +124,11 @@ def _write(root: Path, runs: list[Run]) -> tuple[Path, list[str]]:
         return path
 
     for run in by_agent[MINI_V1]:
-        trajectory(folder / "mini-v1" / run.task / f"{run.task}.traj.json", synthetic.mini_swe_agent_v1(run.episode))
+        trajectory(folder / "mini-v1" / run.task / f"{run.task}.traj.json", trajectories.mini_swe_agent_v1(run.episode))
     for run in by_agent[MINI_V2]:
-        trajectory(folder / "mini-v2" / run.task / f"{run.task}.traj.json", synthetic.mini_swe_agent_v2(run.episode))
+        trajectory(folder / "mini-v2" / run.task / f"{run.task}.traj.json", trajectories.mini_swe_agent_v2(run.episode))
     for run in by_agent[SWE_AGENT]:
-        trajectory(folder / "swe-agent" / run.task / f"{run.task}.traj", synthetic.swe_agent(run.episode))
+        trajectory(folder / "swe-agent" / run.task / f"{run.task}.traj", trajectories.swe_agent(run.episode))
     logs = root / "logs" / "run_evaluation" / "eval-1" / MINI_V2.replace("/", "__")
     for run in by_agent[MINI_V2]:
         (logs / run.task).mkdir(parents=True)
@@ -137,9 +138,9 @@ def _write(root: Path, runs: list[Run]) -> tuple[Path, list[str]]:
                                               "failure": [] if run.passed else ["tests/test_cli.py::test_quote"]},
                              "PASS_TO_PASS": {"success": ["tests/test_cli.py::test_plain"], "failure": []}}}}))
     openhands = by_agent[f"{oh.AGENT_CLASS}/{OPENHANDS}"]
-    oh.write_jsonl(folder / "openhands" / "output.jsonl", [oh.output_line(r.episode, OPENHANDS) for r in openhands])
+    write_jsonl(folder / "openhands" / "output.jsonl", [oh.output_line(r.episode, OPENHANDS) for r in openhands])
     evaluation = folder / "openhands" / "output.swebench_eval.jsonl"  # beside output.jsonl, as OpenHands leaves it
-    oh.write_jsonl(evaluation, [oh.eval_output_line(r.episode, OPENHANDS, oh.report(
+    write_jsonl(evaluation, [oh.eval_output_line(r.episode, OPENHANDS, oh.report(
         resolved=r.passed, error_eval=(r.agent, r.task) == EVALUATION_ERROR)) for r in openhands])
     return folder, [str(summary(MINI_V1)), str(root / "logs"), str(summary(SWE_AGENT)), str(evaluation)]
 

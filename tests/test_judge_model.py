@@ -20,7 +20,9 @@ from kvjudge.judge.render import body_resolver, render_view
 from kvjudge.models import file_sha256
 from kvjudge.retention import Store
 from kvjudge.retention.reduce import reduce_run
-from kvjudge.retention.synthetic import filler, make_run, write_jsonl
+from kvjudge.testing.filler import filler
+from kvjudge.testing.jsonl import write_jsonl
+from kvjudge.testing.native_runs import make_run
 from kvjudge.tokens import ModelTokenizer
 
 pytestmark = pytest.mark.model

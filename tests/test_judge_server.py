@@ -25,8 +25,8 @@ from kvjudge.judge.prompt import RAW, TemplateText
 from kvjudge.judge.servers import top_logprobs
 from kvjudge.judge.verdict import VERDICT_KEY_PREFIX
 from kvjudge.retention import Store
-from kvjudge.retention.synthetic import make_run
 from kvjudge.server_client import RetryPolicy, ServerClient
+from kvjudge.testing.native_runs import make_run
 from kvjudge.tokens import ModelTokenizer
 
 pytestmark = pytest.mark.model

@@ -15,7 +15,7 @@ from kvjudge.judge.evaluate import Decision, baseline_decisions, conclusion, eva
 from kvjudge.judge.pack import RunTokens
 from kvjudge.judge.ranking import agent_of, bradley_terry, games_from, rank
 from kvjudge.judge.verdict import OrderScore
-from kvjudge.retention.synthetic import make_run
+from kvjudge.testing.native_runs import make_run
 
 
 def test_wilson_interval_matches_the_formula_by_hand() -> None:

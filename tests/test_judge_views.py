@@ -19,8 +19,7 @@ from kvjudge.judge.evaluate import evaluate
 from kvjudge.judge.prompt import COMMON_CLOSING, COMMON_OPENING, RAW, closing, opening
 from kvjudge.judge.stillgrades import still_grades
 from kvjudge.retention import Store
-from kvjudge.retention.synthetic import filler
-from kvjudge.tokens import ModelTokenizer
+from kvjudge.testing.filler import filler
 
 SYSTEM = ("You are a careful software engineer. Work in small steps, run the tests after every change, and never "
           "edit the tests themselves. When you are done, submit a unified diff of your change.")

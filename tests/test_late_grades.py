@@ -19,11 +19,12 @@ from kvjudge.judge import SCORED, body_resolver, render_view
 from kvjudge.judge.pairing import describe_pairs, same_task_pairs, trial_order
 from kvjudge.retention import Store
 from kvjudge.retention import events as ev
-from kvjudge.retention.ingest.synthetic import make_episode, mini_swe_agent_v2
 from kvjudge.retention.lifecycle import check_transition
-from kvjudge.retention.synthetic import make_run, write_jsonl
 from kvjudge.retention.verify import verify
 from kvjudge.testing import openhands as oh
+from kvjudge.testing.jsonl import write_jsonl
+from kvjudge.testing.native_runs import make_run
+from kvjudge.testing.trajectories import make_episode, mini_swe_agent_v2
 
 MODEL = "openai/gpt-4o"
 MINI = f"{MODEL}/csvkit__csvkit-101"  # mini-swe-agent: <model>/<instance>
@@ -45,7 +46,7 @@ def write_runs(root: Path, steps: int = 3, target: int = 3_000) -> None:
         openhands = make_episode(instance, 20 + index, target_bytes=target, model=MODEL)
         openhands.steps = openhands.steps[:steps]
         lines.append(openhands)
-    oh.write_jsonl(root / "openhands" / "output.jsonl", [oh.output_line(e, MODEL) for e in lines])
+    write_jsonl(root / "openhands" / "output.jsonl", [oh.output_line(e, MODEL) for e in lines])
 
 
 def write_results(root: Path, *, mini_resolved: str, openhands_resolved: str) -> list[str]:
@@ -56,7 +57,7 @@ def write_results(root: Path, *, mini_resolved: str, openhands_resolved: str) ->
     summary.write_text(json.dumps({"resolved_ids": [mini_resolved],
                                    "unresolved_ids": [i for i in INSTANCES if i != mini_resolved],
                                    "error_ids": [], "empty_patch_ids": [], "schema_version": 2}))
-    evaluation = oh.write_jsonl(root / "output.swebench_eval.jsonl", [
+    evaluation = write_jsonl(root / "output.swebench_eval.jsonl", [
         oh.eval_output_line(make_episode(instance, 0), MODEL, oh.report(resolved=instance == openhands_resolved))
         for instance in INSTANCES])
     return ["--results", str(summary), "--results", str(evaluation)]

@@ -17,7 +17,7 @@ from llama_server import LlamaServer, server_extras_missing
 
 from kvjudge.models import file_sha256
 from kvjudge.probe.certify import PROMPT_RESERVE
-from kvjudge.retention.synthetic import make_run
+from kvjudge.testing.native_runs import make_run
 
 pytestmark = pytest.mark.model
 SERVED_N_CTX = 512

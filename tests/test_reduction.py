@@ -20,8 +20,10 @@ from kvjudge.retention.events import REDUCTION_KINDS
 from kvjudge.retention.faults import REDUCTION_POINTS
 from kvjudge.retention.reduce import plan_reduction, reduce_run, resolve, run_tokens, view_refs
 from kvjudge.retention.state import LOCAL, RunState
-from kvjudge.retention.synthetic import filler, make_run, write_jsonl
 from kvjudge.retention.verify import verify
+from kvjudge.testing.filler import filler
+from kvjudge.testing.jsonl import write_jsonl
+from kvjudge.testing.native_runs import make_run
 from kvjudge.tokens import CharsPerToken, ModelTokenizer
 
 CHARS = CharsPerToken(4)

@@ -13,7 +13,9 @@ from helpers import cli_json
 from kvjudge.cli import main
 from kvjudge.retention import Store
 from kvjudge.retention.reduce import reduce_run, run_tokens
-from kvjudge.retention.synthetic import filler, make_run, write_jsonl
+from kvjudge.testing.filler import filler
+from kvjudge.testing.jsonl import write_jsonl
+from kvjudge.testing.native_runs import make_run
 from kvjudge.tokens import CharsPerToken
 
 CHARS = CharsPerToken(4)

@@ -21,8 +21,10 @@ from kvjudge.retention.faults import REDUCTION_POINTS
 from kvjudge.retention.lifecycle import LEGAL_NEXT, STATES
 from kvjudge.retention.reduce import reduce_run, run_tokens
 from kvjudge.retention.state import LOCAL
-from kvjudge.retention.synthetic import filler, make_run, write_jsonl
 from kvjudge.retention.verify import verify
+from kvjudge.testing.filler import filler
+from kvjudge.testing.jsonl import write_jsonl
+from kvjudge.testing.native_runs import make_run
 from kvjudge.tokens import CharsPerToken
 
 CHARS = CharsPerToken(4)

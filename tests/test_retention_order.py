@@ -33,7 +33,8 @@ from kvjudge.retention import (
 )
 from kvjudge.retention import events as ev
 from kvjudge.retention.reduce import run_tokens
-from kvjudge.retention.synthetic import filler, make_run
+from kvjudge.testing.filler import filler
+from kvjudge.testing.native_runs import make_run
 from kvjudge.tokens import CharsPerToken
 
 CEILING = 1200

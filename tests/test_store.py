@@ -22,7 +22,9 @@ from kvjudge.retention import (
 from kvjudge.retention import events as ev
 from kvjudge.retention.state import RunState
 from kvjudge.retention.store import SCHEMA_VERSION, default_store_path
-from kvjudge.retention.synthetic import filler, make_run, write_jsonl
+from kvjudge.testing.filler import filler
+from kvjudge.testing.jsonl import write_jsonl
+from kvjudge.testing.native_runs import make_run
 
 
 @pytest.fixture

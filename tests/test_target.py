@@ -15,9 +15,10 @@ from kvjudge.cli import main
 from kvjudge.errors import CapabilityMissing, ConfigError
 from kvjudge.probe import CapabilityCache, probe, probe_server
 from kvjudge.retention import Store, run_tokens
-from kvjudge.retention.synthetic import filler, make_run
 from kvjudge.settings import Settings
 from kvjudge.target import JudgeTarget
+from kvjudge.testing.filler import filler
+from kvjudge.testing.native_runs import make_run
 from kvjudge.testing.sim_judge import Settings as SimSettings
 from kvjudge.testing.sim_judge import SimJudgeServer, key_entry, write_key
 from kvjudge.tokens import ModelTokenizer, ParallelCounter, count_texts

@@ -19,7 +19,7 @@ from kvjudge.commands import rank as rank_command
 from kvjudge.commands._output import print_table
 from kvjudge.judge.evaluate import evaluate
 from kvjudge.judge.ranking import rank
-from kvjudge.retention.synthetic import make_run
+from kvjudge.testing.native_runs import make_run
 
 WIDTH = 80
 LONG_IDS = ["mini-swe-agent__claude-sonnet-4-20250514/django__django-11099",

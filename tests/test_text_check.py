@@ -17,8 +17,9 @@ from kvjudge.retention import Store, TextError, verify
 from kvjudge.retention.blobs import ref_of
 from kvjudge.retention.events import canonical_json
 from kvjudge.retention.state import RunState
-from kvjudge.retention.synthetic import make_run, write_jsonl
 from kvjudge.retention.text_check import MAX_DEPTH, _clean, repair, scan
+from kvjudge.testing.jsonl import write_jsonl
+from kvjudge.testing.native_runs import make_run
 
 LONE = "\ud800"
 

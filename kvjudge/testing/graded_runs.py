@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvjudge.retention.synthetic import filler, write_jsonl
+from kvjudge.testing.filler import filler
+from kvjudge.testing.jsonl import write_jsonl
 from kvjudge.testing.sim_judge import KeyEntry, key_entry, write_key
 
 _WORDS = ("field", "row", "quote", "sep", "cache", "token", "value", "index", "buffer", "parse", "merge", "split",

@@ -6,7 +6,7 @@ the job's own ``config.json``, ``result.json`` and ``job.log`` beside the trials
 Two agents' ATIF shapes: ``terminus-2`` (its JSON reply as the message, ``bash_command`` keystrokes and
 ``mark_task_complete`` as tool calls, terminal screens as observations, the whole prompt as the first user step)
 and ``claude-code`` (reasoning, ``Bash``/``Read`` tool calls, a copy of its session JSONL under ``agent/``).
-Each trial tells a :class:`~kvjudge.retention.ingest.synthetic.Episode` (realistic commands and output).
+Each trial tells a :class:`~kvjudge.testing.trajectories.Episode` (realistic commands and output).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvjudge.retention.ingest.synthetic import Episode, make_episode
+from kvjudge.testing.trajectories import Episode, make_episode
 
 TERMINUS_PROMPT = (
     "You are an AI assistant tasked with solving command-line tasks in a Linux environment. You will be given a "

@@ -6,7 +6,7 @@ deflated as older ones did) and ``.json`` logs (the whole log as one object, pre
 Samples are condensed as inspect condenses them: text over 100 characters in the events becomes an
 ``attachment://<hash>`` reference into the sample's ``attachments``; messages keep their text. A model event's
 ``output`` carries the assistant message it produced (by id) and that call's usage (``input_tokens`` without
-the cache reads, counted apart). Each sample tells a :class:`~kvjudge.retention.ingest.synthetic.Episode`.
+the cache reads, counted apart). Each sample tells a :class:`~kvjudge.testing.trajectories.Episode`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 
 import zstandard
 
-from kvjudge.retention.ingest.synthetic import Episode
+from kvjudge.testing.trajectories import Episode
 
 ZIP_ZSTANDARD = 93
 SYSTEM = ("You are a helpful assistant attempting to submit the correct answer. You have several functions "

@@ -4,7 +4,7 @@ pairs), ``output.swebench_eval.jsonl`` lines (the same with ``test_result.report
 ``llm_completions/<instance_id>/<model>-<unix time>.json`` log of every model call, native function calling or
 mocked (``fncall_messages`` beside ``messages`` with ``<function=…><parameter=…>`` text).
 
-The story of a run is an :class:`~kvjudge.retention.ingest.synthetic.Episode` (problem statement, steps, patch):
+The story of a run is an :class:`~kvjudge.testing.trajectories.Episode` (problem statement, steps, patch):
 :func:`output_line`, :func:`eval_output_line` and :func:`write_completions` render it. Field names and nesting
 follow OpenHands' ``evaluation/benchmarks/swe_bench/run_infer.py`` and ``eval_infer.py``,
 ``openhands/events/serialization/event.py`` and ``openhands/llm/llm.py``.
@@ -13,11 +13,10 @@ follow OpenHands' ``evaluation/benchmarks/swe_bench/run_infer.py`` and ``eval_in
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from kvjudge.retention.ingest.synthetic import Episode, Step
+from kvjudge.testing.trajectories import Episode, Step
 
 VERSION = "0.54.0"
 AGENT_CLASS = "CodeActAgent"
@@ -342,15 +341,6 @@ def eval_output_line(episode: Episode, model: str, evaluation: dict[str, bool], 
                             "test_output": "+ pytest -rA tests/test_gold.py\n1 passed"},
             "instruction": None, "metadata": metadata, "history": None, "metrics": None, "error": None,
             "instance": None}
-
-
-def write_jsonl(path: Path, lines: Iterable[dict[str, Any]]) -> Path:
-    """Lines as OpenHands writes them (``model_dump_json() + "\\n"``)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", encoding="utf-8") as handle:
-        for line in lines:
-            handle.write(json.dumps(line) + "\n")
-    return path
 
 
 # -------------------------------------------------------------------------------------------- completions logs

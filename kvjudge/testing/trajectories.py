@@ -15,7 +15,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvjudge.retention.synthetic import filler
+from kvjudge.testing.filler import filler
 
 #: mini-swe-agent's observation template (v1 ``action_observation_template``, v2 ``observation_template``):
 #: outputs of 10,000 characters or more become a warning with the first and last 5,000.

@@ -1,4 +1,4 @@
-"""Synthetic runs in the native format, for tests, the benchmark and examples.
+"""Runs in kvjudge's native format built from plain texts, for tests, the benchmarks and examples.
 
 :func:`make_run` builds one run dict (see ``kvjudge/schemas/run.schema.json``) from plain texts, so a caller
 controls exactly how big each body is and which branches are dead.
@@ -6,8 +6,7 @@ controls exactly how big each body is and which branches are dead.
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 
@@ -42,23 +41,3 @@ def make_run(run_id: str, outputs: Sequence[str], *, tenant: str = "default", pr
             "verifier": [{"name": "pytest", "passed": passed, "detail": final}],
             "grades": [{"grader": "human", "score": 1.0 if passed else 0.0, "label": "pass" if passed else "fail"}]}
 
-
-def filler(seed: int, words: int) -> str:
-    """Deterministic prose-like text of about ``words`` words (distinct per seed)."""
-    vocabulary = ("the parser reads each field and quotes commas inside strings while tests check rows "
-                  "columns values errors retries cache buffer index merge split join token budget").split()
-    state = seed * 2654435761 % 2**32 or 1
-    out = []
-    for index in range(words):
-        state = (state * 1103515245 + 12345) % 2**31
-        out.append(vocabulary[state % len(vocabulary)])
-        if index % 13 == 12:
-            out.append(f"\nline {seed}-{index}:")
-    return " ".join(out)
-
-
-def write_jsonl(path: Any, runs: Iterable[dict[str, Any]]) -> None:
-    """Write runs one per line."""
-    with open(path, "w", encoding="utf-8") as handle:
-        for run in runs:
-            handle.write(json.dumps(run) + "\n")
