@@ -42,15 +42,15 @@ def test_budget_from_measured_max_ok_input(capsys, cached, default_model) -> Non
     assert "trials" not in payload["capability"]
 
 
-def test_budget_follows_the_cache_ratchet(capsys, cached, default_model) -> None:
+def test_budget_reads_what_the_cache_learns(capsys, cached, default_model) -> None:
     # The probe's analytic entry alone has no measured figure: the budget is the default, not a guess.
     entry = cached()
     assert entry.max_ok_input is None and entry.safe_context is None
     payload = cli_json_ok(capsys, "budget", "--model", str(default_model))
     assert (payload["tokens"], payload["source"]) == (8192, "default")
     assert payload["capability"]["method"] == "estimated"
-    # A prompt that really ran raises max_ok_input; the next budget is injected from it.
-    CapabilityCache().record_prompt_ok(entry.fingerprint, 3500)
+    # A prompt of 3,500 tokens really ran: the entry now holds that measured figure, and the next budget takes it.
+    CapabilityCache().update(entry.fingerprint, lambda known: dataclasses.replace(known, max_ok_input=3500))
     payload = cli_json_ok(capsys, "budget", "--model", str(default_model))
     assert (payload["tokens"], payload["source"]) == (3500, "max_ok_input")
 

@@ -1,4 +1,4 @@
-"""The capability cache: ratchets, staleness, fingerprints, a corrupt file, and two processes writing at once."""
+"""The capability cache: read-modify-write, staleness, fingerprints, a corrupt file, and two processes writing at once."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from gguf_factory import write_llama_gqa
-from kvjudge.errors import CacheError, CapabilityMissing
+from kvjudge.errors import CacheError
 from kvjudge.probe import CapabilityCache, CapabilityEntry, RuntimeSettings, lookup_capability, probe
 from kvjudge.probe.core import current_components
 from kvjudge.settings import Settings
@@ -38,39 +38,35 @@ def test_round_trip_and_default_path(tmp_path: Path, isolated_dirs: Path) -> Non
     assert cache.get("0" * 64) is None
 
 
-def test_a_prompt_that_ran_raises_max_ok_input_and_never_lowers_it(tmp_path: Path) -> None:
+def test_update_is_a_read_modify_write_of_one_entry(tmp_path: Path) -> None:
     cache = CapabilityCache(tmp_path / "c.json")
-    fp = cache.put(_entry(max_ok_input=3000)).fingerprint
-    assert cache.record_prompt_ok(fp, 3500).max_ok_input == 3500
-    assert cache.record_prompt_ok(fp, 1000).max_ok_input == 3500
-    assert cache.get(fp).safe_context == 2700  # untouched
+    stored = cache.put(_entry(max_ok_input=3000))
+    untouched = cache.put(_entry("e" * 64))
+    seen: list[CapabilityEntry | None] = []
+
+    def learn(current: CapabilityEntry | None) -> CapabilityEntry:
+        seen.append(current)
+        assert current is not None
+        return dataclasses.replace(current, max_ok_input=3500, last_overflow=4800)
+
+    after = cache.update(stored.fingerprint, learn)
+    assert seen == [stored] and after is not None and not after.stale
+    assert (after.max_ok_input, after.safe_context, after.last_overflow) == (3500, 2700, 4800)
+    assert cache.get(stored.fingerprint) == after and cache.get(untouched.fingerprint) == untouched
 
 
-def test_an_overflow_lowers_to_75_percent_and_never_raises(tmp_path: Path) -> None:
+def test_update_sees_none_for_a_missing_entry_and_refuses_one_filed_under_another_fingerprint(tmp_path: Path) -> None:
     cache = CapabilityCache(tmp_path / "c.json")
-    fp = cache.put(_entry(max_ok_input=3000, safe_context=2700)).fingerprint
-    after = cache.record_overflow(fp, 3200)
-    assert (after.max_ok_input, after.safe_context) == (2400, 2400)
-    assert after.last_overflow == 3200
-    after = cache.record_overflow(fp, 100_000)  # an overflow far above never raises anything
-    assert (after.max_ok_input, after.safe_context, after.last_overflow) == (2400, 2400, 3200)
-    after = cache.record_overflow(fp, 2000)
-    assert (after.max_ok_input, after.safe_context) == (1500, 1500)
+    seen: list[CapabilityEntry | None] = []
 
+    def keep_absent(current: CapabilityEntry | None) -> None:
+        seen.append(current)
 
-def test_an_overflow_never_invents_a_measured_figure(tmp_path: Path) -> None:
-    cache = CapabilityCache(tmp_path / "c.json")
-    fp = cache.put(_entry(max_ok_input=None, safe_context=None)).fingerprint
-    after = cache.record_overflow(fp, 4000)
-    assert (after.max_ok_input, after.safe_context, after.last_overflow) == (None, None, 4000)
-
-
-def test_ratchets_need_an_entry(tmp_path: Path) -> None:
-    cache = CapabilityCache(tmp_path / "c.json")
-    with pytest.raises(CapabilityMissing, match="kvjudge probe"):
-        cache.record_prompt_ok("9" * 64, 10)
-    with pytest.raises(CapabilityMissing):
-        cache.record_overflow("9" * 64, 10)
+    assert cache.update("9" * 64, keep_absent) is None
+    assert seen == [None] and cache.entries() == []
+    with pytest.raises(CacheError, match="stored under"):
+        cache.update("9" * 64, lambda _current: _entry("f" * 64))
+    assert cache.entries() == []
 
 
 def test_staleness_follows_the_configured_limit(tmp_path: Path) -> None:
@@ -143,12 +139,14 @@ def test_a_corrupt_file_is_an_error_and_is_never_replaced(tmp_path: Path, conten
 
 
 _WRITER = textwrap.dedent("""
+    import dataclasses
     import sys
     from kvjudge.probe import CapabilityCache, CapabilityEntry
     path, worker, rounds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     cache = CapabilityCache(path)
     for i in range(rounds):
-        cache.record_prompt_ok("s" * 64, worker * 1000 + i)
+        tokens = worker * 1000 + i
+        cache.update("s" * 64, lambda e: dataclasses.replace(e, max_ok_input=max(e.max_ok_input, tokens)))
         fp = f"{worker:02d}{i:062d}"
         cache.put(CapabilityEntry(fingerprint=fp, model_sha256="b" * 64, model_path="/m", device="d",
                                   max_context_tokens=i, max_ok_input=None, safe_context=None, certified=False,

@@ -3,9 +3,6 @@
 Writes are atomic (temp file, fsync, rename) and happen under a file lock, so two processes never corrupt
 the file or lose each other's updates. A file that cannot be read is an error naming the path and the fix;
 it is never silently replaced.
-
-Ratchets (facts learned while running the model): a prompt that ran raises ``max_ok_input``; an overflow at
-N tokens lowers ``max_ok_input`` and ``safe_context`` to at most 75% of N and never raises anything.
 """
 
 from __future__ import annotations
@@ -22,13 +19,12 @@ from typing import Any
 from filelock import FileLock, Timeout
 
 from kvjudge.settings import cache_dir
-from kvjudge.errors import CacheError, CapabilityMissing
+from kvjudge.errors import CacheError
 from kvjudge.atomic import atomic_write
 
 CACHE_FILENAME = "capabilities.json"
 CACHE_VERSION = 1
 DEFAULT_STALENESS_DAYS = 30.0
-OVERFLOW_FACTOR = 0.75
 _LOCK_TIMEOUT_S = 60.0
 
 
@@ -200,47 +196,6 @@ class CapabilityCache:
         stored = self.update(entry.fingerprint, lambda _old: entry)
         assert stored is not None
         return stored
-
-    def _ratchet(self, fingerprint: str, apply: Callable[[CapabilityEntry], CapabilityEntry]) -> CapabilityEntry:
-        def change(current: CapabilityEntry | None) -> CapabilityEntry:
-            if current is None:
-                raise CapabilityMissing(f"no capability entry {fingerprint[:16]}… in {self.path}; "
-                                        f"run `kvjudge probe` for this model first")
-            return apply(current)
-
-        stored = self.update(fingerprint, change)
-        assert stored is not None
-        return stored
-
-    def record_prompt_ok(self, fingerprint: str, prompt_tokens: int) -> CapabilityEntry:
-        """A prompt of ``prompt_tokens`` tokens ran: raise ``max_ok_input`` to it (never lowers anything)."""
-        if prompt_tokens < 0:
-            raise CacheError(f"prompt_tokens must not be negative, got {prompt_tokens}")
-
-        def apply(entry: CapabilityEntry) -> CapabilityEntry:
-            best = max(entry.max_ok_input or 0, prompt_tokens)
-            return dataclasses.replace(entry, max_ok_input=best if best > 0 else entry.max_ok_input)
-
-        return self._ratchet(fingerprint, apply)
-
-    def record_overflow(self, fingerprint: str, n_tokens: int) -> CapabilityEntry:
-        """A prompt of ``n_tokens`` overflowed: lower ``max_ok_input`` and ``safe_context`` to at most 75% of it.
-
-        Unknown (None) figures stay unknown: an overflow proves what did not run, never what did.
-        """
-        if n_tokens <= 0:
-            raise CacheError(f"an overflow needs a positive token count, got {n_tokens}")
-        cap = int(n_tokens * OVERFLOW_FACTOR)
-
-        def apply(entry: CapabilityEntry) -> CapabilityEntry:
-            def lower(value: int | None) -> int | None:
-                return None if value is None else min(value, cap)
-
-            smallest = n_tokens if entry.last_overflow is None else min(entry.last_overflow, n_tokens)
-            return dataclasses.replace(entry, max_ok_input=lower(entry.max_ok_input),
-                                       safe_context=lower(entry.safe_context), last_overflow=smallest)
-
-        return self._ratchet(fingerprint, apply)
 
     def remove(self, fingerprint: str) -> bool:
         """Delete one entry; True when it existed."""
