@@ -1,14 +1,16 @@
-"""Shared fixtures: the real bundled models, and an isolated cache/data dir for every test."""
+"""Shared fixtures: the real bundled models, an isolated cache/data dir for every test, an empty store."""
 
 from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from kvjudge import models
+from kvjudge.retention import Store
 
 # Resolve the bundled models once, before any test isolates the cache dir.
 _MODELS_DIR = models.models_dir()
@@ -26,6 +28,13 @@ def isolated_dirs(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.
     monkeypatch.delenv("KVJUDGE_FAULTS", raising=False)
     monkeypatch.chdir(root)
     return root
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Store]:
+    """An empty store at ``tmp_path / "store.sqlite"``, closed after the test."""
+    with Store.open(tmp_path / "store.sqlite") as opened:
+        yield opened
 
 
 @pytest.fixture(scope="session")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import sqlite3
 import subprocess
 import sys
 from collections.abc import Iterable, Mapping
@@ -14,6 +15,7 @@ from typing import Any
 import pytest
 
 from kvjudge.cli import main
+from kvjudge.judge import OrderScore, RunTokens, Verdict
 from kvjudge.retention import Store
 from kvjudge.testing.jsonl import write_jsonl
 
@@ -75,13 +77,25 @@ def free_ports(count: int = 1) -> list[int]:
             sock.close()
 
 
+def ingest_runs(store: Store, runs: Iterable[dict[str, Any]]) -> list[str]:
+    """Ingest ``runs`` (native dicts) into ``store`` from a JSONL file written beside it; the ids it imported."""
+    number = 1
+    while (source := store.path.with_name(f"{store.path.stem}-runs-{number}.jsonl")).exists():
+        number += 1
+    write_jsonl(source, runs)
+    return store.ingest_file(source)
+
+
 def store_from_runs(path: Path, runs: Iterable[dict[str, Any]]) -> Store:
     """A store at ``path`` holding ``runs`` (native dicts), ingested from a JSONL file beside it."""
-    source = path.with_suffix(".jsonl")
-    write_jsonl(source, runs)
     store = Store.open(path)
-    store.ingest_file(source)
+    ingest_runs(store, runs)
     return store
+
+
+def event_kinds(store: Store, run_id: str) -> list[str]:
+    """The kinds of ``run_id``'s logged events, oldest first."""
+    return [event.kind for _, event in store.iter_events(run_id)]
 
 
 def memory_budget_for(model: Path, n_ctx: int) -> int:
@@ -98,14 +112,29 @@ def memory_budget_for(model: Path, n_ctx: int) -> int:
     return need + step // 2
 
 
-def store_snapshot(path: Path) -> tuple[list[Any], ...]:
-    """Everything a store holds that a refused command must leave as it was: the log, the blobs, the projections."""
-    import sqlite3
-
-    conn = sqlite3.connect(path)
+def store_snapshot(store: Store | Path) -> tuple[list[Any], ...]:
+    """Everything a store (open, or its file) holds that a refused command must leave as it was: the log, the
+    blobs, the projections."""
+    conn = store.connection if isinstance(store, Store) else sqlite3.connect(store)
     try:
         return tuple(conn.execute(query).fetchall() for query in (
             "SELECT lsn, run, kind, payload FROM events ORDER BY lsn", "SELECT ref, size, body FROM blobs ORDER BY ref",
             "SELECT id, state, last_lsn, state_json FROM runs ORDER BY id"))
     finally:
-        conn.close()
+        if not isinstance(store, Store):
+            conn.close()
+
+
+def make_verdict(a: str, b: str, outcome: str, p_ab: float | None, p_ba: float | None = None, *,
+                 views: tuple[str, str] = ("full-a", "full-b"), cut: bool = False) -> Verdict:
+    """A verdict on the pair ``(a, b)`` with no model behind it: ``p_ab`` and ``p_ba`` the probability that run a
+    is better as asked in each order (``p_ba`` defaults to ``p_ab``; None for an outcome without a score), ``views``
+    the hashes of the two views judged (each view counts as many tokens as its hash has characters) and ``cut``
+    whether they were reduced further to fit the window."""
+    p_ba = p_ab if p_ba is None else p_ba
+    tokens = RunTokens(full=10, reduced=10, view=len(views[0]), further_reduced=cut)
+    orders = () if p_ab is None or p_ba is None else (OrderScore("ab", p_ab, 0.5, 10, 0, False),
+                                                      OrderScore("ba", p_ba, 0.5, 10, 0, False))
+    return Verdict(a=a, b=b, outcome=outcome, p_a=None if p_ab is None or p_ba is None else (p_ab + p_ba) / 2,
+                   p_a_by_order={"ab": p_ab, "ba": p_ba}, tokens={"a": tokens, "b": tokens}, further_reduced=cut,
+                   seconds=0.0, manifest={}, margin=0.05, orders=orders, view_sha256={"a": views[0], "b": views[1]})

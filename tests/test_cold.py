@@ -30,7 +30,7 @@ def ref_of(body: bytes) -> str:
 
 
 @pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.s3)])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> ColdStore:
+def cold(request: pytest.FixtureRequest, tmp_path: Path) -> ColdStore:
     if request.param == "local":
         (tmp_path / "cold").mkdir()
         return open_cold_store(f"file://{tmp_path / 'cold'}")
@@ -39,41 +39,41 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> ColdStore:
     return open_cold_store(f"s3://{bucket}/some/prefix", endpoint_url=server.endpoint)
 
 
-def test_blob_round_trip_and_idempotent_put(store: ColdStore) -> None:
+def test_blob_round_trip_and_idempotent_put(cold: ColdStore) -> None:
     body = "héllo cold world\n".encode() * 100
     ref = ref_of(body)
-    store.check()
-    assert store.stat_blob(ref) is None
-    assert store.get_blob(ref) is None
-    store.put_blob(ref, body)
-    store.put_blob(ref, body)  # a retry writes the same bytes under the same key
-    info = store.stat_blob(ref)
+    cold.check()
+    assert cold.stat_blob(ref) is None
+    assert cold.get_blob(ref) is None
+    cold.put_blob(ref, body)
+    cold.put_blob(ref, body)  # a retry writes the same bytes under the same key
+    info = cold.stat_blob(ref)
     assert info is not None and info.size == len(body) and info.key == blob_key(ref)
-    if isinstance(store, S3ColdStore):
+    if isinstance(cold, S3ColdStore):
         assert info.sha256 == ref.removeprefix("sha256:")  # the server kept the checksum it verified
-    assert store.get_blob(ref) == body
+    assert cold.get_blob(ref) == body
 
 
-def test_tampered_blob_is_never_returned(store: ColdStore) -> None:
+def test_tampered_blob_is_never_returned(cold: ColdStore) -> None:
     body = b"original body"
     ref = ref_of(body)
-    store.put_blob(ref, body)
-    tamper(store, blob_key(ref), b"original bodY")
+    cold.put_blob(ref, body)
+    tamper(cold, blob_key(ref), b"original bodY")
     with pytest.raises(IntegrityError, match="does not hash to"):
-        store.get_blob(ref)
+        cold.get_blob(ref)
 
 
-def test_manifest_is_conditional(store: ColdStore) -> None:
+def test_manifest_is_conditional(cold: ColdStore) -> None:
     key = manifest_key("run/1 ü", 42)
     assert key == "manifests/run%2F1%20%C3%BC/000000000042.json"
-    assert store.get_manifest(key) is None
-    first = store.put_manifest(key, b'{"run": "run/1"}')
+    assert cold.get_manifest(key) is None
+    first = cold.put_manifest(key, b'{"run": "run/1"}')
     assert first.created
-    again = store.put_manifest(key, b'{"run": "run/1"}')
+    again = cold.put_manifest(key, b'{"run": "run/1"}')
     assert not again.created  # identical bytes already there: fine, nothing rewritten
     with pytest.raises(ColdStoreError, match="already exists with different content"):
-        store.put_manifest(key, b'{"run": "other"}')
-    assert store.get_manifest(key) == b'{"run": "run/1"}'
+        cold.put_manifest(key, b'{"run": "other"}')
+    assert cold.get_manifest(key) == b'{"run": "run/1"}'
 
 
 def test_every_run_id_is_one_bounded_path_segment() -> None:
@@ -102,26 +102,26 @@ def test_s3_upload_with_wrong_checksum_is_refused(s3_bucket: str, seaweed: Seawe
     assert store.stat_blob(ref) is None
 
 
-def test_bytes_that_are_not_their_ref_are_never_stored(store: ColdStore) -> None:
+def test_bytes_that_are_not_their_ref_are_never_stored(cold: ColdStore) -> None:
     ref = ref_of(b"one body")
     for body in (b"another body", [b"one ", b"bodY"], [b"one body", b"!"]):
         with pytest.raises(IntegrityError, match="do not hash to it; nothing was stored"):
-            store.put_blob(ref, body)
-    assert store.stat_blob(ref) is None
-    if isinstance(store, LocalDirColdStore):
-        assert list(store.root.rglob(".tmp-*")) == []  # the refused writes left nothing behind
+            cold.put_blob(ref, body)
+    assert cold.stat_blob(ref) is None
+    if isinstance(cold, LocalDirColdStore):
+        assert list(cold.root.rglob(".tmp-*")) == []  # the refused writes left nothing behind
 
 
-def test_a_body_put_in_chunks_is_the_body(store: ColdStore) -> None:
+def test_a_body_put_in_chunks_is_the_body(cold: ColdStore) -> None:
     body = bytes(range(256)) * 1000
     ref = ref_of(body)
-    store.put_blob(ref, (body[start:start + 999] for start in range(0, len(body), 999)))
-    info = store.stat_blob(ref)
+    cold.put_blob(ref, (body[start:start + 999] for start in range(0, len(body), 999)))
+    info = cold.stat_blob(ref)
     assert info is not None and info.size == len(body)
-    assert store.get_blob(ref) == body
+    assert cold.get_blob(ref) == body
     empty = ref_of(b"")
-    store.put_blob(empty, [])  # no chunk at all: the empty body
-    assert store.get_blob(empty) == b""
+    cold.put_blob(empty, [])  # no chunk at all: the empty body
+    assert cold.get_blob(empty) == b""
 
 
 def test_local_layout_is_content_addressed_and_leaves_no_temp_files(tmp_path: Path) -> None:

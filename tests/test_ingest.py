@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import cli_json, kvjudge
+from helpers import cli_json, kvjudge, store_snapshot
 
 from kvjudge.errors import IngestError
 from kvjudge.retention import Store
@@ -33,20 +33,6 @@ CONTRACT_EXAMPLE = {
          "transitions": [{"role": "assistant", "text": "retry"}]}],
     "verifier": [{"name": "pytest", "passed": True, "detail": "12 passed"}],
     "grades": [{"grader": "human", "score": 1.0, "label": "pass"}]}
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Store:
-    with Store.open(tmp_path / "store.sqlite") as opened:
-        yield opened
-
-
-def snapshot(store: Store) -> tuple:
-    """Everything an import may write: the log, the blobs, the projections."""
-    conn = store.connection
-    return (conn.execute("SELECT lsn, run, kind, payload FROM events ORDER BY lsn").fetchall(),
-            conn.execute("SELECT ref, size, body IS NULL FROM blobs ORDER BY ref").fetchall(),
-            conn.execute("SELECT id, state_json FROM runs ORDER BY id").fetchall())
 
 
 def events_count(store: Store) -> int:
@@ -112,11 +98,11 @@ def test_bad_fields_name_line_and_field(store: Store, tmp_path: Path, mutate, me
     mutate(run)
     path = tmp_path / "runs.jsonl"
     write_jsonl(path, [make_run("r1", ["fine"]), run])
-    before = snapshot(store)
+    before = store_snapshot(store)
     with pytest.raises(IngestError, match=f"runs.jsonl:2: {message}") as caught:
         store.ingest_file(path)
     assert "\n" not in str(caught.value) and "nothing was imported" in str(caught.value)
-    assert snapshot(store) == before and store.run_ids() == []
+    assert store_snapshot(store) == before and store.run_ids() == []
 
 
 SCHEMA = json.loads((Path(__file__).parents[1] / "kvjudge" / "schemas" / "run.schema.json").read_text())
@@ -306,10 +292,10 @@ def test_the_same_file_again_is_already_present(store: Store, tmp_path: Path) ->
     path = tmp_path / "chat.jsonl"
     write_jsonl(path, [{"messages": [{"role": "user", "content": "hi"}]}, make_run("n1", ["a"])])
     first = store.ingest([path])
-    before = snapshot(store)
+    before = store_snapshot(store)
     again = store.ingest([path])
     assert len(first.imported) == 2 and first.imported == again.already_present and again.imported == []
-    assert again.runs == first.runs and snapshot(store) == before
+    assert again.runs == first.runs and store_snapshot(store) == before
 
 
 def test_same_id_other_content_is_refused_with_both_hashes(store: Store, tmp_path: Path) -> None:
@@ -317,13 +303,13 @@ def test_same_id_other_content_is_refused_with_both_hashes(store: Store, tmp_pat
     store.ingest_file(tmp_path / "a.jsonl")
     stored = stored_content_hash(store, "same", 0)
     write_jsonl(tmp_path / "b.jsonl", [make_run("fresh", ["x"]), make_run("same", ["two"])])
-    before = snapshot(store)
+    before = store_snapshot(store)
     with pytest.raises(IngestError) as caught:
         store.ingest([tmp_path / "b.jsonl"])
     message = str(caught.value)
     assert "b.jsonl:2:" in message and "'same'" in message and stored in message
     assert len(set(part for part in message.split() if part.startswith("sha256:"))) == 2
-    assert snapshot(store) == before
+    assert store_snapshot(store) == before
 
 
 def test_duplicate_ids_in_one_import(store: Store, tmp_path: Path) -> None:
@@ -415,10 +401,10 @@ def test_skip_bad_imports_the_rest_and_lists_the_skipped(store: Store, tmp_path:
     write_jsonl(root / "1-good.jsonl", [make_run("g1", ["x"])])
     (root / "2-bad.jsonl").write_text('{"id": "b1", "branches": [}\n')
     write_jsonl(root / "3-good.jsonl", [make_run("g2", ["y"])])
-    before = snapshot(store)
+    before = store_snapshot(store)
     with pytest.raises(IngestError, match=r"2-bad.jsonl:1: not valid JSON .*nothing was imported"):
         store.ingest([root])
-    assert snapshot(store) == before
+    assert store_snapshot(store) == before
     report = store.ingest([root], skip_bad=True)
     assert report.imported == ["g1", "g2"] and [s["path"] for s in report.skipped] == [str(root / "2-bad.jsonl")]
     assert "not valid JSON" in report.skipped[0]["error"]

@@ -12,8 +12,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from helpers import kvjudge
-from test_ingest import snapshot, store  # noqa: F401 - the store fixture; a snapshot of everything an import writes
+from helpers import kvjudge, store_snapshot
 
 from kvjudge.errors import IngestError
 from kvjudge.judge import body_resolver, render_view
@@ -100,13 +99,13 @@ def test_continuations_belong_to_the_same_run(store: Store, tmp_path: Path) -> N
 def test_reimport_is_idempotent_and_a_trajectory_names_its_trial(store: Store, tmp_path: Path) -> None:
     job = two_agent_job(tmp_path / "jobs")
     store.ingest([tmp_path / "jobs"])
-    before = snapshot(store)
+    before = store_snapshot(store)
     again = store.ingest([tmp_path / "jobs"])
     assert again.imported == [] and len(again.already_present) == 8
     trial = job / f"{TASKS[0]}__T01aaaa"
     named = store.ingest([trial / "agent" / "trajectory.cont-1.json", trial / "agent" / "trajectory.json", trial])
     assert named.runs == [f"{TERMINUS}/{TASKS[0]}/{TASKS[0]}__T01aaaa"] and named.imported == []
-    assert snapshot(store) == before
+    assert store_snapshot(store) == before
 
 
 def test_a_lone_atif_file_imports_ungraded(store: Store, tmp_path: Path) -> None:
@@ -167,14 +166,14 @@ def test_broken_harbor_trials_are_refused_and_nothing_is_written(store: Store, t
                                                                  expected: str) -> None:
     two_agent_job(tmp_path / "jobs")
     store.ingest([tmp_path / "jobs"])
-    before = snapshot(store)
+    before = store_snapshot(store)
     trial = harbor_broken(tmp_path, change)
     good = write_job(tmp_path / "good", "g", [TrialSpec("other-task", seed=9)])
     with pytest.raises(IngestError) as caught:
         store.ingest([good, trial.parent])
     message = str(caught.value)
     assert "\n" not in message and message.startswith(f"{trial}: ") and expected in message
-    assert snapshot(store) == before
+    assert store_snapshot(store) == before
     skipped = store.ingest([good, trial.parent], skip_bad=True)
     assert [item["path"] for item in skipped.skipped] == [str(trial)] and len(skipped.imported) == 1
 
@@ -305,7 +304,7 @@ EVAL_BROKEN = [_truncated, _bomb, _lying_size, _climbing, _absolute, _bad_member
 def test_hostile_eval_archives_are_refused_and_nothing_is_written(store: Store, tmp_path: Path, make) -> None:
     good = write_eval(tmp_path / "good.eval", eval_spec("t", "m/good"), inspect_samples("m/good", epochs=1))
     store.ingest([good])
-    before = snapshot(store)
+    before = store_snapshot(store)
     bad = tmp_path / "bad.eval"
     expected = make(bad)
     listed = sorted(os.listdir(tmp_path))
@@ -313,7 +312,7 @@ def test_hostile_eval_archives_are_refused_and_nothing_is_written(store: Store, 
         store.ingest([good, bad])
     message = str(caught.value)
     assert "\n" not in message and message.startswith(str(bad)) and expected in message, message
-    assert snapshot(store) == before and sorted(os.listdir(tmp_path)) == listed
+    assert store_snapshot(store) == before and sorted(os.listdir(tmp_path)) == listed
     assert store.ingest([good, bad], skip_bad=True).skipped[0]["path"] == str(bad)
 
 

@@ -29,13 +29,6 @@ def episode(instance: str = INSTANCE, seed: int = 1, steps: int = 4) -> Episode:
     return made
 
 
-@pytest.fixture
-def store(tmp_path: Path) -> Store:
-    opened = Store.open(tmp_path / "store.sqlite")
-    yield opened
-    opened.close()
-
-
 def texts(store: Store, run_id: str) -> list[str]:
     """Every body the run names, as text."""
     return [store.text(ref) or "" for ref in store.run(run_id).refs()]

@@ -121,12 +121,6 @@ SWE_V07 = {
 }
 
 
-@pytest.fixture
-def store(tmp_path: Path) -> Store:
-    with Store.open(tmp_path / "store.sqlite") as opened:
-        yield opened
-
-
 def write(path: Path, data: dict, *, gz: bool = False) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     text = json.dumps(data, indent=2)

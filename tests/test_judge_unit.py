@@ -12,14 +12,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import store_from_runs
+from helpers import make_verdict, store_from_runs
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvjudge.errors import UsageError
 from kvjudge.judge import (
     RAW,
-    Verdict,
     base_view,
     cohen_kappa,
     decide,
@@ -29,7 +28,7 @@ from kvjudge.judge import (
     render_view,
     still_grades,
 )
-from kvjudge.judge.pack import RunTokens, allowances
+from kvjudge.judge.pack import allowances
 from kvjudge.judge.prompt import INSTRUCTIONS, QUESTION, RAW_ANSWER_CUE, TemplateText, chat_framing, closing, opening
 from kvjudge.judge.render import body_resolver
 from kvjudge.retention.reduce import reduce_run
@@ -212,15 +211,6 @@ def test_decide_rejects_a_margin_outside_its_range() -> None:
         decide(0.5, 0.5, 0.7)
 
 
-def _verdict(a: str, b: str, outcome: str, p_a: float | None, ab: float | None = None,
-             ba: float | None = None, views: tuple[str, str] = ("full-a", "full-b"), cut: bool = False) -> Verdict:
-    tokens = RunTokens(full=10, reduced=10, view=len(views[0]), further_reduced=cut)
-    return Verdict(a=a, b=b, outcome=outcome, p_a=p_a, p_a_by_order={"ab": ab if ab is not None else p_a,
-                                                                      "ba": ba if ba is not None else p_a},
-                   tokens={"a": tokens, "b": tokens}, further_reduced=cut, seconds=0.0, manifest={}, margin=0.05,
-                   view_sha256={"a": views[0], "b": views[1]})
-
-
 def test_cohen_kappa_known_values() -> None:
     # Classic 2x2 example: 20 yes/yes, 5 yes/no, 10 no/yes, 15 no/no → κ = 0.4.
     first = ["a"] * 25 + ["b"] * 25
@@ -233,12 +223,13 @@ def test_cohen_kappa_known_values() -> None:
 
 def test_still_grades_compares_only_uncut_pairs_whose_views_differ() -> None:
     shorter = ("reduced-a", "reduced-b")
-    full = [_verdict("r1", "r2", "a", 0.8), _verdict("r3", "r4", "b", 0.2), _verdict("r5", "r6", "a", 0.7),
-            _verdict("r7", "r8", "tie", 0.5), _verdict("r9", "r10", "a", 0.9, cut=True)]
-    reduced = [_verdict("r1", "r2", "a", 0.75, views=shorter), _verdict("r3", "r4", "a", 0.6, views=shorter),
-               _verdict("r5", "r6", "overflow", None, views=shorter),
-               _verdict("r7", "r8", "tie", 0.52),  # the same text read twice: proves nothing
-               _verdict("r9", "r10", "b", 0.1, views=shorter)]  # the full side was cut: no full verdict to hold
+    full = [make_verdict("r1", "r2", "a", 0.8), make_verdict("r3", "r4", "b", 0.2),
+            make_verdict("r5", "r6", "a", 0.7), make_verdict("r7", "r8", "tie", 0.5),
+            make_verdict("r9", "r10", "a", 0.9, cut=True)]
+    reduced = [make_verdict("r1", "r2", "a", 0.75, views=shorter), make_verdict("r3", "r4", "a", 0.6, views=shorter),
+               make_verdict("r5", "r6", "overflow", None, views=shorter),
+               make_verdict("r7", "r8", "tie", 0.52),  # the same text read twice: proves nothing
+               make_verdict("r9", "r10", "b", 0.1, views=shorter)]  # the full side was cut: no full verdict to hold
     results, summary = still_grades(full, reduced)
     assert [r.compared for r in results] == [True, True, False, False, False]
     assert [r.full_cut for r in results] == [False, False, False, False, True]
@@ -257,11 +248,11 @@ def test_still_grades_compares_only_uncut_pairs_whose_views_differ() -> None:
 def test_still_grades_counts_a_winner_that_became_no_preference_as_lost() -> None:
     # What a capable judge does when reduction hid the evidence: it stops deciding (not a flip to the other run).
     shorter = ("reduced-a", "reduced-b")
-    full = [_verdict("r1", "r2", "a", 0.85), _verdict("r3", "r4", "b", 0.15), _verdict("r5", "r6", "tie", 0.5),
-            _verdict("r7", "r8", "a", 0.8)]
-    reduced = [_verdict("r1", "r2", "tie", 0.5, views=shorter),
-               _verdict("r3", "r4", "inconsistent", 0.5, views=shorter),
-               _verdict("r5", "r6", "a", 0.8, views=shorter), _verdict("r7", "r8", "b", 0.2, views=shorter)]
+    full = [make_verdict("r1", "r2", "a", 0.85), make_verdict("r3", "r4", "b", 0.15),
+            make_verdict("r5", "r6", "tie", 0.5), make_verdict("r7", "r8", "a", 0.8)]
+    reduced = [make_verdict("r1", "r2", "tie", 0.5, views=shorter),
+               make_verdict("r3", "r4", "inconsistent", 0.5, views=shorter),
+               make_verdict("r5", "r6", "a", 0.8, views=shorter), make_verdict("r7", "r8", "b", 0.2, views=shorter)]
     results, summary = still_grades(full, reduced)
     assert [r.lost for r in results] == [True, True, False, False]
     assert [r.flipped for r in results] == [False, False, False, True]
@@ -271,7 +262,7 @@ def test_still_grades_counts_a_winner_that_became_no_preference_as_lost() -> Non
 
 def test_still_grades_refuses_pairs_that_do_not_line_up() -> None:
     with pytest.raises(UsageError):
-        still_grades([_verdict("r1", "r2", "a", 0.8)], [_verdict("r2", "r1", "a", 0.8)])
+        still_grades([make_verdict("r1", "r2", "a", 0.8)], [make_verdict("r2", "r1", "a", 0.8)])
 
 
 # ----------------------------------------------------------------------- CLI

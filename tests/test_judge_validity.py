@@ -7,14 +7,11 @@ import math
 from pathlib import Path
 
 import pytest
-from helpers import cli_json, store_from_runs
+from helpers import cli_json, make_verdict, store_from_runs
 
 from kvjudge.cli import main
-from kvjudge.judge import Verdict
 from kvjudge.judge.evaluate import Decision, baseline_decisions, conclusion, evaluate, last_exit_code, metrics, wilson
-from kvjudge.judge.pack import RunTokens
 from kvjudge.judge.ranking import agent_of, bradley_terry, games_from, rank
-from kvjudge.judge.verdict import OrderScore
 from kvjudge.testing.native_runs import make_run
 
 
@@ -63,14 +60,6 @@ def test_metrics_against_hand_computed_values() -> None:
     assert bins[(0.8, 1.0)]["pairs"] == 1 and bins[(0.8, 1.0)]["a_better"] == 1.0
 
 
-def _verdict(a: str, b: str, outcome: str, p_ab: float, p_ba: float) -> Verdict:
-    tokens = RunTokens(full=1, reduced=1, view=1, further_reduced=False)
-    orders = (OrderScore("ab", p_ab, 0.5, 10, 0, False), OrderScore("ba", p_ba, 0.5, 10, 0, False))
-    return Verdict(a=a, b=b, outcome=outcome, p_a=(p_ab + p_ba) / 2, p_a_by_order={"ab": p_ab, "ba": p_ba},
-                   tokens={"a": tokens, "b": tokens}, further_reduced=False, seconds=0.0, manifest={}, margin=0.05,
-                   orders=orders)
-
-
 def _graded(run_id: str, passed: bool, task: str, outputs: list[str], exit_code: int | None = None,
             tenant: str = "default") -> dict:
     run = make_run(run_id, outputs, passed=passed, tenant=tenant)
@@ -87,8 +76,8 @@ def test_baselines_and_a_judge_that_does_not_beat_them(tmp_path: Path) -> None:
     with store_from_runs(tmp_path / "store.sqlite", runs) as store:
         assert last_exit_code(store.run("t1-good")) == 0 and last_exit_code(store.run("t1-bad")) == 1
         pairs = [("t1-good", "t1-bad"), ("t2-bad", "t2-good")]
-        verdicts = [_verdict("t1-good", "t1-bad", "inconsistent", 0.9, 0.1),
-                    _verdict("t2-bad", "t2-good", "a", 0.7, 0.7)]
+        verdicts = [make_verdict("t1-good", "t1-bad", "inconsistent", 0.9, 0.1),
+                    make_verdict("t2-bad", "t2-good", "a", 0.7, 0.7)]
         result = evaluate(store, verdicts)
         first = baseline_decisions("always_first", pairs, store.run, len)
     assert [d.outcome for d in first] == ["a", "a"]

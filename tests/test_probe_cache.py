@@ -1,4 +1,4 @@
-"""The capability cache: read-modify-write, staleness, fingerprints, a corrupt file, and two processes writing at once."""
+"""The capability cache: updates, staleness, fingerprints, a corrupt file, and two processes writing at once."""
 
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ def test_update_is_a_read_modify_write_of_one_entry(tmp_path: Path) -> None:
     assert cache.get(stored.fingerprint) == after and cache.get(untouched.fingerprint) == untouched
 
 
-def test_update_sees_none_for_a_missing_entry_and_refuses_one_filed_under_another_fingerprint(tmp_path: Path) -> None:
+def test_update_of_a_missing_entry_sees_none_and_an_entry_under_another_fingerprint_is_refused(tmp_path: Path) -> None:
     cache = CapabilityCache(tmp_path / "c.json")
     seen: list[CapabilityEntry | None] = []
 

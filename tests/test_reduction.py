@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 
 import pytest
-from helpers import cli_json, kvjudge
+from helpers import cli_json, kvjudge, store_from_runs
 
 from kvjudge.cli import main
 from kvjudge.errors import RunStateError
@@ -22,7 +22,6 @@ from kvjudge.retention.reduce import plan_reduction, reduce_run, resolve, run_to
 from kvjudge.retention.state import LOCAL, RunState
 from kvjudge.retention.verify import verify
 from kvjudge.testing.filler import filler
-from kvjudge.testing.jsonl import write_jsonl
 from kvjudge.testing.native_runs import make_run
 from kvjudge.tokens import CharsPerToken, ModelTokenizer
 
@@ -50,14 +49,6 @@ def big_run(run_id: str = "r1", *, lifecycle=("running", "grading", "graded"), p
                     passed=passed, final=final)
 
 
-def open_with(tmp_path: Path, *runs: dict, name: str = "store.sqlite") -> Store:
-    store = Store.open(tmp_path / name)
-    path = tmp_path / f"{name}.jsonl"
-    write_jsonl(path, runs)
-    store.ingest_file(path)
-    return store
-
-
 def grade(state: RunState, text_of) -> float:
     """A deterministic stand-in for the judge: verifier pass rate × whether the last live tool output,
     read through whatever the log says stands in for it, ends in a clean pytest summary."""
@@ -83,7 +74,7 @@ def assert_every_missing_body_explained(store: Store) -> None:
 
 # ------------------------------------------------------------ steps 1–5
 def test_step1_transitions_intact_only_reduction_events_added(tmp_path: Path) -> None:
-    with open_with(tmp_path, big_run()) as store:
+    with store_from_runs(tmp_path / "store.sqlite", [big_run()]) as store:
         before_events = [(lsn, e.kind, e.to_json()) for lsn, e in store.iter_events("r1")]
         before = store.run("r1")
         assert run_tokens(store, before, CHARS) > 2000
@@ -102,7 +93,7 @@ def test_step1_transitions_intact_only_reduction_events_added(tmp_path: Path) ->
 
 
 def test_step2_reduced_episode_still_grades(tmp_path: Path) -> None:
-    with open_with(tmp_path, big_run("good"), big_run("bad", passed=False)) as store:
+    with store_from_runs(tmp_path / "store.sqlite", [big_run("good"), big_run("bad", passed=False)]) as store:
         full = {r: grade(store.run(r), store.text) for r in ("good", "bad")}
         assert full == {"good": 1.0, "bad": 0.0}
         for run_id in ("good", "bad"):
@@ -114,7 +105,7 @@ def test_step2_reduced_episode_still_grades(tmp_path: Path) -> None:
 
 
 def test_step3_every_surviving_ref_rehashes(tmp_path: Path) -> None:
-    with open_with(tmp_path, big_run()) as store:
+    with store_from_runs(tmp_path / "store.sqlite", [big_run()]) as store:
         reduce_run(store, "r1", 1500, CHARS)
         state = store.run("r1")
         surviving = 0
@@ -134,7 +125,7 @@ def test_step3_every_surviving_ref_rehashes(tmp_path: Path) -> None:
 
 
 def test_step4_drop_state_tables_and_refold_byte_identical(tmp_path: Path) -> None:
-    with open_with(tmp_path, big_run()) as store:
+    with store_from_runs(tmp_path / "store.sqlite", [big_run()]) as store:
         reduce_run(store, "r1", 800, CHARS)
         reduced = store.run("r1")
         assert reduced.reduced and any(loc.status == "reduced" for loc in reduced.bodies.values())
@@ -150,7 +141,7 @@ def test_step4_drop_state_tables_and_refold_byte_identical(tmp_path: Path) -> No
 
 
 def test_step5_get_original_is_none_and_the_fold_explains_it(tmp_path: Path) -> None:
-    with open_with(tmp_path, big_run()) as store:
+    with store_from_runs(tmp_path / "store.sqlite", [big_run()]) as store:
         reduce_run(store, "r1", 1500, CHARS)
         state = store.run("r1")
         reduced = [(ref, loc) for ref, loc in state.bodies.items() if loc.status == "reduced"]
@@ -182,7 +173,7 @@ def test_step6_crash_at_every_point_leaves_no_unexplained_body_and_rerun_converg
     runs = [big_run("r1")]
     args = ["reduce", "r1", "--ceiling", "1200", "--capabilities", str(capabilities[160_000]),
             "--config", str(config), "--json"]
-    with open_with(tmp_path, *runs, name="control.sqlite") as control:
+    with store_from_runs(tmp_path / "control.sqlite", runs) as control:
         pass
     ok = kvjudge(*args, "--store", str(tmp_path / "control.sqlite"), cwd=tmp_path)
     assert ok.returncode == 0, ok.stderr
@@ -190,7 +181,7 @@ def test_step6_crash_at_every_point_leaves_no_unexplained_body_and_rerun_converg
         converged = control.run("r1").canonical_bytes()
         assert control.run("r1").reduced
 
-    with open_with(tmp_path, *runs, name="crash.sqlite") as store:
+    with store_from_runs(tmp_path / "crash.sqlite", runs) as store:
         before_events = list(store.iter_events("r1"))
     crashed = kvjudge(*args, "--store", str(tmp_path / "crash.sqlite"), cwd=tmp_path, faults=point)
     assert crashed.returncode == -9, f"{point}: child was not killed ({crashed.returncode}): {crashed.stderr}"
@@ -240,7 +231,7 @@ def ok_summaries(tmp_path: Path) -> list[str]:
 
 def test_the_invariant_check_fails_on_a_body_deleted_before_its_event(tmp_path: Path) -> None:
     """The trap: deleting the original before Reduced commits. The checks above would see it."""
-    with open_with(tmp_path, big_run()) as store:
+    with store_from_runs(tmp_path / "store.sqlite", [big_run()]) as store:
         ref = store.run("r1").branches[0].transitions[2].tool_output["output_ref"]
         with store.transaction("tamper"):
             store.blobs.delete_body(ref)
@@ -255,7 +246,7 @@ def test_step7_hardware_bound_wins_over_a_200k_ceiling(tmp_path: Path, capabilit
                                                         capsys: pytest.CaptureFixture[str]) -> None:
     config = write_config(tmp_path, "ceiling = 200000\n")
     run = make_run("huge", [filler(i, 12_000) for i in range(8)])  # ~8 × 21k chars/4 tokens
-    with open_with(tmp_path, run) as store:
+    with store_from_runs(tmp_path / "store.sqlite", [run]) as store:
         before = run_tokens(store, store.run("huge"), CHARS)
     assert before > 120_000
     code = main(["reduce", "huge", "--store", str(tmp_path / "store.sqlite"), "--config", str(config),
@@ -275,7 +266,7 @@ def test_step7_hardware_bound_wins_over_a_200k_ceiling(tmp_path: Path, capabilit
 def test_step7_ceiling_flag_lowers_but_the_bound_still_applies(tmp_path: Path, capabilities: dict[int, Path],
                                                                capsys: pytest.CaptureFixture[str]) -> None:
     config = write_config(tmp_path)
-    with open_with(tmp_path, big_run()):
+    with store_from_runs(tmp_path / "store.sqlite", [big_run()]):
         pass
     base = ["reduce", "r1", "--store", str(tmp_path / "store.sqlite"), "--config", str(config), "--dry-run", "--json"]
     assert main([*base, "--capabilities", str(capabilities[4_000]), "--ceiling", "100000"]) == 0
@@ -287,7 +278,7 @@ def test_step7_ceiling_flag_lowers_but_the_bound_still_applies(tmp_path: Path, c
 def test_step7_no_probe_figure_means_no_reduction(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Never the configured ceiling alone: without max_context_tokens the command refuses."""
     config = write_config(tmp_path)
-    with open_with(tmp_path, big_run()) as store:
+    with store_from_runs(tmp_path / "store.sqlite", [big_run()]) as store:
         before = len(list(store.iter_events()))
     code = main(["reduce", "r1", "--store", str(tmp_path / "store.sqlite"), "--config", str(config),
                  "--capabilities", str(tmp_path / "empty-cache.json")])
@@ -301,7 +292,8 @@ def test_step7_no_probe_figure_means_no_reduction(tmp_path: Path, capsys: pytest
 def test_step9_a_run_in_grading_is_refused(tmp_path: Path, capabilities: dict[int, Path],
                                            capsys: pytest.CaptureFixture[str]) -> None:
     config = write_config(tmp_path)
-    with open_with(tmp_path, big_run("g", lifecycle=["running", "grading"]), big_run("done")) as store:
+    runs = [big_run("g", lifecycle=["running", "grading"]), big_run("done")]
+    with store_from_runs(tmp_path / "store.sqlite", runs) as store:
         events_before = len(list(store.iter_events("g")))
         with pytest.raises(RunStateError, match="run g is grading"):
             plan_reduction(store.run("g"), store.text, CHARS, 100)
@@ -323,7 +315,7 @@ def test_step9_a_run_in_grading_is_refused(tmp_path: Path, capabilities: dict[in
 
 # ------------------------------------------------------------ loss order, idempotence, counting
 def test_loss_order_bodies_then_dead_branches_then_dropped(tmp_path: Path) -> None:
-    with open_with(tmp_path, big_run()) as store:
+    with store_from_runs(tmp_path / "store.sqlite", [big_run()]) as store:
         state = store.run("r1")
         total = run_tokens(store, state, CHARS)
         mild = plan_reduction(state, store.text, CHARS, total - 500, counts={})
@@ -344,7 +336,7 @@ def test_loss_order_bodies_then_dead_branches_then_dropped(tmp_path: Path) -> No
 
 
 def test_planning_is_pure_and_gives_a_view(tmp_path: Path) -> None:
-    with open_with(tmp_path, big_run()) as store:
+    with store_from_runs(tmp_path / "store.sqlite", [big_run()]) as store:
         lsns = store.connection.execute("SELECT MAX(lsn) FROM events").fetchone()[0]
         blobs = store.connection.execute("SELECT COUNT(*) FROM blobs").fetchone()[0]
         plan = plan_reduction(store.run("r1"), store.text, CHARS, 900)
@@ -359,7 +351,7 @@ def test_planning_is_pure_and_gives_a_view(tmp_path: Path) -> None:
 
 
 def test_second_reduction_is_a_no_op_without_recounting(tmp_path: Path) -> None:
-    with open_with(tmp_path, big_run()) as store:
+    with store_from_runs(tmp_path / "store.sqlite", [big_run()]) as store:
         counter = CountingCounter()
         first = reduce_run(store, "r1", 1500, counter)
         assert first.appended > 0 and counter.calls > 0
@@ -374,7 +366,7 @@ def test_a_body_shared_with_another_run_is_kept_for_it(tmp_path: Path) -> None:
     shared = filler(7, 3000)
     a = make_run("a", [shared, filler(8, 3000)])
     b = make_run("b", [shared, "tail"], lifecycle=["running"])
-    with open_with(tmp_path, a, b) as store:
+    with store_from_runs(tmp_path / "store.sqlite", [a, b]) as store:
         ref = store.run("b").branches[0].transitions[2].tool_output["output_ref"]
         reduce_run(store, "a", 300, CHARS)
         assert store.run("a").bodies[ref].status == "reduced"
@@ -397,7 +389,7 @@ def test_a_shared_body_is_kept_until_the_last_run_reading_it_is_reduced(tmp_path
                                                                       capsys: pytest.CaptureFixture[str]) -> None:
     from kvjudge.commands.show import render_run
 
-    with open_with(tmp_path, *sharing_runs()) as store:
+    with store_from_runs(tmp_path / "store.sqlite", sharing_runs()) as store:
         ref = shared_ref(store)
         assert all(ref in store.run(run_id).bodies for run_id in ("a", "b", "c"))
         for step, run_id in enumerate(("a", "b", "c"), start=1):
@@ -432,7 +424,7 @@ def test_a_shared_body_is_kept_until_the_last_run_reading_it_is_reduced(tmp_path
 def test_an_interrupted_reduction_gets_the_note_and_the_named_command_removes_it(
         tmp_path: Path, capabilities: dict[int, Path], capsys: pytest.CaptureFixture[str]) -> None:
     config = write_config(tmp_path)
-    with open_with(tmp_path, *sharing_runs()) as store:
+    with store_from_runs(tmp_path / "store.sqlite", sharing_runs()) as store:
         ref = shared_ref(store)
         for run_id in ("a", "b"):
             reduce_run(store, run_id, 400, CHARS)
@@ -460,7 +452,7 @@ def test_an_interrupted_reduction_gets_the_note_and_the_named_command_removes_it
 @pytest.mark.model
 def test_reduction_with_the_model_tokenizer(tmp_path: Path, default_model: Path) -> None:
     counter = ModelTokenizer(default_model)
-    with open_with(tmp_path, big_run()) as store:
+    with store_from_runs(tmp_path / "store.sqlite", [big_run()]) as store:
         before = run_tokens(store, store.run("r1"), counter)
         result = reduce_run(store, "r1", 1000, counter)
         state = store.run("r1")

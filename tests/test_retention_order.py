@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import kvjudge, start_kvjudge, store_from_runs
+from helpers import event_kinds, kvjudge, start_kvjudge, store_from_runs
 
 import kvjudge.retention.reduce as reduce_module
 import kvjudge.retention.tiering.move as move_module
@@ -262,11 +262,6 @@ class CheckedThen(LocalDirColdStore):
         self._then()
 
 
-def event_kinds(path: Path, run_id: str) -> list[str]:
-    with Store.open(path) as store:
-        return [e.kind for _, e in store.iter_events(run_id)]
-
-
 def test_reduce_sees_a_move_committed_after_it_planned(setup: dict, monkeypatch: pytest.MonkeyPatch) -> None:
     path, cold = setup["store"], LocalDirColdStore(setup["tmp"] / "cold")
 
@@ -279,8 +274,9 @@ def test_reduce_sees_a_move_committed_after_it_planned(setup: dict, monkeypatch:
         store.fallback = ColdReader(store, ColdStores())
         with pytest.raises(RunInColdStorage, match="run `kvjudge rehydrate big-1`, then reduce it"):
             reduce_run(store, "big-1", CEILING, CHARS)
-    assert event_kinds(path, "big-1")[-2:] == ["TierStarted", "Tiered"]
-    assert not {"Reduced", "BranchReduced", "Dropped"} & set(event_kinds(path, "big-1"))  # nothing appended
+        kinds = event_kinds(store, "big-1")
+    assert kinds[-2:] == ["TierStarted", "Tiered"]
+    assert not {"Reduced", "BranchReduced", "Dropped"} & set(kinds)  # nothing appended
     assert_sound(path)
 
 
@@ -336,6 +332,6 @@ def test_a_second_tier_joins_the_move_under_way(setup: dict, monkeypatch: pytest
     with Store.open(path) as store:
         result = tier_run(store, "small-1", cold, gate=TierGate(CEILING, CHARS))
         assert result.status == "already_tiered"  # the other committed this very move first
-    assert event_kinds(path, "small-1")[-2:] == ["TierStarted", "Tiered"]
-    assert event_kinds(path, "small-1").count("TierStarted") == 1
+        kinds = event_kinds(store, "small-1")
+    assert kinds[-2:] == ["TierStarted", "Tiered"] and kinds.count("TierStarted") == 1
     assert_sound(path)

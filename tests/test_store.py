@@ -6,6 +6,7 @@ import sqlite3
 from pathlib import Path
 
 import pytest
+from helpers import ingest_runs
 
 from kvjudge.errors import IntegrityError, RunStateError, StoreError
 from kvjudge.retention import (
@@ -23,20 +24,7 @@ from kvjudge.retention import events as ev
 from kvjudge.retention.state import RunState
 from kvjudge.retention.store import SCHEMA_VERSION, default_store_path
 from kvjudge.testing.filler import filler
-from kvjudge.testing.jsonl import write_jsonl
 from kvjudge.testing.native_runs import make_run
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Store:
-    with Store.open(tmp_path / "store.sqlite") as opened:
-        yield opened
-
-
-def ingest(store: Store, tmp_path: Path, *runs: dict) -> list[str]:
-    path = tmp_path / f"runs-{len(store.run_ids())}.jsonl"
-    write_jsonl(path, runs)
-    return store.ingest_file(path)
 
 
 def test_default_path_is_in_the_data_dir(isolated_dirs: Path) -> None:
@@ -55,8 +43,8 @@ def test_pragmas_wal_full_sync_and_schema_version(store: Store) -> None:
     assert {"events", "blobs", "blob_tokens", "runs", "run_bodies", "judgments"} <= tables
 
 
-def test_events_refuse_update_and_delete(store: Store, tmp_path: Path) -> None:
-    ingest(store, tmp_path, make_run("r1", ["out"]))
+def test_events_refuse_update_and_delete(store: Store) -> None:
+    ingest_runs(store, [make_run("r1", ["out"])])
     before = list(store.iter_events("r1"))
     with pytest.raises(sqlite3.IntegrityError, match="append-only"):
         store.connection.execute("UPDATE events SET payload = '{}' WHERE lsn = 1")
@@ -78,9 +66,9 @@ def test_blob_put_is_idempotent_and_never_rewrites(store: Store) -> None:
     assert store.blobs.get("sha256:" + "0" * 64) is None
 
 
-def test_ingested_run_folds_from_refs_only(store: Store, tmp_path: Path) -> None:
+def test_ingested_run_folds_from_refs_only(store: Store) -> None:
     run = make_run("r1", ["first output", "second output"], dead=[["dead output"]])
-    ingest(store, tmp_path, run)
+    ingest_runs(store, [run])
     state = store.run("r1")
     assert state.state == "graded" and state.lifecycle == ("running", "grading", "graded")
     assert [b.id for b in state.branches] == ["main", "attempt-1"]
@@ -95,8 +83,8 @@ def test_ingested_run_folds_from_refs_only(store: Store, tmp_path: Path) -> None
     assert all(loc.status == "local" for loc in state.bodies.values())
 
 
-def test_projection_dropped_is_rebuilt_byte_identical(store: Store, tmp_path: Path) -> None:
-    ingest(store, tmp_path, make_run("r1", ["a", "b"]), make_run("r2", ["c"], lifecycle=["running"]))
+def test_projection_dropped_is_rebuilt_byte_identical(store: Store) -> None:
+    ingest_runs(store, [make_run("r1", ["a", "b"]), make_run("r2", ["c"], lifecycle=["running"])])
     store.mark("r2", "grading")
     before = {run_id: store.run(run_id).canonical_bytes() for run_id in store.run_ids()}
     path = store.path
@@ -110,15 +98,15 @@ def test_projection_dropped_is_rebuilt_byte_identical(store: Store, tmp_path: Pa
         assert {r: reopened.run(r).canonical_bytes() for r in reopened.run_ids()} == before
 
 
-def test_canonical_bytes_round_trip(store: Store, tmp_path: Path) -> None:
-    ingest(store, tmp_path, make_run("r1", ["x"], dead=[["y"]]))
+def test_canonical_bytes_round_trip(store: Store) -> None:
+    ingest_runs(store, [make_run("r1", ["x"], dead=[["y"]])])
     state = store.run("r1")
     assert RunState.from_bytes(state.canonical_bytes()) == state
     assert RunState.from_bytes(state.canonical_bytes()).canonical_bytes() == state.canonical_bytes()
 
 
-def test_lifecycle_mark_legal_and_illegal(store: Store, tmp_path: Path) -> None:
-    ingest(store, tmp_path, make_run("r1", ["x"], lifecycle=["running"]))
+def test_lifecycle_mark_legal_and_illegal(store: Store) -> None:
+    ingest_runs(store, [make_run("r1", ["x"], lifecycle=["running"])])
     with pytest.raises(RunStateError, match="running; it cannot become graded"):
         store.mark("r1", "graded")
     assert store.mark("r1", "grading").state == "grading"
@@ -137,8 +125,8 @@ def test_unknown_run_is_a_store_error(store: Store) -> None:
         store.mark("nope", "grading")
 
 
-def test_reduced_needs_its_summary_stored_first(store: Store, tmp_path: Path) -> None:
-    ingest(store, tmp_path, make_run("r1", ["x" * 100]))
+def test_reduced_needs_its_summary_stored_first(store: Store) -> None:
+    ingest_runs(store, [make_run("r1", ["x" * 100])])
     original = store.run("r1").branches[0].transitions[2].tool_output["output_ref"]
     missing_summary = ref_of(b"summary never put")
     with pytest.raises(IntegrityError, match="put it first"):
@@ -153,9 +141,9 @@ def test_reduced_needs_its_summary_stored_first(store: Store, tmp_path: Path) ->
                                    tokens_after=2))
 
 
-def test_release_keeps_a_body_another_run_still_reads(store: Store, tmp_path: Path) -> None:
+def test_release_keeps_a_body_another_run_still_reads(store: Store) -> None:
     shared = filler(1, 200)
-    ingest(store, tmp_path, make_run("a", [shared]), make_run("b", [shared]))
+    ingest_runs(store, [make_run("a", [shared]), make_run("b", [shared])])
     ref = store.run("a").branches[0].transitions[2].tool_output["output_ref"]
     assert ref == store.run("b").branches[0].transitions[2].tool_output["output_ref"]
     store.append("a", Dropped(run="a", original=ref))
@@ -168,8 +156,8 @@ def test_release_keeps_a_body_another_run_still_reads(store: Store, tmp_path: Pa
     assert explanation.status == "dropped" and explanation.event == "Dropped" and explanation.explained
 
 
-def test_explain_unknown_and_local(store: Store, tmp_path: Path) -> None:
-    ingest(store, tmp_path, make_run("r1", ["body"]))
+def test_explain_unknown_and_local(store: Store) -> None:
+    ingest_runs(store, [make_run("r1", ["body"])])
     ref = store.run("r1").task_prompt_ref
     local = store.explain(ref)
     assert local.status == "local" and local.body_present and local.event is None and local.run == "r1"
@@ -177,8 +165,8 @@ def test_explain_unknown_and_local(store: Store, tmp_path: Path) -> None:
     assert unknown.status == "unknown" and not unknown.explained
 
 
-def test_fold_handles_every_event_kind_including_tiering(store: Store, tmp_path: Path) -> None:
-    ingest(store, tmp_path, make_run("r1", ["out"], dead=[["dead"]]))
+def test_fold_handles_every_event_kind_including_tiering(store: Store) -> None:
+    ingest_runs(store, [make_run("r1", ["out"], dead=[["dead"]])])
     state = store.run("r1")
     out = state.branches[0].transitions[2].tool_output["output_ref"]
     manifest = store.put_blob(b"manifest")
@@ -264,9 +252,9 @@ def test_a_directory_is_not_a_store(tmp_path: Path) -> None:
         Store.open(tmp_path)
 
 
-def test_trial_is_folded_and_left_out_of_the_bytes_when_unset(store: Store, tmp_path: Path) -> None:
+def test_trial_is_folded_and_left_out_of_the_bytes_when_unset(store: Store) -> None:
     with_trial = {**make_run("r1", ["a"]), "agent": "agent-x", "trial": "2"}
-    ingest(store, tmp_path, with_trial, make_run("r2", ["b"]))
+    ingest_runs(store, [with_trial, make_run("r2", ["b"])])
     state = store.run("r1")
     assert state.trial == "2" and state.agent == "agent-x"
     assert RunState.from_bytes(state.canonical_bytes()) == state

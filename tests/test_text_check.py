@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helpers import cli_json_ok
+from helpers import cli_json_ok, store_snapshot
 from kvjudge.cli import main
 from kvjudge.errors import IngestError
 from kvjudge.retention import Store, TextError, verify
@@ -22,17 +22,6 @@ from kvjudge.testing.jsonl import write_jsonl
 from kvjudge.testing.native_runs import make_run
 
 LONE = "\ud800"
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Store:
-    with Store.open(tmp_path / "store.sqlite") as opened:
-        yield opened
-
-
-def nothing_written(store: Store) -> bool:
-    counts = [store.connection.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0] for table in ("events", "blobs")]
-    return counts == [0, 0] and store.run_ids() == []
 
 
 def bad_native_run(run_id: str = "r2") -> dict:
@@ -108,7 +97,7 @@ def test_a_lone_surrogate_is_refused_naming_file_line_and_path(store: Store, tmp
     with pytest.raises(IngestError, match=rf"runs.jsonl:2: text at {where} is not valid Unicode: lone surrogate "
                                           rf"U\+D800 at character 5; pass --repair-text"):
         store.ingest_file(path)
-    assert nothing_written(store)  # not even the good first line
+    assert store_snapshot(store) == ([], [], [])  # not even the good first line
 
 
 def test_cli_refusal_is_one_line_without_traceback(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -179,7 +168,7 @@ def test_what_the_store_cannot_hold_is_one_line_and_writes_nothing(store: Store,
         with pytest.raises(IngestError, match=f"odd.jsonl:2: {message}") as raised:
             store.ingest_file(path, repair_text=repair_text)
         assert "\n" not in str(raised.value) and len(str(raised.value)) < 400
-        assert nothing_written(store)
+        assert store_snapshot(store) == ([], [], [])
 
 
 def test_ingest_cli_repair_text_reports_the_note(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

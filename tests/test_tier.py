@@ -9,21 +9,22 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import event_kinds, store_from_runs
 from helpers import kvjudge as run_kvjudge
 from seaweed import SeaweedServer, free_ports, s3_bucket, seaweed  # noqa: F401 (fixtures)
 from tier_support import (
     GRADED,
+    big_output,
     cold_for,
-    event_kinds,
     make_store,
     read_remote,
     remote_keys,
     remove,
-    run_line,
     tamper,
     target,  # noqa: F401 (fixture)
     texts,
     tiered_refs,
+    tiering_run,
 )
 
 from kvjudge.errors import ColdStoreError, IntegrityError, RunStateError
@@ -201,8 +202,7 @@ def test_tier_cli_json_and_usage(tmp_path: Path, target: str, ceiling_args: list
     assert shown.returncode == 0, shown.stderr
     output = json.loads(shown.stdout)["branches"][0]["transitions"][2]["tool_output"]["output"]
     assert output["status"] == "tiered"
-    assert output["text"] == json.loads(run_line("run-a", GRADED))["branches"][0]["transitions"][2][
-        "tool_output"]["output"]
+    assert output["text"] == big_output("run-a")
     again = json.loads(kvjudge("tier", "run-a", "--to", target, *ceiling_args, "--json").stdout)
     assert again["runs"][0]["status"] == "already_tiered"
     wrong = kvjudge("tier", "run-live", "--to", target, *ceiling_args)
@@ -350,12 +350,9 @@ def test_bodies_larger_than_a_chunk_arrive_whole(tmp_path: Path, target: str) ->
     long, and one ending exactly on a chunk's end, arrive byte-identical."""
     from kvjudge.retention.tiering.transfer import CHUNK_BYTES
 
-    source = tmp_path / "runs.jsonl"
-    source.write_text(run_line("run-a", GRADED, big=3 * CHUNK_BYTES + 17) + "\n"
-                      + run_line("run-b", GRADED, big=2 * CHUNK_BYTES) + "\n")
+    runs = [tiering_run("run-a", GRADED, big=3 * CHUNK_BYTES + 17), tiering_run("run-b", GRADED, big=2 * CHUNK_BYTES)]
     cold = cold_for(target)
-    with Store.open(tmp_path / "store.sqlite") as store:
-        store.ingest_file(source)
+    with store_from_runs(tmp_path / "store.sqlite", runs) as store:
         before = {run: texts(store, run) for run in ("run-a", "run-b")}
         sizes = {run: max(len(text or "") for text in before[run].values()) for run in before}
         assert sizes == {"run-a": 3 * CHUNK_BYTES + 17, "run-b": 2 * CHUNK_BYTES}

@@ -10,9 +10,9 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-from helpers import free_ports, kvjudge
+from helpers import event_kinds, free_ports, kvjudge
 from seaweed import SeaweedServer, seaweed  # noqa: F401 (fixture)
-from tier_support import GRADED, event_kinds, make_store, run_line, texts, tiered_refs
+from tier_support import GRADED, big_output, make_store, texts, tiered_refs
 
 from kvjudge.retention import Store
 from kvjudge.retention import events as ev
@@ -33,11 +33,6 @@ def environment(server: SeaweedServer, **extra: str) -> dict[str, str]:
 
 def tier_events(store: Store, run_id: str) -> list[ev.Event]:
     return [e for _, e in store.iter_events(run_id) if isinstance(e, (ev.TierStarted, ev.Tiered))]
-
-
-def the_text(run_id: str) -> str:
-    """The big tool output of ``run_id`` as ingested (tier_support.run_line)."""
-    return json.loads(run_line(run_id, GRADED))["branches"][0]["transitions"][2]["tool_output"]["output"]
 
 
 def shown_output(stdout: str) -> dict:
@@ -125,13 +120,13 @@ def test_every_read_goes_to_the_recorded_endpoint(tmp_path: Path, seaweed: Seawe
     shown = kvjudge("show", "run-a", "--full", *store_args, "--json", env=env)
     assert shown.returncode == 0, shown.stderr
     output = shown_output(shown.stdout)
-    assert (output["status"], output["text"]) == ("tiered", the_text("run-a"))
+    assert (output["status"], output["text"]) == ("tiered", big_output("run-a"))
     # An endpoint in the environment that points elsewhere (nothing listens there) is not where a run went.
     (dead,) = free_ports(1)
     elsewhere = kvjudge("show", "run-b", "--full", *store_args, "--json",
                         env=environment(seaweed, AWS_ENDPOINT_URL=f"http://127.0.0.1:{dead}"))
     assert elsewhere.returncode == 0, elsewhere.stderr
-    assert shown_output(elsewhere.stdout)["text"] == the_text("run-b")
+    assert shown_output(elsewhere.stdout)["text"] == big_output("run-b")
     judged = kvjudge("judge", "run-a", "run-b", "--model", str(default_model), "--n-ctx", "512", "--no-certify",
                      "--no-cache", *store_args, "--json", env=env, timeout=900)
     assert judged.returncode == 0, judged.stderr
@@ -144,7 +139,7 @@ def test_every_read_goes_to_the_recorded_endpoint(tmp_path: Path, seaweed: Seawe
     with Store.open(path) as store:
         assert tiered_refs(store, "run-a") == []
         assert all(store.blobs.get(ref) is not None for ref in moved)  # every body local again, from the server
-        assert texts(store, "run-a")[ref_of(the_text("run-a").encode())] == the_text("run-a")
+        assert texts(store, "run-a")[ref_of(big_output("run-a").encode())] == big_output("run-a")
 
 
 def test_an_endpoint_override_must_hold_the_recorded_manifest(tmp_path: Path, seaweed: SeaweedServer,  # noqa: F811
@@ -198,7 +193,7 @@ def test_an_endpoint_override_must_hold_the_recorded_manifest(tmp_path: Path, se
     moved = kvjudge("show", "run-a", "--full", "--endpoint-url", second_seaweed.endpoint, *store_args, "--json",
                     env=env)
     assert moved.returncode == 0, moved.stderr
-    assert shown_output(moved.stdout)["text"] == the_text("run-a")
+    assert shown_output(moved.stdout)["text"] == big_output("run-a")
     checked = kvjudge("verify", "--verify-remote", "--endpoint-url", second_seaweed.endpoint, *store_args, "--json",
                       env=env)
     assert checked.returncode == 0 and json.loads(checked.stdout)["ok"], checked.stdout + checked.stderr
@@ -272,7 +267,7 @@ def test_a_log_without_endpoints_reads_as_before_with_one_notice(tmp_path: Path,
     with_env = environment(seaweed, AWS_ENDPOINT_URL=seaweed.endpoint)
     shown = kvjudge("show", "run-a", "--full", "--store", str(old), "--json", env=with_env)
     assert shown.returncode == 0, shown.stderr
-    assert shown_output(shown.stdout)["text"] == the_text("run-a")
+    assert shown_output(shown.stdout)["text"] == big_output("run-a")
     notes = [line for line in shown.stderr.splitlines() if "before kvjudge recorded S3 endpoints" in line]
     assert len(notes) == 1 and seaweed.endpoint in notes[0] and "AWS_ENDPOINT_URL" in notes[0], shown.stderr
     # --endpoint-url works for it too, and verify's re-fold of the old log matches its projection.

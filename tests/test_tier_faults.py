@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import kvjudge
+from helpers import event_kinds, kvjudge
 from seaweed import s3_bucket, seaweed  # noqa: F401 (fixtures)
-from tier_support import cold_for, event_kinds, make_store, remote_keys, texts, tiered_refs
+from tier_support import cold_for, make_store, remote_keys, texts, tiered_refs
 
 from kvjudge.retention import Store
 from kvjudge.retention.cold import blob_key

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
+from typing import Any
 
 import pytest
+from helpers import store_from_runs
 from seaweed import SeaweedServer
 
 from kvjudge.retention import Store
@@ -15,9 +16,10 @@ from kvjudge.retention.state import TIERED
 GRADED = ["running", "grading", "graded"]
 
 
-def run_line(run_id: str, lifecycle: list[str], *, shared: str = "shared task prompt", big: int = 20_000) -> str:
-    """One native JSONL run: a task prompt shared with other runs, a live and a dead branch, a large tool output."""
-    return json.dumps({
+def tiering_run(run_id: str, lifecycle: list[str], *, shared: str = "shared task prompt",
+                big: int = 20_000) -> dict[str, Any]:
+    """One native run: a task prompt shared with other runs, a live and a dead branch, a large tool output."""
+    return {
         "id": run_id, "tenant": "acme", "lifecycle": lifecycle,
         "task": {"id": "t1", "prompt": shared},
         "branches": [
@@ -33,16 +35,18 @@ def run_line(run_id: str, lifecycle: list[str], *, shared: str = "shared task pr
             ]},
         ],
         "grades": [{"grader": "human", "score": 1.0, "label": "pass"}] if "graded" in lifecycle else [],
-    })
+    }
+
+
+def big_output(run_id: str) -> str:
+    """The large tool output of ``run_id``'s :func:`tiering_run`, as ingested."""
+    return tiering_run(run_id, GRADED)["branches"][0]["transitions"][2]["tool_output"]["output"]
 
 
 def make_store(path: Path, runs: dict[str, list[str]] | None = None) -> Path:
     """A store file at ``path`` holding ``runs`` (id → lifecycle); default: two graded runs and a running one."""
     runs = runs or {"run-a": GRADED, "run-b": GRADED, "run-live": ["running"]}
-    source = path.parent / f"{path.stem}-runs.jsonl"
-    source.write_text("".join(run_line(run_id, lifecycle) + "\n" for run_id, lifecycle in runs.items()))
-    with Store.open(path) as store:
-        store.ingest_file(source)
+    store_from_runs(path, [tiering_run(run_id, lifecycle) for run_id, lifecycle in runs.items()]).close()
     return path
 
 
@@ -53,10 +57,6 @@ def texts(store: Store, run_id: str) -> dict[str, str | None]:
 
 def tiered_refs(store: Store, run_id: str) -> list[str]:
     return sorted(ref for ref, loc in store.run(run_id).bodies.items() if loc.status == TIERED)
-
-
-def event_kinds(store: Store, run_id: str) -> list[str]:
-    return [event.kind for _, event in store.iter_events(run_id)]
 
 
 def remote_keys(cold: ColdStore) -> list[str]:
@@ -109,5 +109,5 @@ def cold_for(target_url: str) -> ColdStore:
     return open_cold_store(target_url)
 
 
-__all__ = ["GRADED", "SeaweedServer", "cold_for", "event_kinds", "make_store", "read_remote",
-           "remote_keys", "remove", "run_line", "tamper", "target", "texts", "tiered_refs"]
+__all__ = ["GRADED", "SeaweedServer", "big_output", "cold_for", "make_store", "read_remote", "remote_keys", "remove",
+           "tamper", "target", "texts", "tiered_refs", "tiering_run"]
