@@ -1,16 +1,20 @@
-"""Shared fixtures: the real bundled models, an isolated cache/data dir for every test, an empty store."""
+"""Shared fixtures: the real bundled models, an isolated cache/data dir for every test, an empty store,
+simulated judge servers."""
 
 from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
 
 from kvjudge import models
 from kvjudge.retention import Store
+from kvjudge.testing.sim_judge import Settings as SimSettings
+from kvjudge.testing.sim_judge import SimJudgeServer
 
 # Resolve the bundled models once, before any test isolates the cache dir.
 _MODELS_DIR = models.models_dir()
@@ -35,6 +39,14 @@ def store(tmp_path: Path) -> Iterator[Store]:
     """An empty store at ``tmp_path / "store.sqlite"``, closed after the test."""
     with Store.open(tmp_path / "store.sqlite") as opened:
         yield opened
+
+
+@pytest.fixture
+def start_sim() -> Iterator[Callable[[Path, SimSettings], SimJudgeServer]]:
+    """``start_sim(key, settings)``: a simulated judge server answering from ``key``, started now and stopped
+    after the test."""
+    with ExitStack() as started:
+        yield lambda key, settings: started.enter_context(SimJudgeServer(key, settings))
 
 
 @pytest.fixture(scope="session")

@@ -98,6 +98,12 @@ def event_kinds(store: Store, run_id: str) -> list[str]:
     return [event.kind for _, event in store.iter_events(run_id)]
 
 
+def local_cold_url(root: Path) -> str:
+    """A local cold target: the empty directory ``root / "cold"``, made here, as a ``file://`` URL."""
+    (root / "cold").mkdir()
+    return f"file://{root / 'cold'}"
+
+
 def memory_budget_for(model: Path, n_ctx: int) -> int:
     """A memory budget (bytes) under which exactly ``n_ctx`` (a multiple of 256) is the analytic maximum for
     ``model`` on this host: halfway between what ``n_ctx`` and ``n_ctx + 256`` need."""

@@ -1,8 +1,9 @@
-"""kvjudge's layer rule, checked on the source: a package imports only from packages before it.
+"""kvjudge's layer rule (ARCHITECTURE.md explains the layers), checked on the source: a package imports only from
+packages before it.
 
-``tokens, server_client ← probe ← budget ← retention ← judge ← target ← report ← demo / commands ← cli``, with the
-foundation modules (errors, settings, file writes, the bundled models, terminal display, the llama-cpp-python adapter)
-usable by all. Every import counts, including the ones inside functions.
+``tokens, server_client ← probe ← budget ← retention ← judge ← target ← report ← demo / commands ← cli ← testing``,
+with the foundation modules (errors, settings, file writes, the bundled models, terminal display, the llama-cpp-python
+adapter) usable by all. Every import counts, including the ones inside functions.
 """
 
 from __future__ import annotations

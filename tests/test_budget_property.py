@@ -1,7 +1,7 @@
 """Property tests: over random sessions the anchored fullness is always (last report + estimates since).
 
-The reference model below is written from the seed's text alone and shares no code with TokenBudget:
-it keeps the last reported prompt size and a ledger of what was added or pruned since.
+The reference model below is written from the rule alone (kvjudge/budget/token_budget.py's docstring) and shares
+no code with TokenBudget: it keeps the last reported prompt size and a ledger of what was added or pruned since.
 """
 
 from __future__ import annotations

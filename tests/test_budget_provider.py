@@ -1,4 +1,5 @@
-"""TokenBudget, rule by rule from the seed (000_068b7a73b90dbc57), and the MemoryProvider contract it keeps."""
+"""TokenBudget, rule by rule (kvjudge/budget/token_budget.py), and the MemoryProvider contract it keeps
+(kvjudge/budget/provider.py)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ def sync(budget: TokenBudget, user: str, assistant: str, input_tokens: int | Non
 
 
 def est(text: str, n: float = 4) -> int:
-    # The seed's heuristic, written out independently of the code under test.
+    # The chars-per-token heuristic (UTF-8 bytes / n, rounded up), written out independently of the code under test.
     return math.ceil(len(text.encode("utf-8")) / n)
 
 
@@ -101,7 +102,7 @@ def test_anchor_never_double_counts_over_many_turns() -> None:
         real_prompt += est(assistant)
         # With a perfect estimator the anchored figure is exactly the real context.
         assert budget.fullness() == real_prompt
-    legacy = sum(t.tokens_in + t.tokens_out for t in budget.history)  # the seed's old sum
+    legacy = sum(t.tokens_in + t.tokens_out for t in budget.history)  # the old figure: input + output summed per turn
     assert legacy > 10 * budget.fullness()
 
 
@@ -242,10 +243,10 @@ def test_estimation_is_used_and_fixed_before_first_turn() -> None:
         budget.with_estimation(TokenEstimation())
 
 
-# -- what the seed's MemoryProvider contract says a provider like TokenBudget does -------------------------
+# -- what the MemoryProvider contract says a provider like TokenBudget does ---------------------------------
 
 def test_token_budget_keeps_no_notes_and_says_so() -> None:
-    # The seed routes the save_note tool through add/replace/remove_note: a provider without notes refuses
+    # An agent's save_note tool goes through add/replace/remove_note: a provider without notes refuses
     # with NotesUnsupported, never silently drops the fact.
     budget = big()
     for call in (lambda: budget.add_note("fact"), lambda: budget.replace_note("a", "b"),

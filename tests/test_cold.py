@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import free_ports
+from helpers import free_ports, local_cold_url
 from seaweed import SeaweedServer, s3_bucket, seaweed  # noqa: F401 (fixtures)
 from tier_support import tamper
 
@@ -32,8 +32,7 @@ def ref_of(body: bytes) -> str:
 @pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.s3)])
 def cold(request: pytest.FixtureRequest, tmp_path: Path) -> ColdStore:
     if request.param == "local":
-        (tmp_path / "cold").mkdir()
-        return open_cold_store(f"file://{tmp_path / 'cold'}")
+        return open_cold_store(local_cold_url(tmp_path))
     bucket = request.getfixturevalue("s3_bucket")
     server: SeaweedServer = request.getfixturevalue("seaweed")
     return open_cold_store(f"s3://{bucket}/some/prefix", endpoint_url=server.endpoint)

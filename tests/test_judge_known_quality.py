@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import random
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
@@ -35,22 +35,18 @@ def _ingest(tmp_path: Path, runs: Sequence[GradedRun]) -> tuple[Path, Path]:
 
 
 @pytest.fixture
-def serve() -> Iterator:
+def serve(start_sim: Callable[[Path, Settings], SimJudgeServer]) -> Callable[[Path, Settings], SimJudgeServer]:
     """Start simulated judges (each certified with `kvjudge probe --server`); all stopped after the test."""
-    started: list[SimJudgeServer] = []
 
     def start(key: Path, settings: Settings) -> SimJudgeServer:
-        server = SimJudgeServer(key, settings).start()
-        started.append(server)
+        server = start_sim(key, settings)
         probed = kvjudge_json("probe", "--server", server.url)
         assert probed["certified"] and probed["max_context_tokens"] == settings.max_model_len
         assert server.judge.reasons == {"no_runs": 1}  # the probe's prompt just under the context quotes no runs
         server.judge.reasons.clear()
         return server
 
-    yield start
-    for server in started:
-        server.stop()
+    return start
 
 
 # ------------------------------------------------------------------------------------------------- eval

@@ -1,7 +1,8 @@
 """The judge on the real default model (Gemma 3 270M, in-process llama-cpp-python, n_ctx 512).
 
-These test mechanics, not judgment quality: the default model chooses by position (DESIGN.md), which
-is exactly what makes "identical runs are never decisive" and "inconsistent" worth asserting.
+These test mechanics, not judgment quality: the default model chooses by position (it leans towards one slot
+whatever the runs say), which is exactly what makes "identical runs are never decisive" and "inconsistent" worth
+asserting.
 """
 
 from __future__ import annotations
@@ -134,7 +135,7 @@ def test_a_long_run_is_judged_from_a_further_reduced_view(backend: LlamaBackend,
 
 def test_a_run_reduced_through_retention_is_still_gradeable(backend: LlamaBackend, store: Store,
                                                             default_model: Path) -> None:
-    # The seed's acceptance: a run over its ceiling reduces, and the reduced episode gets a real score.
+    # The acceptance test of reduction: a run over its ceiling reduces, and the reduced episode gets a real score.
     counter = ModelTokenizer(default_model)
     result = reduce_run(store, "long", 350, counter)
     state = store.run("long")

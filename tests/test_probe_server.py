@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import free_ports, kvjudge, kvjudge_json, store_from_runs
+from helpers import free_ports, kvjudge, kvjudge_json, local_cold_url, store_from_runs
 from llama_server import LlamaServer, server_extras_missing
 
 from kvjudge.models import file_sha256
@@ -74,8 +74,7 @@ def test_probe_server_certifies_within_the_served_context_and_reduce_reads_it(
     long_run = next(r for r in reduced["runs"] if r["run"] == "long")
     assert long_run["tokens_before"] > SERVED_N_CTX // 2 >= long_run["tokens_after"] and long_run["fits"]
     # tier gates on the same served bound: both runs are within it now, so both move.
-    (tmp_path / "cold").mkdir()
-    tiered = kvjudge_json("tier", "--all", "--server", server.url, "--to", f"file://{tmp_path / 'cold'}",
+    tiered = kvjudge_json("tier", "--all", "--server", server.url, "--to", local_cold_url(tmp_path),
                           "--store", str(store))
     assert tiered["ceilings"] == {"default": SERVED_N_CTX // 2} and tiered["left_behind"] == []
     assert sorted((r["run"], r["status"]) for r in tiered["runs"]) == [("long", "tiered"), ("short", "tiered")]

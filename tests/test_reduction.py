@@ -1,4 +1,10 @@
-"""The seed's integration test for reduction (Verify steps 1–7 and 9), in Python, plus no-op and counting rules.
+"""Reduction end to end, step by step, plus no-op and counting rules. The steps (each test is named by its step):
+
+1. the transitions stay intact, only reduction events are added; 2. a reduced episode still grades; 3. every
+surviving ref re-hashes; 4. the state tables dropped, the log re-folds byte-identical; 5. a reduced original reads
+as None and the fold explains it; 6. a crash at every fault point leaves no unexplained body and a rerun converges;
+7. the hardware bound caps the configured ceiling, and without a probe figure nothing is reduced; 9. a run still
+in grading is refused.
 
 Every fault test kills a real child process (``python -m kvjudge reduce`` with ``KVJUDGE_FAULTS`` set).
 """

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import event_kinds, kvjudge, start_kvjudge, store_from_runs
+from helpers import event_kinds, kvjudge, local_cold_url, start_kvjudge, store_from_runs
 
 import kvjudge.retention.reduce as reduce_module
 import kvjudge.retention.tiering.move as move_module
@@ -59,9 +59,8 @@ def setup(tmp_path: Path, capabilities: dict[int, Path]) -> dict:
     store.close()
     config = tmp_path / "kvjudge.toml"
     config.write_text(f'[retention]\ncounter = "chars"\nceiling = {CEILING}\n')
-    (tmp_path / "cold").mkdir()
     common = ["--config", str(config), "--capabilities", str(capabilities[160_000])]
-    return {"store": tmp_path / "store.sqlite", "cold": f"file://{tmp_path / 'cold'}", "config": config,
+    return {"store": tmp_path / "store.sqlite", "cold": local_cold_url(tmp_path), "config": config,
             "common": common, "tmp": tmp_path}
 
 

@@ -5,7 +5,7 @@ simulated vLLM judges (real HTTP servers in this process)."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -98,20 +98,11 @@ def test_a_flag_is_checked_like_the_file_and_named(tmp_path: Path, capsys: pytes
 
 # --------------------------------------------------------------------------------------- a pool of servers
 @pytest.fixture
-def sim(tmp_path: Path) -> Iterator:
+def sim(tmp_path: Path, start_sim: Callable[[Path, SimSettings], SimJudgeServer]) -> Callable[[int], SimJudgeServer]:
     """``sim(max_model_len)``: a simulated vLLM judge serving model "sim" at that context, stopped after the test."""
     key = write_key(tmp_path / "key.json", [key_entry(marker="marker line", grade=1.0, patch="+fix\n",
                                                       outcome="1 passed")])
-    started: list[SimJudgeServer] = []
-
-    def start(max_model_len: int) -> SimJudgeServer:
-        server = SimJudgeServer(key, SimSettings(max_model_len=max_model_len, model="sim")).start()
-        started.append(server)
-        return server
-
-    yield start
-    for server in started:
-        server.stop()
+    return lambda max_model_len: start_sim(key, SimSettings(max_model_len=max_model_len, model="sim"))
 
 
 def test_a_pools_ceiling_is_its_smallest_served_context_everywhere(tmp_path: Path, sim, capsys) -> None:

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import event_kinds, store_from_runs
+from helpers import event_kinds, local_cold_url, store_from_runs
 from helpers import kvjudge as run_kvjudge
 from seaweed import SeaweedServer, free_ports, s3_bucket, seaweed  # noqa: F401 (fixtures)
 from tier_support import (
@@ -138,8 +138,7 @@ def test_cold_store_down_deletes_nothing(tmp_path: Path, monkeypatch: pytest.Mon
 
 def test_reading_a_tiered_run_while_the_cold_store_is_down(tmp_path: Path) -> None:
     path = make_store(tmp_path / "store.sqlite")
-    (tmp_path / "cold").mkdir()
-    target = f"file://{tmp_path / 'cold'}"
+    target = local_cold_url(tmp_path)
     with Store.open(path) as store:
         tier_run(store, "run-a", cold_for(target))
     (tmp_path / "cold").rename(tmp_path / "unmounted")
@@ -220,8 +219,7 @@ def test_hostile_run_ids_tier_inside_the_cold_store(tmp_path: Path) -> None:
     """Run ids are untrusted: ".." or a 300-character id must not put a manifest outside the store, nor fail."""
     hostile = ["..", ".", "x" * 300, "a/../../b"]
     path = make_store(tmp_path / "store.sqlite", {run_id: GRADED for run_id in hostile})
-    (tmp_path / "cold").mkdir()
-    cold_url = f"file://{tmp_path / 'cold'}"
+    cold_url = local_cold_url(tmp_path)
     done = run_kvjudge("tier", "--all", "--to", cold_url, "--unreduced", "--store", str(path), "--json")
     assert done.returncode == 0, done.stderr
     assert sorted(r["run"] for r in json.loads(done.stdout)["runs"]) == sorted(hostile)
@@ -257,8 +255,7 @@ def test_a_reduced_run_tiers_with_its_summaries(tmp_path: Path) -> None:
     from kvjudge.tokens import CharsPerToken
 
     path = make_store(tmp_path / "store.sqlite")
-    (tmp_path / "cold").mkdir()
-    cold = cold_for(f"file://{tmp_path / 'cold'}")
+    cold = cold_for(local_cold_url(tmp_path))
     with Store.open(path) as store:
         reduce_run(store, "run-a", 500, CharsPerToken())
         reduced = store.run("run-a")
@@ -280,8 +277,7 @@ def test_a_reduced_run_tiers_with_its_summaries(tmp_path: Path) -> None:
 
 def test_a_corrupt_local_body_is_never_uploaded(tmp_path: Path) -> None:
     path = make_store(tmp_path / "store.sqlite")
-    (tmp_path / "cold").mkdir()
-    cold = cold_for(f"file://{tmp_path / 'cold'}")
+    cold = cold_for(local_cold_url(tmp_path))
     with Store.open(path) as store:
         victim = max(store.run("run-a").refs(), key=lambda r: len(store.blobs.get(r) or b""))
         size = len(store.blobs.get(victim) or b"")
@@ -302,10 +298,10 @@ def test_rehydrate_survives_a_concurrent_recovery(tmp_path: Path, monkeypatch: p
     from kvjudge.retention.tiering import recover
 
     path = make_store(tmp_path / "store.sqlite")
-    (tmp_path / "cold").mkdir()
+    cold = cold_for(local_cold_url(tmp_path))
     with Store.open(path) as store:
         before = texts(store, "run-a")
-        tier_run(store, "run-a", cold_for(f"file://{tmp_path / 'cold'}"))
+        tier_run(store, "run-a", cold)
         real_fault_point = rehydrate_module.fault_point
 
         def interleave(name: str) -> None:

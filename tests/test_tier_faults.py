@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import event_kinds, kvjudge
+from helpers import event_kinds, kvjudge, local_cold_url
 from seaweed import s3_bucket, seaweed  # noqa: F401 (fixtures)
 from tier_support import cold_for, make_store, remote_keys, texts, tiered_refs
 
@@ -74,8 +74,7 @@ def crash_then_rerun(tmp_path: Path, target: str, point: str, ceiling_args: list
 def crash_a_local_move(tmp_path: Path, point: str,
                        ceiling_args: list[str]) -> tuple[Path, str, dict[str, str | None]]:
     """Kill `kvjudge tier run-a` to a local cold directory at ``point``: the store, the target, run-a's texts."""
-    (tmp_path / "cold").mkdir()
-    target = f"file://{tmp_path / 'cold'}"
+    target = local_cold_url(tmp_path)
     path = make_store(tmp_path / "store.sqlite")
     with Store.open(path) as store:
         before = texts(store, "run-a")
@@ -86,8 +85,7 @@ def crash_a_local_move(tmp_path: Path, point: str,
 
 @pytest.mark.parametrize("point", TIER_POINTS)
 def test_kill_at_each_point_local(tmp_path: Path, point: str, ceiling_args: list[str]) -> None:
-    (tmp_path / "cold").mkdir()
-    crash_then_rerun(tmp_path, f"file://{tmp_path / 'cold'}", point, ceiling_args)
+    crash_then_rerun(tmp_path, local_cold_url(tmp_path), point, ceiling_args)
 
 
 @pytest.mark.s3
@@ -134,8 +132,7 @@ def test_verify_recovers_a_crashed_move(tmp_path: Path, ceiling_args: list[str])
 
 @pytest.mark.parametrize("point", REHYDRATE_POINTS)
 def test_kill_rehydrate_then_rerun(tmp_path: Path, point: str, ceiling_args: list[str]) -> None:
-    (tmp_path / "cold").mkdir()
-    target = f"file://{tmp_path / 'cold'}"
+    target = local_cold_url(tmp_path)
     path = make_store(tmp_path / "store.sqlite")
     with Store.open(path) as store:
         before = texts(store, "run-a")

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import store_from_runs
+from helpers import local_cold_url, store_from_runs
 from seaweed import SeaweedServer
 
 from kvjudge.retention import Store
@@ -98,8 +98,7 @@ def read_remote(cold: ColdStore, key: str) -> bytes:
 def target(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """A cold target URL of each kind: an existing local directory, or a fresh SeaweedFS bucket (AWS_* set)."""
     if request.param == "local":
-        (tmp_path / "cold").mkdir()
-        return f"file://{tmp_path / 'cold'}"
+        return local_cold_url(tmp_path)
     bucket = request.getfixturevalue("s3_bucket")
     return f"s3://{bucket}/tiers"
 
