@@ -10,9 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import free_ports, local_cold_url
+from helpers import free_ports
 from seaweed import SeaweedServer, s3_bucket, seaweed  # noqa: F401 (fixtures)
-from tier_support import tamper
+from tier_support import cold_for, tamper, target  # noqa: F401 (fixture)
 
 from kvjudge.errors import ColdStoreError, IntegrityError, UsageError
 from kvjudge.retention.cold import (
@@ -29,13 +29,10 @@ def ref_of(body: bytes) -> str:
     return "sha256:" + hashlib.sha256(body).hexdigest()
 
 
-@pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.s3)])
-def cold(request: pytest.FixtureRequest, tmp_path: Path) -> ColdStore:
-    if request.param == "local":
-        return open_cold_store(local_cold_url(tmp_path))
-    bucket = request.getfixturevalue("s3_bucket")
-    server: SeaweedServer = request.getfixturevalue("seaweed")
-    return open_cold_store(f"s3://{bucket}/some/prefix", endpoint_url=server.endpoint)
+@pytest.fixture
+def cold(target: str) -> ColdStore:
+    """Each kind of cold store: a local directory, and a prefix two levels deep in a SeaweedFS bucket."""
+    return cold_for(target)
 
 
 def test_blob_round_trip_and_idempotent_put(cold: ColdStore) -> None:

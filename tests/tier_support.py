@@ -96,11 +96,12 @@ def read_remote(cold: ColdStore, key: str) -> bytes:
 
 @pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.s3)])
 def target(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """A cold target URL of each kind: an existing local directory, or a fresh SeaweedFS bucket (AWS_* set)."""
+    """A cold target URL of each kind: an existing local directory, or a prefix two levels deep in a fresh SeaweedFS
+    bucket (AWS_* set)."""
     if request.param == "local":
         return local_cold_url(tmp_path)
     bucket = request.getfixturevalue("s3_bucket")
-    return f"s3://{bucket}/tiers"
+    return f"s3://{bucket}/tiers/cold"
 
 
 def cold_for(target_url: str) -> ColdStore:
