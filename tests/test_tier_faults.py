@@ -55,12 +55,19 @@ def tier(path: Path, target: str, ceiling_args: list[str], *extra: str, **kwargs
     return kvjudge("tier", "run-a", "--to", target, "--store", str(path), *ceiling_args, *extra, **kwargs)
 
 
-def crash_then_rerun(tmp_path: Path, target: str, point: str, ceiling_args: list[str]) -> None:
+def crash_a_move(tmp_path: Path, target: str, point: str,
+                 ceiling_args: list[str]) -> tuple[Path, dict[str, str | None]]:
+    """Kill `kvjudge tier run-a` to ``target`` at ``point``: the store, and run-a's texts before the move."""
     path = make_store(tmp_path / "store.sqlite")
     with Store.open(path) as store:
         before = texts(store, "run-a")
     crashed = tier(path, target, ceiling_args, faults=point)
     assert crashed.returncode == -signal.SIGKILL, (crashed.returncode, crashed.stderr)
+    return path, before
+
+
+def crash_then_rerun(tmp_path: Path, target: str, point: str, ceiling_args: list[str]) -> None:
+    path, before = crash_a_move(tmp_path, target, point, ceiling_args)
     assert_nothing_lost(path, before)
     rerun = tier(path, target, ceiling_args, "--json")
     assert rerun.returncode == 0, rerun.stderr
@@ -73,13 +80,9 @@ def crash_then_rerun(tmp_path: Path, target: str, point: str, ceiling_args: list
 
 def crash_a_local_move(tmp_path: Path, point: str,
                        ceiling_args: list[str]) -> tuple[Path, str, dict[str, str | None]]:
-    """Kill `kvjudge tier run-a` to a local cold directory at ``point``: the store, the target, run-a's texts."""
+    """:func:`crash_a_move` to a local cold directory: the store, the target, run-a's texts before the move."""
     target = local_cold_url(tmp_path)
-    path = make_store(tmp_path / "store.sqlite")
-    with Store.open(path) as store:
-        before = texts(store, "run-a")
-    crashed = tier(path, target, ceiling_args, faults=point)
-    assert crashed.returncode == -signal.SIGKILL, (crashed.returncode, crashed.stderr)
+    path, before = crash_a_move(tmp_path, target, point, ceiling_args)
     return path, target, before
 
 
