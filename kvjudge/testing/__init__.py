@@ -1,8 +1,8 @@
 """Test material shipped with kvjudge, for the test suite, the benchmarks and examples: runs in kvjudge's native
 format (``native_runs``, with ``filler`` text and ``jsonl`` files), files written exactly as the agent harnesses
 write them (``trajectories``, ``openhands``, ``harbor``, ``inspect_logs``), graded runs with an answer key
-(``graded_runs``), judgments of chosen probabilities (``judgments``), and a simulated judge server of known
-behaviour (``sim_judge``).
+(``graded_runs``), judgments of chosen probabilities (``judgments``), a simulated judge server of known
+behaviour (``sim_judge``), and a real headless browser (``browser``).
 
 Nothing in the product imports this package (tests/test_architecture.py checks it): it sits above every other
 part of kvjudge and may use any of them. Nothing here is downloaded; each writer follows the harness's own
