@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 
 import pytest
-from helpers import kvjudge, store_from_runs
+from helpers import kvjudge, make_verdict, store_from_runs
 
 from kvjudge.commands import eval as eval_command
 from kvjudge.commands import rank as rank_command
@@ -98,11 +98,9 @@ def _capture(print_fn, *args) -> str:
 
 
 def test_eval_and_rank_tables_fit_80_columns(store_path: Path) -> None:
-    from test_judge_validity import _verdict
-
     from kvjudge.retention import Store
 
-    verdicts = [_verdict(LONG_IDS[0], LONG_IDS[1], "a", 0.8, 0.7)]
+    verdicts = [make_verdict(LONG_IDS[0], LONG_IDS[1], "a", 0.8, 0.7)]
     with Store.open(store_path) as store:
         result = evaluate(store, verdicts)
     result["manifest"] = {"model": "/models/qwen2.5-coder-0.5b-instruct-q4.gguf"}
