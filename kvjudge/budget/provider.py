@@ -1,9 +1,10 @@
-"""The memory-provider interface and its value types, ported from the seed's ``MemoryProvider`` trait.
+"""The memory-provider interface and its value types.
 
 A memory provider decides which conversation history an agent sends to its model each turn. Three
 methods have no default (:meth:`MemoryProvider.name`, :meth:`MemoryProvider.build_messages`,
-:meth:`MemoryProvider.sync_turn`); every other method has the seed's default, so a provider overrides
-only what it needs. The seed's async methods are ``async def`` here.
+:meth:`MemoryProvider.sync_turn`); every other method has a default that does nothing (the note methods
+refuse), so a provider overrides only what it needs. The methods an agent loop awaits (``sync_turn``,
+``initialize``, ``prefetch``, ``on_pre_compress``, ``on_session_end``) are ``async def``.
 """
 
 from __future__ import annotations

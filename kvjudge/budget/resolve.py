@@ -1,4 +1,4 @@
-"""Which token budget a conversation gets, and from where (the seed's injection precedence).
+"""Which token budget a conversation gets, and from where (the caller resolves it and injects the number).
 
 1. an explicit ``[memory] context_tokens`` (a deliberate user override);
 2. capability-derived: ``max_ok_input``, else ``safe_context``, from the caller's probe cache;

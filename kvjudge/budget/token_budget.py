@@ -1,10 +1,10 @@
-"""``TokenBudget``: keep turns up to ``threshold_pct`` of the model's context window (the seed, ported).
+"""``TokenBudget``: keep turns up to ``threshold_pct`` of the model's context window.
 
 Fullness anchors on the backend's last reported prompt size, which already includes the system prompt
 and every prior turn, plus what was added or removed since that report: the reply as the backend counted
 it when it reported ``output_tokens`` (else its estimate), every later message's estimate, and — when the
-estimation counts it — the chat template's tokens around each message. The seed's
-earlier implementation summed input + output per turn across history, counting every prior turn again
+estimation counts it — the chat template's tokens around each message. The
+legacy figure summed input + output per turn across history, counting every prior turn again
 in every later reading (5.4x inflation by turn 20), which forced pruning the real context never needed.
 Without any report the figure is the sum of per-turn estimates, each turn counted once.
 """

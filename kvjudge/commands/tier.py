@@ -1,7 +1,8 @@
 """`kvjudge tier RUN | --all`: move the bodies of terminal runs that are within their ceiling to cold storage.
 
-The order is the seed's: reduce runs to their ceiling, then move them. A run above its effective ceiling (the
-same one `kvjudge reduce` targets) is not moved: one line names `kvjudge reduce RUN`, and the command exits 1.
+The order is fixed (ARCHITECTURE.md, the data flow): reduce runs to their ceiling, then move them. A run above its
+effective ceiling (the same one `kvjudge reduce` targets) is not moved: one line names `kvjudge reduce RUN`, and the
+command exits 1.
 `--unreduced` moves such runs anyway (raw archives); their log records it.
 """
 

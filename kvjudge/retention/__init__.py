@@ -1,6 +1,6 @@
 """Retention: the append-only run store, content-addressed blobs, the pure fold, and reduction.
 
-Public API (see docs/contracts.md, "retention → tiering, judge, demo")::
+Public API (ARCHITECTURE.md says which layers use it)::
 
     from kvjudge.retention import Store, fold, RunState, plan_reduction, apply_plan, verify
     from kvjudge.retention import ingest_paths, IngestReport          # getting runs in (or store.ingest)

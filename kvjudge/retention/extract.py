@@ -3,7 +3,7 @@
 Nothing here reads or rewrites the text: no model is called, no sentence is composed, and no tokenizer is
 asked (the caller passes the text's token count), so the same bytes in give the same bytes out, and a crashed
 reduction that runs again writes the same extract under the same ref. In the log the extract is the run's
-*summary blob* (``Reduced{original, summary}``, the seed's words for the blob's role); the ``Reduced`` event
+*summary blob* (``Reduced{original, summary}``: the event names the blob by its role); the ``Reduced`` event
 carries the original's full ref and its token counts, so the marker in the text only says what was cut, in a
 few tokens::
 

@@ -80,7 +80,7 @@ def source_file(seed: int, lines: int) -> str:
 
 def final_patch(seed: int, path: str, changed: int) -> tuple[str, str]:
     """A unified diff with ``changed`` changed lines (about a third removed, the rest added), and its ``index``
-    line: the blob hashes drawn from the seed make it a line no other patch has (the run's marker), near the top
+    line: the blob hashes drawn from ``seed`` make it a line no other patch has (the run's marker), near the top
     of the patch where a head-and-tail extract keeps it."""
     rng = random.Random(seed)
     removed = max(1, changed // 3)

@@ -40,7 +40,7 @@ view that shows ``[common text N]`` contains piece N there, so its lines count a
 instructions say). Anything else in the prompt is ignored. A view is identified by
 the one key marker among its lines. When both views are identified, both runs' evidence is visible (at least
 ``evidence_share`` of each run's evidence lines) and their grades differ, the server prefers the better run with
-probability ``accuracy``: a deterministic draw per pair (:func:`draw`: from the seed and the two markers, the same
+probability ``accuracy``: a deterministic draw per pair (:func:`draw`: from ``seed`` and the two markers, the same
 in both orders), so a pair is consistently judged right or wrong. The preferred run gets probability
 ``confidence``. Otherwise (a run not identified, its evidence hidden, equal grades) it has no preference: 0.5.
 Then the position bias moves the probability of the run shown first by ``bias − 0.5``, so the mean probability
@@ -223,7 +223,7 @@ class AnswerKey:
 
 # -------------------------------------------------------------------------------------------- the decision
 def draw(seed: int, marker_x: str, marker_y: str) -> float:
-    """The pair's uniform draw in [0, 1): from the seed and the two markers, the same in either order. The server
+    """The pair's uniform draw in [0, 1): from ``seed`` and the two markers, the same in either order. The server
     prefers the better run of a decidable pair when this is below ``accuracy``."""
     low, high = sorted((_line(marker_x), _line(marker_y)))
     digest = hashlib.sha256(f"{seed}\n{low}\n{high}".encode()).digest()

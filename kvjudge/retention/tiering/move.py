@@ -1,6 +1,6 @@
 """The move of a run's bodies to a cold store, and its recovery after a crash.
 
-Every step is durable before the next starts (seed 002 step 6):
+Every step is durable before the next starts (remote commit acknowledged before any local delete):
 
 1. only terminal runs (graded / ungraded / archived) are eligible; anything else is a RunStateError; with a
    :class:`TierGate`, only runs within their token ceiling (reduce first), unless the gate says ``unreduced``;
