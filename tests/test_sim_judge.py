@@ -106,7 +106,7 @@ def test_draws_are_the_same_in_both_orders_and_hit_the_set_accuracy() -> None:
     markers = [f"index {n:07x}..{n * 7919 % 2**28:07x} 100644" for n in range(4000)]
     pairs = list(zip(markers[::2], markers[1::2]))
     assert all(draw(5, x, y) == draw(5, y, x) for x, y in pairs)
-    assert draw(5, *pairs[0]) != draw(6, *pairs[0])  # the seed matters
+    assert draw(5, *pairs[0]) != draw(6, *pairs[0])  # the draw seed matters
     for accuracy in (0.7, 0.8):
         right = sum(draw(5, x, y) < accuracy for x, y in pairs)
         # Binomial(2000, accuracy): within 4 standard deviations.
