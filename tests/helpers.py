@@ -109,3 +109,11 @@ def store_snapshot(path: Path) -> tuple[list[Any], ...]:
             "SELECT id, state, last_lsn, state_json FROM runs ORDER BY id"))
     finally:
         conn.close()
+
+
+def sql(store: Store) -> Any:
+    """A second connection to ``store``'s file, as another process would open it: for tests that look into the
+    tables or tamper with them behind the store's back (kvjudge itself asks the store's named queries)."""
+    import sqlite3
+
+    return sqlite3.connect(store.path, isolation_level=None, timeout=30.0)

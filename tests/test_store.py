@@ -24,6 +24,8 @@ from kvjudge.retention.state import RunState
 from kvjudge.retention.store import SCHEMA_VERSION, default_store_path
 from kvjudge.retention.synthetic import filler, make_run, write_jsonl
 
+from helpers import sql
+
 
 @pytest.fixture
 def store(tmp_path: Path) -> Store:
@@ -44,9 +46,10 @@ def test_default_path_is_in_the_data_dir(isolated_dirs: Path) -> None:
 
 
 def test_pragmas_wal_full_sync_and_schema_version(store: Store) -> None:
-    conn = store.connection
+    conn = sql(store)
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-    assert conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+    # synchronous is a setting of each connection: the store's own is the one that counts.
+    assert store._conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
     assert conn.execute("PRAGMA auto_vacuum").fetchone()[0] == 2  # INCREMENTAL: freeing a body reads none of it
     assert store.schema_version() == SCHEMA_VERSION
     tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
@@ -57,9 +60,9 @@ def test_events_refuse_update_and_delete(store: Store, tmp_path: Path) -> None:
     ingest(store, tmp_path, make_run("r1", ["out"]))
     before = list(store.iter_events("r1"))
     with pytest.raises(sqlite3.IntegrityError, match="append-only"):
-        store.connection.execute("UPDATE events SET payload = '{}' WHERE lsn = 1")
+        sql(store).execute("UPDATE events SET payload = '{}' WHERE lsn = 1")
     with pytest.raises(sqlite3.IntegrityError, match="append-only"):
-        store.connection.execute("DELETE FROM events WHERE run = 'r1'")
+        sql(store).execute("DELETE FROM events WHERE run = 'r1'")
     assert list(store.iter_events("r1")) == before
 
 
@@ -67,7 +70,7 @@ def test_blob_put_is_idempotent_and_never_rewrites(store: Store) -> None:
     ref = store.put_blob(b"hello")
     assert ref == ref_of(b"hello") and ref.startswith("sha256:") and len(ref) == 71
     assert store.put_blob(b"hello") == ref
-    assert store.connection.execute("SELECT COUNT(*) FROM blobs").fetchone()[0] == 1
+    assert sql(store).execute("SELECT COUNT(*) FROM blobs").fetchone()[0] == 1
     assert store.blobs.get(ref) == b"hello"
     with pytest.raises(IntegrityError, match="does not hash"):
         with store.transaction("t"):
@@ -98,8 +101,8 @@ def test_projection_dropped_is_rebuilt_byte_identical(store: Store, tmp_path: Pa
     store.mark("r2", "grading")
     before = {run_id: store.run(run_id).canonical_bytes() for run_id in store.run_ids()}
     path = store.path
-    store.connection.execute("DROP TABLE runs")
-    store.connection.execute("DROP TABLE run_bodies")
+    sql(store).execute("DROP TABLE runs")
+    sql(store).execute("DROP TABLE run_bodies")
     store.close()
     with Store.open(path) as reopened:
         after = {run_id: reopened.run(run_id).canonical_bytes() for run_id in reopened.run_ids()}
@@ -225,7 +228,7 @@ def test_judgments_cache(store: Store) -> None:
     assert store.get_judgment("k") == {"verdict": "A", "p": 0.7}
     store.put_judgment("k", {"verdict": "B"})
     assert store.get_judgment("k") == {"verdict": "B"}
-    assert store.connection.execute("SELECT COUNT(*) FROM events").fetchone()[0] == 0
+    assert sql(store).execute("SELECT COUNT(*) FROM events").fetchone()[0] == 0
 
 
 def test_not_a_sqlite_file_is_a_one_line_store_error(tmp_path: Path) -> None:

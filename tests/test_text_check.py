@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helpers import cli_json_ok
+from helpers import cli_json_ok, sql
 from kvjudge.cli import main
 from kvjudge.errors import IngestError
 from kvjudge.retention import Store, TextError, verify
@@ -30,7 +30,7 @@ def store(tmp_path: Path) -> Store:
 
 
 def nothing_written(store: Store) -> bool:
-    counts = [store.connection.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0] for table in ("events", "blobs")]
+    counts = [sql(store).execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0] for table in ("events", "blobs")]
     return counts == [0, 0] and store.run_ids() == []
 
 
@@ -156,9 +156,9 @@ def test_bytes_that_are_not_utf8_are_repaired_too(store: Store, tmp_path: Path) 
     assert store.text(state.branches[0].transitions[0].text_ref) == "caf\ufffd \ufffd!"
     assert [(n["paths"], n["code_units"]) for n in state.text_repairs] == [(["$.messages[0].content"], 2)]
     # The derived id hashes the line's bytes as they are: the same file names the same run again, already present.
-    events = store.connection.execute("SELECT COUNT(*) FROM events").fetchone()[0]
+    events = sql(store).execute("SELECT COUNT(*) FROM events").fetchone()[0]
     assert store.ingest([path], repair_text=True).already_present == [run_id]
-    assert store.connection.execute("SELECT COUNT(*) FROM events").fetchone()[0] == events
+    assert sql(store).execute("SELECT COUNT(*) FROM events").fetchone()[0] == events
 
 
 @pytest.mark.parametrize(("line", "message"), [
