@@ -332,7 +332,8 @@ def test_listing_reads_what_the_runs_fold_to(store: Store, tmp_path: Path) -> No
 
 def _shape(store_path: Path) -> dict[str, list[tuple]]:
     with sqlite3.connect(store_path) as conn:
-        return {table: conn.execute(f"PRAGMA table_info({table})").fetchall() for table in ("runs", "run_bodies")}
+        return {table: conn.execute(f"PRAGMA table_info({table})").fetchall()
+                for table in ("runs", "run_bodies", "run_tokens")}
 
 
 def test_a_version_1_store_is_migrated_and_its_listing_filled(store: Store, tmp_path: Path) -> None:
@@ -345,6 +346,7 @@ def test_a_version_1_store_is_migrated_and_its_listing_filled(store: Store, tmp_
                    "bodies_tiered"):
         old.execute(f"ALTER TABLE runs DROP COLUMN {column}")
     old.execute("ALTER TABLE run_bodies DROP COLUMN uses")
+    old.execute("DROP TABLE run_tokens")
     old.execute("PRAGMA user_version = 1")
     old.close()
     path = store.path

@@ -26,6 +26,8 @@ from kvjudge.retention.store.schema import (
 from kvjudge.settings import data_dir
 
 STORE_FILENAME = "store.sqlite"
+#: Refs bound in one ``IN (…)`` look-up (SQLite's limit on bound values is far above; more buys nothing).
+REFS_PER_QUERY = 500
 
 _Opened = TypeVar("_Opened", bound="Database")
 

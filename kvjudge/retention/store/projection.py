@@ -29,7 +29,7 @@ from kvjudge.retention.state import (
     fold,
     view_refs,
 )
-from kvjudge.retention.store.database import storable
+from kvjudge.retention.store.database import REFS_PER_QUERY, storable
 from kvjudge.retention.store.log import EventLog
 from kvjudge.retention.store.schema import PROJECTION_SQL, statements
 
@@ -89,6 +89,31 @@ class Projection(EventLog):
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             [(state.id, loc.ref, loc.status, loc.summary_ref, loc.lsn, loc.target, loc.manifest_ref, uses[loc.ref])
              for loc in state.bodies.values()])
+        self._conn.execute("DELETE FROM run_tokens WHERE run = ?", (state.id,))
+        self._total(state.id)
+
+    def _total(self, run_id: str, counter: str | None = None) -> None:
+        """Record the tokens of ``run_id`` under each counter (or ``counter``) that has counted every body the run
+        shows — the sum of their counts, repeats included; a counter that counted none of its bodies has none.
+        A total never changes until the run's view does (counts of immutable bytes do not)."""
+        only, values = ("", ()) if counter is None else (" AND t.counter = ?", (counter,))
+        self._conn.execute(
+            "INSERT OR IGNORE INTO run_tokens(run, counter, tokens) "
+            "SELECT b.run, t.counter, SUM(b.uses * t.tokens) FROM run_bodies AS b "
+            f"JOIN blob_tokens AS t ON t.ref = b.ref WHERE b.run = ?{only} GROUP BY t.counter "
+            "HAVING SUM(b.uses > 0) = (SELECT COUNT(*) FROM run_bodies WHERE run = ? AND uses > 0)",
+            (run_id, *values, run_id))
+
+    def _total_runs_naming(self, refs: list[str], counter: str) -> None:
+        """Record the totals under ``counter`` that new counts of ``refs`` may have completed."""
+        for start in range(0, len(refs), REFS_PER_QUERY):
+            chunk = refs[start:start + REFS_PER_QUERY]
+            marks = ",".join("?" * len(chunk))
+            runs = [row[0] for row in self._conn.execute(
+                f"SELECT DISTINCT run FROM run_bodies WHERE ref IN ({marks}) AND run NOT IN "
+                "(SELECT run FROM run_tokens WHERE counter = ?)", (*chunk, counter))]
+            for run_id in runs:
+                self._total(run_id, counter)
 
     def refold(self, run_id: str) -> RunState:
         """Fold one run from LSN 0 straight from the log (ignoring projections)."""
@@ -102,6 +127,7 @@ class Projection(EventLog):
         with self.transaction("rebuild"):
             self._conn.execute("DROP TABLE IF EXISTS runs")
             self._conn.execute("DROP TABLE IF EXISTS run_bodies")
+            self._conn.execute("DROP TABLE IF EXISTS run_tokens")
             for statement in statements(PROJECTION_SQL):
                 self._conn.execute(statement)
             count = 0

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvjudge.retention.state import LOCAL, TIERED
-from kvjudge.retention.store.projection import Projection, runs_where
+from kvjudge.retention.store.caches import Caches
+from kvjudge.retention.store.projection import runs_where
 
 
 @dataclass(frozen=True)
@@ -37,40 +38,28 @@ class RunListing:
     tokens: int | None = None
 
 
-class Queries(Projection):
+class Queries(Caches):
     """Read queries other parts of kvjudge need, named for what they answer."""
 
     def listing(self, tenant: str | None = None, *, task: str | None = None, state: str | None = None,
                 agent: str | None = None, counter: str | None = None) -> list[RunListing]:
         """What a listing shows of each run, sorted by id; filters as :meth:`run_ids`. With ``counter`` (a
-        counter's name) each run's tokens come from the counts the store holds under it: one query, nothing
-        counted."""
+        counter's name) each run's tokens under it, as the projection totals them from the counts the store holds:
+        one query, nothing counted."""
         where = runs_where(tenant=tenant, task=task, state=state, agent=agent)
         if where is None:
             return []
         clause, values = where
-        tokens = self._listed_tokens(clause, values, counter) if counter is not None else {}
         rows = self._conn.execute(
             "SELECT id, tenant, agent, task, trial, state, grades, reduced, branches, transitions, bodies, bodies_gone, "
-            f"bodies_tiered FROM runs{clause} ORDER BY id", values)
+            "bodies_tiered, t.tokens FROM runs LEFT JOIN run_tokens AS t ON t.run = runs.id AND t.counter = ?"
+            f"{clause} ORDER BY id", (counter, *values))
         return [RunListing(id=run_id, tenant=run_tenant, agent=run_agent, task_id=task_id, trial=trial, state=run_state,
                            grades=tuple(json.loads(grades)), reduced=bool(reduced), branches=branches,
                            transitions=transitions, bodies=bodies, bodies_gone=gone, bodies_tiered=tiered,
-                           tokens=tokens.get(run_id))
+                           tokens=tokens)
                 for (run_id, run_tenant, run_agent, task_id, trial, run_state, grades, reduced, branches, transitions,
-                     bodies, gone, tiered) in rows]
-
-    def _listed_tokens(self, clause: str, values: list[str], counter: str) -> dict[str, int]:
-        """Tokens of each listed run whose visible bodies are all counted under ``counter`` (the sum of the counts
-        of what a reader sees, repeats included). A run none of whose bodies was counted has none, as before any
-        counting; so has every run when nothing at all was counted with ``counter`` (one look-up)."""
-        if self._conn.execute("SELECT 1 FROM blob_tokens WHERE counter = ? LIMIT 1", (counter,)).fetchone() is None:
-            return {}
-        rows = self._conn.execute(
-            "SELECT b.run, COALESCE(SUM(b.uses * t.tokens), 0), SUM(b.uses > 0 AND t.tokens IS NULL), COUNT(t.tokens) "
-            "FROM run_bodies AS b LEFT JOIN blob_tokens AS t ON t.ref = b.ref AND t.counter = ? "
-            f"WHERE b.run IN (SELECT id FROM runs{clause}) GROUP BY b.run", (counter, *values))
-        return {run_id: int(total) for run_id, total, missing, counted in rows if counted and not missing}
+                     bodies, gone, tiered, tokens) in rows]
 
     # ------------------------------------------------------------------ tiering
     def local_body_bytes(self, run_id: str) -> int:

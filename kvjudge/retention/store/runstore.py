@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kvjudge.retention.store.blobs import BlobStore
-from kvjudge.retention.store.caches import Caches
 from kvjudge.retention.store.queries import Queries
 
 if TYPE_CHECKING:
@@ -26,7 +25,7 @@ if TYPE_CHECKING:
 FallbackReader = Callable[[str], "bytes | None"]
 
 
-class Store(Queries, Caches):
+class Store(Queries):
     """A kvjudge run store. Open with :meth:`Store.open`; use as a context manager."""
 
     def __init__(self, conn: sqlite3.Connection, path: Path, fallback: FallbackReader | None = None) -> None:

@@ -7,8 +7,9 @@ Schema version in ``PRAGMA user_version``, kvjudge's mark in ``PRAGMA applicatio
 - ``blobs(ref, size, body)`` — content-addressed; ``body`` NULL once deleted (the log says why).
 - ``blob_tokens(ref, counter, tokens)`` — a count is a fact about immutable bytes: stored once per
   (blob, counter), never recounted.
-- ``runs`` and ``run_bodies`` — projections, derived only by folding the log (see :mod:`.projection`): a run's
-  folded state and the columns a listing shows; where each body is and how often a reader of the run sees it.
+- ``runs``, ``run_bodies`` and ``run_tokens`` — projections, derived only from the log and the counts (see
+  :mod:`.projection`): a run's folded state and the columns a listing shows; where each body is and how often a
+  reader of the run sees it; a run's visible tokens per counter, once every body it shows is counted.
 - ``judgments(key, payload)`` — the judge's cache (not history, so not events).
 """
 
@@ -45,10 +46,12 @@ CREATE TABLE IF NOT EXISTS run_bodies (
     run TEXT NOT NULL, ref TEXT NOT NULL, status TEXT NOT NULL, summary_ref TEXT, lsn INTEGER NOT NULL,
     target TEXT, manifest_ref TEXT, uses INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (run, ref));
 CREATE INDEX IF NOT EXISTS run_bodies_ref ON run_bodies(ref, status);
+CREATE TABLE IF NOT EXISTS run_tokens (
+    run TEXT NOT NULL, counter TEXT NOT NULL, tokens INTEGER NOT NULL, PRIMARY KEY (run, counter)) WITHOUT ROWID;
 """
 
 #: The projection tables (dropped ones are rebuilt by folding the log again).
-PROJECTION_TABLES = frozenset({"runs", "run_bodies"})
+PROJECTION_TABLES = frozenset({"runs", "run_bodies", "run_tokens"})
 
 # Migration N brings a store from version N-1 to N. Never edit a published one; add the next.
 MIGRATIONS: dict[int, str] = {
@@ -65,8 +68,8 @@ CREATE TABLE blob_tokens (
     ref TEXT NOT NULL, counter TEXT NOT NULL, tokens INTEGER NOT NULL, PRIMARY KEY (ref, counter));
 CREATE TABLE judgments (key TEXT PRIMARY KEY, payload TEXT NOT NULL);
 """ + _PROJECTION_V1,
-    # The listing's columns (a listing reads them instead of decoding every run), and how often a reader of each
-    # run sees each body (a run's tokens are then one sum over stored counts).
+    # The listing's columns (a listing reads them instead of decoding every run), how often a reader of each run
+    # sees each body, and each run's tokens per counter (a listing reads them instead of summing every count).
     2: """
 ALTER TABLE runs ADD COLUMN agent TEXT NOT NULL DEFAULT '';
 ALTER TABLE runs ADD COLUMN task TEXT;
@@ -78,6 +81,8 @@ ALTER TABLE runs ADD COLUMN bodies INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE runs ADD COLUMN bodies_gone INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE runs ADD COLUMN bodies_tiered INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE run_bodies ADD COLUMN uses INTEGER NOT NULL DEFAULT 0;
+CREATE TABLE run_tokens (
+    run TEXT NOT NULL, counter TEXT NOT NULL, tokens INTEGER NOT NULL, PRIMARY KEY (run, counter)) WITHOUT ROWID;
 """,
 }
 
