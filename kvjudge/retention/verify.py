@@ -32,7 +32,7 @@ class Violation:
 
 
 #: An extra check: called once per run with the store and the run's folded state.
-Check = Callable[["Store", RunState], Iterable[Violation]]
+Check = Callable[[Store, RunState], Iterable[Violation]]
 
 
 @dataclass
