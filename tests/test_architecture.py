@@ -9,6 +9,7 @@ adapter) usable by all. Every import counts, including the ones inside functions
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "kvjudge"
@@ -26,6 +27,10 @@ LAYERS = [
     {"testing"},  # test material (harness-shaped files, simulated servers): uses anything, used by nothing
 ]
 LAYER_OF = {name: index for index, names in enumerate(LAYERS) for name in names}
+STORE_PACKAGE = PACKAGE / "retention" / "store"
+_SQL_TEXT = re.compile(r"\bSELECT\s.{0,300}?\bFROM\b|\bINSERT\s+(OR\s+\w+\s+)?INTO\b|\bUPDATE\s+\w+\s+SET\b|\bDELETE\s+FROM\b"
+                       r"|\b(CREATE|DROP|ALTER)\s+(TABLE|INDEX|TRIGGER)\b|\bPRAGMA\s+\w+", re.DOTALL)
+_SQL_CALLS = {"execute", "executemany", "executescript", "blobopen"}
 
 
 def _part(path: Path) -> str:
@@ -130,3 +135,29 @@ def test_import_cycles_never_grow() -> None:
     assert graph["judge.render"] >= {"retention", "retention.reduce", "retention.state", "display"}
     assert _import_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == {frozenset("abc")}
     assert _import_cycles(graph) <= KNOWN_IMPORT_CYCLES
+def _sql_in(path: Path) -> list[str]:
+    """Where ``path`` talks to SQLite: imports sqlite3, calls execute/executemany/executescript/blobopen, or holds
+    SQL text in a string."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            found += [f"{path.name}:{node.lineno} imports sqlite3" for name in names if name.split(".")[0] == "sqlite3"]
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _SQL_CALLS:
+            found.append(f"{path.name}:{node.lineno} calls {node.func.attr}")
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and _SQL_TEXT.search(node.value):
+            found.append(f"{path.name}:{node.lineno} holds SQL {_SQL_TEXT.search(node.value).group(0)[:40]!r}")
+    return found
+
+
+def test_no_sql_outside_the_store_package() -> None:
+    # The store's tables are its own business: every other module asks it a named question (Store, BlobStore,
+    # BodyReaders), so a schema change stays inside kvjudge/retention/store/.
+    outside = [hit for path in sorted(PACKAGE.rglob("*.py")) if STORE_PACKAGE not in path.parents
+               for hit in _sql_in(path)]
+    assert outside == []
+    # The scan sees SQL where there is some: each kind of hit, in the package that may hold it.
+    inside = [hit for path in sorted(STORE_PACKAGE.rglob("*.py")) for hit in _sql_in(path)]
+    assert any("imports sqlite3" in hit for hit in inside)
+    assert any("calls execute" in hit for hit in inside) and any("calls blobopen" in hit for hit in inside)
+    assert any("holds SQL 'SELECT" in hit for hit in inside) and any("holds SQL 'CREATE TABLE" in hit for hit in inside)

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import kvjudge, store_from_runs
+from helpers import kvjudge, sql, store_from_runs
 
 from kvjudge.judge.render import body_resolver, escape, render_view
 from kvjudge.retention import Store
@@ -312,7 +312,7 @@ def test_a_crashed_reduction_of_a_swe_run_writes_the_same_blobs_when_run_again(
     def summaries(path: Path, *, orphans: bool) -> set[str]:
         with Store.open(path) as store:
             if orphans:  # put, and named by no event yet
-                rows = store.connection.execute("SELECT ref FROM blobs WHERE body IS NOT NULL AND ref NOT IN "
+                rows = sql(store).execute("SELECT ref FROM blobs WHERE body IS NOT NULL AND ref NOT IN "
                                                 "(SELECT ref FROM run_bodies)").fetchall()
                 return {row[0] for row in rows}
             state = store.run(run_id)

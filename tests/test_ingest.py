@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import cli_json, kvjudge, store_snapshot
+from helpers import cli_json, kvjudge, sql, store_snapshot
 
 from kvjudge.errors import IngestError
 from kvjudge.retention import Store
@@ -36,7 +36,7 @@ CONTRACT_EXAMPLE = {
 
 
 def events_count(store: Store) -> int:
-    return store.connection.execute("SELECT COUNT(*) FROM events").fetchone()[0]
+    return sql(store).execute("SELECT COUNT(*) FROM events").fetchone()[0]
 
 
 def test_contract_example_imports(store: Store, tmp_path: Path) -> None:
@@ -73,7 +73,7 @@ def test_runs_without_the_new_fields_keep_their_old_bytes(store: Store, tmp_path
     """A log written before agent/metadata existed re-folds to the projection it always had."""
     write_jsonl(tmp_path / "runs.jsonl", [CONTRACT_EXAMPLE])
     store.ingest_file(tmp_path / "runs.jsonl")
-    first = store.connection.execute("SELECT payload FROM events ORDER BY lsn LIMIT 1").fetchone()[0]
+    first = sql(store).execute("SELECT payload FROM events ORDER BY lsn LIMIT 1").fetchone()[0]
     assert "agent" not in json.loads(first) and "metadata" not in json.loads(first)
     state_json = json.loads(store.projected_bytes("run-1"))
     assert "agent" not in state_json and "metadata" not in state_json
@@ -347,7 +347,7 @@ def test_malformed_json_names_the_line_and_writes_nothing(store: Store, tmp_path
     with pytest.raises(IngestError, match=r"runs.jsonl:3: not valid JSON"):
         store.ingest_file(path)
     assert events_count(store) == 0 and store.run_ids() == []
-    assert store.connection.execute("SELECT COUNT(*) FROM blobs").fetchone()[0] == 0
+    assert sql(store).execute("SELECT COUNT(*) FROM blobs").fetchone()[0] == 0
 
 
 def test_format_detection_and_forcing(store: Store, tmp_path: Path) -> None:
@@ -437,7 +437,7 @@ def test_a_crash_inside_the_ingest_transaction_leaves_nothing_of_that_run(tmp_pa
     assert child.returncode == -9  # SIGKILL
     with Store.open(store_path) as store:
         assert store.run_ids() == [] and events_count(store) == 0
-        assert store.connection.execute("SELECT COUNT(*) FROM blobs").fetchone()[0] == 0
+        assert sql(store).execute("SELECT COUNT(*) FROM blobs").fetchone()[0] == 0
 
 
 def test_the_content_hash_is_recorded_and_covers_every_event(store: Store, tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ import random
 import time
 from pathlib import Path
 
-from helpers import kvjudge, kvjudge_json, start_kvjudge
+from helpers import kvjudge, kvjudge_json, sql, start_kvjudge
 
 from kvjudge.retention import Store
 from kvjudge.retention.verify import verify
@@ -85,9 +85,9 @@ def test_killed_imports_finish_on_the_same_command(tmp_path: Path) -> None:
         for run_id in store.run_ids():
             assert store.refold(run_id).canonical_bytes() == reference.refold(run_id).canonical_bytes(), run_id
         assert verify(store).ok
-        events = store.connection.execute("SELECT COUNT(*) FROM events").fetchone()[0]
+        events = sql(store).execute("SELECT COUNT(*) FROM events").fetchone()[0]
 
     third = kvjudge_json(*command[:-1])
     assert (third["imported"], third["already_present"]) == (0, RUNS)
     with Store.open(killed_path) as store:
-        assert store.connection.execute("SELECT COUNT(*) FROM events").fetchone()[0] == events
+        assert sql(store).execute("SELECT COUNT(*) FROM events").fetchone()[0] == events

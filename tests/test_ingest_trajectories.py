@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers import cli_json_ok, kvjudge
+from helpers import cli_json_ok, kvjudge, sql
 
 from kvjudge.cli import main
 from kvjudge.errors import IngestError
@@ -294,7 +294,7 @@ def test_bad_trajectories_name_the_file_and_json_path(store: Store, tmp_path: Pa
     write(tmp_path / "runs" / name, data)
     with pytest.raises(IngestError, match=message):
         store.ingest([tmp_path / "runs"])
-    assert store.run_ids() == [] and store.connection.execute("SELECT COUNT(*) FROM blobs").fetchone()[0] == 0
+    assert store.run_ids() == [] and sql(store).execute("SELECT COUNT(*) FROM blobs").fetchone()[0] == 0
 
 
 def test_truncated_trajectory_and_skip_bad(store: Store, tmp_path: Path) -> None:

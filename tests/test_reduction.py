@@ -17,7 +17,7 @@ import re
 from pathlib import Path
 
 import pytest
-from helpers import cli_json, kvjudge, store_from_runs
+from helpers import cli_json, kvjudge, sql, store_from_runs
 
 from kvjudge.cli import main
 from kvjudge.errors import RunStateError
@@ -124,7 +124,7 @@ def test_step3_every_surviving_ref_rehashes(tmp_path: Path) -> None:
         assert verify(store).ok
         # A body rewritten under its ref still *resolves*; only re-hashing sees it.
         victim = next(ref for ref in state.refs() if store.blobs.get(ref) is not None)
-        store.connection.execute("UPDATE blobs SET body = ? WHERE ref = ?", (b"rewritten", victim))
+        sql(store).execute("UPDATE blobs SET body = ? WHERE ref = ?", (b"rewritten", victim))
         assert store.text(victim) == "rewritten"
         report = verify(store)
         assert not report.ok and [(v.check, v.ref) for v in report.violations] == [("rehash", victim)]
@@ -136,8 +136,8 @@ def test_step4_drop_state_tables_and_refold_byte_identical(tmp_path: Path) -> No
         reduced = store.run("r1")
         assert reduced.reduced and any(loc.status == "reduced" for loc in reduced.bodies.values())
         path = store.path
-        store.connection.execute("DROP TABLE runs")
-        store.connection.execute("DROP TABLE run_bodies")
+        sql(store).execute("DROP TABLE runs")
+        sql(store).execute("DROP TABLE run_bodies")
     with Store.open(path) as store:
         assert store.run("r1").canonical_bytes() == reduced.canonical_bytes()
         assert store.refold("r1").canonical_bytes() == reduced.canonical_bytes()
@@ -203,9 +203,7 @@ def test_step6_crash_at_every_point_leaves_no_unexplained_body_and_rerun_converg
         if point in ("put_summary.txn", "after_put_summary", "commit_reduction.txn"):
             assert reduction_events == []  # nothing committed yet: no ref lost its body
             assert all(store.blobs.get(ref) is not None for ref in state.refs())
-            orphans = store.connection.execute(
-                "SELECT COUNT(*) FROM blobs WHERE body IS NOT NULL AND ref NOT IN (SELECT ref FROM run_bodies)"
-            ).fetchone()[0]
+            orphans = store.unnamed_bodies()
             assert orphans == (0 if point == "put_summary.txn" else len(ok_summaries(tmp_path)))
         else:
             assert reduction_events and all(store.blobs.get(ref) is not None for ref in summaries)
@@ -343,13 +341,13 @@ def test_loss_order_bodies_then_dead_branches_then_dropped(tmp_path: Path) -> No
 
 def test_planning_is_pure_and_gives_a_view(tmp_path: Path) -> None:
     with store_from_runs(tmp_path / "store.sqlite", [big_run()]) as store:
-        lsns = store.connection.execute("SELECT MAX(lsn) FROM events").fetchone()[0]
-        blobs = store.connection.execute("SELECT COUNT(*) FROM blobs").fetchone()[0]
+        lsns = sql(store).execute("SELECT MAX(lsn) FROM events").fetchone()[0]
+        blobs = sql(store).execute("SELECT COUNT(*) FROM blobs").fetchone()[0]
         plan = plan_reduction(store.run("r1"), store.text, CHARS, 900)
         again = plan_reduction(store.run("r1"), store.text, CHARS, 900)
         assert plan.events == again.events and dict(plan.blobs) == dict(again.blobs)  # deterministic
-        assert store.connection.execute("SELECT MAX(lsn) FROM events").fetchone()[0] == lsns
-        assert store.connection.execute("SELECT COUNT(*) FROM blobs").fetchone()[0] == blobs
+        assert sql(store).execute("SELECT MAX(lsn) FROM events").fetchone()[0] == lsns
+        assert sql(store).execute("SELECT COUNT(*) FROM blobs").fetchone()[0] == blobs
         view = plan.state_after
         text = [plan.text_of(ref, store.text) for ref in view_refs(view)]
         assert all(t is not None for t in text)

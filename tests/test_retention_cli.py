@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import cli_json
+from helpers import cli_json, sql
 from kvjudge.cli import main
 from kvjudge.retention import Store
 from kvjudge.retention.reduce import reduce_run, run_tokens
@@ -111,7 +111,7 @@ def test_verify_exit_codes(setup: dict[str, Path], capsys: pytest.CaptureFixture
     assert code == 0 and report["ok"] and report["runs"] == 2 and report["blobs_rehashed"] > 0
     with Store.open(setup["store"]) as store:
         ref = store.run("a").task_prompt_ref
-        store.connection.execute("UPDATE blobs SET body = ? WHERE ref = ?", (b"tampered", ref))
+        sql(store).execute("UPDATE blobs SET body = ? WHERE ref = ?", (b"tampered", ref))
     code, report = cli_json(capsys, "verify", "--config", str(setup["config"]))
     assert code == 1 and not report["ok"]
     assert [(v["check"], v["ref"]) for v in report["violations"]] == [("rehash", ref)]
@@ -126,13 +126,13 @@ def test_reduce_dry_run_writes_nothing(setup: dict[str, Path], capabilities: dic
     main(["ingest", str(setup["runs"]), "--config", str(setup["config"])])
     capsys.readouterr()
     with Store.open(setup["store"]) as store:
-        lsn = store.connection.execute("SELECT MAX(lsn) FROM events").fetchone()[0]
+        lsn = sql(store).execute("SELECT MAX(lsn) FROM events").fetchone()[0]
     code, payload = cli_json(capsys, "reduce", "a", "--dry-run", "--ceiling", "300", "--config", str(setup["config"]),
                              "--capabilities", str(capabilities[160_000]))
     assert code == 0 and payload["runs"][0]["dry_run"] and payload["runs"][0]["events"] > 0
     assert payload["runs"][0]["tokens_after"] <= 300
     with Store.open(setup["store"]) as store:
-        assert store.connection.execute("SELECT MAX(lsn) FROM events").fetchone()[0] == lsn
+        assert sql(store).execute("SELECT MAX(lsn) FROM events").fetchone()[0] == lsn
         assert not store.run("a").reduced
 
 

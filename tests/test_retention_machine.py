@@ -27,6 +27,8 @@ from kvjudge.testing.jsonl import write_jsonl
 from kvjudge.testing.native_runs import make_run
 from kvjudge.tokens import CharsPerToken
 
+from helpers import sql
+
 CHARS = CharsPerToken(4)
 
 
@@ -57,7 +59,7 @@ class StoreMachine(RuleBasedStateMachine):
 
     def _log(self) -> list[tuple[int, str, str, bytes]]:
         """Every event row as stored, in LSN order (the payload's bytes, not a re-serialised event)."""
-        rows = self.store.connection.execute("SELECT lsn, run, kind, CAST(payload AS BLOB) FROM events ORDER BY lsn")
+        rows = sql(self.store).execute("SELECT lsn, run, kind, CAST(payload AS BLOB) FROM events ORDER BY lsn")
         return [(int(lsn), run, kind, bytes(payload)) for lsn, run, kind, payload in rows]
 
     @rule(sizes=st.lists(st.integers(1, 600), min_size=1, max_size=4),
@@ -119,7 +121,7 @@ class StoreMachine(RuleBasedStateMachine):
         run_id = data.draw(st.sampled_from(candidates))
         fault = crashing_at(point)
         with mock.patch("kvjudge.retention.reduce.fault_point", fault), \
-                mock.patch("kvjudge.retention.store.fault_point", fault):
+                mock.patch("kvjudge.retention.store.database.fault_point", fault):
             try:
                 reduce_run(self.store, run_id, tokens, CHARS)
             except Crash:

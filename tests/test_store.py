@@ -6,7 +6,7 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-from helpers import ingest_runs
+from helpers import ingest_runs, sql
 
 from kvjudge.errors import IntegrityError, RunStateError, StoreError
 from kvjudge.retention import (
@@ -21,10 +21,12 @@ from kvjudge.retention import (
     ref_of,
 )
 from kvjudge.retention import events as ev
-from kvjudge.retention.state import RunState
-from kvjudge.retention.store import SCHEMA_VERSION, default_store_path
+from kvjudge.retention.reduce import count_ahead, reduce_run, run_tokens, stored_tokens
+from kvjudge.retention.state import RunState, agent_of
+from kvjudge.retention.store import SCHEMA_VERSION, RunListing, default_store_path
 from kvjudge.testing.filler import filler
 from kvjudge.testing.native_runs import make_run
+from kvjudge.tokens import CharsPerToken
 
 
 def test_default_path_is_in_the_data_dir(isolated_dirs: Path) -> None:
@@ -34,9 +36,10 @@ def test_default_path_is_in_the_data_dir(isolated_dirs: Path) -> None:
 
 
 def test_pragmas_wal_full_sync_and_schema_version(store: Store) -> None:
-    conn = store.connection
+    conn = sql(store)
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-    assert conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+    # synchronous is a setting of each connection: the store's own is the one that counts.
+    assert store._conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
     assert conn.execute("PRAGMA auto_vacuum").fetchone()[0] == 2  # INCREMENTAL: freeing a body reads none of it
     assert store.schema_version() == SCHEMA_VERSION
     tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
@@ -47,9 +50,9 @@ def test_events_refuse_update_and_delete(store: Store) -> None:
     ingest_runs(store, [make_run("r1", ["out"])])
     before = list(store.iter_events("r1"))
     with pytest.raises(sqlite3.IntegrityError, match="append-only"):
-        store.connection.execute("UPDATE events SET payload = '{}' WHERE lsn = 1")
+        sql(store).execute("UPDATE events SET payload = '{}' WHERE lsn = 1")
     with pytest.raises(sqlite3.IntegrityError, match="append-only"):
-        store.connection.execute("DELETE FROM events WHERE run = 'r1'")
+        sql(store).execute("DELETE FROM events WHERE run = 'r1'")
     assert list(store.iter_events("r1")) == before
 
 
@@ -57,7 +60,7 @@ def test_blob_put_is_idempotent_and_never_rewrites(store: Store) -> None:
     ref = store.put_blob(b"hello")
     assert ref == ref_of(b"hello") and ref.startswith("sha256:") and len(ref) == 71
     assert store.put_blob(b"hello") == ref
-    assert store.connection.execute("SELECT COUNT(*) FROM blobs").fetchone()[0] == 1
+    assert sql(store).execute("SELECT COUNT(*) FROM blobs").fetchone()[0] == 1
     assert store.blobs.get(ref) == b"hello"
     with pytest.raises(IntegrityError, match="does not hash"):
         with store.transaction("t"):
@@ -88,8 +91,8 @@ def test_projection_dropped_is_rebuilt_byte_identical(store: Store) -> None:
     store.mark("r2", "grading")
     before = {run_id: store.run(run_id).canonical_bytes() for run_id in store.run_ids()}
     path = store.path
-    store.connection.execute("DROP TABLE runs")
-    store.connection.execute("DROP TABLE run_bodies")
+    sql(store).execute("DROP TABLE runs")
+    sql(store).execute("DROP TABLE run_bodies")
     store.close()
     with Store.open(path) as reopened:
         after = {run_id: reopened.run(run_id).canonical_bytes() for run_id in reopened.run_ids()}
@@ -215,7 +218,7 @@ def test_judgments_cache(store: Store) -> None:
     assert store.get_judgment("k") == {"verdict": "A", "p": 0.7}
     store.put_judgment("k", {"verdict": "B"})
     assert store.get_judgment("k") == {"verdict": "B"}
-    assert store.connection.execute("SELECT COUNT(*) FROM events").fetchone()[0] == 0
+    assert sql(store).execute("SELECT COUNT(*) FROM events").fetchone()[0] == 0
 
 
 def test_not_a_sqlite_file_is_a_one_line_store_error(tmp_path: Path) -> None:
@@ -263,3 +266,94 @@ def test_trial_is_folded_and_left_out_of_the_bytes_when_unset(store: Store) -> N
     assert store.run("r2").trial is None and b'"trial"' not in store.run("r2").canonical_bytes()
     first = next(iter(store.iter_events("r2")))[1]
     assert '"trial"' not in first.to_json()
+
+
+def _listed_from_states(store: Store, counter: str) -> list[RunListing]:
+    """What a listing must show, worked out the long way: every run decoded, tokens summed over its view."""
+    listed = []
+    for state in store.iter_runs():
+        gone = sum(loc.status in ("reduced", "dropped") for loc in state.bodies.values())
+        listed.append(RunListing(
+            id=state.id, tenant=state.tenant, agent=agent_of(state), task_id=state.task_id, trial=state.trial,
+            state=state.state, grades=state.grades, reduced=state.reduced, branches=len(state.branches),
+            transitions=sum(len(b.transitions) for b in state.branches), bodies=len(state.bodies), bodies_gone=gone,
+            bodies_tiered=sum(loc.status == "tiered" for loc in state.bodies.values()),
+            tokens=stored_tokens(store, state, counter)))
+    return listed
+
+
+def _listing_store(store: Store, tmp_path: Path) -> CharsPerToken:
+    """Runs of three agents (one named, two by run-id prefix or tenant), one reduced, a dead branch, some counted."""
+    repeated = filler(3, 900)
+    runs = [dict(make_run("alpha/1", [filler(1, 700), repeated, repeated], dead=[[filler(2, 500)]]),
+                 agent="alpha-agent", trial="t1"),
+            make_run("alpha/2", [filler(4, 300)], lifecycle=["running"]),
+            make_run("plain", [filler(5, 200)], tenant="acme", passed=False),
+            make_run("beta/1", [filler(6, 2_000), filler(7, 2_000)])]
+    ingest_runs(store, runs)
+    counter = CharsPerToken()
+    reduce_run(store, "beta/1", 600, counter)  # counts beta/1's bodies and reduces it
+    count_ahead(store, store.run("alpha/1"), counter)
+    # alpha/2: one body counted, not all it shows.
+    first = store.run("alpha/2").branches[0].transitions[0].text_ref
+    store.put_counts(counter.name, {first: 3})
+    return counter
+
+
+def test_listing_reads_what_the_runs_fold_to(store: Store, tmp_path: Path) -> None:
+    counter = _listing_store(store, tmp_path)
+    listed = store.listing(counter=counter.name)
+    assert listed == _listed_from_states(store, counter.name)
+    by_id = {run.id: run for run in listed}
+    assert by_id["beta/1"].reduced and by_id["beta/1"].bodies_gone > 0 and by_id["beta/1"].tokens is not None
+    assert by_id["alpha/1"].tokens == run_tokens(store, store.run("alpha/1"), counter)  # repeats counted twice
+    assert by_id["alpha/2"].tokens is None and by_id["plain"].tokens is None  # partly / never counted
+    assert [run.agent for run in listed] == ["alpha-agent", "alpha", "beta", "acme"]
+    assert [run.tokens for run in store.listing()] == [None] * 4  # no counter asked: no tokens
+    # Filters in SQL, each on what its column shows.
+    assert [run.id for run in store.listing(agent="alpha")] == ["alpha/2"]
+    assert [run.id for run in store.listing(agent="acme", tenant="acme")] == ["plain"]
+    assert [run.id for run in store.listing(task="task-beta/1", state="graded")] == ["beta/1"]
+    assert [run.id for run in store.listing(state="running")] == ["alpha/2"]
+    assert store.listing(agent="\udcff") == [] and store.run_ids(agent="alpha") == ["alpha/2"]
+
+
+def _shape(store_path: Path) -> dict[str, list[tuple]]:
+    with sqlite3.connect(store_path) as conn:
+        return {table: conn.execute(f"PRAGMA table_info({table})").fetchall()
+                for table in ("runs", "run_bodies", "run_tokens")}
+
+
+def test_a_version_1_store_is_migrated_and_its_listing_filled(store: Store, tmp_path: Path) -> None:
+    counter = _listing_store(store, tmp_path)
+    before = store.listing(counter=counter.name)
+    fresh = _shape(store.path)
+    # Back to version 1 as an older kvjudge left it: the projection without the listing's columns.
+    old = sql(store)
+    for column in ("agent", "task", "trial", "grades", "branches", "transitions", "bodies", "bodies_gone",
+                   "bodies_tiered"):
+        old.execute(f"ALTER TABLE runs DROP COLUMN {column}")
+    old.execute("ALTER TABLE run_bodies DROP COLUMN uses")
+    old.execute("DROP TABLE run_tokens")
+    old.execute("PRAGMA user_version = 1")
+    old.close()
+    path = store.path
+    store.close()
+    with Store.open(path) as migrated:
+        assert migrated.schema_version() == SCHEMA_VERSION == 2
+        assert migrated.listing(counter=counter.name) == before
+    assert _shape(path) == fresh
+    # A version-1 store whose projection was dropped: migrated, and the projection folded afresh from the log.
+    with sqlite3.connect(path) as old:
+        old.execute("DROP TABLE run_bodies")
+        old.execute("PRAGMA user_version = 1")
+    with Store.open(path) as rebuilt:
+        assert rebuilt.schema_version() == 2 and rebuilt.listing(counter=counter.name) == before
+    assert _shape(path) == fresh
+
+
+def test_a_rebuilt_projection_has_the_shape_of_a_migrated_one(store: Store, tmp_path: Path) -> None:
+    counter = _listing_store(store, tmp_path)
+    before, shape = store.listing(counter=counter.name), _shape(store.path)
+    assert store.rebuild_projection() == 4
+    assert store.listing(counter=counter.name) == before and _shape(store.path) == shape

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helpers import cli_json_ok, store_snapshot
+from helpers import cli_json_ok, sql, store_snapshot
 from kvjudge.cli import main
 from kvjudge.errors import IngestError
 from kvjudge.retention import Store, TextError, verify
@@ -146,9 +146,9 @@ def test_bytes_that_are_not_utf8_are_repaired_too(store: Store, tmp_path: Path) 
     assert store.text(state.branches[0].transitions[0].text_ref) == "caf\ufffd \ufffd!"
     assert [(n["paths"], n["code_units"]) for n in state.text_repairs] == [(["$.messages[0].content"], 2)]
     # The derived id hashes the line's bytes as they are: the same file names the same run again, already present.
-    events = store.connection.execute("SELECT COUNT(*) FROM events").fetchone()[0]
+    events = sql(store).execute("SELECT COUNT(*) FROM events").fetchone()[0]
     assert store.ingest([path], repair_text=True).already_present == [run_id]
-    assert store.connection.execute("SELECT COUNT(*) FROM events").fetchone()[0] == events
+    assert sql(store).execute("SELECT COUNT(*) FROM events").fetchone()[0] == events
 
 
 @pytest.mark.parametrize(("line", "message"), [

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import event_kinds, local_cold_url, store_from_runs
+from helpers import event_kinds, local_cold_url, sql, store_from_runs
 from helpers import kvjudge as run_kvjudge
 from seaweed import SeaweedServer, free_ports, s3_bucket, seaweed  # noqa: F401 (fixtures)
 from tier_support import (
@@ -282,8 +282,7 @@ def test_a_corrupt_local_body_is_never_uploaded(tmp_path: Path) -> None:
         victim = max(store.run("run-a").refs(), key=lambda r: len(store.blobs.get(r) or b""))
         size = len(store.blobs.get(victim) or b"")
         # Rewrite a body under its ref behind the store's back (the blobs table has no guard against it).
-        with store.transaction("test_corrupt"):
-            store.connection.execute("UPDATE blobs SET body = ? WHERE ref = ?", (b"x" * size, victim))
+        sql(store).execute("UPDATE blobs SET body = ? WHERE ref = ?", (b"x" * size, victim))
         with pytest.raises(IntegrityError, match="does not hash to its ref; nothing was tiered"):
             tier_run(store, "run-a", cold)
         assert "Tiered" not in event_kinds(store, "run-a")

@@ -10,7 +10,7 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-from helpers import event_kinds, free_ports, kvjudge
+from helpers import event_kinds, free_ports, kvjudge, sql
 from seaweed import SeaweedServer, seaweed  # noqa: F401 (fixture)
 from tier_support import GRADED, big_output, make_store, texts, tiered_refs
 
@@ -163,7 +163,7 @@ def test_an_endpoint_override_must_hold_the_recorded_manifest(tmp_path: Path, se
 
     def snapshot() -> tuple:
         with Store.open(path) as store:
-            bodies = store.connection.execute("SELECT ref, typeof(body) FROM blobs ORDER BY ref").fetchall()
+            bodies = sql(store).execute("SELECT ref, typeof(body) FROM blobs ORDER BY ref").fetchall()
             return [e.to_json() for _, e in store.iter_events()], bodies
 
     before = snapshot()
@@ -237,15 +237,16 @@ def without_endpoints(source: Path, dest: Path) -> None:
     with sqlite3.connect(source) as old:
         events = old.execute("SELECT lsn, run, kind, payload FROM events ORDER BY lsn").fetchall()
         blobs = old.execute("SELECT ref, size, body FROM blobs").fetchall()
+    Store.open(dest).close()
+    with sqlite3.connect(dest) as new:  # one transaction
+        for lsn, run, kind, payload in events:
+            data = json.loads(payload)
+            if kind in ("TierStarted", "Tiered"):
+                data = {k: v for k, v in data.items() if k not in ("endpoint", "unreduced")}
+            new.execute("INSERT INTO events(lsn, run, kind, payload) VALUES (?, ?, ?, ?)",
+                        (lsn, run, kind, canonical_json(data)))
+        new.executemany("INSERT INTO blobs(ref, size, body) VALUES (?, ?, ?)", blobs)
     with Store.open(dest) as store:
-        with store.transaction("old_format"):
-            for lsn, run, kind, payload in events:
-                data = json.loads(payload)
-                if kind in ("TierStarted", "Tiered"):
-                    data = {k: v for k, v in data.items() if k not in ("endpoint", "unreduced")}
-                store.connection.execute("INSERT INTO events(lsn, run, kind, payload) VALUES (?, ?, ?, ?)",
-                                         (lsn, run, kind, canonical_json(data)))
-            store.connection.executemany("INSERT INTO blobs(ref, size, body) VALUES (?, ?, ?)", blobs)
         store.rebuild_projection()
 
 

@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
-from helpers import kvjudge
+from helpers import kvjudge, sql
 from kvjudge.cli import main
 from kvjudge.display import invisible_class, visible
 from kvjudge.judge.prompt import INSTRUCTIONS, RAW, closing, opening
@@ -137,7 +137,7 @@ def assert_one_line_error(code: int, out: str, err: str) -> None:
 def assert_nothing_written(store_path: Path) -> None:
     with Store.open(store_path) as store:
         for table in ("events", "blobs"):
-            assert store.connection.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0] == 0
+            assert sql(store).execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0] == 0
 
 
 def assert_delimiters_hold(view_a: str, view_b: str) -> None:

@@ -18,6 +18,7 @@ from kvjudge.commands._output import info, progress
 from kvjudge.errors import UsageError
 from kvjudge.judge import DEFAULT_MARGIN, TEMPLATE_CHOICES, Judge, Verdict, judge_batch
 from kvjudge.judge.pairing import DEFAULT_POLICY, POLICIES, PairSelection, describe_pairs, same_task_pairs
+from kvjudge.retention import Store
 from kvjudge.settings import Settings
 from kvjudge.target import JudgeTarget
 
@@ -208,7 +209,7 @@ def opened_judge(args: argparse.Namespace, target: JudgeTarget, *, template: str
         judge.backend.close()
 
 
-def judged(judge: Judge, store: Any, pairs: Sequence[tuple[str, str]], description: str = "judging") -> list[Verdict]:
+def judged(judge: Judge, store: Store, pairs: Sequence[tuple[str, str]], description: str = "judging") -> list[Verdict]:
     """:func:`~kvjudge.judge.judge_batch` of ``pairs``, with a progress bar on a terminal (a step per order)."""
     with progress(description, len(pairs) * 2) as advance:
         judge.planner.progress = lambda message: advance(0, description=message)
@@ -249,7 +250,7 @@ def _pairs_from_file(path: str) -> list[tuple[str, str]]:
     return pairs
 
 
-def select_pairs(args: argparse.Namespace, store: Any, *, default_all: bool = False,
+def select_pairs(args: argparse.Namespace, store: Store, *, default_all: bool = False,
                  keep: Callable[[Any, Any], bool] | None = None) -> PairSelection:
     """The pairs named by RUN_A RUN_B, ``--pairs FILE`` or ``--task TASK`` (or, with ``default_all``, every
     same-task pair of the store), the trials of an agent paired by ``--trials``

@@ -27,6 +27,7 @@ from kvjudge.judge import (
     summarize_verdicts,
 )
 from kvjudge.judge.evidence import describe, summary_line
+from kvjudge.retention import Store
 from kvjudge.target import JudgeTarget
 
 
@@ -47,7 +48,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=_judge)
 
 
-def _reduce_target(args: argparse.Namespace, target: JudgeTarget, store: Any,
+def _reduce_target(args: argparse.Namespace, target: JudgeTarget, store: Store,
                    pairs: list[tuple[str, str]]) -> dict[str, int]:
     """Per-tenant token target of the reduced side of --still-grades: ``--reduce-to``, else the effective ceiling
     (the judge target's: never the configured value alone, CapabilityMissing without a probe figure)."""

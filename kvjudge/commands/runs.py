@@ -9,11 +9,9 @@ from kvjudge.commands._args import add_output_args, add_store_args, target_from
 from kvjudge.commands._output import emit, info, print_table, progress
 from kvjudge.errors import KvjudgeError
 from kvjudge.judge.evaluate import best_grade
-from kvjudge.judge.ranking import agent_of
 from kvjudge.retention.lifecycle import STATES
-from kvjudge.retention.reduce import count_ahead, stored_tokens
-from kvjudge.retention.state import DROPPED, REDUCED, TIERED, RunState
-from kvjudge.retention.store import Store
+from kvjudge.retention.reduce import count_ahead
+from kvjudge.retention.store import RunListing, Store
 from kvjudge.target import JudgeTarget
 from kvjudge.tokens import TokenCounter
 
@@ -32,21 +30,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=_runs)
 
 
-def _run_row(state: RunState, tokens: int | None) -> dict[str, Any]:
-    gone = sum(1 for loc in state.bodies.values() if loc.status in (REDUCED, DROPPED))
-    return {"id": state.id, "tenant": state.tenant, "agent": agent_of(state), "task": state.task_id,
-            "trial": state.trial, "state": state.state, "grade": best_grade(state), "grades": list(state.grades),
-            "tokens": tokens, "reduced": state.reduced, "branches": len(state.branches),
-            "transitions": sum(len(b.transitions) for b in state.branches), "bodies": len(state.bodies),
-            "bodies_reduced_or_dropped": gone,
-            "bodies_tiered": sum(1 for loc in state.bodies.values() if loc.status == TIERED)}
+def _run_row(run: RunListing) -> dict[str, Any]:
+    return {"id": run.id, "tenant": run.tenant, "agent": run.agent, "task": run.task_id, "trial": run.trial,
+            "state": run.state, "grade": best_grade(run), "grades": list(run.grades), "tokens": run.tokens,
+            "reduced": run.reduced, "branches": run.branches, "transitions": run.transitions, "bodies": run.bodies,
+            "bodies_reduced_or_dropped": run.bodies_gone, "bodies_tiered": run.bodies_tiered}
 
 
-def _count(store: Store, states: list[RunState], counter: TokenCounter) -> None:
+def _count(store: Store, run_ids: list[str], counter: TokenCounter) -> None:
     """Count (and store) what each run shows that was never counted; each run's bodies in one batch."""
-    with progress("counting", len(states)) as advance:
-        for state in states:
-            count_ahead(store, state, counter)
+    with progress("counting", len(run_ids)) as advance:
+        for run_id in run_ids:
+            count_ahead(store, store.run(run_id), counter)
             advance()
 
 
@@ -64,22 +59,23 @@ def _counter(judge: JudgeTarget, needed: bool) -> TokenCounter | None:
 
 def _runs(args: argparse.Namespace) -> int:
     judge = target_from(args)
-    filters = {"tenant": args.tenant, "task": args.task, "state": args.state}
+    # The agent column falls back to the run-id prefix or the tenant (as rank groups runs): filtered on what it shows.
+    filters = {"tenant": args.tenant, "task": args.task, "state": args.state, "agent": args.agent}
     with judge.open_store() as store:
-        # The agent column falls back to the run-id prefix or the tenant (as rank groups runs): filtered here, on
-        # what the column shows.
-        states = [state for state in store.iter_runs(**filters) if args.agent is None or agent_of(state) == args.agent]
-        counter = _counter(judge, args.count) if states else None
+        run_ids = store.run_ids(**filters)
+        counter = _counter(judge, args.count) if run_ids else None
         if counter is not None and args.count:
-            _count(store, states, counter)
+            _count(store, run_ids, counter)
         # Only what the store already holds: a listing never waits for a tokenizer.
-        rows = [_run_row(state, stored_tokens(store, state, counter.name) if counter else None) for state in states]
+        rows = [_run_row(run) for run in store.listing(**filters, counter=counter.name if counter else None)]
     uncounted = sum(row["tokens"] is None for row in rows)
     if uncounted and counter is not None:
         info(f"{uncounted} of {len(rows)} run(s) not counted yet with {counter.name} (tokens "
              f"shown as -): `kvjudge runs --count` counts them, and so does `kvjudge reduce`")
     emit(args, rows, lambda: _table(rows, counter.name if counter else None))
     return 0
+
+
 def _grade_cell(grade: dict[str, Any] | None) -> str:
     if grade is None:
         return "-"

@@ -18,20 +18,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvjudge.judge.verdict import SCORED
+from kvjudge.retention.state import agent_of  # noqa: F401 - re-exported: the rule lives with the run state
 
 PRIOR = 0.01          # Gaussian prior precision on the log-strengths
 BOOTSTRAP = 1000
 SEED = 0
-
-
-def agent_of(state: Any) -> str:
-    """The agent a run belongs to: its ``agent`` field, else the run-id prefix before ``/``, else the tenant."""
-    agent = getattr(state, "agent", None)
-    if agent:
-        return str(agent)
-    if "/" in state.id:
-        return state.id.split("/", 1)[0]
-    return str(state.tenant)
 
 
 @dataclass(frozen=True)

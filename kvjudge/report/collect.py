@@ -20,6 +20,7 @@ from kvjudge.judge import SCORED, Judge, OrderPrompt, Verdict
 from kvjudge.judge.evaluate import evaluate, grade_score, truth
 from kvjudge.judge.ranking import BOOTSTRAP, agent_of, rank
 from kvjudge.retention import events as ev
+from kvjudge.retention.store import Store
 
 # Verdict fields the report shows by name; any other field of Verdict.to_json() is listed as it is.
 KNOWN_VERDICT_FIELDS = frozenset({
@@ -142,7 +143,7 @@ def _where(state: Any) -> dict[str, list[str]]:
     return places
 
 
-def reductions(store: Any, state: Any) -> tuple[Reduction, ...]:
+def reductions(store: Store, state: Any) -> tuple[Reduction, ...]:
     """What reduction removed from the run, in log order, one row per Reduced / BranchReduced / Dropped."""
     places = _where(state)
     found = []
@@ -160,7 +161,7 @@ def reductions(store: Any, state: Any) -> tuple[Reduction, ...]:
     return tuple(found)
 
 
-def build_report(store: Any, judge: Judge, verdicts: Sequence[Verdict], *,
+def build_report(store: Store, judge: Judge, verdicts: Sequence[Verdict], *,
                  ceilings: Mapping[str, Any] | None = None, ceiling_note: str | None = None,
                  bootstrap: int = BOOTSTRAP, pairing: str | None = None,
                  now: datetime.datetime | None = None) -> Report:
@@ -229,7 +230,7 @@ def _tier_status(state: Any) -> str | None:
     return None if state.tier is None else state.tier.get("status")
 
 
-def with_tier_status(report: Report, store: Any) -> Report:
+def with_tier_status(report: Report, store: Store) -> Report:
     """``report`` with each run's tier status as ``store`` says now (a report built before its runs were moved)."""
     runs = tuple(dataclasses.replace(run, tiered=_tier_status(store.run(run.id))) for run in report.runs)
     return dataclasses.replace(report, runs=runs)

@@ -9,7 +9,7 @@ Public API (ARCHITECTURE.md says which layers use it)::
     from kvjudge.retention import open_cold_store, tier_run, rehydrate_run   # tiering (kvjudge.retention.tiering)
 """
 
-from kvjudge.retention.blobs import BlobStore, ref_of
+from kvjudge.retention.blobs import ref_of
 from kvjudge.retention.cold import ColdStore, LocalDirColdStore, S3ColdStore, open_cold_store
 from kvjudge.retention.events import (
     EVENT_TYPES,
@@ -48,7 +48,7 @@ from kvjudge.retention.reduce import (
     view_refs,
 )
 from kvjudge.retention.state import BodyLocation, Branch, RunState, Transition, fold, fold_onto
-from kvjudge.retention.store import Explanation, Store
+from kvjudge.retention.store import BlobStore, Explanation, RunListing, Store
 from kvjudge.retention.text_check import TextError, parse_checked
 from kvjudge.retention.tiering import (
     REHYDRATE_POINTS,
@@ -75,7 +75,7 @@ from kvjudge.retention.verify import Violation, VerifyReport, verify
 
 __all__ = [
     "EVENT_TYPES", "STATES", "BlobStore", "BodyLocation", "Branch", "BranchOpened", "BranchReduced", "Dropped",
-    "Event", "Explanation", "GradeRecorded", "GradeReport", "attach_grades", "Reduced", "Rehydrated", "RunStarted", "RunState", "StateChanged",
+    "Event", "Explanation", "RunListing", "GradeRecorded", "GradeReport", "attach_grades", "Reduced", "Rehydrated", "RunStarted", "RunState", "StateChanged",
     "Store", "TextError", "TextRepaired", "TierStarted", "Tiered", "Transition", "TransitionRecorded",
     "VerifierRecorded", "canonical_json", "Evidence", "IngestReport", "Visibility", "diff_extract", "fault_point",
     "find_evidence", "fold", "fold_onto", "head_tail_extract", "measure",

@@ -30,6 +30,7 @@ from kvjudge.retention import events as ev
 from kvjudge.retention.events import canonical_json
 from kvjudge.retention.ingest.results import ResultsIndex, load_results
 from kvjudge.retention.lifecycle import ARCHIVED, GRADED, GRADING, RUNNING
+from kvjudge.retention.store import Store
 
 LABEL = "grade"  # the transaction's fault point is grade.txn
 
@@ -56,7 +57,7 @@ class GradeReport:
                 "evaluation_errors": self.evaluation_errors}
 
 
-def attach_grades(store: Any, results: Sequence[str], run_ids: Sequence[str] | None = None, *,
+def attach_grades(store: Store, results: Sequence[str], run_ids: Sequence[str] | None = None, *,
                   tenant: str | None = None, replace: bool = False) -> GradeReport:
     """Attach the grades ``results`` (``[AGENT=]FILE`` values, as ``--results``) give to the runs ``run_ids``
     (None: every run, or ``tenant``'s); the module docstring says how. Raises before writing anything: an
@@ -91,7 +92,7 @@ def attach_grades(store: Any, results: Sequence[str], run_ids: Sequence[str] | N
     return report
 
 
-def _apply(store: Any, report: GradeReport, state: Any, grade: dict[str, Any] | None) -> None:
+def _apply(store: Store, report: GradeReport, state: Any, grade: dict[str, Any] | None) -> None:
     if grade is None:
         report.no_result.append(state.id)
         return

@@ -39,7 +39,18 @@ from kvjudge.retention.blobs import ref_of, short
 from kvjudge.retention.faults import fault_point
 from kvjudge.retention.evidence import find_evidence, is_patch
 from kvjudge.retention.extract import diff_extract, head_tail_extract
-from kvjudge.retention.state import DROPPED, LOCAL, REDUCED, TIERED, RunState, fold_onto, resolve
+from kvjudge.retention.state import (
+    DROPPED,
+    LOCAL,
+    REDUCED,
+    TIERED,
+    RunState,
+    branch_view,
+    fold_onto,
+    resolve,
+    view_refs,
+)
+from kvjudge.retention.store import Store
 from kvjudge.retention.worth import body_worth
 from kvjudge.tokens import BatchCounter, TokenCounter, count_texts
 
@@ -58,27 +69,6 @@ _MIN_SAVING = 8
 
 
 # ----------------------------------------------------------------------- the view
-def branch_view(state: RunState, branch_index: int) -> list[str]:
-    """Refs a reader sees for one branch (with repeats), in reading order."""
-    branch = state.branches[branch_index]
-    if branch.status == "dead" and branch.summary_ref is not None:
-        seen = resolve(state, branch.summary_ref)
-        return [seen] if seen else []
-    return [seen for ref in branch.refs() if (seen := resolve(state, ref)) is not None]
-
-
-def view_refs(state: RunState) -> list[str]:
-    """Every ref a reader of the run sees (task prompt, then each branch), with repeats."""
-    refs: list[str] = []
-    if state.task_prompt_ref:
-        seen = resolve(state, state.task_prompt_ref)
-        if seen:
-            refs.append(seen)
-    for index in range(len(state.branches)):
-        refs.extend(branch_view(state, index))
-    return refs
-
-
 def view_tokens(state: RunState, counts: Mapping[str, int]) -> int:
     """Tokens of text a reader of the run sees (bodies only; markers of dropped text are not counted)."""
     return sum(counts[ref] for ref in view_refs(state))
@@ -501,7 +491,7 @@ def _check_applicable(state: RunState, plan: ReductionPlan) -> None:
         raise RunInColdStorage(state, plan.tokens_before, plan.target_tokens)
 
 
-def apply_plan(store: Any, plan: ReductionPlan) -> ReductionResult:
+def apply_plan(store: Store, plan: ReductionPlan) -> ReductionResult:
     """Execute ``plan`` on ``store``: put summaries → commit events → delete bodies, each durable first.
 
     Also finishes a crashed earlier reduction: a body the log already explains is deleted here. Whether the
@@ -529,7 +519,7 @@ def apply_plan(store: Any, plan: ReductionPlan) -> ReductionResult:
     return ReductionResult(plan=plan, appended=appended, blobs_put=put, bodies_deleted=deleted)
 
 
-def finish_deletions(store: Any, run_id: str) -> int:
+def finish_deletions(store: Store, run_id: str) -> int:
     """Delete every local body the run's log says is reduced or dropped (and no other run reads). Idempotent."""
     state = store.run(run_id)
     pending = [ref for ref, loc in state.bodies.items()
@@ -541,12 +531,12 @@ def finish_deletions(store: Any, run_id: str) -> int:
     return len(deleted)
 
 
-def store_counter_view(store: Any, state: RunState, counter: TokenCounter) -> dict[str, int]:
+def store_counter_view(store: Store, state: RunState, counter: TokenCounter) -> dict[str, int]:
     """Stored counts of every ref ``state`` names (so planning recounts nothing already counted)."""
     return store.cached_counts(state.bodies.keys(), counter.name)
 
 
-def plan_stored(store: Any, state: RunState, target_tokens: int, counter: TokenCounter) -> ReductionPlan:
+def plan_stored(store: Store, state: RunState, target_tokens: int, counter: TokenCounter) -> ReductionPlan:
     """:func:`plan_reduction` of a stored run (its texts, its stored counts).
 
     A run in cold storage is never planned from its cold bodies: RunInColdStorage when it is above
@@ -562,7 +552,7 @@ def plan_stored(store: Any, state: RunState, target_tokens: int, counter: TokenC
     return plan_reduction(state, store.text, counter, target_tokens, counts=store_counter_view(store, state, counter))
 
 
-def reduce_run(store: Any, run_id: str, target_tokens: int, counter: TokenCounter, *,
+def reduce_run(store: Store, run_id: str, target_tokens: int, counter: TokenCounter, *,
                attempts: int = 5) -> ReductionResult:
     """Plan and apply the reduction of one run (a no-op when it already fits; resumes a crashed one).
 
@@ -590,14 +580,14 @@ def reduce_run(store: Any, run_id: str, target_tokens: int, counter: TokenCounte
                         f"reduce {run_id}` again")
 
 
-def run_tokens(store: Any, state: RunState, counter: TokenCounter) -> int:
+def run_tokens(store: Store, state: RunState, counter: TokenCounter) -> int:
     """Tokens of visible text in ``state`` under ``counter``, counting (and storing) only bodies never counted."""
     total = _count_view(store, state, counter, missing_ok=False)
     assert total is not None
     return total
 
 
-def stored_tokens(store: Any, state: RunState, counter_name: str) -> int | None:
+def stored_tokens(store: Store, state: RunState, counter_name: str) -> int | None:
     """Tokens of visible text in ``state`` from the counts the store already has under ``counter_name``; None
     when a body it shows was never counted (nothing is read or counted here: it costs one query)."""
     known = store.cached_counts(state.bodies.keys(), counter_name)
@@ -609,14 +599,14 @@ def stored_tokens(store: Any, state: RunState, counter_name: str) -> int | None:
     return sum(known[ref] for ref in refs)
 
 
-def count_ahead(store: Any, state: RunState, counter: TokenCounter) -> None:
+def count_ahead(store: Store, state: RunState, counter: TokenCounter) -> None:
     """Count and store what :func:`run_tokens` of ``state`` would count, without holding any lock, so a later
     :func:`run_tokens` under a write lock reads stored counts only. Best effort: a body gone meanwhile (another
     process reduced or tiered the run) is skipped — the later call counts whatever the new state shows."""
     _count_view(store, state, counter, missing_ok=True)
 
 
-def _count_view(store: Any, state: RunState, counter: TokenCounter, *, missing_ok: bool) -> int | None:
+def _count_view(store: Store, state: RunState, counter: TokenCounter, *, missing_ok: bool) -> int | None:
     known = store.cached_counts(state.bodies.keys(), counter.name)
     refs = view_refs(state)
     texts: dict[str, str] = {}

@@ -159,6 +159,36 @@ def resolve(state: RunState, ref: str) -> str | None:
     return None
 
 
+def branch_view(state: RunState, branch_index: int) -> list[str]:
+    """Refs a reader sees for one branch (with repeats), in reading order."""
+    branch = state.branches[branch_index]
+    if branch.status == "dead" and branch.summary_ref is not None:
+        seen = resolve(state, branch.summary_ref)
+        return [seen] if seen else []
+    return [seen for ref in branch.refs() if (seen := resolve(state, ref)) is not None]
+
+
+def view_refs(state: RunState) -> list[str]:
+    """Every ref a reader of the run sees (task prompt, then each branch), with repeats."""
+    refs: list[str] = []
+    if state.task_prompt_ref:
+        seen = resolve(state, state.task_prompt_ref)
+        if seen:
+            refs.append(seen)
+    for index in range(len(state.branches)):
+        refs.extend(branch_view(state, index))
+    return refs
+
+
+def agent_of(state: RunState) -> str:
+    """The agent a run belongs to: its ``agent`` field, else the run-id prefix before ``/``, else the tenant."""
+    if state.agent:
+        return str(state.agent)
+    if "/" in state.id:
+        return state.id.split("/", 1)[0]
+    return str(state.tenant)
+
+
 # Fields added to RunState after schema version 1, with their defaults. A field at its default is left out
 # of the canonical bytes, so a state folded by an older kvjudge (projections, manifests) keeps its bytes.
 _ADDED_FIELDS: dict[str, Any] = {"text_repairs": (), "agent": None, "metadata": None, "trial": None}

@@ -15,6 +15,7 @@ from typing import Any
 
 from kvjudge.retention.blobs import REF_PREFIX, short
 from kvjudge.retention.state import DROPPED, LOCAL, REDUCED, TIERED, RunState
+from kvjudge.retention.store import Store
 
 
 @dataclass(frozen=True)
@@ -31,7 +32,7 @@ class Violation:
 
 
 #: An extra check: called once per run with the store and the run's folded state.
-Check = Callable[[Any, RunState], Iterable[Violation]]
+Check = Callable[[Store, RunState], Iterable[Violation]]
 
 
 @dataclass
@@ -69,16 +70,13 @@ def _first_difference(a: bytes, b: bytes) -> int:
     return min(len(a), len(b))
 
 
-def verify(store: Any, run_ids: Sequence[str] | None = None, *, extra_checks: Sequence[Check] = (),
+def verify(store: Store, run_ids: Sequence[str] | None = None, *, extra_checks: Sequence[Check] = (),
            progress: Callable[[int], None] | None = None) -> VerifyReport:
     """Check ``run_ids`` (all runs when None; then every body in the store is re-hashed too)."""
     report = VerifyReport()
-    conn = store.connection
-    triggers = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'trigger'")}
-    for name in ("events_no_update", "events_no_delete"):
-        if name not in triggers:
-            report.violations.append(Violation("log", None, None, f"trigger {name} is missing: the event log is "
-                                                                  f"no longer protected against edits"))
+    for name in store.missing_log_triggers():
+        report.violations.append(Violation("log", None, None, f"trigger {name} is missing: the event log is "
+                                                              f"no longer protected against edits"))
     whole_store = run_ids is None
     if run_ids is None:
         # Whole store: stream every body once.
@@ -86,14 +84,11 @@ def verify(store: Any, run_ids: Sequence[str] | None = None, *, extra_checks: Se
             report.blobs_rehashed += 1
             if (violation := _rehash(ref, body)) is not None:
                 report.violations.append(violation)
-        orphans = conn.execute(
-            "SELECT COUNT(*) FROM blobs WHERE body IS NOT NULL AND ref NOT IN (SELECT ref FROM run_bodies)"
-        ).fetchone()[0]
+        orphans = store.unnamed_bodies()
         if orphans:
             report.notes.append(f"{orphans} stored bodies are named by no run (e.g. summaries put before a crash); "
                                 f"harmless")
-        logged = [row[0] for row in conn.execute("SELECT DISTINCT run FROM events ORDER BY run")]
-        run_ids = logged
+        run_ids = store.logged_runs()
     shared: set[str] = set()
     for run_id in run_ids:
         # A whole-store check has re-hashed every body already; a per-run check re-hashes the run's bodies.
@@ -105,7 +100,7 @@ def verify(store: Any, run_ids: Sequence[str] | None = None, *, extra_checks: Se
     return report
 
 
-def _verify_run(store: Any, run_id: str, report: VerifyReport, shared: set[str], *, rehash_bodies: bool,
+def _verify_run(store: Store, run_id: str, report: VerifyReport, shared: set[str], *, rehash_bodies: bool,
                 extra_checks: Sequence[Check]) -> None:
     refolded = store.refold(run_id)  # from LSN 0, straight from the log
     projected = store.projected_bytes(run_id)

@@ -11,14 +11,14 @@ cache, as they would read verdicts a real judge left there.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 from kvjudge.judge import Judge, LabelScore
 from kvjudge.judge.verdict import score_payload
 from kvjudge.judge.window import window_tokens
+from kvjudge.retention import Store
 
 
-def seed_judgments(judge: Judge, store: Any, choices: Mapping[tuple[str, str], tuple[float, float]], *,
+def seed_judgments(judge: Judge, store: Store, choices: Mapping[tuple[str, str], tuple[float, float]], *,
                    label_mass: float = 0.9) -> int:
     """Cache both orders of each pair ``(a, b)`` of ``choices``: ``(p_ab, p_ba)`` are the probabilities that run
     a is better as asked with a shown first and with b shown first (so order ``ba``'s label A, run b, gets

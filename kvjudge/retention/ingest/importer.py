@@ -17,7 +17,7 @@ import itertools
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvjudge.errors import IngestError
 from kvjudge.retention import events as ev
@@ -32,6 +32,9 @@ from kvjudge.retention.ingest.results import ResultsIndex, load_results
 from kvjudge.retention.ingest.sources import Document, Source, collect_sources, iter_documents
 from kvjudge.retention.ingest.swe_agent import is_swe_agent, parse_swe_agent
 from kvjudge.retention.text_check import TextError, parse_checked
+
+if TYPE_CHECKING:
+    from kvjudge.retention.store import Store
 
 FORMATS = ("auto", "native", "openai", "mini-swe-agent", "swe-agent", "openhands", "harbor", "inspect")
 BATCH_RUNS = 64
@@ -157,7 +160,7 @@ class _PlannedSource:
 
 
 class _Importer:
-    def __init__(self, store: Any, *, fmt: str, tenant: str | None, agent: str | None, results: Sequence[str],
+    def __init__(self, store: Store, *, fmt: str, tenant: str | None, agent: str | None, results: Sequence[str],
                  skip_bad: bool, repair_text: bool, progress: Progress | None) -> None:
         if fmt not in FORMATS:
             raise IngestError(f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")
@@ -353,7 +356,7 @@ def _changed(source: Source) -> IngestError:
                        f"the import")
 
 
-def stored_content_hash(store: Any, run_id: str, n_events: int) -> str | None:
+def stored_content_hash(store: Store, run_id: str, n_events: int) -> str | None:
     """The content hash of ``run_id`` as imported, or None when the store has no such run.
 
     Runs imported since content hashes exist carry theirs in RunStarted. For an older run it is computed over
@@ -367,7 +370,7 @@ def stored_content_hash(store: Any, run_id: str, n_events: int) -> str | None:
     return ev.content_hash(event for _, event in itertools.islice(store.iter_events(run_id), n_events))
 
 
-def ingest_sources(store: Any, sources: list[Source], *, ignored_files: int = 0, fmt: str = "auto",
+def ingest_sources(store: Store, sources: list[Source], *, ignored_files: int = 0, fmt: str = "auto",
                    tenant: str | None = None, agent: str | None = None, results: Sequence[str] = (),
                    skip_bad: bool = False, repair_text: bool = False,
                    progress: Progress | None = None) -> IngestReport:
@@ -387,7 +390,7 @@ def ingest_sources(store: Any, sources: list[Source], *, ignored_files: int = 0,
     return report
 
 
-def ingest_paths(store: Any, paths: Iterable[Any], **options: Any) -> IngestReport:
+def ingest_paths(store: Store, paths: Iterable[Any], **options: Any) -> IngestReport:
     """Import files and directories (walked recursively); options as :func:`ingest_sources`."""
     sources, ignored = collect_sources(paths)
     return ingest_sources(store, sources, ignored_files=ignored, **options)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from kvjudge.errors import IntegrityError
 from kvjudge.retention.blobs import short
 from kvjudge.retention.state import TIERED, RunState
@@ -42,7 +40,7 @@ def verify_tiered_run(store: Store, state: RunState, stores: ColdStores, *, reha
 
 def tier_check(stores: ColdStores, *, rehash: bool = False) -> Check:
     """The extra check :func:`kvjudge.retention.verify.verify` runs per run for tiered bodies."""
-    def check(store: Any, state: RunState) -> list[Violation]:
+    def check(store: Store, state: RunState) -> list[Violation]:
         return verify_tiered_run(store, state, stores, rehash=rehash)
 
     return check

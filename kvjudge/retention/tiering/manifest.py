@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from kvjudge.errors import IntegrityError, StoreError
+from kvjudge.errors import IntegrityError
 from kvjudge.retention import events as ev
 from kvjudge.retention.blobs import ref_of, short
 from kvjudge.retention.cold import manifest_key
@@ -71,22 +71,13 @@ class Manifest:
             raise IntegrityError(f"a tier manifest is not readable ({exc}); the store or cold store is damaged") from exc
 
 
-def event_range(store: Store, run_id: str) -> tuple[int, int]:
-    row = store.connection.execute("SELECT MIN(lsn), MAX(lsn) FROM events WHERE run = ?", (run_id,)).fetchone()
-    if row is None or row[0] is None:
-        raise StoreError(f"no run {run_id!r} in the store; list runs with `kvjudge runs`")
-    return int(row[0]), int(row[1])
-
-
 def build_manifest(store: Store, state: RunState, target: str, first_lsn: int, last_lsn: int, *,
                     require_bodies: bool) -> Manifest:
     """The manifest of every body of ``state`` the log says is local (sizes from the blob rows, which stay)."""
     refs = sorted(ref for ref, loc in state.bodies.items() if loc.status == LOCAL)
     entries = []
     for ref in refs:
-        # typeof(), not "body IS NOT NULL": SQLite answers it from the row header instead of reading the body.
-        row = store.connection.execute("SELECT size, typeof(body) != 'null' FROM blobs WHERE ref = ?",
-                                       (ref,)).fetchone()
+        row = store.blobs.stat(ref)
         if row is None or (require_bodies and not row[1]):
             raise IntegrityError(
                 f"run {state.id}: the log says {short(ref)} is local but its body is missing; "
@@ -98,10 +89,7 @@ def build_manifest(store: Store, state: RunState, target: str, first_lsn: int, l
 
 def started_event(store: Store, run_id: str, manifest_ref: str) -> ev.TierStarted:
     """The ``TierStarted`` of ``run_id`` that names ``manifest_ref`` (where that move went, and how)."""
-    for lsn, kind, payload in store.connection.execute(
-            "SELECT lsn, kind, payload FROM events WHERE run = ? AND kind = ? ORDER BY lsn",
-            (run_id, ev.TierStarted.kind)):
-        event = ev.event_from(kind, payload)
+    for _lsn, event in store.iter_events(run_id, kind=ev.TierStarted.kind):
         if isinstance(event, ev.TierStarted) and event.manifest_ref == manifest_ref:
             return event
     raise IntegrityError(f"run {run_id}: no TierStarted names manifest {short(manifest_ref)}; the store is damaged")

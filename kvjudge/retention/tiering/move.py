@@ -42,9 +42,9 @@ from kvjudge.retention.cold import ColdStore, blob_key
 from kvjudge.retention.faults import fault_point
 from kvjudge.retention.lifecycle import REDUCIBLE, is_reducible
 from kvjudge.retention.reduce import count_ahead, in_cold_storage, run_tokens
-from kvjudge.retention.state import LOCAL, TIERED, RunState
+from kvjudge.retention.state import RunState
 from kvjudge.retention.store import Store
-from kvjudge.retention.tiering.manifest import Manifest, build_manifest, event_range, logged_manifest
+from kvjudge.retention.tiering.manifest import Manifest, build_manifest, logged_manifest
 from kvjudge.retention.tiering.targets import ColdStores
 from kvjudge.retention.tiering.transfer import (
     Batch,
@@ -125,10 +125,7 @@ class TierGate:
 
 def local_body_bytes(store: Store, run_id: str) -> int:
     """Bytes of the bodies of ``run_id`` the log says are local (what a move would upload)."""
-    row = store.connection.execute(
-        "SELECT COALESCE(SUM(b.size), 0) FROM run_bodies AS r JOIN blobs AS b ON b.ref = r.ref "
-        "WHERE r.run = ? AND r.status = ?", (run_id, LOCAL)).fetchone()
-    return int(row[0])
+    return store.local_body_bytes(run_id)
 
 
 def check_eligible(state: RunState) -> None:
@@ -324,7 +321,7 @@ def _start(store: Store, state: RunState, cold: ColdStore, gate: TierGate | None
                 return TierResult(state.id, "above_ceiling", cold.url, None, endpoint=cold.endpoint_url,
                                   tokens=tokens, ceiling=ceiling)
             unreduced = {"tokens": tokens, "ceiling": ceiling, "counter": gate.counter.name}
-    first_lsn, last_lsn = event_range(store, state.id)
+    first_lsn, last_lsn = store.event_range(state.id)
     manifest = build_manifest(store, state, cold.url, first_lsn, last_lsn, require_bodies=True)
     if not manifest.entries:
         return TierResult(state.id, "nothing_local", cold.url, None, endpoint=cold.endpoint_url, tokens=tokens,
@@ -412,21 +409,11 @@ def _commit_move(store: Store, manifest: Manifest, manifest_ref: str, cold: Cold
 
 def _release(store: Store, run_id: str) -> int:
     """Step 6: delete the local bodies the log says are tiered (one transaction). Returns how many went."""
-    tiered = [row[0] for row in store.connection.execute(
-        "SELECT r.ref FROM run_bodies AS r JOIN blobs AS b ON b.ref = r.ref "
-        "WHERE r.run = ? AND r.status = ? AND typeof(b.body) != 'null'", (run_id, TIERED))]
+    tiered = store.tiered_bodies_here(run_id)
     if not tiered:
         return 0
-    # This SQLite build zeroes freed pages (secure_delete=1), which writes every deleted body once more to the
-    # WAL and again at checkpoint: 2x the I/O of the move itself. A tiered body is not a secret to scrub (it
-    # lives on in the cold store), so this one deletion uses FAST: freed pages are zeroed only when free to do.
-    conn = store.connection
-    previous = conn.execute("PRAGMA secure_delete").fetchone()[0]
-    conn.execute("PRAGMA secure_delete = FAST")
-    try:
-        return len(store.release_bodies(tiered, label="tier_delete"))
-    finally:
-        conn.execute(f"PRAGMA secure_delete = {int(previous)}")
+    # A tiered body lives on in the cold store: not a secret to scrub, and zeroing it would double the move's I/O.
+    return len(store.release_bodies(tiered, label="tier_delete", scrub=False))
 
 
 def recover_run(store: Store, run_id: str, stores: ColdStores, *, verify_remote: bool = False,
@@ -466,10 +453,7 @@ def recover(store: Store, stores: ColdStores, *, verify_remote: bool = False,
 
 def pending_runs(store: Store) -> list[str]:
     """Runs whose move is unfinished: TierStarted without Tiered, or Tiered with local bodies left."""
-    rows = store.connection.execute(
-        "SELECT DISTINCT b.run FROM run_bodies AS b JOIN blobs ON blobs.ref = b.ref "
-        "WHERE b.status = ? AND typeof(blobs.body) != 'null' ORDER BY b.run", (TIERED,)).fetchall()
-    return sorted({row[0] for row in rows} | set(store.run_ids_with_tier_status("started")))
+    return sorted(set(store.runs_with_tiered_bodies_here()) | set(store.run_ids_with_tier_status("started")))
 
 
 

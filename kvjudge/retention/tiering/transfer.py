@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import functools
-import sqlite3
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,7 +18,7 @@ from kvjudge.errors import IntegrityError
 from kvjudge.retention.blobs import ref_of, short
 from kvjudge.retention.cold import ColdStore
 from kvjudge.retention.faults import fault_point
-from kvjudge.retention.store import Store
+from kvjudge.retention.store import Blob, BodyReaders, Store
 from kvjudge.retention.tiering.manifest import Manifest, ManifestEntry
 
 # Objects in flight at once. Network stores hide latency with more; so does a local disk, whose writes wait
@@ -28,7 +27,6 @@ WORKERS = 8
 
 ProgressFn = Callable[[int], None]
 MAX_IN_FLIGHT_BYTES = 64 * 1024 * 1024
-_MMAP_BYTES = 1 << 40  # SQLite caps it at its compile-time maximum
 # A body is streamed in chunks this size: each is hashed and written while it is still in the CPU's cache, and
 # no body is ever whole in memory (a 4 MB body read whole costs two copies and fresh pages for each).
 CHUNK_BYTES = 128 * 1024
@@ -77,50 +75,6 @@ class Batch:
         return problems
 
 
-class _Readers:
-    """One read-only connection to the store file per worker thread (an SQLite connection is not shared)."""
-
-    def __init__(self, path: Path) -> None:
-        self._path = path
-        self._local = threading.local()
-        self._lock = threading.Lock()
-        self._opened: list[sqlite3.Connection] = []
-
-    def _connection(self) -> sqlite3.Connection:
-        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
-        if conn is None:
-            conn = sqlite3.connect(f"{self._path.absolute().as_uri()}?mode=ro", uri=True, timeout=30.0,
-                                   check_same_thread=False)
-            # Bodies are read once, in full: mapped pages cost no read() call each (half the CPU of reading
-            # 4 KiB pages one by one). Only these read-only connections map the file.
-            conn.execute(f"PRAGMA mmap_size = {_MMAP_BYTES}")
-            with self._lock:
-                self._opened.append(conn)
-            self._local.conn = conn
-        return conn
-
-    def open(self, ref: str) -> sqlite3.Blob | None:
-        """The body of ``ref`` opened for reading in chunks (close it after), None when it is not here. An open
-        body is a snapshot: a concurrent release of it does not change what is read."""
-        conn = self._connection()
-        row = conn.execute("SELECT rowid FROM blobs WHERE ref = ?", (ref,)).fetchone()
-        if row is None:
-            return None
-        try:
-            return conn.blobopen("blobs", "body", row[0], readonly=True)
-        except sqlite3.OperationalError:
-            # NULL: released since (a concurrent finish of the same move); anything else is a real error.
-            if conn.execute("SELECT typeof(body) FROM blobs WHERE rowid = ?", row).fetchone() == ("null",):
-                return None
-            raise
-
-    def close(self) -> None:
-        with self._lock:
-            for conn in self._opened:
-                conn.close()
-            self._opened.clear()
-
-
 class Uploader:
     """A few worker threads writing to one cold store, shared by the moves of one call (so one move's uploads
     overlap the finishing of the one before). The bodies come from the store file at ``source``;
@@ -129,7 +83,7 @@ class Uploader:
 
     def __init__(self, cold: ColdStore, source: Path, *, rehash: bool, progress: ProgressFn | None) -> None:
         self._cold = cold
-        self._readers = _Readers(source)
+        self._readers = BodyReaders(source)
         self._rehash = rehash
         self._progress = progress
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="kvjudge-tier")
@@ -188,7 +142,7 @@ def upload_and_check(store: Store, manifest: Manifest, cold: ColdStore, *, skip_
         raise vanished(store, manifest, exc) from exc
 
 
-def _move_one(cold: ColdStore, readers: _Readers, run_id: str, entry: ManifestEntry, rehash: bool,
+def _move_one(cold: ColdStore, readers: BodyReaders, run_id: str, entry: ManifestEntry, rehash: bool,
               skip_present: bool) -> tuple[bool, str | None]:
     """On a worker thread: read the body of ``entry``, check it is the ref, upload it, read the object back.
 
@@ -214,7 +168,7 @@ def _move_one(cold: ColdStore, readers: _Readers, run_id: str, entry: ManifestEn
     return True, _check_entry(cold, entry, rehash)
 
 
-def _chunks(body: sqlite3.Blob) -> Iterator[bytes]:
+def _chunks(body: Blob) -> Iterator[bytes]:
     return iter(functools.partial(body.read, CHUNK_BYTES), b"")
 
 

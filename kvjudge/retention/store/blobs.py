@@ -1,0 +1,160 @@
+"""The ``blobs`` table: bodies under their content-addressed refs (:mod:`kvjudge.retention.blobs`).
+
+A body is never rewritten under its ref. Putting the same bytes twice is a no-op (or brings back a body
+that reduction or tiering had deleted — the same bytes, so the ref stays true). Deleting a body keeps the
+row (``body`` NULL); the log says why it is gone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+import threading
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from kvjudge.errors import IntegrityError, UsageError
+from kvjudge.retention.blobs import ref_of, short
+
+_MMAP_BYTES = 1 << 40  # SQLite caps it at its compile-time maximum
+
+#: A body open for reading in chunks (:meth:`BodyReaders.open`): ``read(n)``, ``len()``, ``close()``.
+Blob = sqlite3.Blob
+
+
+class BlobStore:
+    """The ``blobs`` table of a store. Writes happen inside the caller's transaction."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+
+    def get(self, ref: str) -> bytes | None:
+        """The body of ``ref``, or None when it is not (or no longer) here."""
+        row = self._conn.execute("SELECT body FROM blobs WHERE ref = ?", (ref,)).fetchone()
+        return None if row is None or row[0] is None else bytes(row[0])
+
+    def has_body(self, ref: str) -> bool:
+        # typeof() is answered from the row header; "body IS NOT NULL" makes SQLite read the whole body.
+        row = self._conn.execute("SELECT typeof(body) != 'null' FROM blobs WHERE ref = ?", (ref,)).fetchone()
+        return bool(row and row[0])
+
+    def stat(self, ref: str) -> tuple[int, bool] | None:
+        """``(size, body present)`` of ``ref``'s row (the size stays when the body goes), None when there is none."""
+        # typeof(), not "body IS NOT NULL": SQLite answers it from the row header instead of reading the body.
+        row = self._conn.execute("SELECT size, typeof(body) != 'null' FROM blobs WHERE ref = ?", (ref,)).fetchone()
+        return None if row is None else (int(row[0]), bool(row[1]))
+
+    def known(self, ref: str) -> bool:
+        """True when the ref has a row (its body may be gone)."""
+        return self._conn.execute("SELECT 1 FROM blobs WHERE ref = ?", (ref,)).fetchone() is not None
+
+    def put(self, body: bytes, expected_ref: str | None = None) -> str:
+        """Store ``body`` under its sha256 ref and return the ref. Idempotent.
+
+        ``expected_ref``: the ref the caller believes the bytes have (an import that names refs);
+        a mismatch is an :class:`IntegrityError` and nothing is written.
+        Call inside a store transaction (``Store.put_blob`` does this for you).
+        """
+        if not isinstance(body, bytes | bytearray):
+            raise UsageError("a blob body must be bytes")
+        ref = ref_of(bytes(body))
+        if expected_ref is not None and expected_ref != ref:
+            raise IntegrityError(f"body does not hash to {short(expected_ref)} (it hashes to {short(ref)}); "
+                                 f"the import is corrupt — re-export it")
+        self.put_hashed([(ref, bytes(body))])
+        return ref
+
+    def put_hashed(self, items: Iterable[tuple[str, bytes]]) -> int:
+        """Store bodies whose refs the caller computed with :func:`ref_of` from these very bytes, or checked
+        them against (an importer hashes each body once, to name it in events; a cold read checks each body
+        against its ref). Returns the bytes really stored: bodies already here cost nothing. Call inside a
+        store transaction."""
+        stored = 0
+        for ref, body in items:
+            # Same ref, same bytes: only a missing body is filled in; an existing one is never touched.
+            cursor = self._conn.execute(
+                "INSERT INTO blobs(ref, size, body) VALUES (?, ?, ?) "
+                "ON CONFLICT(ref) DO UPDATE SET body = excluded.body WHERE blobs.body IS NULL",
+                (ref, len(body), body),
+            )
+            if cursor.rowcount > 0:
+                stored += len(body)
+        return stored
+
+    def delete_body(self, ref: str) -> bool:
+        """Forget the body of ``ref`` (the row stays). True when a body was deleted. Inside a transaction."""
+        cursor = self._conn.execute("UPDATE blobs SET body = NULL WHERE ref = ? AND body IS NOT NULL", (ref,))
+        return cursor.rowcount > 0
+
+    @contextlib.contextmanager
+    def scrubbing(self, scrub: bool) -> Iterator[None]:
+        """Within: deleted bodies' pages are zeroed (``scrub``, this SQLite build's default), or only where that
+        costs nothing (``secure_delete = FAST``). Zeroing writes every deleted body once more to the WAL and again
+        at checkpoint (2x the I/O of a move); a body that lives on elsewhere (tiered) is not a secret to scrub."""
+        if scrub:
+            yield
+            return
+        previous = self._conn.execute("PRAGMA secure_delete").fetchone()[0]
+        self._conn.execute("PRAGMA secure_delete = FAST")
+        try:
+            yield
+        finally:
+            self._conn.execute(f"PRAGMA secure_delete = {int(previous)}")
+
+    def iter_bodies(self) -> Iterator[tuple[str, bytes]]:
+        """Every (ref, body) still present, streamed in ref order."""
+        last = ""
+        while True:
+            rows = self._conn.execute(
+                "SELECT ref, body FROM blobs WHERE ref > ? AND body IS NOT NULL ORDER BY ref LIMIT 256", (last,)
+            ).fetchall()
+            if not rows:
+                return
+            for ref, body in rows:
+                yield ref, bytes(body)
+            last = rows[-1][0]
+
+
+class BodyReaders:
+    """Bodies of the store file at ``path`` read in chunks by several threads at once: one read-only connection
+    per thread (an SQLite connection is not shared), so reading is as parallel as the writing it feeds."""
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._opened: list[sqlite3.Connection] = []
+
+    def _connection(self) -> sqlite3.Connection:
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = sqlite3.connect(f"{self._path.absolute().as_uri()}?mode=ro", uri=True, timeout=30.0,
+                                   check_same_thread=False)
+            # Bodies are read once, in full: mapped pages cost no read() call each (half the CPU of reading
+            # 4 KiB pages one by one). Only these read-only connections map the file.
+            conn.execute(f"PRAGMA mmap_size = {_MMAP_BYTES}")
+            with self._lock:
+                self._opened.append(conn)
+            self._local.conn = conn
+        return conn
+
+    def open(self, ref: str) -> sqlite3.Blob | None:
+        """The body of ``ref`` opened for reading in chunks (close it after), None when it is not here. An open
+        body is a snapshot: a concurrent release of it does not change what is read."""
+        conn = self._connection()
+        row = conn.execute("SELECT rowid FROM blobs WHERE ref = ?", (ref,)).fetchone()
+        if row is None:
+            return None
+        try:
+            return conn.blobopen("blobs", "body", row[0], readonly=True)
+        except sqlite3.OperationalError:
+            # NULL: released since (a concurrent finish of the same move); anything else is a real error.
+            if conn.execute("SELECT typeof(body) FROM blobs WHERE rowid = ?", row).fetchone() == ("null",):
+                return None
+            raise
+
+    def close(self) -> None:
+        with self._lock:
+            for conn in self._opened:
+                conn.close()
+            self._opened.clear()

@@ -1,0 +1,50 @@
+"""Caches the store keeps beside the log (not history, so not events): token counts and the judge's judgments."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from kvjudge.retention.events import canonical_json
+from kvjudge.retention.store.database import REFS_PER_QUERY
+from kvjudge.retention.store.projection import Projection
+
+
+class Caches(Projection):
+    """``blob_tokens`` (a count is a fact about immutable bytes: stored once per body and counter, never
+    recounted; each run's total follows in the projection) and ``judgments`` (the judge's verdict cache, keyed by
+    what identifies a verdict)."""
+
+    def cached_counts(self, refs: Iterable[str], counter: str) -> dict[str, int]:
+        """Stored counts of ``refs`` under ``counter`` (refs never counted are absent)."""
+        wanted = list(dict.fromkeys(refs))
+        found: dict[str, int] = {}
+        for start in range(0, len(wanted), REFS_PER_QUERY):
+            chunk = wanted[start:start + REFS_PER_QUERY]
+            marks = ",".join("?" * len(chunk))
+            for ref, tokens in self._conn.execute(
+                    f"SELECT ref, tokens FROM blob_tokens WHERE counter = ? AND ref IN ({marks})", (counter, *chunk)):
+                found[ref] = int(tokens)
+        return found
+
+    def put_counts(self, counter: str, counts: Mapping[str, int], *, label: str = "put_counts") -> None:
+        """Record counts (first write wins: a count of immutable bytes never changes), and the totals of the runs
+        whose every shown body is now counted, in the same transaction."""
+        if not counts:
+            return
+        with self.transaction(label):
+            self._conn.executemany("INSERT OR IGNORE INTO blob_tokens(ref, counter, tokens) VALUES (?, ?, ?)",
+                                   [(ref, counter, int(n)) for ref, n in counts.items()])
+            self._total_runs_naming(list(counts), counter)
+
+    def get_judgment(self, key: str) -> dict[str, Any] | None:
+        """A cached judgment payload, or None."""
+        row = self._conn.execute("SELECT payload FROM judgments WHERE key = ?", (key,)).fetchone()
+        return None if row is None else json.loads(row[0])
+
+    def put_judgment(self, key: str, payload: dict[str, Any]) -> None:
+        """Cache a judgment payload under ``key`` (replaces an older one: a cache, not history)."""
+        with self.transaction("put_judgment"):
+            self._conn.execute("INSERT OR REPLACE INTO judgments(key, payload) VALUES (?, ?)",
+                               (key, canonical_json(payload)))

@@ -1,0 +1,163 @@
+"""The store file: opening it (checks, pragmas, migrations) and its transactions.
+
+Every write is an explicit ``BEGIN IMMEDIATE`` transaction (WAL, ``synchronous=FULL``); each has a fault point
+``<label>.txn`` just before COMMIT (see :mod:`kvjudge.retention.faults`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TypeVar
+
+from kvjudge.errors import StoreError
+from kvjudge.retention.faults import fault_point
+from kvjudge.retention.store.schema import (
+    APPLICATION_ID,
+    MIGRATIONS,
+    PROJECTION_TABLES,
+    PROJECTION_MIGRATIONS,
+    SCHEMA_VERSION,
+    statements,
+)
+from kvjudge.settings import data_dir
+
+STORE_FILENAME = "store.sqlite"
+#: Refs bound in one ``IN (…)`` look-up (SQLite's limit on bound values is far above; more buys nothing).
+REFS_PER_QUERY = 500
+
+_Opened = TypeVar("_Opened", bound="Database")
+
+
+def default_store_path() -> Path:
+    """Where a store lives when no path is given: ``data_dir()/store.sqlite``."""
+    return data_dir() / STORE_FILENAME
+
+
+def storable(name: str) -> bool:
+    """False for a name SQLite cannot hold (not valid Unicode, e.g. a stray byte on a command line, which
+    Python hands over as a lone surrogate): it names no run, rather than raising UnicodeEncodeError."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+class Database:
+    """One connection to a store file; the other parts of :class:`~kvjudge.retention.store.Store` read and write
+    through it. Open with :meth:`open`; use as a context manager."""
+
+    def __init__(self, conn: sqlite3.Connection, path: Path) -> None:
+        self._conn = conn
+        self.path = path
+        self._in_txn = False
+
+    @classmethod
+    def open(cls: type[_Opened], path: str | os.PathLike[str] | None = None, **parts: object) -> _Opened:
+        """Open (creating when absent) the store at ``path`` (None: ``data_dir()/store.sqlite``); ``parts`` go to
+        the constructor."""
+        target = Path(path).expanduser() if path is not None else default_store_path()
+        if target.is_dir():
+            raise StoreError(f"{target} is a directory; --store takes the path of a store file")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            conn = sqlite3.connect(str(target), isolation_level=None, timeout=30.0)
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot open store {target} ({exc}); check the path and its permissions") from exc
+        try:
+            store = cls(conn, target, **parts)
+            store._prepare()
+        except sqlite3.DatabaseError as exc:
+            conn.close()
+            raise StoreError(f"{target} is not a kvjudge store (SQLite says: {exc}); pass the right --store") from exc
+        except BaseException:
+            conn.close()
+            raise
+        return store
+
+    def _prepare(self) -> None:
+        conn = self._conn
+        # Reading the header first makes a non-SQLite file fail here, before anything is written.
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        app_id = conn.execute("PRAGMA application_id").fetchone()[0]
+        tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if version > SCHEMA_VERSION:
+            raise StoreError(f"store {self.path} has schema version {version}; this kvjudge reads up to "
+                             f"{SCHEMA_VERSION} — upgrade kvjudge")
+        if app_id not in (0, APPLICATION_ID) or (version == 0 and tables):
+            raise StoreError(f"{self.path} is an SQLite file but not a kvjudge store; pass another --store")
+        if version == 0:
+            # A new store keeps pointer maps (settable only before the first table): freeing a deleted body's
+            # overflow pages (reduction, tiering) then reads no page of it, instead of every 4 KiB page in turn.
+            # INCREMENTAL, not FULL: nothing is moved at commit; free pages stay for reuse.
+            conn.execute("PRAGMA auto_vacuum = INCREMENTAL")
+        mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+        if str(mode).lower() != "wal":
+            raise StoreError(f"store {self.path} cannot use WAL journaling (got {mode}); put it on a local disk")
+        conn.execute("PRAGMA synchronous=FULL")
+        conn.execute("PRAGMA foreign_keys=ON")
+        # Projections are derived: when someone dropped them, they are folded back from the log.
+        dropped = version > 0 and not PROJECTION_TABLES <= tables
+        if version < SCHEMA_VERSION:
+            self._migrate(version, projection_dropped=dropped)
+        elif dropped:
+            self.rebuild_projection()
+
+    def _migrate(self, version: int, *, projection_dropped: bool) -> None:
+        steps = range(version + 1, SCHEMA_VERSION + 1)
+        with self.transaction("migrate"):
+            for target in steps:
+                if not (projection_dropped and target in PROJECTION_MIGRATIONS):
+                    for statement in statements(MIGRATIONS[target]):
+                        self._conn.execute(statement)
+                self._conn.execute(f"PRAGMA user_version = {int(target)}")
+            self._conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+            if projection_dropped:
+                self.rebuild_projection()
+            elif version > 0 and PROJECTION_MIGRATIONS.intersection(steps):
+                self.reproject()
+
+    # Supplied by the projection (:mod:`.projection`).
+    def rebuild_projection(self) -> int:
+        raise NotImplementedError
+
+    def reproject(self) -> int:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def __enter__(self: _Opened) -> _Opened:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def schema_version(self) -> int:
+        return int(self._conn.execute("PRAGMA user_version").fetchone()[0])
+
+    @contextlib.contextmanager
+    def transaction(self, label: str) -> Iterator[None]:
+        """``BEGIN IMMEDIATE`` … ``COMMIT`` (ROLLBACK on error); fault point ``<label>.txn`` before COMMIT.
+
+        Nested calls join the outer transaction.
+        """
+        if self._in_txn:
+            yield
+            return
+        self._conn.execute("BEGIN IMMEDIATE")
+        self._in_txn = True
+        try:
+            yield
+            fault_point(f"{label}.txn")
+            self._conn.execute("COMMIT")
+        except BaseException:
+            if self._conn.in_transaction:
+                self._conn.execute("ROLLBACK")
+            raise
+        finally:
+            self._in_txn = False
