@@ -510,6 +510,21 @@ class Store:
             self._conn.execute("INSERT OR REPLACE INTO judgments(key, payload) VALUES (?, ?)",
                                (key, canonical_json(payload)))
 
+    @contextlib.contextmanager
+    def savepoint(self, name: str) -> Iterator[None]:
+        """A SAVEPOINT inside the open :meth:`transaction`: released when the block ends, rolled back to when it
+        raises (the rest of the transaction stays), so one part of a batch can fail alone."""
+        if not self._in_txn:
+            raise UsageError("a savepoint needs an open transaction (Store.transaction)")
+        self._conn.execute(f"SAVEPOINT {name}")
+        try:
+            yield
+        except BaseException:
+            self._conn.execute(f"ROLLBACK TO {name}")
+            self._conn.execute(f"RELEASE {name}")
+            raise
+        self._conn.execute(f"RELEASE {name}")
+
 
 def _storable(name: str) -> bool:
     """False for a name SQLite cannot hold (not valid Unicode, e.g. a stray byte on a command line, which
