@@ -7,6 +7,8 @@ Cases (``--cases``; each writer below makes one, so a harness is added with one 
   most, v1 and SWE-agent for the rest, over three model names on shared instances — each with the harness's own
   system prompt and instance template (the same text in every run, stored once), and varied tool output
   (listings, source files, grep hits, pytest logs, long outputs cut by the harness's warning);
+- ``mini-swe-agent``: N mini-swe-agent v1 trajectories of about ``--small-kb`` KB (the size of a short SWE-bench
+  run; two models on shared instances), one file each — where per-file costs, not bytes, decide the rate;
 - ``harbor``: a Harbor job of N trials (two agents, ATIF trajectories of about ``--run-mb`` MB, ``result.json``
   and the other files of each trial), from :mod:`kvjudge.testing.harbor`;
 - ``inspect-eval`` / ``inspect-json``: one inspect log of N samples (zstd ``.eval``; ``.json``), from
@@ -22,15 +24,17 @@ For each set, in fresh child processes (each reports its own peak RSS, VmHWM, as
   SHA-256 of every string value of 32 bytes or more (the bodies; roles, ids and timestamps are not) and one
   SQLite ``INSERT OR IGNORE`` per body into a content-addressed table, one commit per document (WAL,
   ``synchronous=FULL``, like the store) — the least an importer can do;
-- **kvjudge**: ``kvjudge ingest DIR`` — both passes (check, then write in batches), events, projections.
+- **kvjudge**: ``kvjudge ingest DIR`` — each file read and parsed once, events, projections, committed in batches
+  of whole files.
 
-MB are the bytes on disk (compressed for ``.eval``). Targets: kvjudge MB/s ≥ 0.5 × the baseline's for
-trajectories, ≥ 0.6 × for each harness case; kvjudge's peak RSS at the largest N within 10 % of the smallest;
-dedup savings reported. Writes ``ingest_throughput.json`` to ``--out`` and prints it as one line.
+MB are the bytes on disk (compressed for ``.eval``). Targets: kvjudge MB/s ≥ 0.8 × the baseline's for
+trajectories, ≥ 20 MB/s on the ``mini-swe-agent`` case, ≥ 0.6 × for each harness case; kvjudge's peak RSS at
+the largest N within 10 % of the smallest; dedup savings reported. Writes ``ingest_throughput.json`` to ``--out``
+and prints it as one line.
 
     python benchmarks/ingest_throughput.py --out /tmp/bench
-        [--cases trajectories harbor inspect-eval inspect-json openhands]
-        [--n 100 1000] [--harness-n 100 500] [--size-mb 1.0] [--run-mb 0.2]
+        [--cases trajectories mini-swe-agent harbor inspect-eval inspect-json openhands]
+        [--n 100 1000] [--small-n 1000] [--harness-n 100 500] [--size-mb 1.0] [--small-kb 40] [--run-mb 0.2]
 """
 
 from __future__ import annotations
@@ -78,6 +82,28 @@ def generate(directory: Path, n: int, size_mb: float, seed: int) -> list[int]:
             path = folder / f"{instance}.traj.json"
             data = mini_swe_agent_v2(episode) if style == "v2" else mini_swe_agent_v1(episode)
         path.write_text(json.dumps(data, indent=2))
+        sizes.append(path.stat().st_size)
+    return sizes
+
+
+# A v1 trajectory of a short run is mostly fixed text (the system prompt, the instance template, the task):
+# about 12.6 KB of it, and 1.37 bytes of file per byte of tool output (measured on make_episode's output).
+_V1_FIXED_KB, _V1_OUTPUT_SHARE = 12.6, 1.37
+
+
+def small_trajectories(directory: Path, n: int, size_kb: float, seed: int) -> list[int]:
+    """``n`` mini-swe-agent v1 trajectories of about ``size_kb`` KB (two models on shared instances); their sizes."""
+    rng = random.Random(seed)
+    sizes = []
+    for index in range(n):
+        model = MODELS[index % 2]
+        instance = f"repo{index // 2 % 97}__proj-{index // 2}"
+        output_kb = max(1.0, (size_kb - _V1_FIXED_KB) / _V1_OUTPUT_SHARE * rng.uniform(0.6, 1.4))
+        episode = make_episode(instance, seed * 100_003 + index, target_bytes=int(output_kb * 1000), model=model)
+        folder = directory / model.replace("/", "__") / instance
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"{instance}.traj.json"
+        path.write_text(json.dumps(mini_swe_agent_v1(episode), indent=2))
         sizes.append(path.stat().st_size)
     return sizes
 
@@ -138,19 +164,21 @@ def openhands_output(directory: Path, n: int, run_mb: float, seed: int) -> list[
     return sizes
 
 
-#: case → (writer(directory, n, MB per run, seed) → sizes, target ratio, default N option). One writer per harness.
-CASES: dict[str, tuple[Any, float, str]] = {
-    "trajectories": (generate, 0.5, "n"),
-    "harbor": (harbor_job, 0.6, "harness_n"),
-    "inspect-eval": (inspect_eval, 0.6, "harness_n"),
-    "inspect-json": (inspect_json, 0.6, "harness_n"),
-    "openhands": (openhands_output, 0.6, "harness_n"),
+#: case → (writer(directory, n, size per run, seed) → sizes, target ratio, default N option, size option, target
+#: MB/s or None). One writer per harness.
+CASES: dict[str, tuple[Any, float, str, str, float | None]] = {
+    "trajectories": (generate, 0.8, "n", "size_mb", None),
+    "mini-swe-agent": (small_trajectories, 0.0, "small_n", "small_kb", 20.0),
+    "harbor": (harbor_job, 0.6, "harness_n", "run_mb", None),
+    "inspect-eval": (inspect_eval, 0.6, "harness_n", "run_mb", None),
+    "inspect-json": (inspect_json, 0.6, "harness_n", "run_mb", None),
+    "openhands": (openhands_output, 0.6, "harness_n", "run_mb", None),
 }
 
 
 def write_case(case: str, directory: Path, n: int, args: argparse.Namespace) -> dict[str, Any]:
-    writer = CASES[case][0]
-    sizes = writer(directory, n, args.size_mb if case == "trajectories" else args.run_mb, args.seed)
+    writer, _, _, size_option, _ = CASES[case]
+    sizes = writer(directory, n, getattr(args, size_option), args.seed)
     return {"runs": n, "files": len(sizes), "bytes": sum(sizes), "mean_mb": round(sum(sizes) / len(sizes) / 1e6, 3),
             "min_mb": round(min(sizes) / 1e6, 3), "max_mb": round(max(sizes) / 1e6, 3)}
 
@@ -272,6 +300,9 @@ def run_case(case: str, ns: list[int], args: argparse.Namespace) -> dict[str, An
             results.append(measure(root / "runs", root, gen))
     outcome: dict[str, Any] = {"sets": results, "min_ratio": min(r["ratio"] for r in results),
                                "target_ratio": CASES[case][1]}
+    if CASES[case][4] is not None:
+        outcome["min_mb_per_s"] = min(r["kvjudge"]["mb_per_s"] for r in results)
+        outcome["target_mb_per_s"] = CASES[case][4]
     if len(results) > 1:
         first, last = results[0]["kvjudge"]["peak_rss_mib"], results[-1]["kvjudge"]["peak_rss_mib"]
         outcome["rss_growth"] = round(last / first - 1, 3)
@@ -284,6 +315,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("bench-out"))
     parser.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES))
     parser.add_argument("--n", type=int, nargs="+", default=[100, 1000], help="trajectory files per set")
+    parser.add_argument("--small-n", type=int, nargs="+", default=[1000], help="small trajectory files per set")
+    parser.add_argument("--small-kb", type=float, default=40.0, help="mean size of a small trajectory file")
     parser.add_argument("--harness-n", type=int, nargs="+", default=[100, 500],
                         help="Harbor trials / inspect samples / OpenHands instances per set")
     parser.add_argument("--size-mb", type=float, default=1.0, help="mean size of a trajectory file")
@@ -301,6 +334,7 @@ def main() -> None:
                                "seed": args.seed, "cases": cases,
                                "min_ratio": min(c["min_ratio"] for c in cases.values()),
                                "targets_met": all(c["min_ratio"] >= c["target_ratio"]
+                                                  and c.get("min_mb_per_s", 0) >= c.get("target_mb_per_s", 0)
                                                   and c.get("rss_growth", 0) <= 0.10 for c in cases.values())}
     (args.out / "ingest_throughput.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(json.dumps(summary))
