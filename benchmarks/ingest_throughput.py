@@ -87,8 +87,8 @@ def generate(directory: Path, n: int, size_mb: float, seed: int) -> list[int]:
 
 
 # A v1 trajectory of a short run is mostly fixed text (the system prompt, the instance template, the task):
-# about 12.6 KB of it, and 1.37 bytes of file per byte of tool output (measured on make_episode's output).
-_V1_FIXED_KB, _V1_OUTPUT_SHARE = 12.6, 1.37
+# about 12.6 KB of it, and 1.12 bytes of file per byte of tool output (measured on make_episode's output).
+_V1_FIXED_KB, _V1_OUTPUT_SHARE = 12.6, 1.12
 
 
 def small_trajectories(directory: Path, n: int, size_kb: float, seed: int) -> list[int]:

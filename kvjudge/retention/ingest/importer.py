@@ -1,14 +1,20 @@
-"""One import: check every document first, then write the runs in batches.
+"""One import: each file read and parsed once, its runs written together.
 
-- **Check** (nothing written): every file is read and every document parsed; held-out grades from
-  ``--results`` are joined; each run's content hash is compared with the store and the rest of the import. A
-  malformed document, or a run id already stored (or imported earlier in this batch) with other content, stops
-  the import with one line naming the file, the line and the JSON path — or, with ``skip_bad``, drops that
-  file and lists it at the end.
-- **Write**: the files are read again, one document at a time (memory stays bounded by the largest document),
-  and the runs are committed in batches of :data:`BATCH_RUNS` runs or :data:`BATCH_BYTES` of bodies. A run
-  already stored with the same content is counted as already present and left alone, so the same command run
-  again after a kill finishes the import, and a third time writes nothing.
+- Files are read in order, one document at a time (memory stays bounded by the largest document); each document
+  is decoded once, its format detected from the decoded value, and parsed. Held-out grades from ``--results``
+  are joined as each run is parsed; its content hash is compared with the store and the rest of the import.
+- A file's runs are written in one savepoint of the open batch transaction, committed after the file that
+  brings it to :data:`BATCH_RUNS` runs or :data:`BATCH_BYTES` of bodies (fault point ``ingest.txn`` before each
+  COMMIT, ``ingest.committed`` after it): a file is stored whole or not at all, whatever moment a kill comes.
+  A run already stored with the same content is counted as already present and left alone, so the same command
+  run again after a kill finishes the import, and a third time writes nothing.
+- A malformed document, or a run id already stored (or met earlier in this import) with other content, stops the
+  import with one line naming the file, the line and the JSON path: nothing of the open batch is written (an
+  import within one batch writes nothing), the batches committed before it stay and the line says how many runs
+  they hold. With ``skip_bad`` that file alone is left out and listed at the end.
+- A ``--results`` file that names no agent and grades instances is bound to an agent by its file name, and
+  refused where it would grade runs of two agents: that needs every run's agent before the first grade, so only
+  then are the files parsed once ahead (nothing hashed, nothing written) for what names their runs.
 """
 
 from __future__ import annotations
