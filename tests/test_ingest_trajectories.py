@@ -461,3 +461,13 @@ def test_results_read_ahead_only_when_a_file_must_be_bound_by_its_name(store: St
     report = store.ingest([tmp_path / "runs" / "anthropic__claude-3-5"], results=[str(by_name)])
     assert report.results[0]["agent_from"] == "file name" and report.states == {"graded": 2}
     assert parses == [False, False, True, True]  # bound by its name: whose runs they are is read first
+
+
+def test_each_trajectory_file_is_opened_once(store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    two_agents(tmp_path / "runs", ["a__a-1", "b__b-2"])
+    opened: list[Path] = []
+    real = Path.open
+    monkeypatch.setattr(Path, "open", lambda path, *args, **kwargs: opened.append(path) or real(path, *args, **kwargs))
+    assert len(store.ingest([tmp_path / "runs"]).imported) == 4
+    files = sorted((tmp_path / "runs").rglob("*.traj.json"))
+    assert len(files) == 4 and sorted(opened) == files
