@@ -445,3 +445,60 @@ def test_the_content_hash_is_recorded_and_covers_every_event(store: Store, tmp_p
     store.ingest_file(tmp_path / "runs.jsonl")
     logged = [event for _, event in store.iter_events("h")]
     assert isinstance(logged[0], ev.RunStarted) and logged[0].content_hash == ev.content_hash(logged)
+
+
+def test_each_document_is_parsed_once(store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvjudge.retention.ingest import importer
+
+    parsed: list[str] = []
+    real = importer.parse_document
+    monkeypatch.setattr(importer, "parse_document",
+                        lambda document, *args: parsed.append(document.where) or real(document, *args))
+    write_jsonl(tmp_path / "a.jsonl", [make_run("a1", ["x"]), make_run("a2", ["y"])])
+    write_jsonl(tmp_path / "b.jsonl", [make_run("b1", ["z"])])
+    assert store.ingest([tmp_path]).imported == ["a1", "a2", "b1"]
+    assert sorted(parsed) == [f"{tmp_path / 'a.jsonl'}:1", f"{tmp_path / 'a.jsonl'}:2", f"{tmp_path / 'b.jsonl'}:1"]
+    parsed.clear()
+    assert store.ingest([tmp_path]).already_present == ["a1", "a2", "b1"] and len(parsed) == 3
+
+
+def test_a_file_is_imported_whole_or_not_at_all(store: Store, tmp_path: Path) -> None:
+    root = tmp_path / "runs"
+    root.mkdir()
+    write_jsonl(root / "1-good.jsonl", [make_run("g1", ["x"])])
+    with (root / "2-half.jsonl").open("w") as handle:  # good lines, then a bad one: none of the file is kept
+        handle.write(json.dumps(make_run("h1", [HALF_ONLY])) + "\n" + json.dumps(make_run("h2", ["b"])) + "\n")
+        handle.write('{"id": "h3", "branches": [}\n')
+    write_jsonl(root / "3-good.jsonl", [make_run("g2", ["y"])])
+    report = store.ingest([root], skip_bad=True)
+    assert report.imported == ["g1", "g2"] and report.runs == ["g1", "g2"]
+    assert [s["path"] for s in report.skipped] == [str(root / "2-half.jsonl")]
+    assert store.run_ids() == ["g1", "g2"] and verify(store).ok
+    # The bodies only the dropped file held were not kept either (the kept files' are there).
+    bodies = [body for _, body in store.blobs.iter_bodies()]
+    assert b"x\n12 passed in 0.31s" in bodies
+    assert not any(HALF_ONLY.encode() in body for body in bodies)
+
+
+HALF_ONLY = "output that only the half-good file holds"
+
+
+def test_a_bad_file_after_committed_batches_says_what_was_imported(store: Store, tmp_path: Path) -> None:
+    from kvjudge.retention.ingest import BATCH_RUNS
+
+    root = tmp_path / "runs"
+    root.mkdir()
+    for index in range(BATCH_RUNS + 6):
+        write_jsonl(root / f"a-{index:03d}.jsonl", [make_run(f"r{index:03d}", [f"out {index}"])])
+    (root / "b-bad.jsonl").write_text('{"id": "bad", "branches": [}\n')
+    write_jsonl(root / "c-late.jsonl", [make_run("late", ["z"])])
+    with pytest.raises(IngestError) as caught:
+        store.ingest([root])
+    message = str(caught.value)
+    assert "\n" not in message and "b-bad.jsonl:1: not valid JSON" in message
+    # The first batch (BATCH_RUNS whole files) was committed; the files since, in the open batch, were not.
+    assert f"{BATCH_RUNS} run(s) of the files before it were imported, nothing since" in message
+    assert store.run_ids() == [f"r{index:03d}" for index in range(BATCH_RUNS)] and verify(store).ok
+    (root / "b-bad.jsonl").write_text(json.dumps(make_run("bad", ["fixed"])) + "\n")
+    report = store.ingest([root])
+    assert len(report.already_present) == BATCH_RUNS and len(report.imported) == 6 + 2

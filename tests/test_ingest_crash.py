@@ -1,8 +1,12 @@
-"""An import killed at random moments is finished by running the same command again (#16).
+"""An import killed at random moments, or at its named crash points, is finished by running the same command
+again (#16).
 
-Real child processes, real SIGKILL, at moments drawn from a seeded generator over the time a clean import
-takes; then the same command to completion: exactly the runs of the input, each re-folded state
-byte-identical to a clean import of the same input, verify green — and a third run writes nothing.
+Real child processes, real SIGKILL — at moments drawn from a seeded generator over the time a clean import
+takes, and at the fault points ``ingest.txn`` (before a batch's COMMIT) and ``ingest.committed`` (right after
+the first one) —; then the same command to completion: exactly the runs of the input, each re-folded state
+byte-identical to a clean import of the same input, each run's content hash recomputed from its log equal to
+the one it recorded, verify green — and a third run writes nothing. A kill leaves whole files: every run of a
+JSONL file, or none.
 """
 
 from __future__ import annotations
@@ -13,9 +17,11 @@ import random
 import time
 from pathlib import Path
 
+import pytest
 from helpers import kvjudge, kvjudge_json, sql, start_kvjudge
 
 from kvjudge.retention import Store
+from kvjudge.retention import events as ev
 from kvjudge.retention.verify import verify
 from kvjudge.testing.jsonl import write_jsonl
 from kvjudge.testing.native_runs import make_run
@@ -51,6 +57,57 @@ def run_count(store_path: Path) -> int:
         return len(store.run_ids())
 
 
+def run_ids(store_path: Path) -> list[str]:
+    if not store_path.exists():
+        return []
+    with Store.open(store_path) as store:
+        return store.run_ids()
+
+
+def check_finished(store_path: Path, clean_path: Path, command: tuple[str, ...]) -> None:
+    """The same command run to completion after a kill: the store matches a clean import, and a third run
+    writes nothing."""
+    finished = kvjudge(*command)
+    assert finished.returncode == 0, finished.stderr
+    report = json.loads(finished.stdout)
+    assert report["imported"] + report["already_present"] == RUNS and report["skipped"] == 0
+
+    with Store.open(clean_path) as reference, Store.open(store_path) as store:
+        assert store.run_ids() == reference.run_ids() and len(store.run_ids()) == RUNS
+        for run_id in store.run_ids():
+            assert store.refold(run_id).canonical_bytes() == reference.refold(run_id).canonical_bytes(), run_id
+            logged = [event for _, event in store.iter_events(run_id)]
+            assert isinstance(logged[0], ev.RunStarted) and logged[0].content_hash == ev.content_hash(logged), run_id
+        assert verify(store).ok
+        events = sql(store).execute("SELECT COUNT(*) FROM events").fetchone()[0]
+
+    third = kvjudge_json(*command[:-1])
+    assert (third["imported"], third["already_present"]) == (0, RUNS)
+    with Store.open(store_path) as store:
+        assert sql(store).execute("SELECT COUNT(*) FROM events").fetchone()[0] == events
+
+
+@pytest.mark.parametrize("point", ["ingest.txn", "ingest.committed"])
+def test_an_import_killed_at_a_named_point_finishes_on_the_same_command(tmp_path: Path, point: str) -> None:
+    root = tmp_path / "runs"
+    write_input(root)
+    clean_path, killed_path = tmp_path / "clean.sqlite", tmp_path / "killed.sqlite"
+    assert kvjudge_json("ingest", str(root), "--store", str(clean_path))["imported"] == RUNS
+
+    command = ("ingest", str(root), "--store", str(killed_path), "--json")
+    killed = kvjudge(*command, faults=point)
+    assert killed.returncode == -9, killed.stderr
+    kept = run_ids(killed_path)
+    if point == "ingest.txn":  # killed before the first COMMIT: nothing of the import is stored
+        assert kept == []
+    else:  # killed after the first COMMIT: that batch is stored, the rest is not
+        assert 0 < len(kept) < RUNS
+    for prefix, count in (("native-", 50), ("chat-", 50)):  # a JSONL file is stored whole, or not at all
+        assert sum(run_id.startswith(prefix) for run_id in kept) in (0, count), prefix
+
+    check_finished(killed_path, clean_path, command)
+
+
 def test_killed_imports_finish_on_the_same_command(tmp_path: Path) -> None:
     root = tmp_path / "runs"
     write_input(root)
@@ -75,19 +132,4 @@ def test_killed_imports_finish_on_the_same_command(tmp_path: Path) -> None:
             break
     assert partial_kills >= 1, "no kill landed while runs were being written; the test exercised nothing"
 
-    finished = kvjudge(*command)
-    assert finished.returncode == 0, finished.stderr
-    report = json.loads(finished.stdout)
-    assert report["imported"] + report["already_present"] == RUNS and report["skipped"] == 0
-
-    with Store.open(clean_path) as reference, Store.open(killed_path) as store:
-        assert store.run_ids() == reference.run_ids() and len(store.run_ids()) == RUNS
-        for run_id in store.run_ids():
-            assert store.refold(run_id).canonical_bytes() == reference.refold(run_id).canonical_bytes(), run_id
-        assert verify(store).ok
-        events = sql(store).execute("SELECT COUNT(*) FROM events").fetchone()[0]
-
-    third = kvjudge_json(*command[:-1])
-    assert (third["imported"], third["already_present"]) == (0, RUNS)
-    with Store.open(killed_path) as store:
-        assert sql(store).execute("SELECT COUNT(*) FROM events").fetchone()[0] == events
+    check_finished(killed_path, clean_path, command)

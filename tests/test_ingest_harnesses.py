@@ -217,6 +217,25 @@ def test_inspect_logs_import_sample_by_epoch(store: Store, tmp_path: Path, kind:
     assert sum(1 for t in steps if t.usage) == 5  # four tool calls and the answer
 
 
+def test_inspect_attachments_the_messages_name_are_resolved_and_no_other(store: Store, tmp_path: Path) -> None:
+    model = "openai/gpt-4o"
+    record = inspect_samples(model, epochs=1)[0]
+    record["attachments"].update({"long-output": "the whole tool output", "long-reason": "a long thought",
+                                  "long-text": "a long answer", "unread": "\ud800 never read: an event's own"})
+    tool = next(m for m in record["messages"] if m["role"] == "tool")
+    tool["content"] = "attachment://long-output"
+    assistant = next(m for m in record["messages"] if m["role"] == "assistant")
+    assistant["content"] = [{"type": "reasoning", "reasoning": "attachment://long-reason", "redacted": False},
+                            {"type": "text", "text": "attachment://long-text"}]
+    record["events"].append({"event": "tool", "result": "attachment://unread"})
+    write_json_log(tmp_path / "log.json", eval_spec("csv_quoting", model, epochs=1, samples=1), [record])
+    (run_id,) = store.ingest([tmp_path]).imported  # the unread attachment's lone surrogate is never checked
+    texts = [store.text(ref) for t in store.run(run_id).branches[0].transitions
+             for ref in (t.text_ref, (t.tool_output or {}).get("output_ref")) if ref]
+    assert "the whole tool output" in texts and "a long thought\na long answer" in texts
+    assert not any("attachment://" in text for text in texts)
+
+
 def test_inspect_solver_names_the_agent_and_unscored_samples_take_results(store: Store, tmp_path: Path) -> None:
     model = "anthropic/claude-sonnet-4-5"
     spec = eval_spec("csv_quoting", model, solver="react")

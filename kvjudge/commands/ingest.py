@@ -42,9 +42,8 @@ def _ingest(args: argparse.Namespace) -> int:
     sources, ignored = collect_sources(args.paths)
     total = sum(source.size for source in sources)
     if sys.stderr.isatty():
-        info(f"{len(sources)} file(s), {megabytes(total)} MB: checking every run, then importing")
-    # Each file is read twice (checked, then written): the bar counts files in both passes.
-    with target.open_store(read_tiered=False) as store, progress("ingesting", 2 * len(sources)) as advance:
+        info(f"{len(sources)} file(s), {megabytes(total)} MB: importing")
+    with target.open_store(read_tiered=False) as store, progress("ingesting", len(sources)) as advance:
         report = ingest_sources(store, sources, ignored_files=ignored, fmt=args.format, tenant=args.tenant,
                                 agent=args.agent, results=args.results, skip_bad=args.skip_bad,
                                 repair_text=args.repair_text,

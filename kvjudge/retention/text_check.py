@@ -114,7 +114,7 @@ def _clean(document: Any) -> bool:
         if depth > MAX_DEPTH:
             return False
         if type(container) is dict:
-            if not all(key.isascii() or _bad_index(key) is None for key in container):
+            if not "".join(container).isascii() and not all(_bad_index(key) is None for key in container):
                 return False
             values: Any = container.values()
         else:

@@ -1,14 +1,20 @@
-"""One import: check every document first, then write the runs in batches.
+"""One import: each file read and parsed once, its runs written together.
 
-- **Check** (nothing written): every file is read and every document parsed; held-out grades from
-  ``--results`` are joined; each run's content hash is compared with the store and the rest of the import. A
-  malformed document, or a run id already stored (or imported earlier in this batch) with other content, stops
-  the import with one line naming the file, the line and the JSON path — or, with ``skip_bad``, drops that
-  file and lists it at the end.
-- **Write**: the files are read again, one document at a time (memory stays bounded by the largest document),
-  and the runs are committed in batches of :data:`BATCH_RUNS` runs or :data:`BATCH_BYTES` of bodies. A run
-  already stored with the same content is counted as already present and left alone, so the same command run
-  again after a kill finishes the import, and a third time writes nothing.
+- Files are read in order, one document at a time (memory stays bounded by the largest document); each document
+  is decoded once, its format detected from the decoded value, and parsed. Held-out grades from ``--results``
+  are joined as each run is parsed; its content hash is compared with the store and the rest of the import.
+- A file's runs are written in one savepoint of the open batch transaction, committed after the file that
+  brings it to :data:`BATCH_RUNS` runs or :data:`BATCH_BYTES` of bodies (fault point ``ingest.txn`` before each
+  COMMIT, ``ingest.committed`` after it): a file is stored whole or not at all, whatever moment a kill comes.
+  A run already stored with the same content is counted as already present and left alone, so the same command
+  run again after a kill finishes the import, and a third time writes nothing.
+- A malformed document, or a run id already stored (or met earlier in this import) with other content, stops the
+  import with one line naming the file, the line and the JSON path: nothing of the open batch is written (an
+  import within one batch writes nothing), the batches committed before it stay and the line says how many runs
+  they hold. With ``skip_bad`` that file alone is left out and listed at the end.
+- A ``--results`` file that names no agent and grades instances is bound to an agent by its file name, and
+  refused where it would grade runs of two agents: that needs every run's agent before the first grade, so only
+  then are the files parsed once ahead (nothing hashed, nothing written) for what names their runs.
 """
 
 from __future__ import annotations
@@ -24,7 +30,8 @@ from kvjudge.retention import events as ev
 from kvjudge.retention.ingest.harbor import is_harbor, parse_harbor
 from kvjudge.retention.ingest.inspect_log import is_inspect_sample, parse_inspect_sample
 from kvjudge.retention.ingest.mini_swe_agent import is_mini_swe_agent, parse_mini_swe_agent
-from kvjudge.retention.ingest.model import DocumentError, ParseContext, ParsedRun, settle_events
+from kvjudge.retention.faults import fault_point
+from kvjudge.retention.ingest.model import DocumentError, ParseContext, ParsedRun
 from kvjudge.retention.ingest.native import parse_native
 from kvjudge.retention.ingest.openai import parse_openai
 from kvjudge.retention.ingest.openhands import is_openhands, parse_openhands
@@ -139,24 +146,58 @@ class IngestReport:
                           "saved_bytes": self.dedup_saved_bytes}}
 
 
+class _Batch:
+    """The open write transaction: whole files, each in a savepoint, committed every :data:`BATCH_RUNS` runs or
+    :data:`BATCH_BYTES` of bodies (after the file that fills it: a file is never split over two commits)."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._transaction: Any = None  # the store's transaction context, entered and not yet exited
+        self.runs = 0
+        self.bytes = 0
+        self.committed_runs = 0
+
+    def savepoint(self) -> Any:
+        """A savepoint for one file, the transaction begun first when none is open."""
+        if self._transaction is None:
+            self._transaction = self.store.transaction("ingest")
+            self._transaction.__enter__()
+        return self.store.savepoint("ingest_file")
+
+    def add(self, runs: int, body_bytes: int) -> None:
+        """Count a file's writes; commit when the batch is full."""
+        self.runs += runs
+        self.bytes += body_bytes
+        if self.runs >= BATCH_RUNS or self.bytes >= BATCH_BYTES:
+            self.commit()
+
+    def commit(self) -> None:
+        """COMMIT (fault point ``ingest.txn`` just before it, ``ingest.committed`` just after)."""
+        if self._transaction is None:
+            return
+        transaction, self._transaction = self._transaction, None
+        transaction.__exit__(None, None, None)
+        self.committed_runs += self.runs
+        self.runs = self.bytes = 0
+        fault_point("ingest.committed")
+
+    def abort(self, exc: BaseException) -> None:
+        """ROLLBACK what the batch holds (the files since the last commit)."""
+        if self._transaction is not None:
+            transaction, self._transaction = self._transaction, None
+            transaction.__exit__(type(exc), exc, exc.__traceback__)
+
+
 @dataclass
-class _Planned:
-    """What the check pass keeps of one run (never its bodies)."""
+class _FileOutcome:
+    """What one file adds to the report, merged only once the file is kept."""
 
-    run_id: str
-    agent: str | None
-    task_id: str | None
-    grading_open: bool
-    where: str
-    n_events: int
-    content_hash: str = ""  # computed only for a run whose id is stored already or repeats in this import
-    present: bool = False
-
-
-@dataclass
-class _PlannedSource:
-    source: Source
-    runs: list[_Planned]
+    runs: list[str] = field(default_factory=list)
+    imported: list[tuple[str, str, bool]] = field(default_factory=list)  # (run id, final state, text repaired)
+    present: list[str] = field(default_factory=list)
+    seen: dict[str, tuple[str, str]] = field(default_factory=dict)  # run id → (where, content hash)
+    stored_bytes: int = 0
+    body_bytes: int = 0
 
 
 class _Importer:
@@ -173,164 +214,120 @@ class _Importer:
         self.repair_text = repair_text
         self.progress = progress
         self.report = IngestReport(store=str(store.path))
-        self.grades: dict[str, dict[str, Any]] = {}
+        self.seen: dict[str, tuple[str, str]] = {}  # run id → (where, content hash) of the runs kept so far
+        self.agents: set[str] = set()  # agents of the runs whose grading is open (results are bound to them)
+        self._batch = _Batch(store)
         self._total_bytes = 0
 
     def context(self, source: Source, *, hashing: bool = True) -> ParseContext:
         return ParseContext(tenant=self.tenant, agent=self.agent, default_instance=source.default_instance,
                             hashing=hashing, repair_text=self.repair_text)
 
-    # ------------------------------------------------------------------ check
-    def check(self, sources: list[Source]) -> list[_PlannedSource]:
-        planned: list[_PlannedSource] = []
-        runs = 0
+    def run(self, sources: list[Source]) -> None:
         self._total_bytes = sum(source.size for source in sources)
-        done = 0
-        for number, source in enumerate(sources, start=1):
-            try:
-                entries = []
-                # Validation only: bodies are neither hashed nor kept (the write pass does that once).
-                for document in iter_documents(source):
-                    run = parse_document(document, self.fmt, self.context(source, hashing=False))
-                    entries.append(_Planned(run.run_id, run.agent, run.task_id, run.grading_open, document.where,
-                                            len(run.events)))
-                planned.append(_PlannedSource(source, entries))
-                runs += len(entries)
-            except IngestError as exc:
-                self._bad(source, exc)
-            done += source.size
-            self._advance(1, f"checking {number}/{len(sources)} files, {self._mb(done)}, {runs} runs")
-        self._join_results(planned)
-        self._hash_known_ids(planned)
-        return self._against_store(planned)
-
-    def _bad(self, source: Source, exc: IngestError) -> None:
-        if not self.skip_bad:
-            raise IngestError(f"{exc}; nothing was imported (--skip-bad imports the other files)") from None
-        self.report.skipped.append({"path": str(source.path), "error": str(exc)})
-
-    def _join_results(self, planned: list[_PlannedSource]) -> None:
-        """Held-out grades from --results (a run's grade is part of its content)."""
-        runs = [run for source in planned for run in source.runs]
-        self.results.bind_agents(run.agent for run in runs if run.grading_open and run.agent)
-        for run in runs:
-            grade = self.results.grade_for(run.agent, run.task_id, run.run_id) if run.grading_open else None
-            if grade is not None:
-                self.grades[run.run_id] = grade
-            run.n_events += len(settle_events(run.run_id, run.grading_open, grade))
-        ambiguous = self.results.ambiguities()
-        if ambiguous:
-            more = f" (and {len(ambiguous) - 1} more)" if len(ambiguous) > 1 else ""
-            raise IngestError(ambiguous[0] + more + "; nothing was imported")
+        if self.results.needs_agents():
+            sources = self._bind_results(sources)
+        try:
+            done = 0
+            for number, source in enumerate(sources, start=1):
+                self._import_file(source)
+                done += source.size
+                self._advance(1, f"importing {number}/{len(sources)} files, {self._mb(done)}, "
+                                 f"{len(self.report.imported)} runs")
+            self._batch.commit()
+        except BaseException as exc:
+            self._batch.abort(exc)
+            raise
+        if not self.results.needs_agents():  # bound now only for the report: no grade depended on it
+            self.results.bind_agents(self.agents, strict=False)
         self.report.unmatched_results = [{"instance": instance, "results": path}
                                          for instance, path in self.results.unmatched()]
         self.report.evaluation_errors = self.results.evaluation_errors()
         self.report.results = self.results.bindings()
 
-    def _hash_known_ids(self, planned: list[_PlannedSource]) -> None:
-        """Content hashes of the runs whose ids the store holds or this import repeats (the rest are new)."""
-        counts = Counter(run.run_id for source in planned for run in source.runs)
-        for planned_source in planned:
-            wanted = {index for index, run in enumerate(planned_source.runs)
-                      if counts[run.run_id] > 1 or self.store.has_run(run.run_id)}
-            if not wanted:
-                continue
-            source = planned_source.source
-            self._advance(0, f"comparing {len(wanted)} run(s) of {source.path.name} with the store")
-            for index, document in enumerate(iter_documents(source)):
-                if index in wanted:
-                    run = parse_document(document, self.fmt, self.context(source))
-                    if index >= len(planned_source.runs) or run.run_id != planned_source.runs[index].run_id:
-                        raise _changed(source)
-                    planned_source.runs[index].content_hash = run.settle(self.grades.get(run.run_id))
-
-    def _against_store(self, planned: list[_PlannedSource]) -> list[_PlannedSource]:
-        """Mark runs already stored (or earlier in this import) with the same content; refuse other content."""
-        seen: dict[str, _Planned] = {}
-        kept = []
-        for planned_source in planned:
-            mine: dict[str, _Planned] = {}
+    # ------------------------------------------------------------------ results
+    def _bind_results(self, sources: list[Source]) -> list[Source]:
+        """A results file that names no agent is bound by its file name to the one agent of this import it names,
+        and refused where it grades runs of two agents: every run's agent is needed before the first grade, so
+        the files are parsed once ahead for what names their runs (nothing hashed, nothing written)."""
+        kept, runs = [], []
+        for number, source in enumerate(sources, start=1):
             try:
-                for run in planned_source.runs:
-                    earlier = mine.get(run.run_id) or seen.get(run.run_id)
-                    if earlier is not None:
-                        if earlier.content_hash != run.content_hash:
-                            raise IngestError(f"{run.where}: run {run.run_id!r} appears twice with different content "
-                                              f"({earlier.where}: {earlier.content_hash}; here: {run.content_hash})")
-                        run.present = True
-                        continue
-                    stored = stored_content_hash(self.store, run.run_id, run.n_events)
-                    if stored is not None:
-                        if stored != run.content_hash:
-                            raise _conflict(run.where, run.run_id, stored, run.content_hash)
-                        run.present = True
-                    mine[run.run_id] = run
+                found = [parse_document(document, self.fmt, self.context(source, hashing=False))
+                         for document in iter_documents(source)]
             except IngestError as exc:
-                self._bad(planned_source.source, exc)
+                self._bad(source, exc)
                 continue
-            seen.update(mine)
-            kept.append(planned_source)
+            kept.append(source)
+            runs.extend((run.agent, run.task_id, run.run_id) for run in found if run.grading_open)
+            self._advance(0, f"reading whose runs {number}/{len(sources)} files hold, for --results")
+        self.results.bind_agents(agent for agent, _, _ in runs if agent)
+        for agent, task_id, run_id in runs:
+            self.results.grade_for(agent, task_id, run_id)
+        ambiguous = self.results.ambiguities()
+        if ambiguous:
+            more = f" (and {len(ambiguous) - 1} more)" if len(ambiguous) > 1 else ""
+            raise IngestError(ambiguous[0] + more + "; nothing was imported")
         return kept
 
-    # ------------------------------------------------------------------ write
-    def write(self, planned: list[_PlannedSource]) -> None:
-        batch: list[tuple[ParsedRun, str]] = []
-        batch_bytes = 0
-        done = 0
-        skipped = len(self.report.skipped)  # files dropped by the check still count on the bar
-        if skipped:
-            self._advance(skipped, "importing")
-        for number, planned_source in enumerate(planned, start=1):
-            source = planned_source.source
-            if all(run.present for run in planned_source.runs):
-                self.report.already_present.extend(run.run_id for run in planned_source.runs)
-            else:
-                documents = iter_documents(source)
-                for run_plan, document in itertools.zip_longest(planned_source.runs, documents):
-                    if run_plan is None or document is None:
-                        raise _changed(source)
-                    if run_plan.present:
-                        self.report.already_present.append(run_plan.run_id)
-                        continue
-                    run = parse_document(document, self.fmt, self.context(source))
-                    digest = run.settle(self.grades.get(run.run_id))
-                    if run.run_id != run_plan.run_id or run_plan.content_hash not in ("", digest):
-                        raise _changed(source)
-                    batch.append((run, document.where))
-                    batch_bytes += run.body_bytes
-                    if len(batch) >= BATCH_RUNS or batch_bytes >= BATCH_BYTES:
-                        self._commit(batch)
-                        batch, batch_bytes = [], 0
-            done += source.size
-            self._advance(1, f"importing {number}/{len(planned)} files, {self._mb(done)}, "
-                             f"{len(self.report.imported) + len(batch)} runs")
-        self._commit(batch)
-
-    def _commit(self, batch: list[tuple[ParsedRun, str]]) -> None:
-        """One transaction for the batch (fault point ``ingest.txn`` before its COMMIT)."""
-        if not batch:
+    # ------------------------------------------------------------------ one file
+    def _import_file(self, source: Source) -> None:
+        """Every run of ``source``, parsed once and written in one savepoint: the whole file, or none of it."""
+        outcome = _FileOutcome()
+        try:
+            with self._batch.savepoint():
+                for document in iter_documents(source):
+                    self._import_run(document, source, outcome)
+        except IngestError as exc:
+            self._bad(source, exc)
             return
-        written: list[ParsedRun] = []
-        stored_bytes = 0
-        with self.store.transaction("ingest"):
-            for run, where in batch:
-                # Decided on the committed state: another import may have written the run since the check.
-                stored = stored_content_hash(self.store, run.run_id, len(run.events))
-                if stored is not None:
-                    if stored != run.content_hash:  # written by another import since the check
-                        raise IngestError(f"{_conflict(where, run.run_id, stored, run.content_hash or '')}; "
-                                          f"nothing of this batch was written")
-                    self.report.already_present.append(run.run_id)
-                    continue
-                stored_bytes += self.store.write_parsed(run)
-                written.append(run)
-        self.report.stored_bytes += stored_bytes
-        for run in written:
-            if any(isinstance(event, ev.TextRepaired) for event in run.events):
-                self.report.repaired[run.run_id] = [dict(note) for note in self.store.run(run.run_id).text_repairs]
-            self.report.imported.append(run.run_id)
-            self.report.body_bytes += run.body_bytes
-            self.report.states[_final_state(run)] += 1
+        for run_id, state, repaired in outcome.imported:
+            if repaired:
+                self.report.repaired[run_id] = [dict(note) for note in self.store.run(run_id).text_repairs]
+            self.report.imported.append(run_id)
+            self.report.states[state] += 1
+        self.report.already_present.extend(outcome.present)
+        self.report.runs.extend(outcome.runs)
+        self.report.body_bytes += outcome.body_bytes
+        self.report.stored_bytes += outcome.stored_bytes
+        self.seen.update(outcome.seen)
+        self._batch.add(len(outcome.imported), outcome.body_bytes)
+
+    def _import_run(self, document: Document, source: Source, outcome: _FileOutcome) -> None:
+        run = parse_document(document, self.fmt, self.context(source))
+        if run.grading_open and run.agent:
+            self.agents.add(run.agent)
+        grade = self.results.grade_for(run.agent, run.task_id, run.run_id) if run.grading_open else None
+        digest = run.settle(grade)
+        where = document.where
+        earlier = outcome.seen.get(run.run_id) or self.seen.get(run.run_id)
+        outcome.runs.append(run.run_id)
+        if earlier is not None:
+            if earlier[1] != digest:
+                raise IngestError(f"{where}: run {run.run_id!r} appears twice with different content "
+                                  f"({earlier[0]}: {earlier[1]}; here: {digest})")
+            outcome.present.append(run.run_id)
+            return
+        outcome.seen[run.run_id] = (where, digest)
+        stored = stored_content_hash(self.store, run.run_id, len(run.events))
+        if stored is not None:
+            if stored != digest:
+                raise _conflict(where, run.run_id, stored, digest)
+            outcome.present.append(run.run_id)
+            return
+        outcome.stored_bytes += self.store.write_parsed(run)
+        outcome.body_bytes += run.body_bytes
+        outcome.imported.append((run.run_id, _final_state(run),
+                                 any(isinstance(event, ev.TextRepaired) for event in run.events)))
+
+    def _bad(self, source: Source, exc: IngestError) -> None:
+        if not self.skip_bad:
+            committed = self._batch.committed_runs
+            written = "nothing was imported" if committed == 0 else \
+                f"{committed} run(s) of the files before it were imported, nothing since (the same command " \
+                f"finishes the import once the file is fixed)"
+            raise IngestError(f"{exc}; {written} (--skip-bad imports the other files)") from None
+        self.report.skipped.append({"path": str(source.path), "error": str(exc)})
 
     def _advance(self, files: int, description: str) -> None:
         if self.progress is not None:
@@ -349,11 +346,6 @@ def _conflict(where: str, run_id: str, stored: str, new: str) -> IngestError:
     return IngestError(f"{where}: run {run_id!r} is already in the store with other content (stored {stored}, "
                        f"this input {new}) — a run id names one content, and --results grades, --agent and "
                        f"--tenant are part of it (grades that came later: kvjudge grade RUN --results FILE)")
-
-
-def _changed(source: Source) -> IngestError:
-    return IngestError(f"{source.path} changed while it was being imported; run the same command again to finish "
-                       f"the import")
 
 
 def stored_content_hash(store: Store, run_id: str, n_events: int) -> str | None:
@@ -380,13 +372,12 @@ def ingest_sources(store: Store, sources: list[Source], *, ignored_files: int = 
     """
     importer = _Importer(store, fmt=fmt, tenant=tenant, agent=agent, results=results, skip_bad=skip_bad,
                          repair_text=repair_text, progress=progress)
-    planned = importer.check(sources)
-    importer.write(planned)
+    importer.run(sources)
     report = importer.report
     report.files = len(sources)
     report.bytes = sum(source.size for source in sources)
     report.ignored_files = ignored_files
-    report.runs = list(dict.fromkeys(run.run_id for source in planned for run in source.runs))
+    report.runs = list(dict.fromkeys(report.runs))
     return report
 
 

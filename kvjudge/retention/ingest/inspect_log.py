@@ -65,7 +65,7 @@ def is_inspect_sample(obj: Any) -> bool:
 def sample_for_import(sample: Any) -> Any:
     """What kvjudge reads of a decoded sample, the rest left out before the text check and the parse: the
     messages, scores, error and limit as they are; of the events only each model call's message id and usage;
-    of the attachments only those the messages name (the events' own attachments can be larger than the
+    of the attachments only those the parser resolves (the events' own attachments can be larger than the
     messages). A value that is not a sample is returned as it is, for the parser to name what is wrong."""
     if not isinstance(sample, dict):
         return sample
@@ -83,24 +83,25 @@ def sample_for_import(sample: Any) -> Any:
     kept["events"] = calls
     attachments = sample.get("attachments")
     if isinstance(attachments, dict) and attachments:
-        named = _attachment_refs(kept.get("messages")) | _attachment_refs(kept.get("input"))
+        named = _resolved_attachments(kept)
         kept["attachments"] = {key: attachments[key] for key in named if key in attachments}
     return kept
 
 
-def _attachment_refs(value: Any) -> set[str]:
-    found: set[str] = set()
-    stack = [value]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, str):
-            if item.startswith(ATTACHMENT):
-                found.add(item[len(ATTACHMENT):])
-        elif isinstance(item, dict):
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
-    return found
+def _resolved_attachments(sample: dict[str, Any]) -> set[str]:
+    """The attachments the parser resolves (:func:`_resolve`): those the input string and the messages' text —
+    a content string, a text or reasoning part — stand for. Only those strings are looked at, not every value
+    of the messages (tool calls, metadata)."""
+    texts: list[Any] = [sample.get("input")]
+    messages = sample.get("messages")
+    for message in messages if isinstance(messages, list) else ():
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, list):
+            texts.extend(part.get("text" if part.get("type") == "text" else "reasoning") for part in content
+                         if isinstance(part, dict))
+        else:
+            texts.append(content)
+    return {text[len(ATTACHMENT):] for text in texts if isinstance(text, str) and text.startswith(ATTACHMENT)}
 
 
 def eval_agent(spec: dict[str, Any]) -> str:

@@ -15,11 +15,12 @@ not UTF-8 pass as lone surrogates, for the untrusted-text check to refuse or rep
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from kvjudge.errors import IngestError
 from kvjudge.retention.ingest.archive import Archive, iter_members
@@ -34,13 +35,22 @@ SUMMARIES, JOURNAL_SUMMARIES = "summaries.json", "_journal/summaries/"
 _JSON_LOG_HEAD = re.compile(rb'\A\s*\{\s*"version"\s*:\s*\d+\s*,\s*"status"\s*:\s*"')
 
 
+#: How many first bytes of a file tell an inspect ``.json`` log (:func:`is_json_log_head`).
+HEAD_BYTES = 256
+
+
 def is_json_log(path: Path) -> bool:
     """An inspect ``.json`` log, by its first bytes."""
     try:
         with path.open("rb") as handle:
-            return _JSON_LOG_HEAD.match(handle.read(256)) is not None
+            return is_json_log_head(handle.read(HEAD_BYTES))
     except OSError:
         return False
+
+
+def is_json_log_head(head: bytes) -> bool:
+    """The first :data:`HEAD_BYTES` bytes of a file begin as inspect's ``.json`` logs do."""
+    return _JSON_LOG_HEAD.match(head) is not None
 
 
 def eval_samples(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
@@ -52,11 +62,12 @@ def eval_samples(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
             yield name, {"eval": spec, "sample": sample_for_import(sample)}
 
 
-def json_log_samples(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
-    """``("$.samples[i]", {"eval": spec, "sample": decoded sample})`` for every sample of a ``.json`` log."""
+def json_log_samples(path: Path, handle: IO[bytes] | None = None) -> Iterator[tuple[str, dict[str, Any]]]:
+    """``("$.samples[i]", {"eval": spec, "sample": decoded sample})`` for every sample of a ``.json`` log (read
+    from ``handle`` at its start when given: a file already open)."""
     spec = None
-    with path.open("rb") as handle:
-        for key, index, value in JsonObjectStream(handle, str(path)).members("samples"):
+    with path.open("rb") if handle is None else contextlib.nullcontext(handle) as stream:
+        for key, index, value in JsonObjectStream(stream, str(path)).members("samples"):
             if key == "eval":
                 spec = _spec(value, f"{path}: $.eval")
             elif key == "samples" and index is not None:

@@ -135,7 +135,7 @@ class ParsedRun:
     body_bytes: int = 0
     events: list[ev.Event] = field(default_factory=list)
     grading_open: bool = False
-    hashing: bool = True  # False: a check that only validates (no bodies kept, refs left empty)
+    hashing: bool = True  # False: a parse that only names the run (no bodies kept, refs left empty)
     grade: dict[str, Any] | None = None
     content_hash: str | None = None
     _seq: dict[str, int] = field(default_factory=dict)
@@ -221,7 +221,7 @@ class ParseContext:
     tenant: str | None = None
     agent: str | None = None  # --agent: overrides the agent named by the document
     default_instance: str | None = None  # from the file name (``<instance>.traj.json``) when the document has none
-    hashing: bool = True  # False: validate only (the import's check pass); see ParsedRun.hashing
+    hashing: bool = True  # False: names the run only (the pass --results may need); see ParsedRun.hashing
     repair_text: bool = False  # text that is not Unicode: stored as U+FFFD and noted (else refused)
 
     def new_run(self, run_id: str, fmt: str, *, agent: str | None = None, tenant: str | None = None,

@@ -254,12 +254,21 @@ class ResultsIndex:
             for run_id in results.run_grades:
                 self._files_of_run.setdefault(run_id, []).append(index)
 
-    def bind_agents(self, agents: Iterable[str]) -> None:
-        """Give each file without ``AGENT=`` the one agent of this import its name or path names, if any."""
+    def needs_agents(self) -> bool:
+        """True when a file without ``AGENT=`` grades instances: which runs it grades depends on every agent of
+        the import (:meth:`bind_agents`), so they must be known before the first grade is given."""
+        return any(results.agent is None and results.grades for results in self.files)
+
+    def bind_agents(self, agents: Iterable[str], *, strict: bool = True) -> None:
+        """Give each file without ``AGENT=`` the one agent of this import its name or path names, if any; a name
+        that fits several agents is refused (not ``strict``: the file stays unbound, for a file whose grades name
+        their runs, which no binding changes)."""
         known = sorted(set(agents))
         for results in self.files:
             if results.agent is None:
                 tagged = [agent for agent in known if results.tagged_by(agent)]
+                if len(tagged) > 1 and not strict:
+                    continue
                 if len(tagged) > 1:
                     raise IngestError(f"--results {results.path}: its name fits the runs of {', '.join(tagged)}; say "
                                       f"whose results these are: --results AGENT={results.path}")

@@ -278,14 +278,17 @@ def iter_documents(source: Source) -> Iterator[Document]:
             for member, parts in inspect_reader.eval_samples(source.path):
                 yield Document(source, None, b"", member=member, parts=parts)
             return
-        if source.path.suffix == ".json" and inspect_reader.is_json_log(source.path):
-            for where, parts in inspect_reader.json_log_samples(source.path):
-                yield Document(source, None, b"", member=where, parts=parts)
-            return
-        whole = _whole_file(source)
+        sniffed = source.path.suffix == ".json"  # an inspect log (streamed) or one document, by its first bytes
+        whole = sniffed or _whole_file(source)
         with _open(source) as handle:
             if whole:
-                yield Document(source, None, handle.read())
+                head = handle.read(inspect_reader.HEAD_BYTES) if sniffed else b""
+                if sniffed and inspect_reader.is_json_log_head(head):
+                    handle.seek(0)
+                    for where, parts in inspect_reader.json_log_samples(source.path, handle):
+                        yield Document(source, None, b"", member=where, parts=parts)
+                    return
+                yield Document(source, None, head + handle.read())
                 return
             for number, line in enumerate(handle, start=1):
                 if line.strip():

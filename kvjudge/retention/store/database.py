@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TypeVar
 
-from kvjudge.errors import StoreError
+from kvjudge.errors import StoreError, UsageError
 from kvjudge.retention.faults import fault_point
 from kvjudge.retention.store.schema import (
     APPLICATION_ID,
@@ -161,3 +161,18 @@ class Database:
             raise
         finally:
             self._in_txn = False
+
+    @contextlib.contextmanager
+    def savepoint(self, name: str) -> Iterator[None]:
+        """A SAVEPOINT inside the open :meth:`transaction`: released when the block ends, rolled back to when it
+        raises (the rest of the transaction stays), so one part of a batch can fail alone."""
+        if not self._in_txn:
+            raise UsageError("a savepoint needs an open transaction (Store.transaction)")
+        self._conn.execute(f"SAVEPOINT {name}")
+        try:
+            yield
+        except BaseException:
+            self._conn.execute(f"ROLLBACK TO {name}")
+            self._conn.execute(f"RELEASE {name}")
+            raise
+        self._conn.execute(f"RELEASE {name}")

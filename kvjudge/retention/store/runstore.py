@@ -72,8 +72,9 @@ class Store(Queries):
         """Import run files and directories; see :func:`kvjudge.retention.ingest.ingest_sources` for ``options``
         (``fmt``, ``tenant``, ``agent``, ``results``, ``skip_bad``, ``repair_text``, ``progress``).
 
-        Every document is checked first: a malformed one raises IngestError naming the file, the line and the
-        JSON path, and nothing is written. Runs already stored with the same content count as already present.
+        Each file is read once and stored whole or not at all: a malformed document raises IngestError naming the
+        file, the line and the JSON path, and nothing of the open batch is written (batches committed before it
+        stay, the message says how many runs). Runs already stored with the same content count as already present.
         """
         from kvjudge.retention.ingest import ingest_paths
 
