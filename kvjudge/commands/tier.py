@@ -62,7 +62,8 @@ def _tier(args: argparse.Namespace) -> int:
                                  counter=lambda: _counter(judge, args.unreduced), unreduced=args.unreduced,
                                  verify_remote=args.verify_remote,
                                  progress=lambda landed, total: advance(landed, total=total))
-    results = outcome.to_dict()["runs"]
+    payload = outcome.to_dict()
+    results = payload["runs"]
     left = [r for r in results if r["status"] == "above_ceiling"]
 
     def human() -> None:
@@ -76,7 +77,7 @@ def _tier(args: argparse.Namespace) -> int:
         for run_id, reason in outcome.skipped.items():
             info(f"skipped {run_id}: {reason}")
 
-    emit(args, outcome.to_dict(), human)
+    emit(args, payload, human)
     for r in results:
         if r["unreduced"]:
             ceiling = r["unreduced"]["ceiling"]
