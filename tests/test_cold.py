@@ -206,18 +206,17 @@ def _body_in_the_directory_of(ref: str) -> bytes:
     return next(body for n in range(10**6) if ref_of(body := f"neighbour {n}".encode())[:11] == ref[:11])
 
 
-def test_a_blob_is_durable_when_put_and_a_manifest_only_after_all_it_names(tmp_path: Path,
-                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    """A blob's writer syncs the directories its rename and its new directories changed before put_blob returns
-    (on the writers' threads, not in one batch a move waits for). What it cannot vouch for — a blob found by
-    stat_blob, a directory found already there (another writer, killed before its syncs, may have left them
-    unsynced) — is synced before the next manifest; only directories the writes changed, never the whole file
-    system (other processes' writes are not the move's)."""
+def test_a_manifest_is_durable_only_after_every_blob_it_names(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A blob's writer syncs the directory its rename changed; the parents of the directories it created are
+    synced by the next flush, which every manifest write runs first, once each however many blobs created entries
+    there. What the store cannot vouch for — a blob found by stat_blob, a directory found already there (another
+    writer, killed before its flush, may have left them unsynced) — is synced then too: only directories the
+    writes changed, never the whole file system, and nothing a flush synced already."""
     synced: list[Path] = []
     real_fsync_dir = LocalDirColdStore._fsync_dir
     monkeypatch.setattr(LocalDirColdStore, "_fsync_dir",
                         staticmethod(lambda directory: (synced.append(directory), real_fsync_dir(directory))))
-    found = b"written by a writer that was killed before its syncs"
+    found = b"written by a writer that was killed before its flush"
     neighbour = _body_in_the_directory_of(ref_of(found))
     elsewhere = b"written by this store, in a directory of its own"
 
@@ -225,28 +224,27 @@ def test_a_blob_is_durable_when_put_and_a_manifest_only_after_all_it_names(tmp_p
         return (tmp_path / blob_key(ref_of(body))).parent
 
     assert leaf(neighbour) == leaf(found) and leaf(elsewhere) != leaf(found)
-    LocalDirColdStore(tmp_path).put_blob(ref_of(found), found)
-    # The rename's directory first, then each new directory's parent: root, objects, objects/ab.
-    assert synced == [leaf(found), tmp_path, tmp_path / "objects", leaf(found).parent]
+    LocalDirColdStore(tmp_path).put_blob(ref_of(found), found)  # a writer killed before its flush
+    assert synced == [leaf(found)]  # the rename's directory only: objects/ab/cd's entries wait for a flush
 
     synced.clear()
-    store = LocalDirColdStore(tmp_path)  # another process: it cannot know whether those syncs happened
+    store = LocalDirColdStore(tmp_path)  # another process: it cannot know whether that writer flushed
     assert store.stat_blob(ref_of(found)) is not None and synced == []
     store.put_blob(ref_of(neighbour), neighbour)  # into a directory found already there
-    assert synced == [leaf(found)]  # its own rename only: the directory's entry is not this writer's to vouch for
-    store.put_blob(ref_of(elsewhere), elsewhere)
-    assert synced[1] == leaf(elsewhere) and leaf(found) not in synced[1:]
-    assert store.stat_blob(ref_of(elsewhere)) is not None  # found, but written and synced by this store
-
+    store.put_blob(ref_of(elsewhere), elsewhere)  # into a new directory
+    assert synced == [leaf(found), leaf(elsewhere)]
     synced.clear()
     store.put_manifest("manifests/r/000000000001.json", b"{}")
     manifest_dir = tmp_path / "manifests" / "r"
-    # Before the manifest: the found blob's directory, the parent of every directory found there on the way to
-    # it, and the manifest's new directories' parents; nothing this store synced itself; the manifest's
-    # directory last.
-    assert {leaf(found), leaf(found).parent, tmp_path / "objects", tmp_path, tmp_path / "manifests"} == set(
-        synced[:-1])
-    assert synced[-1] == manifest_dir and len(synced) == len(set(synced))
+    # Before the manifest, each once: found's directory (found by stat_blob), the parents of every directory
+    # found on the way (objects/ab, objects, the root) and of every directory created (elsewhere's objects/ab —
+    # and objects when that is new too —, manifests/ and manifests/r); the manifest's directory last.
+    expected = {leaf(found), leaf(found).parent, tmp_path / "objects", tmp_path, tmp_path / "manifests",
+                leaf(elsewhere).parent}
+    assert set(synced[:-1]) == expected and len(synced[:-1]) == len(expected)
+    assert synced[-1] == manifest_dir
+
     synced.clear()
+    assert store.stat_blob(ref_of(elsewhere)) is not None  # found, but written and flushed by this store
     store.put_manifest("manifests/r/000000000002.json", b"{}")
     assert synced == [manifest_dir]  # nothing left to sync but the manifest's own

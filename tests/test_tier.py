@@ -27,19 +27,22 @@ from tier_support import (
     tiering_run,
 )
 
-from kvjudge.errors import ColdStoreError, IntegrityError, RunStateError
+from kvjudge.errors import ColdStoreError, IntegrityError, RunStateError, StoreError
 from kvjudge.retention import Store
 from kvjudge.retention.blobs import ref_of
-from kvjudge.retention.cold import blob_key
+from kvjudge.retention.cold import LocalDirColdStore, blob_key
 from kvjudge.retention.tiering import (
     ColdStores,
     Manifest,
     fallback_reader,
+    local_body_bytes,
     rehydrate_run,
+    tier_requested,
     tier_run,
     verify_checks,
 )
 from kvjudge.retention.verify import verify
+from kvjudge.tokens import CharsPerToken
 
 
 def verify_all(store: Store, *, rehash: bool = False) -> list[str]:
@@ -358,3 +361,37 @@ def test_bodies_larger_than_a_chunk_arrive_whole(tmp_path: Path, target: str) ->
         store.fallback = fallback_reader(None, store)
         assert {run: texts(store, run) for run in before} == before
         assert verify_all(store, rehash=True) == []
+
+
+def test_tier_requested_is_the_whole_command(tmp_path: Path) -> None:
+    """`kvjudge tier` as one call: runs above their tenant's ceiling are left behind and nothing moves; within it
+    they move, with progress against the bytes they upload; the counter is not asked for when nothing is left to
+    move; an unknown run is a StoreError before anything moves."""
+    path = make_store(tmp_path / "store.sqlite")
+    (tmp_path / "cold").mkdir()
+    cold = LocalDirColdStore(tmp_path / "cold")
+    stores = ColdStores()
+
+    def no_counter() -> CharsPerToken:
+        raise AssertionError("nothing to move: no counter needed")
+
+    with Store.open(path) as store:
+        total = local_body_bytes(store, "run-a") + local_body_bytes(store, "run-b")
+        held = tier_requested(store, cold, stores, run_id=None, ceiling=lambda tenant: 1,
+                              counter=lambda: CharsPerToken(4))
+        assert [(r.run, r.status) for r in held.results] == [("run-a", "above_ceiling"), ("run-b", "above_ceiling")]
+        assert held.to_dict()["left_behind"] == ["run-a", "run-b"] and held.ceilings == {"acme": 1}
+        assert held.skipped == {"run-live": "running (not terminal)"} and remote_keys(cold) == []
+
+        landed: list[tuple[int, int]] = []
+        moved = tier_requested(store, cold, stores, run_id=None, ceiling=lambda tenant: 80_000,
+                               counter=lambda: CharsPerToken(4), progress=lambda n, of: landed.append((n, of)))
+        assert [(r.run, r.status) for r in moved.results] == [("run-a", "tiered"), ("run-b", "tiered")]
+        assert moved.left_behind == [] and moved.to_dict()["target"] == cold.url == moved.target
+        assert landed[0] == (0, total) and sum(n for n, _ in landed) == total and {of for _, of in landed} == {total}
+
+        again = tier_requested(store, cold, stores, run_id=None, ceiling=lambda tenant: 80_000, counter=no_counter)
+        assert again.results == [] and set(again.skipped) == {"run-a", "run-b", "run-live"}
+        with pytest.raises(StoreError):
+            tier_requested(store, cold, stores, run_id="no-such-run", ceiling=lambda tenant: 80_000,
+                           counter=no_counter)

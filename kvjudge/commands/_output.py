@@ -118,18 +118,19 @@ def info(message: str) -> None:
 
 @contextlib.contextmanager
 def progress(description: str, total: int | None) -> Iterator[Callable[..., None]]:
-    """Yield ``advance(n=1, description=None)``; draws a progress bar on stderr when it is a TTY."""
+    """Yield ``advance(n=1, description=None, total=None)`` (``total``: the bar's total, once it is known); draws a
+    progress bar on stderr when it is a TTY."""
     if not sys.stderr.isatty():
-        yield lambda n=1, description=None: None
+        yield lambda n=1, description=None, total=None: None
         return
     bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                    console=Console(stderr=True), transient=True)
     with bar:
         task = bar.add_task(description, total=total)
 
-        def advance(n: int = 1, description: str | None = None) -> None:
-            if description is not None:
-                bar.update(task, description=description)
+        def advance(n: int = 1, description: str | None = None, total: int | None = None) -> None:
+            if description is not None or total is not None:
+                bar.update(task, description=description, total=total)
             bar.advance(task, n)
 
         yield advance

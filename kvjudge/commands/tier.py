@@ -1,15 +1,13 @@
 """`kvjudge tier RUN | --all`: move the bodies of terminal runs that are within their ceiling to cold storage.
 
-The order is fixed (ARCHITECTURE.md, the data flow): reduce runs to their ceiling, then move them. A run above its
-effective ceiling (the same one `kvjudge reduce` targets) is not moved: one line names `kvjudge reduce RUN`, and the
-command exits 1.
+Reduce runs to their ceiling, then move them. A run above its effective ceiling (the
+same one `kvjudge reduce` targets) is not moved: one line names `kvjudge reduce RUN`, and the command exits 1.
 `--unreduced` moves such runs anyway (raw archives); their log records it.
 """
 
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
 from kvjudge.commands._args import (
     add_ceiling_args,
@@ -22,7 +20,7 @@ from kvjudge.commands._args import (
 from kvjudge.commands._output import emit, info, megabytes, print_table, progress
 from kvjudge.errors import CapabilityMissing, UsageError
 from kvjudge.budget import DEFAULT_CHARS_PER_TOKEN
-from kvjudge.retention.tiering import TierGate, local_body_bytes, plan_all, recover, tier_runs
+from kvjudge.retention.tiering import tier_requested
 from kvjudge.target import JudgeTarget
 from kvjudge.tokens import CharsPerToken, TokenCounter
 
@@ -58,33 +56,15 @@ def _tier(args: argparse.Namespace) -> int:
     judge = target_from(args, ceiling=args.ceiling)
     stores = judge.cold_stores(args.endpoint_url)
     cold = stores.get(judge.cold_target())
-    results: list[dict[str, Any]] = []
-    skipped: dict[str, str] = {}
-    with judge.open_store(read_tiered=False) as store:
-        # Recovery first: a move a crash left half done is finished before anything new starts.
-        results.extend(r.to_dict() for r in recover(store, stores, verify_remote=args.verify_remote))
-        finished = {r["run"] for r in results}
-        if args.all:
-            plan = plan_all(store)
-            run_ids, skipped = plan.runs, plan.skipped
-        else:
-            run_ids = [args.run]
-        run_ids = [run_id for run_id in run_ids
-                   if not (run_id in finished and store.run(run_id).tier["status"] == "tiered")]
-        # Every tenant's ceiling before anything moves (CapabilityMissing first; StoreError for an unknown run).
-        ceilings = {tenant: _ceiling(judge, tenant, args.unreduced)
-                    for tenant in sorted({store.run(run_id).tenant for run_id in run_ids})}
-        counter = _counter(judge, args.unreduced) if run_ids else None
-        gates = {tenant: TierGate(ceiling, counter, args.unreduced) for tenant, ceiling in ceilings.items()}
-        total = sum(local_body_bytes(store, run_id) for run_id in run_ids)
-        with progress(f"tiering {len(run_ids)} run(s)", total) as advance:
-            moved = tier_runs(store, run_ids, cold, gates=lambda state: gates[state.tenant], stores=stores,
-                              verify_remote=args.verify_remote, progress=lambda n: advance(n))
-        results.extend(result.to_dict() for result in moved)
+    with judge.open_store(read_tiered=False) as store, progress("tiering", None) as advance:
+        outcome = tier_requested(store, cold, stores, run_id=args.run,
+                                 ceiling=lambda tenant: _ceiling(judge, tenant, args.unreduced),
+                                 counter=lambda: _counter(judge, args.unreduced), unreduced=args.unreduced,
+                                 verify_remote=args.verify_remote,
+                                 progress=lambda landed, total: advance(landed, total=total))
+    payload = outcome.to_dict()
+    results = payload["runs"]
     left = [r for r in results if r["status"] == "above_ceiling"]
-    payload = {"target": cold.url, "endpoint": cold.endpoint_url, "runs": results, "skipped": skipped,
-               "ceilings": {tenant: gate.ceiling for tenant, gate in gates.items()},
-               "left_behind": [r["run"] for r in left]}
 
     def human() -> None:
         shown = [r for r in results if r["status"] != "above_ceiling"]
@@ -94,7 +74,7 @@ def _tier(args: argparse.Namespace) -> int:
                           r["recovered"] or "", r["target"]] for r in shown])
         elif not left:
             info("no run to tier")
-        for run_id, reason in skipped.items():
+        for run_id, reason in outcome.skipped.items():
             info(f"skipped {run_id}: {reason}")
 
     emit(args, payload, human)

@@ -171,15 +171,16 @@ class LocalDirColdStore:
 
     Every object is written to a temporary name in its final directory (a blob hashed as it is written, and
     renamed only when it hashes to its ref), fsynced, then renamed into place — so after a crash an object is
-    either absent or complete, never torn. The writer of a blob then syncs the directories its rename and its
-    new directories changed, so a blob is durable when :meth:`put_blob` returns: the syncs run on the writers'
-    threads, in parallel, not in one batch each move has to wait for. What a blob's writer cannot vouch for (a
-    directory another thread created and may not have synced yet, one found already there, a blob found by
-    :meth:`stat_blob`) is synced by :meth:`flush`, which every manifest write runs first: a manifest is never
-    durable before the blobs it names. Only those directories are synced, never the whole file system: what
-    other processes write there costs a move nothing. Manifests are linked into place with ``os.link`` (fails
-    if the name exists), the local equivalent of S3's ``If-None-Match: *``, and their directory is synced at
-    once.
+    either absent or complete, never torn. A blob's writer syncs the directory its rename changed; the parents of
+    the directories it created (``objects/ab``, ``objects``: shared by many blobs) are synced by :meth:`flush`,
+    which every manifest write runs first — once per directory however many blobs created entries there, several
+    at a time, instead of one more directory sync per blob on its writer's thread (each waits for a journal
+    commit and a device flush). A manifest is therefore never durable before the blobs it names. :meth:`flush`
+    also syncs what this store cannot vouch for: a directory found already there (another writer, killed before
+    its flush, may have left its entry unsynced) and the directory of a blob found by :meth:`stat_blob` that this
+    store did not write. Only those directories are synced, never the whole file system: what other processes
+    write there costs a move nothing. Manifests are linked into place with ``os.link`` (fails if the name
+    exists), the local equivalent of S3's ``If-None-Match: *``, and their directory is synced at once.
     """
 
     def __init__(self, root: str | os.PathLike[str], *, create: bool = False) -> None:
@@ -189,12 +190,13 @@ class LocalDirColdStore:
         self._create = create
         self._host = socket.gethostname().replace("-", "_")
         # Several writer threads share one store: directories known to exist, those of them whose entry in their
-        # parent may not be durable yet, directories awaiting a sync, and the blobs this store wrote and synced.
+        # parent may not be durable yet, directories awaiting a sync, and the blobs this store renamed into place
+        # and whose directory it synced.
         self._lock = threading.Lock()
         self._known_dirs: set[Path] = set()
         self._unvouched_dirs: set[Path] = set()
         self._unsynced: set[Path] = set()
-        self._synced_blobs: set[Path] = set()
+        self._written_blobs: set[Path] = set()
 
     def __repr__(self) -> str:
         return f"LocalDirColdStore({str(self.root)!r})"
@@ -218,9 +220,9 @@ class LocalDirColdStore:
 
     def _make_dirs(self, directory: Path) -> list[Path]:
         """Create ``directory`` and its missing parents; returns those this call created, whose entries await a
-        sync of their parents: the caller's. Every other directory on the way whose entry in its parent may not
-        be durable yet (found there, or created by another thread that has not synced it yet) has its parent
-        synced by the next :meth:`flush`."""
+        sync of their parents (the caller schedules it). Every other directory on the way whose entry in its
+        parent may not be durable yet (found there, or created by another thread and not flushed yet) has its
+        parent synced by the next :meth:`flush`."""
         chain: list[Path] = []
         while directory != self.root:
             chain.append(directory)
@@ -292,17 +294,18 @@ class LocalDirColdStore:
         except OSError as exc:
             temp.unlink(missing_ok=True)
             raise ColdStoreError(f"cannot store {final} in the cold store: {exc.strerror}") from exc
-        changed = [final.parent] + [directory.parent for directory in created]
+        # The rename's directory now (each blob its own, almost always); the parents of the directories this call
+        # created at the next flush, once for every blob that shared them (objects/ab, objects).
         try:
-            for directory in changed:
-                self._fsync_dir(directory)
+            self._fsync_dir(final.parent)
         except OSError as exc:
             with self._lock:
-                self._unsynced.update(changed)  # the next flush tries again, before any manifest
+                self._unsynced.add(final.parent)  # the next flush tries again, before any manifest
+                self._unsynced.update(directory.parent for directory in created)
             raise ColdStoreError(f"cannot sync {final.parent} in the cold store: {exc.strerror}") from exc
         with self._lock:
-            self._unvouched_dirs.difference_update(created)
-            self._synced_blobs.add(final)
+            self._unsynced.update(directory.parent for directory in created)
+            self._written_blobs.add(final)
 
     def flush(self) -> None:
         with self._lock:
@@ -334,11 +337,12 @@ class LocalDirColdStore:
             return None
         except OSError as exc:
             raise ColdStoreError(f"cannot stat {path}: {exc.strerror}") from exc
-        # Found is not durable, unless this store wrote and synced it: a writer killed before its sync (or still
-        # running) may have renamed it into a directory not synced yet. A move that counts on it syncs that
-        # directory before its manifest.
+        # Found is not durable unless this store wrote it (then its directory was synced, and the directories above
+        # are flushed like every other it created): a writer killed before its syncs (or still running) may have
+        # renamed it into a directory not synced yet. A move that counts on it syncs that directory before its
+        # manifest.
         with self._lock:
-            if path not in self._synced_blobs:
+            if path not in self._written_blobs:
                 self._unsynced.add(path.parent)
         return ObjectInfo(key=key, size=size, sha256=None)
 

@@ -8,6 +8,8 @@ One module per job:
 - :mod:`.move` — the move as events (``TierStarted`` → upload → manifest → ``Tiered`` → local delete) and its
   recovery after a crash;
 - :mod:`.reader` — the store's fallback reader for tiered bodies;
+- :mod:`.requested` — ``kvjudge tier RUN | --all`` as one call: crashed moves finished, runs picked and gated on
+  their tenants' ceilings, then moved;
 - :mod:`.rehydrate` — bodies back into the local store (``Rehydrated``);
 - :mod:`.checks` — what ``kvjudge verify`` adds for tiered runs.
 """
@@ -29,12 +31,14 @@ from kvjudge.retention.tiering.move import (
 )
 from kvjudge.retention.tiering.reader import ColdReader, fallback_reader
 from kvjudge.retention.tiering.rehydrate import REHYDRATE_POINTS, RehydrateResult, rehydrate_run
+from kvjudge.retention.tiering.requested import TierOutcome, TierProgress, tier_requested
 from kvjudge.retention.tiering.targets import ColdStores, default_target, resolve_endpoint, resolve_target
 from kvjudge.retention.tiering.transfer import check_remote
 
 __all__ = [
     "REHYDRATE_POINTS", "TIER_POINTS", "ColdReader", "ColdStores", "Manifest", "ManifestEntry", "RehydrateResult",
-    "TierGate", "TierPlan", "TierResult", "check_remote", "default_target", "fallback_reader", "local_body_bytes",
-    "pending_runs", "plan_all", "recover", "recover_run", "rehydrate_run", "resolve_endpoint", "resolve_target",
-    "tier_check", "tier_run", "tier_runs", "verify_checks", "verify_tiered_run",
+    "TierGate", "TierOutcome", "TierPlan", "TierProgress", "TierResult", "check_remote", "default_target",
+    "fallback_reader", "local_body_bytes", "pending_runs", "plan_all", "recover", "recover_run", "rehydrate_run",
+    "resolve_endpoint", "resolve_target", "tier_check", "tier_requested", "tier_run", "tier_runs", "verify_checks",
+    "verify_tiered_run",
 ]
