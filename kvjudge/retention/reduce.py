@@ -29,7 +29,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -644,6 +644,95 @@ def _count_view(store: Any, state: RunState, counter: TokenCounter, *, missing_o
     return sum(known.get(ref, fresh.get(ref, 0)) for ref in refs)
 
 
-__all__ = ["ReductionPlan", "ReductionResult", "RunInColdStorage", "StalePlan", "apply_plan", "branch_view",
-           "count_ahead", "finish_deletions", "in_cold_storage", "plan_reduction", "plan_stored", "reduce_run", "resolve",
-           "run_tokens", "stored_tokens", "view_refs", "view_tokens"]
+# ------------------------------------------------------------------------------------- a selection of runs
+# What each loss step did, as ReductionPlan.steps names it.
+_STEPS = (("bodies_reduced", "bodies reduced to extracts"), ("branches_reduced", "dead branches reduced to extracts"),
+          ("dropped", "dead-branch texts dropped"))
+
+
+def left_above(plan: ReductionPlan) -> str:
+    """Why a planned run stays above its target: only the loss steps that were taken are named."""
+    taken = [f"{plan.steps.get(key, 0)} {label}" for key, label in _STEPS if plan.steps.get(key, 0)]
+    how = f"after every loss step ({', '.join(taken)})" if taken else "and no loss step could shrink it"
+    return (f"run {plan.run_id}: {plan.tokens_after} tokens remain above the target {plan.target_tokens} {how}; "
+            "kept: transitions, live-branch markers")
+
+
+@dataclass(frozen=True)
+class RunsReduction:
+    """What :func:`reduce_runs` did (or, for a dry run, planned) over a selection of runs.
+
+    ``runs``: each reducible run's outcome (``ReductionPlan.to_dict`` or ``ReductionResult.to_dict``, with its
+    ``tenant``; ``in_cold_storage`` for a tiered run left alone); ``above``: every run left above its target, with
+    the ``reason`` and the command that would let it reduce (``fix``, or None); ``refused``: runs whose grading has
+    not terminated (only with a whole selection: a named run is refused with RunStateError).
+    """
+
+    counter: str
+    dry_run: bool
+    targets: Mapping[str, int]
+    runs: tuple[dict[str, Any], ...]
+    above: tuple[dict[str, Any], ...]
+    refused: tuple[dict[str, str], ...]
+
+
+RunFn = Callable[[str, int, int], None]
+
+
+def reduce_runs(store: Any, run_ids: Sequence[str] | None, target_of: Callable[[str], int],
+                counter: TokenCounter | Callable[[], TokenCounter], *, tenant: str | None = None, dry_run: bool = False, on_run: RunFn | None = None) -> RunsReduction:
+    """Reduce the runs named (None: every run of the store, or of ``tenant``) to their tenant's target.
+
+    ``target_of(tenant)`` is the tenant's target in tokens; every tenant's is asked for before anything is counted
+    or written (a ceiling without a probe figure raises there). A named run whose grading has not terminated is
+    refused (RunStateError); in a whole selection such runs are listed in ``refused``. With ``dry_run`` each run
+    is planned and nothing is written. ``counter`` may be a function that builds it: it is called once the targets
+    are known. ``on_run(run_id, done, total)`` hears of each run as it starts.
+    """
+    chosen = run_ids if run_ids is not None else store.run_ids(tenant)
+    candidates = [store.run(run_id) for run_id in chosen]
+    refused = [state for state in candidates if not state.is_reducible]
+    if run_ids is not None and refused:
+        state = refused[0]
+        raise RunStateError(f"run {state.id} is {state.state}; only graded, ungraded or archived runs can be "
+                            f"reduced (finish grading first: `kvjudge mark {state.id} graded|ungraded`)")
+    reducible = [state.id for state in candidates if state.is_reducible]
+    targets = {name: target_of(name) for name in sorted({state.tenant for state in candidates if state.is_reducible})}
+    del candidates  # each run is read again as it is reduced (another process may have changed it meanwhile)
+    if not isinstance(counter, TokenCounter):
+        counter = counter()
+    outcomes: list[dict[str, Any]] = []
+    above: list[dict[str, Any]] = []
+    for done, run_id in enumerate(reducible):
+        if on_run is not None:
+            on_run(run_id, done, len(reducible))
+        state = store.run(run_id)
+        target = targets[state.tenant]
+        try:
+            if dry_run:
+                plan = plan_stored(store, state, target, counter)
+                outcome = {**plan.to_dict(), "dry_run": True}
+            else:
+                result = reduce_run(store, run_id, target, counter)
+                plan, outcome = result.plan, result.to_dict()
+            if not plan.fits:
+                above.append({"run": run_id, "tokens": plan.tokens_after, "target": target,
+                              "reason": left_above(plan), "fix": None})
+        except RunInColdStorage as exc:
+            outcome = {"run": run_id, "counter": counter.name, "target_tokens": target, "tokens_before": exc.tokens,
+                       "tokens_after": exc.tokens, "fits": False, "events": 0, "in_cold_storage": True}
+            above.append({"run": run_id, "tokens": exc.tokens, "target": target, "reason": str(exc),
+                          "fix": f"kvjudge rehydrate {run_id}"})
+        outcome["tenant"] = state.tenant
+        outcomes.append(outcome)
+    return RunsReduction(counter=counter.name, dry_run=dry_run, targets=targets, runs=tuple(outcomes),
+                         above=tuple(above),
+                         refused=tuple({"run": state.id, "state": state.state,
+                                        "reason": "grading has not terminated (only graded, ungraded, archived reduce)"}
+                                       for state in refused))
+
+
+__all__ = ["ReductionPlan", "ReductionResult", "RunInColdStorage", "RunsReduction", "StalePlan", "apply_plan",
+           "branch_view", "count_ahead", "finish_deletions", "in_cold_storage", "left_above", "plan_reduction",
+           "plan_stored", "reduce_run", "reduce_runs", "resolve", "run_tokens", "stored_tokens", "view_refs",
+           "view_tokens"]
