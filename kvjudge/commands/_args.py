@@ -273,11 +273,11 @@ def select_pairs(args: argparse.Namespace, store: Any, *, default_all: bool = Fa
                              f"{args.trials}; a pair needs two")
         if not pairs:
             raise UsageError("the store holds no two runs on one task; ingest runs, or name the pairs")
+    if not (args.runs or args.pairs is not None):
+        return selection  # pairs of the store's own runs: nothing to check (reading every run again costs seconds)
     for a, b in pairs:
         if a == b:
             raise UsageError(f"pair ({a}, {b}) names one run twice; a judge compares two runs")
         for run_id in (a, b):
             store.run(run_id)  # an unknown run is an error before any model call (StoreError names it)
-    if args.runs or args.pairs is not None:
-        return describe_pairs(pairs, store.run, "named")
-    return selection
+    return describe_pairs(pairs, store.run, "named")

@@ -45,6 +45,7 @@ from kvjudge.tokens import BatchCounter, TokenCounter, count_texts
 
 TextOf = Callable[[str], "str | None"]
 CountFn = Callable[[str], int]
+CountManyFn = Callable[[Sequence[str]], list[int]]
 
 # Plans of step 1 made for smaller budgets while real extracts overshoot the estimate, before cutting all.
 _ROUNDS = 8
@@ -126,12 +127,13 @@ def _state_digest(state: RunState) -> str:
 class _Planner:
     """Working memory of one plan_reduction call."""
 
-    def __init__(self, state: RunState, text_of: TextOf, count: CountFn, counter: str,
+    def __init__(self, state: RunState, text_of: TextOf, count: CountFn, count_many: CountManyFn, counter: str,
                  counts: Mapping[str, int], quoted: Mapping[str, int]) -> None:
         self.state = state
         self.base = state
         self.text_of_store = text_of
         self.count_fn = count
+        self.count_many = count_many
         self.counter = counter
         self.counts: dict[str, int] = {**counts, **quoted}
         self.quoted = frozenset(quoted)
@@ -200,11 +202,18 @@ def plan_reduction(state: RunState, text_of: TextOf, count: TokenCounter | Count
     if not isinstance(target_tokens, int) or isinstance(target_tokens, bool) or target_tokens <= 0:
         raise UsageError(f"the reduction target must be a positive number of tokens, got {target_tokens!r}")
     if isinstance(count, TokenCounter):
-        count_fn: CountFn = count.count
-        name = counter_name or count.name
+        counter = count
+        count_fn: CountFn = counter.count
+        name = counter_name or counter.name
+
+        def count_many(texts: Sequence[str]) -> list[int]:
+            return count_texts(counter, texts)
     else:
         count_fn, name = count, counter_name or "custom"
-    planner = _Planner(state, text_of, count_fn, name, counts or {}, quoted_elsewhere or {})
+
+        def count_many(texts: Sequence[str]) -> list[int]:
+            return [count_fn(text) for text in texts]
+    planner = _Planner(state, text_of, count_fn, count_many, name, counts or {}, quoted_elsewhere or {})
     tokens_before = planner.tokens()
     steps = {"bodies_reduced": 0, "branches_reduced": 0, "dropped": 0}
     if tokens_before > target_tokens:
@@ -270,6 +279,26 @@ class _Step1:
             self.made[(cut.ref, keep)] = (text, self.planner.counts[summary_ref])
         return self.made[(cut.ref, keep)]
 
+    def prepare(self, wanted: Iterable[tuple[_Cut, int]]) -> None:
+        """Make the extracts ``wanted`` (cut, keep) and count those never counted in one batch (a counter that asks
+        servers has them all in flight at once, not one round trip after another)."""
+        counts = self.planner.counts
+        made: dict[tuple[str, int], tuple[str, str]] = {}
+        fresh: dict[str, str] = {}
+        for cut, keep in wanted:
+            if (cut.ref, keep) in self.made or (cut.ref, keep) in made:
+                continue
+            text = _extract(cut.shape, self.planner.text(cut.ref), cut.tokens, keep)
+            summary_ref = ref_of(text.encode("utf-8"))
+            made[(cut.ref, keep)] = (text, summary_ref)
+            if summary_ref not in counts:
+                fresh[summary_ref] = text
+        written = {summary_ref: text for summary_ref, text in fresh.items() if text}
+        counts.update(zip(written, self.planner.count_many(list(written.values()))))
+        counts.update((summary_ref, 0) for summary_ref in fresh.keys() - written.keys())
+        for key, (text, summary_ref) in made.items():
+            self.made[key] = (text, counts[summary_ref])
+
     def reduced(self, cut: _Cut, keep: int) -> int | None:
         """Tokens ``cut`` is expected to take kept to ``keep`` (exact for its marker alone); None: not worth it."""
         if cut.tokens <= _MIN_SAVING:
@@ -328,6 +357,7 @@ def _reduce_bodies(planner: _Planner, target: int) -> int:
     if not step.groups:
         return 0
     shapes = {cut.ref: cut for group in step.groups for cut in group}
+    step.prepare((cut, 0) for cut in shapes.values() if cut.tokens > _MIN_SAVING)  # every marker, in one batch
 
     def after(cut: _Cut, keep: int | None) -> int:
         """Tokens ``cut`` takes kept to ``keep`` (None, or an extract not worth it: the original's)."""
@@ -358,6 +388,7 @@ def _reduce_bodies(planner: _Planner, target: int) -> int:
     for _ in range(_ROUNDS):
         level, cap = step.setting(budget)
         keeps = step.keeps(level, cap)
+        step.prepare((shapes[ref], keep) for ref, keep in keeps.items())
         over = total(keeps) - target
         if over <= 0 or trimmed(level, keeps, over) <= 0 or (level, cap) == deepest:
             break
@@ -677,6 +708,31 @@ class RunsReduction:
 
 
 RunFn = Callable[[str, int, int], None]
+# Texts up to this long have their counts remembered through a selection of runs (cut markers, short extracts).
+_REMEMBERED_CHARS = 256
+
+
+class _RememberedShortTexts:
+    """A batch counter with the counts of short texts remembered: the cut markers (``[212 lines cut]``) recur in
+    every run, and a counter that asks servers would be asked for each again, run after run."""
+
+    def __init__(self, counter: BatchCounter) -> None:
+        self.counter = counter
+        self.known: dict[str, int] = {}
+
+    @property
+    def name(self) -> str:
+        return self.counter.name
+
+    def count(self, text: str) -> int:
+        return self.count_many([text])[0]
+
+    def count_many(self, texts: Sequence[str]) -> list[int]:
+        asked = [text for text in dict.fromkeys(texts) if text not in self.known]
+        fresh = dict(zip(asked, self.counter.count_many(asked))) if asked else {}
+        self.known.update((text, tokens) for text, tokens in fresh.items() if len(text) <= _REMEMBERED_CHARS)
+        return [self.known[text] if text in self.known else fresh[text] for text in texts]
+
 
 
 def reduce_runs(store: Any, run_ids: Sequence[str] | None, target_of: Callable[[str], int],
@@ -701,6 +757,8 @@ def reduce_runs(store: Any, run_ids: Sequence[str] | None, target_of: Callable[[
     del candidates  # each run is read again as it is reduced (another process may have changed it meanwhile)
     if not isinstance(counter, TokenCounter):
         counter = counter()
+    if isinstance(counter, BatchCounter):
+        counter = _RememberedShortTexts(counter)
     outcomes: list[dict[str, Any]] = []
     above: list[dict[str, Any]] = []
     for done, run_id in enumerate(reducible):
