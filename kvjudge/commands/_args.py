@@ -208,11 +208,12 @@ def opened_judge(args: argparse.Namespace, target: JudgeTarget, *, template: str
         judge.backend.close()
 
 
-def judged(judge: Judge, store: Any, pairs: Sequence[tuple[str, str]], description: str = "judging") -> list[Verdict]:
-    """:func:`~kvjudge.judge.judge_batch` of ``pairs``, with a progress bar on a terminal (a step per order)."""
-    with progress(description, len(pairs) * 2) as advance:
+def judged(judge: Judge, store: Any, selection: PairSelection, description: str = "judging") -> list[Verdict]:
+    """:func:`~kvjudge.judge.judge_batch` of the selected pairs (their runs as read to select them), with a progress
+    bar on a terminal (a step per order)."""
+    with progress(description, len(selection.pairs) * 2) as advance:
         judge.planner.progress = lambda message: advance(0, description=message)
-        return judge_batch(judge, store, pairs, on_call=advance)
+        return judge_batch(judge, store, selection.pairs, on_call=advance, states=selection.states)
 
 
 # ------------------------------------------------------------------------------------------------- pairs
