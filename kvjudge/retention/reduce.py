@@ -30,6 +30,7 @@ import hashlib
 import math
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -734,6 +735,38 @@ class _RememberedShortTexts:
         return [self.known[text] if text in self.known else fresh[text] for text in texts]
 
 
+class _CountingAhead:
+    """Counts the next run's uncounted bodies in a background thread while the current run is reduced: its writes
+    wait on the disk, the counting on the servers, so neither waits for the other. The texts are read here (the
+    store stays on its own thread); the counts are stored before that run is planned."""
+
+    def __init__(self, store: Any, counter: BatchCounter) -> None:
+        self.store, self.counter = store, counter
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvjudge-count-ahead")
+        self.pending: Future[dict[str, int]] | None = None
+
+    def start(self, run_id: str) -> None:
+        state = self.store.run(run_id)
+        if in_cold_storage(state):
+            return
+        known = self.store.cached_counts(state.bodies.keys(), self.counter.name)
+        texts: dict[str, str] = {}
+        for ref in view_refs(state):
+            if ref not in known and ref not in texts and (text := self.store.text(ref)) is not None:
+                texts[ref] = text
+        if texts:
+            self.pending = self.executor.submit(lambda: dict(zip(texts, self.counter.count_many(list(texts.values())))))
+
+    def settle(self) -> None:
+        """Store the counts of the run started last (a counting error is raised here, as if counted now)."""
+        if self.pending is not None:
+            pending, self.pending = self.pending, None
+            self.store.put_counts(self.counter.name, pending.result())
+
+    def close(self) -> None:
+        self.executor.shutdown(wait=True, cancel_futures=True)
+
+
 
 def reduce_runs(store: Any, run_ids: Sequence[str] | None, target_of: Callable[[str], int],
                 counter: TokenCounter | Callable[[], TokenCounter], *, tenant: str | None = None, dry_run: bool = False, on_run: RunFn | None = None) -> RunsReduction:
@@ -744,6 +777,10 @@ def reduce_runs(store: Any, run_ids: Sequence[str] | None, target_of: Callable[[
     refused (RunStateError); in a whole selection such runs are listed in ``refused``. With ``dry_run`` each run
     is planned and nothing is written. ``counter`` may be a function that builds it: it is called once the targets
     are known. ``on_run(run_id, done, total)`` hears of each run as it starts.
+
+    A counter that counts batches (a served tokenizer: :class:`~kvjudge.tokens.BatchCounter`) is asked as little
+    as it can be: each run's bodies in one batch, counted while the run before is being written; its cut markers
+    and each round of extracts in one batch; a short text's count remembered from run to run.
     """
     chosen = run_ids if run_ids is not None else store.run_ids(tenant)
     candidates = [store.run(run_id) for run_id in chosen]
@@ -757,13 +794,36 @@ def reduce_runs(store: Any, run_ids: Sequence[str] | None, target_of: Callable[[
     del candidates  # each run is read again as it is reduced (another process may have changed it meanwhile)
     if not isinstance(counter, TokenCounter):
         counter = counter()
-    if isinstance(counter, BatchCounter):
+    ahead: _CountingAhead | None = None
+    if isinstance(counter, BatchCounter):  # a counter that asks servers: no round trip it can spare or overlap
+        ahead = _CountingAhead(store, counter)
         counter = _RememberedShortTexts(counter)
+    try:
+        outcomes, above = _reduce_each(store, reducible, targets, counter, ahead, dry_run, on_run)
+    finally:
+        if ahead is not None:
+            ahead.close()
+    return RunsReduction(counter=counter.name, dry_run=dry_run, targets=targets, runs=tuple(outcomes),
+                         above=tuple(above),
+                         refused=tuple({"run": state.id, "state": state.state,
+                                        "reason": "grading has not terminated (only graded, ungraded, archived reduce)"}
+                                       for state in refused))
+
+
+def _reduce_each(store: Any, reducible: Sequence[str], targets: Mapping[str, int], counter: TokenCounter,
+                 ahead: _CountingAhead | None, dry_run: bool,
+                 on_run: RunFn | None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     outcomes: list[dict[str, Any]] = []
     above: list[dict[str, Any]] = []
+    if ahead is not None and reducible:
+        ahead.start(reducible[0])
     for done, run_id in enumerate(reducible):
         if on_run is not None:
             on_run(run_id, done, len(reducible))
+        if ahead is not None:
+            ahead.settle()
+            if done + 1 < len(reducible):
+                ahead.start(reducible[done + 1])
         state = store.run(run_id)
         target = targets[state.tenant]
         try:
@@ -783,11 +843,7 @@ def reduce_runs(store: Any, run_ids: Sequence[str] | None, target_of: Callable[[
                           "fix": f"kvjudge rehydrate {run_id}"})
         outcome["tenant"] = state.tenant
         outcomes.append(outcome)
-    return RunsReduction(counter=counter.name, dry_run=dry_run, targets=targets, runs=tuple(outcomes),
-                         above=tuple(above),
-                         refused=tuple({"run": state.id, "state": state.state,
-                                        "reason": "grading has not terminated (only graded, ungraded, archived reduce)"}
-                                       for state in refused))
+    return outcomes, above
 
 
 __all__ = ["ReductionPlan", "ReductionResult", "RunInColdStorage", "RunsReduction", "StalePlan", "apply_plan",
