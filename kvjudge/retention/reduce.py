@@ -769,7 +769,8 @@ class _CountingAhead:
 
 
 def reduce_runs(store: Any, run_ids: Sequence[str] | None, target_of: Callable[[str], int],
-                counter: TokenCounter | Callable[[], TokenCounter], *, tenant: str | None = None, dry_run: bool = False, on_run: RunFn | None = None) -> RunsReduction:
+                counter: TokenCounter | Callable[[], TokenCounter], *, tenant: str | None = None,
+                dry_run: bool = False, on_run: RunFn | None = None) -> RunsReduction:
     """Reduce the runs named (None: every run of the store, or of ``tenant``) to their tenant's target.
 
     ``target_of(tenant)`` is the tenant's target in tokens; every tenant's is asked for before anything is counted
