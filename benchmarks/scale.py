@@ -292,6 +292,7 @@ def main() -> int:
     work.mkdir(parents=True, exist_ok=True)
     key = write_key(work / "key.json", [])
     results: list[dict[str, Any]] = []
+    summary: dict[str, Any] = {}
     with SimJudgeServer(key, SimSettings(max_model_len=args.max_model_len)) as server:
         env = {**os.environ, "PYTHONPATH": str(ROOT), "KVJUDGE_CACHE_DIR": str(work / "cache")}
         subprocess.run([sys.executable, "-m", "kvjudge", "probe", "--server", server.url, "--json"], env=env,
@@ -303,14 +304,15 @@ def main() -> int:
                 walls = {step: figures["wall_s"] for step, figures in result["steps"].items()}
                 print(json.dumps({"n": n, "per_item": result["per_item"], "wall_s": walls}), file=sys.stderr,
                       flush=True)
+                # Written after each N, so a long run stopped early still leaves what it measured.
+                summary = {"ns": [r["n"] for r in results], "ceiling": args.ceiling, "parallel": args.parallel,
+                           "results": results, "slopes": _slopes(results),
+                           "marginal_ms_per_pair": _marginal(results), "targets": TARGETS, "met": _met(results)}
+                (args.out / "scale.json").write_text(json.dumps(summary, indent=2) + "\n")
+                plot(results, args.out / "scale.png")
         finally:
             if args.work is None:
                 shutil.rmtree(work, ignore_errors=True)
-    summary = {"ns": ns, "ceiling": args.ceiling, "parallel": args.parallel, "results": results,
-               "slopes": _slopes(results), "marginal_ms_per_pair": _marginal(results), "targets": TARGETS,
-               "met": _met(results)}
-    (args.out / "scale.json").write_text(json.dumps(summary, indent=2) + "\n")
-    plot(results, args.out / "scale.png")
     print(json.dumps(summary))
     return 0
 
