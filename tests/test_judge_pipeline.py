@@ -15,7 +15,9 @@ import pytest
 from helpers import store_from_runs
 
 from kvjudge.judge import Judge, LlamaBackend, Prompt, ServerPool, judge_batch, open_servers, view_source
+from kvjudge.judge.evaluate import evaluate
 from kvjudge.judge.pack import pair_bases, pack_pair
+from kvjudge.judge.pairing import same_task_pairs
 from kvjudge.retention import Store
 from kvjudge.retention.reduce import reduce_run
 from kvjudge.retention.state import TIERED
@@ -56,6 +58,21 @@ def _essence(verdict: Any) -> tuple[Any, ...]:
     return (verdict.a, verdict.b, verdict.outcome, verdict.p_a, verdict.p_a_by_order, verdict.tokens,
             verdict.view_sha256, verdict.notes, verdict.common_tokens, verdict.evidence, verdict.manifest)
 
+
+
+def test_the_runs_read_to_select_the_pairs_are_the_ones_judged_and_scored(store: Store, sim: SimJudgeServer,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    judge_batch(Judge(_pool(sim.url)), store, PAIRS)  # every verdict cached
+    selection = same_task_pairs(store.iter_runs())
+    assert selection.pairs == PAIRS and set(selection.states) == {run for pair in PAIRS for run in pair}
+    reads: list[str] = []
+    real_run = store.run
+    monkeypatch.setattr(store, "run", lambda run_id: reads.append(run_id) or real_run(run_id))
+    verdicts = judge_batch(Judge(_pool(sim.url)), store, selection.pairs, states=selection.states)
+    result = evaluate(store, verdicts, selection.states)
+    assert all(v.cached for v in verdicts) and result["pairs"] == len(PAIRS) and reads == []
+    evaluate(store, verdicts)  # without them, each run is read (once)
+    assert sorted(reads) == sorted(selection.states)
 
 # ------------------------------------------------------------------------------------- cached verdicts
 def test_a_cached_verdict_is_found_without_rendering_or_counting(store: Store, sim: SimJudgeServer,

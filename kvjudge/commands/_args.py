@@ -209,11 +209,12 @@ def opened_judge(args: argparse.Namespace, target: JudgeTarget, *, template: str
         judge.backend.close()
 
 
-def judged(judge: Judge, store: Store, pairs: Sequence[tuple[str, str]], description: str = "judging") -> list[Verdict]:
-    """:func:`~kvjudge.judge.judge_batch` of ``pairs``, with a progress bar on a terminal (a step per order)."""
-    with progress(description, len(pairs) * 2) as advance:
+def judged(judge: Judge, store: Store, selection: PairSelection, description: str = "judging") -> list[Verdict]:
+    """:func:`~kvjudge.judge.judge_batch` of the selected pairs (their runs as read to select them), with a progress
+    bar on a terminal (a step per order)."""
+    with progress(description, len(selection.pairs) * 2) as advance:
         judge.planner.progress = lambda message: advance(0, description=message)
-        return judge_batch(judge, store, pairs, on_call=advance)
+        return judge_batch(judge, store, selection.pairs, on_call=advance, states=selection.states)
 
 
 # ------------------------------------------------------------------------------------------------- pairs
@@ -274,11 +275,11 @@ def select_pairs(args: argparse.Namespace, store: Store, *, default_all: bool = 
                              f"{args.trials}; a pair needs two")
         if not pairs:
             raise UsageError("the store holds no two runs on one task; ingest runs, or name the pairs")
+    if not (args.runs or args.pairs is not None):
+        return selection  # pairs of the store's own runs: nothing to check (reading every run again costs seconds)
     for a, b in pairs:
         if a == b:
             raise UsageError(f"pair ({a}, {b}) names one run twice; a judge compares two runs")
         for run_id in (a, b):
             store.run(run_id)  # an unknown run is an error before any model call (StoreError names it)
-    if args.runs or args.pairs is not None:
-        return describe_pairs(pairs, store.run, "named")
-    return selection
+    return describe_pairs(pairs, store.run, "named")

@@ -46,8 +46,8 @@ def _eval(args: argparse.Namespace) -> int:
         for template in templates:
             with opened_judge(args, target, template=template) as judge:
                 label = judge.framing.name
-                verdicts = judged(judge, store, selection.pairs, f"judging ({label} framing)")
-                result = evaluate(store, verdicts)
+                verdicts = judged(judge, store, selection, f"judging ({label} framing)")
+                result = evaluate(store, verdicts, selection.states)
                 result["manifest"] = judge.manifest()
                 result["window"] = None if judge.window is None else judge.window.to_json()
                 results[label] = result

@@ -9,6 +9,7 @@ By default every same-task pair of runs by two different agents is judged (cache
 from __future__ import annotations
 
 import argparse
+from collections.abc import Mapping
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -57,10 +58,11 @@ def _rank(args: argparse.Namespace) -> int:
     target = target_from(args)
     with target.open_store(stores=target.cold_stores(args.endpoint_url)) as store:
         agents: dict[str, str] = {}
+        states: Mapping[str, Any] = {}  # the runs read to select the pairs
 
         def agent(run_id: str) -> str:
             if run_id not in agents:
-                agents[run_id] = agent_of(store.run(run_id))
+                agents[run_id] = agent_of(states[run_id] if run_id in states else store.run(run_id))
             return agents[run_id]
 
         if args.verdicts is not None:
@@ -69,8 +71,9 @@ def _rank(args: argparse.Namespace) -> int:
             verdicts = _verdicts_from_file(args.verdicts)
         else:
             selection = select_pairs(args, store, default_all=True, keep=lambda a, b: agent_of(a) != agent_of(b))
+            states = selection.states
             with opened_judge(args, target) as judge:
-                verdicts = judged(judge, store, selection.pairs)
+                verdicts = judged(judge, store, selection)
         ranking = rank(verdicts, agent, bootstrap=args.bootstrap)
         if args.verdicts is None:
             ranking["pairing"] = selection.to_json()

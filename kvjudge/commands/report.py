@@ -51,7 +51,7 @@ def _report(args: argparse.Namespace) -> int:
     with target.open_store(stores=target.cold_stores(args.endpoint_url)) as store:
         selection = select_pairs(args, store, default_all=True)
         with opened_judge(args, target) as judge:
-            verdicts = judged(judge, store, selection.pairs)
+            verdicts = judged(judge, store, selection)
             # The ceiling as `kvjudge reduce` computes it, or no figures and the reason (no probe figure yet).
             ceilings, note = target.ceilings({store.run(run_id).tenant for pair in selection.pairs for run_id in pair})
             report = build_report(store, judge, verdicts, ceilings=ceilings, ceiling_note=note,

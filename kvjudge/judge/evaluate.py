@@ -203,9 +203,10 @@ def conclusion(judge: Mapping[str, Any], baselines: Mapping[str, Mapping[str, An
     return f"the judge beats every baseline: {score:.2f} (95 % interval from {low:.2f}) vs {name} {best:.2f}"
 
 
-def evaluate(store: Store, verdicts: Sequence[Verdict]) -> dict[str, Any]:
-    """The judge's figures and the baselines' on the pairs of ``verdicts`` (truth from the store's grades)."""
-    states: dict[str, Any] = {}
+def evaluate(store: Store, verdicts: Sequence[Verdict], states: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The judge's figures and the baselines' on the pairs of ``verdicts`` (truth from the store's grades).
+    ``states``: folded runs already read, by id (the others are read from the store)."""
+    states = dict(states or {})
 
     def run(run_id: str) -> Any:
         if run_id not in states:

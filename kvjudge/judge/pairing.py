@@ -19,8 +19,8 @@ from __future__ import annotations
 import itertools
 import re
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kvjudge.judge.ranking import agent_of
@@ -35,12 +35,14 @@ _DIGITS = re.compile(r"(\d+)")
 class PairSelection:
     """The pairs chosen, and how: ``policy`` (``matched`` | ``all``, or ``named`` for pairs given by the user),
     ``tasks`` (tasks with at least one pair) and ``trials`` (trials per agent and task → how many tasks used that
-    many: the most runs any one agent has in the pairs of that task)."""
+    many: the most runs any one agent has in the pairs of that task). ``states``: the folded runs read to choose the
+    pairs, by id, so judging and scoring them need not read them again (empty for pairs as named)."""
 
     pairs: list[tuple[str, str]]
     policy: str
     tasks: int = 0
     trials: dict[int, int] = field(default_factory=dict)
+    states: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     def to_json(self) -> dict[str, Any]:
         return {"policy": self.policy, "pairs": len(self.pairs), "tasks": self.tasks,
@@ -82,7 +84,8 @@ def same_task_pairs(states: Iterable[Any], *, task: str | None = None, policy: s
             if keep is None or keep(a, b):
                 pairs.append((a.id, b.id))
     states_by_id = {state.id: state for runs in by_task.values() for state in runs}
-    return describe_pairs(pairs, states_by_id.__getitem__, policy, agent)
+    return replace(describe_pairs(pairs, states_by_id.__getitem__, policy, agent),
+                   states={run_id: states_by_id[run_id] for pair in pairs for run_id in pair})
 
 
 def describe_pairs(pairs: Sequence[tuple[str, str]], state_of: Callable[[str], Any], policy: str,

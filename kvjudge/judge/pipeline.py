@@ -237,15 +237,18 @@ def judge_pair(store: Store, a: str, b: str, backend: Backend, *, margin: float 
 
 def judge_batch(judge: Judge, store: Store, pairs: Sequence[tuple[str, str]], *, reduce_to: PairReduce = None,
                 full: bool = False, bound: str = "certified", on_call: Callable[[], None] | None = None,
-                on_verdict: VerdictFn | None = None) -> list[Verdict]:
+                on_verdict: VerdictFn | None = None, states: Mapping[str, RunState] | None = None) -> list[Verdict]:
     """Judge ``pairs`` of ``store``, both orders each, in one window (the stages in the module docstring).
 
     ``reduce_to`` (tokens, or tokens per pair) judges views reduced that far (derived, never stored): the reduced
     side of a still-grades check. ``full`` starts from the original bodies wherever the store can still read them
     (the full side); ``bound`` "analytic" lets an in-process window grow to the analytic bound. ``on_call()`` hears
     of each order scored or read from a cache; ``on_verdict(index, verdict)`` of each verdict, in pair order.
+    ``states``: folded runs already read (``PairSelection.states``), by id; the others are read from the store.
     """
-    return _Batch(judge, store, pairs, reduce_to, full, bound, on_call, on_verdict).run()
+    batch = _Batch(judge, store, pairs, reduce_to, full, bound, on_call, on_verdict)
+    batch.states.update(states or {})
+    return batch.run()
 
 
 @dataclass

@@ -3,6 +3,7 @@
 Public API (ARCHITECTURE.md says which layers use it)::
 
     from kvjudge.retention import Store, fold, RunState, plan_reduction, apply_plan, verify
+    from kvjudge.retention import reduce_runs, RunsReduction             # `kvjudge reduce`: a selection of runs
     from kvjudge.retention import ingest_paths, IngestReport          # getting runs in (or store.ingest)
     from kvjudge.retention import attach_grades, GradeReport          # grades that arrive after the import
     from kvjudge.retention import find_evidence, measure              # a run's decisive evidence, and a view's share
@@ -39,10 +40,12 @@ from kvjudge.retention.reduce import (
     ReductionPlan,
     ReductionResult,
     RunInColdStorage,
+    RunsReduction,
     StalePlan,
     apply_plan,
     plan_reduction,
     reduce_run,
+    reduce_runs,
     run_tokens,
     stored_tokens,
     view_refs,
@@ -80,8 +83,8 @@ __all__ = [
     "VerifierRecorded", "canonical_json", "Evidence", "IngestReport", "Visibility", "diff_extract", "fault_point",
     "find_evidence", "fold", "fold_onto", "head_tail_extract", "measure",
     "ingest_paths", "is_reducible", "parse_checked", "ref_of",
-    "ReductionPlan", "ReductionResult", "RunInColdStorage", "StalePlan", "Violation", "VerifyReport", "apply_plan",
-    "plan_reduction", "reduce_run", "run_tokens", "stored_tokens", "verify", "view_refs",
+    "ReductionPlan", "ReductionResult", "RunInColdStorage", "RunsReduction", "StalePlan", "Violation", "VerifyReport", "apply_plan",
+    "plan_reduction", "reduce_run", "reduce_runs", "run_tokens", "stored_tokens", "verify", "view_refs",
     "REHYDRATE_POINTS", "TIER_POINTS", "ColdReader", "ColdStore", "ColdStores", "LocalDirColdStore", "Manifest",
     "RehydrateResult", "S3ColdStore", "TierGate", "TierPlan", "TierResult", "fallback_reader", "local_body_bytes",
     "open_cold_store", "plan_all", "recover", "rehydrate_run", "resolve_endpoint", "resolve_target", "tier_run",

@@ -29,7 +29,8 @@ from __future__ import annotations
 import hashlib
 import math
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,6 +57,7 @@ from kvjudge.tokens import BatchCounter, TokenCounter, count_texts
 
 TextOf = Callable[[str], "str | None"]
 CountFn = Callable[[str], int]
+CountManyFn = Callable[[Sequence[str]], list[int]]
 
 # Plans of step 1 made for smaller budgets while real extracts overshoot the estimate, before cutting all.
 _ROUNDS = 8
@@ -116,12 +118,13 @@ def _state_digest(state: RunState) -> str:
 class _Planner:
     """Working memory of one plan_reduction call."""
 
-    def __init__(self, state: RunState, text_of: TextOf, count: CountFn, counter: str,
+    def __init__(self, state: RunState, text_of: TextOf, count: CountFn, count_many: CountManyFn, counter: str,
                  counts: Mapping[str, int], quoted: Mapping[str, int]) -> None:
         self.state = state
         self.base = state
         self.text_of_store = text_of
         self.count_fn = count
+        self.count_many = count_many
         self.counter = counter
         self.counts: dict[str, int] = {**counts, **quoted}
         self.quoted = frozenset(quoted)
@@ -190,11 +193,18 @@ def plan_reduction(state: RunState, text_of: TextOf, count: TokenCounter | Count
     if not isinstance(target_tokens, int) or isinstance(target_tokens, bool) or target_tokens <= 0:
         raise UsageError(f"the reduction target must be a positive number of tokens, got {target_tokens!r}")
     if isinstance(count, TokenCounter):
-        count_fn: CountFn = count.count
-        name = counter_name or count.name
+        counter = count
+        count_fn: CountFn = counter.count
+        name = counter_name or counter.name
+
+        def count_many(texts: Sequence[str]) -> list[int]:
+            return count_texts(counter, texts)
     else:
         count_fn, name = count, counter_name or "custom"
-    planner = _Planner(state, text_of, count_fn, name, counts or {}, quoted_elsewhere or {})
+
+        def count_many(texts: Sequence[str]) -> list[int]:
+            return [count_fn(text) for text in texts]
+    planner = _Planner(state, text_of, count_fn, count_many, name, counts or {}, quoted_elsewhere or {})
     tokens_before = planner.tokens()
     steps = {"bodies_reduced": 0, "branches_reduced": 0, "dropped": 0}
     if tokens_before > target_tokens:
@@ -260,6 +270,26 @@ class _Step1:
             self.made[(cut.ref, keep)] = (text, self.planner.counts[summary_ref])
         return self.made[(cut.ref, keep)]
 
+    def prepare(self, wanted: Iterable[tuple[_Cut, int]]) -> None:
+        """Make the extracts ``wanted`` (cut, keep) and count those never counted in one batch (a counter that asks
+        servers has them all in flight at once, not one round trip after another)."""
+        counts = self.planner.counts
+        made: dict[tuple[str, int], tuple[str, str]] = {}
+        fresh: dict[str, str] = {}
+        for cut, keep in wanted:
+            if (cut.ref, keep) in self.made or (cut.ref, keep) in made:
+                continue
+            text = _extract(cut.shape, self.planner.text(cut.ref), cut.tokens, keep)
+            summary_ref = ref_of(text.encode("utf-8"))
+            made[(cut.ref, keep)] = (text, summary_ref)
+            if summary_ref not in counts:
+                fresh[summary_ref] = text
+        written = {summary_ref: text for summary_ref, text in fresh.items() if text}
+        counts.update(zip(written, self.planner.count_many(list(written.values()))))
+        counts.update((summary_ref, 0) for summary_ref in fresh.keys() - written.keys())
+        for key, (text, summary_ref) in made.items():
+            self.made[key] = (text, counts[summary_ref])
+
     def reduced(self, cut: _Cut, keep: int) -> int | None:
         """Tokens ``cut`` is expected to take kept to ``keep`` (exact for its marker alone); None: not worth it."""
         if cut.tokens <= _MIN_SAVING:
@@ -318,6 +348,7 @@ def _reduce_bodies(planner: _Planner, target: int) -> int:
     if not step.groups:
         return 0
     shapes = {cut.ref: cut for group in step.groups for cut in group}
+    step.prepare((cut, 0) for cut in shapes.values() if cut.tokens > _MIN_SAVING)  # every marker, in one batch
 
     def after(cut: _Cut, keep: int | None) -> int:
         """Tokens ``cut`` takes kept to ``keep`` (None, or an extract not worth it: the original's)."""
@@ -348,6 +379,7 @@ def _reduce_bodies(planner: _Planner, target: int) -> int:
     for _ in range(_ROUNDS):
         level, cap = step.setting(budget)
         keeps = step.keeps(level, cap)
+        step.prepare((shapes[ref], keep) for ref, keep in keeps.items())
         over = total(keeps) - target
         if over <= 0 or trimmed(level, keeps, over) <= 0 or (level, cap) == deepest:
             break
@@ -634,6 +666,178 @@ def _count_view(store: Store, state: RunState, counter: TokenCounter, *, missing
     return sum(known.get(ref, fresh.get(ref, 0)) for ref in refs)
 
 
-__all__ = ["ReductionPlan", "ReductionResult", "RunInColdStorage", "StalePlan", "apply_plan", "branch_view",
-           "count_ahead", "finish_deletions", "in_cold_storage", "plan_reduction", "plan_stored", "reduce_run", "resolve",
-           "run_tokens", "stored_tokens", "view_refs", "view_tokens"]
+# ------------------------------------------------------------------------------------- a selection of runs
+# What each loss step did, as ReductionPlan.steps names it.
+_STEPS = (("bodies_reduced", "bodies reduced to extracts"), ("branches_reduced", "dead branches reduced to extracts"),
+          ("dropped", "dead-branch texts dropped"))
+
+
+def left_above(plan: ReductionPlan) -> str:
+    """Why a planned run stays above its target: only the loss steps that were taken are named."""
+    taken = [f"{plan.steps.get(key, 0)} {label}" for key, label in _STEPS if plan.steps.get(key, 0)]
+    how = f"after every loss step ({', '.join(taken)})" if taken else "and no loss step could shrink it"
+    return (f"run {plan.run_id}: {plan.tokens_after} tokens remain above the target {plan.target_tokens} {how}; "
+            "kept: transitions, live-branch markers")
+
+
+@dataclass(frozen=True)
+class RunsReduction:
+    """What :func:`reduce_runs` did (or, for a dry run, planned) over a selection of runs.
+
+    ``runs``: each reducible run's outcome (``ReductionPlan.to_dict`` or ``ReductionResult.to_dict``, with its
+    ``tenant``; ``in_cold_storage`` for a tiered run left alone); ``above``: every run left above its target, with
+    the ``reason`` and the command that would let it reduce (``fix``, or None); ``refused``: runs whose grading has
+    not terminated (only with a whole selection: a named run is refused with RunStateError).
+    """
+
+    counter: str
+    dry_run: bool
+    targets: Mapping[str, int]
+    runs: tuple[dict[str, Any], ...]
+    above: tuple[dict[str, Any], ...]
+    refused: tuple[dict[str, str], ...]
+
+
+RunFn = Callable[[str, int, int], None]
+# Texts up to this long have their counts remembered through a selection of runs (cut markers, short extracts).
+_REMEMBERED_CHARS = 256
+
+
+class _RememberedShortTexts:
+    """A batch counter with the counts of short texts remembered: the cut markers (``[212 lines cut]``) recur in
+    every run, and a counter that asks servers would be asked for each again, run after run."""
+
+    def __init__(self, counter: BatchCounter) -> None:
+        self.counter = counter
+        self.known: dict[str, int] = {}
+
+    @property
+    def name(self) -> str:
+        return self.counter.name
+
+    def count(self, text: str) -> int:
+        return self.count_many([text])[0]
+
+    def count_many(self, texts: Sequence[str]) -> list[int]:
+        asked = [text for text in dict.fromkeys(texts) if text not in self.known]
+        fresh = dict(zip(asked, self.counter.count_many(asked))) if asked else {}
+        self.known.update((text, tokens) for text, tokens in fresh.items() if len(text) <= _REMEMBERED_CHARS)
+        return [self.known[text] if text in self.known else fresh[text] for text in texts]
+
+
+class _CountingAhead:
+    """Counts the next run's uncounted bodies in a background thread while the current run is reduced: its writes
+    wait on the disk, the counting on the servers, so neither waits for the other. The texts are read here (the
+    store stays on its own thread); the counts are stored before that run is planned."""
+
+    def __init__(self, store: Store, counter: BatchCounter) -> None:
+        self.store, self.counter = store, counter
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvjudge-count-ahead")
+        self.pending: Future[dict[str, int]] | None = None
+
+    def start(self, run_id: str) -> None:
+        state = self.store.run(run_id)
+        if in_cold_storage(state):
+            return
+        known = self.store.cached_counts(state.bodies.keys(), self.counter.name)
+        texts: dict[str, str] = {}
+        for ref in view_refs(state):
+            if ref not in known and ref not in texts and (text := self.store.text(ref)) is not None:
+                texts[ref] = text
+        if texts:
+            self.pending = self.executor.submit(lambda: dict(zip(texts, self.counter.count_many(list(texts.values())))))
+
+    def settle(self) -> None:
+        """Store the counts of the run started last (a counting error is raised here, as if counted now)."""
+        if self.pending is not None:
+            pending, self.pending = self.pending, None
+            self.store.put_counts(self.counter.name, pending.result())
+
+    def close(self) -> None:
+        self.executor.shutdown(wait=True, cancel_futures=True)
+
+
+
+def reduce_runs(store: Store, run_ids: Sequence[str] | None, target_of: Callable[[str], int],
+                counter: TokenCounter | Callable[[], TokenCounter], *, tenant: str | None = None,
+                dry_run: bool = False, on_run: RunFn | None = None) -> RunsReduction:
+    """Reduce the runs named (None: every run of the store, or of ``tenant``) to their tenant's target.
+
+    ``target_of(tenant)`` is the tenant's target in tokens; every tenant's is asked for before anything is counted
+    or written (a ceiling without a probe figure raises there). A named run whose grading has not terminated is
+    refused (RunStateError); in a whole selection such runs are listed in ``refused``. With ``dry_run`` each run
+    is planned and nothing is written. ``counter`` may be a function that builds it: it is called once the targets
+    are known. ``on_run(run_id, done, total)`` hears of each run as it starts.
+
+    A counter that counts batches (a served tokenizer: :class:`~kvjudge.tokens.BatchCounter`) is asked as little
+    as it can be: each run's bodies in one batch, counted while the run before is being written; its cut markers
+    and each round of extracts in one batch; a short text's count remembered from run to run.
+    """
+    chosen = run_ids if run_ids is not None else store.run_ids(tenant)
+    candidates = [store.run(run_id) for run_id in chosen]
+    refused = [state for state in candidates if not state.is_reducible]
+    if run_ids is not None and refused:
+        state = refused[0]
+        raise RunStateError(f"run {state.id} is {state.state}; only graded, ungraded or archived runs can be "
+                            f"reduced (finish grading first: `kvjudge mark {state.id} graded|ungraded`)")
+    reducible = [state.id for state in candidates if state.is_reducible]
+    targets = {name: target_of(name) for name in sorted({state.tenant for state in candidates if state.is_reducible})}
+    del candidates  # each run is read again as it is reduced (another process may have changed it meanwhile)
+    if not isinstance(counter, TokenCounter):
+        counter = counter()
+    ahead: _CountingAhead | None = None
+    if isinstance(counter, BatchCounter):  # a counter that asks servers: no round trip it can spare or overlap
+        ahead = _CountingAhead(store, counter)
+        counter = _RememberedShortTexts(counter)
+    try:
+        outcomes, above = _reduce_each(store, reducible, targets, counter, ahead, dry_run, on_run)
+    finally:
+        if ahead is not None:
+            ahead.close()
+    return RunsReduction(counter=counter.name, dry_run=dry_run, targets=targets, runs=tuple(outcomes),
+                         above=tuple(above),
+                         refused=tuple({"run": state.id, "state": state.state,
+                                        "reason": "grading has not terminated (only graded, ungraded, archived reduce)"}
+                                       for state in refused))
+
+
+def _reduce_each(store: Store, reducible: Sequence[str], targets: Mapping[str, int], counter: TokenCounter,
+                 ahead: _CountingAhead | None, dry_run: bool,
+                 on_run: RunFn | None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    outcomes: list[dict[str, Any]] = []
+    above: list[dict[str, Any]] = []
+    if ahead is not None and reducible:
+        ahead.start(reducible[0])
+    for done, run_id in enumerate(reducible):
+        if on_run is not None:
+            on_run(run_id, done, len(reducible))
+        if ahead is not None:
+            ahead.settle()
+            if done + 1 < len(reducible):
+                ahead.start(reducible[done + 1])
+        state = store.run(run_id)
+        target = targets[state.tenant]
+        try:
+            if dry_run:
+                plan = plan_stored(store, state, target, counter)
+                outcome = {**plan.to_dict(), "dry_run": True}
+            else:
+                result = reduce_run(store, run_id, target, counter)
+                plan, outcome = result.plan, result.to_dict()
+            if not plan.fits:
+                above.append({"run": run_id, "tokens": plan.tokens_after, "target": target,
+                              "reason": left_above(plan), "fix": None})
+        except RunInColdStorage as exc:
+            outcome = {"run": run_id, "counter": counter.name, "target_tokens": target, "tokens_before": exc.tokens,
+                       "tokens_after": exc.tokens, "fits": False, "events": 0, "in_cold_storage": True}
+            above.append({"run": run_id, "tokens": exc.tokens, "target": target, "reason": str(exc),
+                          "fix": f"kvjudge rehydrate {run_id}"})
+        outcome["tenant"] = state.tenant
+        outcomes.append(outcome)
+    return outcomes, above
+
+
+__all__ = ["ReductionPlan", "ReductionResult", "RunInColdStorage", "RunsReduction", "StalePlan", "apply_plan",
+           "branch_view", "count_ahead", "finish_deletions", "in_cold_storage", "left_above", "plan_reduction",
+           "plan_stored", "reduce_run", "reduce_runs", "resolve", "run_tokens", "stored_tokens", "view_refs",
+           "view_tokens"]
