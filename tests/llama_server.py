@@ -60,7 +60,9 @@ class LlamaServer:
             command += ["--n_threads", str(self.threads), "--n_threads_batch", str(self.threads)]
         self.log_dir.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:
-            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+            # Unbuffered: the access log reaches the file as each request is answered (see ``answered``).
+            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
         deadline = time.monotonic() + _START_TIMEOUT_S
         while True:
             if self.process.poll() is not None:
@@ -80,6 +82,10 @@ class LlamaServer:
         """The server's output (its last ``tail`` characters; None: all of it, e.g. to count access-log lines)."""
         text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
         return text if tail is None else text[-tail:]
+
+    def answered(self) -> int:
+        """How many completion requests the server has answered so far (its access log's 200 lines)."""
+        return self.log(tail=None).count('"POST /v1/completions HTTP/1.1" 200')
 
     def kill(self) -> None:
         """SIGKILL: the server dies mid-request, as a crashed or OOM-killed server does."""

@@ -10,7 +10,7 @@ import pytest
 from helpers import store_from_runs
 
 from kvjudge.errors import CapabilityMissing, RunStateError
-from kvjudge.retention import Store, reduce_runs
+from kvjudge.retention import reduce_runs
 from kvjudge.testing.filler import filler
 from kvjudge.testing.native_runs import make_run
 from kvjudge.server_client import ServerClient, ServerTokenCounter
