@@ -366,6 +366,23 @@ def test_second_reduction_is_a_no_op_without_recounting(tmp_path: Path) -> None:
         assert run_tokens(store, store.run("r1"), counter) == first.plan.tokens_after and counter.calls == 0
 
 
+def test_an_extract_two_dead_branches_share_is_dropped_in_the_same_reduction(tmp_path: Path) -> None:
+    # Found by the state machine: a body of one dead branch is cut to an extract whose text equals the other dead
+    # branch's summary (the same ref). Each branch kept it while the other still showed it, so it was dropped
+    # only by the next reduction to the same target — a second reduction that was not a no-op.
+    dead = [[filler(150, 2)], [filler(160, 1), filler(161, 26)]]
+    run = make_run("r1", [filler(100, 1)], dead=dead, lifecycle=["running", "grading", "graded"])
+    with store_from_runs(tmp_path / "store.sqlite", [run]) as store:
+        first = reduce_run(store, "r1", 20, CHARS)
+        shared = {e.summary for e in first.plan.events if type(e).__name__ == "Reduced"} & \
+            {e.summary for e in first.plan.events if type(e).__name__ == "BranchReduced"}
+        assert shared, "the case needs an extract equal to a branch summary"
+        assert first.plan.steps["dropped"] > 0
+        second = reduce_run(store, "r1", 20, CHARS)
+        assert second.appended == 0 and second.plan.tokens_before == first.plan.tokens_after
+        assert all(store.run("r1").bodies[ref].status == "dropped" for ref in shared)
+
+
 def test_a_body_shared_with_another_run_is_kept_for_it(tmp_path: Path) -> None:
     shared = filler(7, 3000)
     a = make_run("a", [shared, filler(8, 3000)])

@@ -434,7 +434,21 @@ def _extract_dead_branches(planner: _Planner, target: int) -> int:
 
 
 def _drop_dead_text(planner: _Planner, target: int) -> int:
-    """Step 3: drop the text of dead branches (largest first); refs a live reader still sees are kept."""
+    """Step 3: drop the text of dead branches (largest first); refs a live reader still sees are kept.
+
+    Passes repeat until one drops nothing: a ref two dead branches share (an extract can equal another body's)
+    is kept while either still shows it, so it may only become droppable once the other has gone. Without the
+    repeat, reducing the same run again to the same target would drop it then — not idempotent."""
+    dropped = 0
+    while planner.tokens() > target:
+        dropped_now = _drop_dead_text_once(planner, target)
+        dropped += dropped_now
+        if dropped_now == 0:
+            break
+    return dropped
+
+
+def _drop_dead_text_once(planner: _Planner, target: int) -> int:
     dropped = 0
     for index in _dead_branches_by_size(planner):
         if planner.tokens() <= target:
