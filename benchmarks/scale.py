@@ -34,24 +34,7 @@ one JSON line (the figures per N and whether each target was met).
 ``--quick`` is N = 50, 200 (a minute or two). ``--work DIR`` keeps the generated trajectories there between runs
 (stores are always made afresh). N = 5,000 takes about 30 minutes here (1.8 GB of stores).
 
-**Figures** (this 2-core machine, shared with five other sessions: load average 11–16 throughout, so wall times are
-inflated several fold and noisy; kvjudge's own CPU in parentheses is the steadier figure). Seconds, wall (CPU),
-``--ceiling 6000 --parallel 4``:
-
-    N (pairs) | ingest      | runs       | reduce        | reduce_local | eval_cold     | eval_cached | rank
-          100 | 3.2 (0.8)   | 1.1 (0.4)  | 20.2 (4.2)    | 8.0 (1.3)    | 15.6 (2.2)    | 7.0 (1.3)   | 7.8 (1.5)
-        1,000 | 23.6 (4.4)  | 4.6 (0.9)  | 124.0 (35.9)  | 49.4 (11.6)  | 38.3 (10.5)   | 6.5 (2.6)   | 4.8 (2.2)
-        5,000 | 60.5 (23.9) | 10.0 (3.6) | 817.4 (186.1) | 474.9 (67.2) | 324.5 (51.0)  | 47.8 (9.4)  | 33.7 (7.3)
-
-CPU per item is flat from 1,000 to 5,000 (reduce 18 → 19 ms a run, eval_cold 10.5 → 10.2 ms a pair, cached eval
-2.6 → 1.9 ms a pair, rank 2.2 → 1.5): every step is linear in N in kvjudge's own work; the wall-time slopes from
-1,000 to 5,000 (1.2–1.4 for the judging steps) are the machine's load. eval_cold: 26 pairs/s at N = 1,000 (target
-20). Cached eval / rank at N = 1,000: 6.5 / 4.8 ms a pair wall, 2.6 / 2.2 ms CPU (target 5; 4.3–5.9 / 4.1–4.2 wall
-in earlier runs under lighter load). reduce / reduce_local: 2.5 at N = 1,000 and 1.7 at 5,000 here, 1.3–1.4 at
-N = 100 and 1,000 under lighter load (target 2); the same reduction each time (``same_reduction``), 18 /tokenize
-requests a run (27 before markers and extracts were counted in batches and short texts remembered). No request
-reaches the judge with every verdict cached (two identification requests per command). Peak RSS grows with N
-(eval_cold 312 MB at 1,000 pairs, 1.26 GB at 5,000; ``runs`` 506 MB at 10,000 runs).
+The latest figures are in docs/benchmarks.md.
 """
 
 from __future__ import annotations
