@@ -1,7 +1,8 @@
 """A run's decisive evidence: found from the folded state, measured in a view, and kept by reduction.
 
-Runs here are hand-built (native format) or SWE-bench-shaped (mini-swe-agent 2.x files from the synthetic
-writer, ingested by the real importer); token counts are chars/4, so each test is exact and quick.
+Runs here are hand-built (native format), or written as each harness kvjudge imports writes them (the writers in
+:mod:`kvjudge.testing`) and ingested by the real importers; token counts are chars/4, so each test is exact and
+quick.
 """
 
 from __future__ import annotations
@@ -27,9 +28,14 @@ from kvjudge.retention.evidence import (
 )
 from kvjudge.retention.reduce import plan_reduction, view_refs
 from kvjudge.retention.state import LOCAL
-from kvjudge.retention.worth import EXPLORATION, FINAL_MESSAGE, body_worth
+from kvjudge.retention.worth import EXPLORATION, FINAL_MESSAGE, SUBMISSION, body_worth
 from kvjudge.testing.filler import filler
-from kvjudge.testing.trajectories import make_episode, mini_swe_agent_v2
+from kvjudge.testing.graded_runs import swe_run
+from kvjudge.testing.harbor import TrialSpec, write_job
+from kvjudge.testing.inspect_logs import eval_spec, sample, write_json_log
+from kvjudge.testing.jsonl import write_jsonl
+from kvjudge.testing.openhands import output_line
+from kvjudge.testing.trajectories import make_episode, mini_swe_agent_v1, mini_swe_agent_v2, swe_agent
 from kvjudge.tokens import CharsPerToken
 
 CHARS = CharsPerToken(4)
@@ -152,6 +158,125 @@ def test_a_final_answer_a_run_that_submits_nothing_and_paired_outputs(tmp_path: 
         assert ended.verification is not None and ended.verification.runner == "make test"
         assert ended.verification.exit_code == 2 and ended.verification.call_seq == 3
         assert evidence_lines(ended, store.text).submission is None
+
+
+def _written(tmp_path: Path, harness: str) -> tuple[Path, Any]:
+    """A run as ``harness`` writes it (for kvjudge's importer), and the submission kvjudge must find in it:
+    ``("patch", its changed lines)`` or ``("answer", its non-blank lines)``."""
+    episode = make_episode("repo__proj-1", 5, target_bytes=6_000, steps=8, patch_lines=6)
+    patch = ("patch", tuple(changed_lines(episode.patch)))
+    if harness == "native":  # the patch is the output of mini-swe-agent's submit command, as a native run has it
+        graded = swe_run("native/repo__proj-1", task="repo__proj-1", passed=True, explore=2)
+        write_jsonl(tmp_path / "runs.jsonl", [graded.run])
+        return tmp_path / "runs.jsonl", ("patch", tuple(changed_lines(graded.patch)))
+    if harness.startswith(("mini-swe-agent", "swe-agent")):
+        document = {"mini-swe-agent 1": mini_swe_agent_v1, "swe-agent": swe_agent,
+                    "mini-swe-agent 2": mini_swe_agent_v2,
+                    "mini-swe-agent 2 text": lambda e: mini_swe_agent_v2(e, tool_calls=False)}[harness](episode)
+        path = tmp_path / ("run.traj" if harness == "swe-agent" else "run.traj.json")
+        path.write_text(json.dumps(document))
+        return path, patch
+    if harness == "openhands":
+        write_jsonl(tmp_path / "output.jsonl", [output_line(episode, "claude-sonnet-4-5")])
+        return tmp_path / "output.jsonl", patch
+    if harness.startswith("harbor"):
+        agent = harness.split()[1]
+        job = write_job(tmp_path / "jobs", "j", [TrialSpec("hello-world", agent=agent, seed=2, steps=4)])
+        if agent == "claude-code":  # ends on the agent's last message
+            return job, ("answer", ("The change is in place and the tests pass.",))
+        # Terminus ends on mark_task_complete(), no arguments: its answer is the message that made the call.
+        message = json.dumps({"analysis": "The tests pass.", "plan": "Done.", "commands": [], "task_complete": True},
+                             indent=2)
+        return job, ("answer", tuple(message.splitlines()))
+    if harness == "inspect":
+        model = "openai/gpt-4o"
+        path = write_json_log(tmp_path / "log.json", eval_spec("csv", model),
+                              [sample(episode, 1, 1, model=model)])
+        return path, ("answer", ("ANSWER: a,b",))
+    assert harness == "openai chat"
+    chat = {"id": "chat-1", "messages": [
+        {"role": "user", "content": "Why do quoted fields split?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "bash", "arguments": '{"command": "cat rows.py"}'}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "def split_row(line): return line.split(',')"},
+        {"role": "assistant", "content": "split_row splits on every comma.\nQuotes are not read."}]}
+    write_jsonl(tmp_path / "chat.jsonl", [chat])
+    return tmp_path / "chat.jsonl", ("answer", ("split_row splits on every comma.", "Quotes are not read."))
+
+
+@pytest.mark.parametrize("harness", ["native", "mini-swe-agent 1", "mini-swe-agent 2", "mini-swe-agent 2 text",
+                                     "swe-agent", "openhands", "harbor claude-code", "harbor terminus-2", "inspect",
+                                     "openai chat"])
+def test_the_final_submission_is_found_in_every_shape_kvjudge_imports(tmp_path: Path, harness: str) -> None:
+    path, (kind, lines) = _written(tmp_path, harness)
+    with Store.open(tmp_path / "store.sqlite") as store:
+        [run_id] = store.ingest([path]).runs
+        state = store.run(run_id)
+        found = find_evidence(state, store.text)
+        last = state.branches[0].transitions[-1]
+        assert found.submission_ref in {last.text_ref, (last.tool_call or {}).get("arguments_ref"),
+                                        (last.tool_output or {}).get("output_ref"),
+                                        state.branches[0].transitions[-2].text_ref}  # its last transition
+        submitted = evidence_lines(found, store.text)
+        assert (submitted.submission, submitted.submission_lines) == (kind, lines)
+        # Reduction keeps it longest: the submission is the last body to be cut.
+        assert body_worth(state, found, store.text)[found.submission_ref].rank == SUBMISSION
+
+
+def test_a_run_that_ends_on_a_submit_commands_output_submitted_it(tmp_path: Path) -> None:
+    sentinel = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
+    runs = {
+        # The sentinel in the command (JSON arguments), mini-swe-agent's older word in the output.
+        "json": [step("assistant", "Submit.", ("bash", {"command": "echo MINI_SWE_AGENT_FINAL_OUTPUT; git diff"})),
+                 step("tool", output=("MINI_SWE_AGENT_FINAL_OUTPUT\n" + PATCH, 0))],
+        "diff": [step("assistant", "The change.", ("bash", "git diff")), step("tool", output=(PATCH, 0))],
+        # SWE-agent's bare submit command, its call and output on one transition.
+        "bare": [step("tool", None, ("bash", "submit\n"), ("Submitted; nothing changed.", 0))],
+        # An output that starts with the sentinel answers no known call: it is the submission all the same.
+        "word": [step("tool", output=(f"\n{sentinel}\nNo changes.", 0))],
+        # inspect's submit tool echoes what it was given: the submission is the call's arguments.
+        "echo": [step("assistant", "Done.", ("submit", {"answer": "42"})), step("tool", output=("42", None))],
+        # Whatever ran last is no submission when its command and output are none.
+        "cat": [step("assistant", "Read it.", ("bash", "git diff")), step("tool", output=(PATCH, 0)),
+                step("assistant", "And the module.", ("bash", "cat src/rows.py")),
+                step("tool", output=("def split_row(line):", 0))],
+    }
+    with store_from_runs(tmp_path / "store.sqlite", [native(name, [step("user", "Fix it."), *transitions])
+                                                      for name, transitions in runs.items()]) as store:
+        def submitted(name: str) -> tuple[str | None, str | None, Any]:
+            state = store.run(name)
+            found = find_evidence(state, store.text)
+            lines = evidence_lines(found, store.text)
+            last = state.branches[0].transitions[-1]
+            where = next((place for place, ref in (("output", (last.tool_output or {}).get("output_ref")),
+                                                   ("arguments", (state.branches[0].transitions[-2].tool_call or {})
+                                                    .get("arguments_ref"))) if ref == found.submission_ref), None)
+            return where, lines.submission, lines.submission_lines
+
+        patch = tuple(changed_lines(PATCH))
+        assert submitted("json") == ("output", "patch", patch)
+        assert submitted("diff") == ("output", "patch", patch)
+        assert submitted("bare") == ("output", "answer", ("Submitted; nothing changed.",))
+        assert submitted("word") == ("output", "answer", (sentinel, "No changes."))
+        assert submitted("echo") == ("arguments", "answer", ('{"answer":"42"}',))
+        assert submitted("cat") == (None, None, None)
+
+
+def test_reduction_keeps_a_native_runs_submitted_patch_whole_and_cuts_exploration_first(tmp_path: Path) -> None:
+    graded = swe_run("native/repo__proj-1", task="repo__proj-1", passed=False, explore=6, file_lines=80)
+    with store_from_runs(tmp_path / "store.sqlite", [graded.run]) as store:
+        state = store.run(graded.id)
+        full = sum(CHARS.count(store.text(ref)) for ref in view_refs(state))
+        needed = _needed(state, store)
+        assert needed < full // 3
+        plan = plan_reduction(state, store.text, CHARS, needed)
+        view = _view(plan, store)
+        assert plan.fits and all(escape(line) in view.splitlines() for line in graded.patch.splitlines())
+        assert escape(graded.outcome) in view
+        cut = {e.original for e in plan.events if e.kind == "Reduced"}
+        explored = [t.tool_output["output_ref"] for t in state.branches[0].transitions[3:15:2]]
+        assert set(explored) <= cut  # the six file dumps went to make room
+        assert measure(state, store.text, view, escape).whole
 
 
 # ---------------------------------------------------------------------------------------------- measuring

@@ -5,7 +5,8 @@ The bundled judge model has no signal, so nothing measured with it can show that
 :mod:`kvjudge.testing.sim_judge`, served over HTTP as vLLM serves a model, whose accuracy and position bias are
 set and which decides a pair only when both runs' final patch and last test outcome are visible in their views.
 The runs are SWE-bench-shaped (:mod:`kvjudge.testing.graded_runs`), ingested with `kvjudge ingest`; the server
-is certified with `kvjudge probe --server`, and every figure below comes from the CLI's JSON.
+is certified with `kvjudge probe --server`, and every figure below comes from the CLI's JSON — the evidence
+figures too: how much of each run's patch and last test outcome each view shows, whatever the judge made of it.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import pytest
 from helpers import kvjudge, kvjudge_json
 
 from kvjudge.testing.graded_runs import GradedRun, swe_run, write_graded
-from kvjudge.testing.sim_judge import Settings, SimJudgeServer, draw
+from kvjudge.testing.sim_judge import Settings, SimJudge, SimJudgeServer, draw
 
 PARALLEL = "4"  # requests in flight: the simulated judge answers at once, the client is the bottleneck
 
@@ -120,20 +121,32 @@ def test_rank_recovers_the_order_of_three_agents(tmp_path: Path, serve) -> None:
 
 
 # ----------------------------------------------------------------------------------------- still grades
-# Runs of ≈ 5,500 tokens: six 80-line source files read while exploring, a 12-line patch, a test log. Reduced to
-# 4,000 tokens today's reduction cuts every body above a common cap of ≈ 400 tokens, which the patch and the test
-# log are under: the evidence survives. At 1,200 the cap is far under the patch: the evidence is cut.
-EVIDENCE_SURVIVES = 4000
-EVIDENCE_CUT = 1200
+# Runs of ≈ 5,300 tokens (counted by the simulated judge): six 80-line source files read while exploring, a 12-line
+# patch (≈ 300 tokens) submitted as the output of mini-swe-agent's submit command, a test log. Reduced to 800 tokens
+# the views keep about a sixth of the runs: reduction cuts the file dumps (exploration, cut first) and keeps the
+# patch and the test outcome (the run's evidence, cut last) whole. The negative control reduces every view below the
+# patch's own size: no view that small can hold the patch, so reduction must cut it.
+EVIDENCE_KEPT = 800
 
 
-def test_still_grades_holds_where_the_evidence_survives_and_loses_every_verdict_where_it_is_cut(
-        tmp_path: Path, serve) -> None:
+def _still_grades_runs() -> list[GradedRun]:
     runs = []
     for number in range(40):
         task = f"repo__issue-{number}"
         runs += [swe_run(f"{task}/pass", task=task, passed=True, seed=number, explore=6, file_lines=80),
                  swe_run(f"{task}/fail", task=task, passed=False, seed=number, explore=6, file_lines=80)]
+    return runs
+
+
+def _evidence(verdict: dict, side: str) -> list[tuple[float, bool]]:
+    """(share of the submission shown, last test outcome shown) of each run of a still-grades pair, on ``side``."""
+    return [(e[side]["submission_share"], e[side]["verification_outcome_visible"])
+            for e in (verdict["evidence"]["a"], verdict["evidence"]["b"])]
+
+
+def test_still_grades_holds_where_reduction_keeps_the_evidence_and_reports_every_verdict_lost_where_it_is_cut(
+        tmp_path: Path, serve) -> None:
+    runs = _still_grades_runs()
     store, key = _ingest(tmp_path, runs)
     pairs = tmp_path / "pairs.jsonl"
     pairs.write_text("".join(json.dumps({"a": f"repo__issue-{n}/pass", "b": f"repo__issue-{n}/fail"}) + "\n"
@@ -146,23 +159,87 @@ def test_still_grades_holds_where_the_evidence_survives_and_loses_every_verdict_
                             "--server", server.url, "--store", str(store), "--parallel", PARALLEL)
         return lines[:-1], lines[-1]["summary"], Counter(server.judge.reasons) - before
 
-    verdicts, summary, reasons = still_grades(EVIDENCE_SURVIVES)
+    verdicts, summary, reasons = still_grades(EVIDENCE_KEPT)
     assert (summary["pairs"], summary["compared"], summary["full_cut"], summary["same_views"]) == (40, 40, 0, 0)
-    assert all(v["view_tokens"]["reduced"]["a"] < v["view_tokens"]["full"]["a"] for v in verdicts)
+    # Reduction really cut the runs: each reduced view is under a quarter of its full view.
+    assert all(v["view_tokens"]["reduced"][r] < v["view_tokens"]["full"][r] / 4 for v in verdicts for r in "ab")
     full_outcomes = summary["outcomes"]["full"]
     assert full_outcomes["a"] + full_outcomes["b"] == 40  # the full runs show the evidence: every pair decided
+    # It kept the evidence: every run's whole patch and last test outcome, on both sides, so nothing is flagged.
+    for side in ("full", "reduced"):
+        assert all(_evidence(v, side) == [(1.0, True), (1.0, True)] for v in verdicts)
+        assert summary["evidence"][side] == {"views": 80, "submissions_measured": 80, "mean_submission_share": 1.0,
+                                             "submission_whole": 80, "outcomes_measured": 80, "outcome_visible": 80}
+    assert summary["evidence"]["hidden_pairs"] == 0 and not any(v["evidence_hidden"] for v in verdicts)
+    # So still-grades holds: at least 95 % of verdicts, none flipped or lost; every call was decided on the evidence.
     assert summary["agreement"] >= 0.95 and summary["flips"] == 0 and summary["lost"] == 0
-    # Both sides' views showed each run's whole patch and test outcome: every call was decided on it.
     assert reasons == {"decided": 160}
 
-    verdicts, summary, reasons = still_grades(EVIDENCE_CUT)
+    # The negative control: a target below the smallest patch, so that reduction must cut every patch.
+    below = min(len(SimJudge.tokens(run.patch)) for run in runs) - 1
+    verdicts, summary, reasons = still_grades(below)
     assert summary["compared"] == 40
-    # The negative control fails the way it should: no verdict holds, every one is counted as lost.
-    assert summary["agreement"] == 0.0 and summary["lost"] == 40 and summary["flips"] == 0
-    assert summary["outcomes"]["reduced"]["inconsistent"] == 40  # no preference, each order leaning to position A
+    # Every run's evidence is flagged as hidden by the reduction (the full side still shows it whole) …
+    assert summary["evidence"]["hidden_pairs"] == 40 and all(v["evidence_hidden"] for v in verdicts)
+    assert all(v["evidence"][r]["hidden"] for v in verdicts for r in "ab")
+    assert all(_evidence(v, "full") == [(1.0, True), (1.0, True)] for v in verdicts)
+    assert all(share < 1.0 and not shown for v in verdicts for share, shown in _evidence(v, "reduced"))
+    assert summary["evidence"]["reduced"]["submission_whole"] == 0
+    assert summary["evidence"]["reduced"]["outcome_visible"] == 0
+    # … and still-grades fails the way it should: no verdict holds, every decision is reported lost (the judge has
+    # no preference without the evidence: each order leans to position A, an inconsistent verdict).
+    assert summary["agreement"] == 0.0 and summary["agreement"] < 0.95
+    assert summary["lost"] == 40 and summary["flips"] == 0
+    assert summary["outcomes"]["reduced"]["inconsistent"] == 40
     assert all(v["held"] is False and v["lost"] is True for v in verdicts)
     # The full side came from the judgment cache; the reduced views hid the evidence from every call.
     assert set(reasons) <= {"evidence_hidden", "unidentified"} and sum(reasons.values()) == 80
+
+
+# Windows for eval's evidence figures: one that holds both runs whole; one in which each view must be cut to about a
+# fifth of its run (≈ 1,000 of ≈ 5,300 tokens), which the evidence survives; one in which each view gets less than
+# its evidence needs.
+WHOLE_WINDOW, CUT_WINDOW, STARVED_WINDOW = 32_768, 2_400, 1_800
+
+
+def test_eval_reports_how_much_evidence_each_judged_view_shows_and_flags_a_cut_that_hides_it(
+        tmp_path: Path, serve) -> None:
+    runs = _still_grades_runs()[:24]
+    store, key = _ingest(tmp_path, runs)
+    by_id = {run.id: run for run in runs}
+    right = sum(draw(5, by_id[f"repo__issue-{n}/pass"].key.marker, by_id[f"repo__issue-{n}/fail"].key.marker) < 0.8
+                for n in range(12))
+    whole = {"views": 24, "submissions_measured": 24, "mean_submission_share": 1.0, "submission_whole": 24,
+             "outcomes_measured": 24, "outcome_visible": 24}
+
+    def evaluated(window: int) -> tuple[dict, dict, Counter]:
+        server = serve(key, Settings(accuracy=0.8, bias=0.6, seed=5, max_model_len=window))
+        result = kvjudge_json("eval", "--server", server.url, "--store", str(store), "--parallel", PARALLEL,
+                              "--png", str(tmp_path / "eval.png"))
+        [figures] = result["templates"].values()
+        assert figures["graded_pairs"] == 12
+        return figures, figures["evidence"], Counter(server.judge.reasons)
+
+    figures, evidence, reasons = evaluated(WHOLE_WINDOW)
+    assert not figures["window"]["cut"]
+    assert evidence == {"full": whole, "judged": whole, "hidden_pairs": 0, "hidden": []}
+    assert figures["judge"]["correct"] == right and reasons == {"decided": 24}
+
+    # Cut to fit a small window, the views still show every run's whole patch and test outcome: nothing is flagged,
+    # and the judge gets exactly the pairs right it got right with the whole runs.
+    figures, evidence, reasons = evaluated(CUT_WINDOW)
+    assert figures["window"]["cut"] and figures["window"]["n_ctx"] < figures["window"]["needed"] / 4
+    assert evidence == {"full": whole, "judged": whole, "hidden_pairs": 0, "hidden": []}
+    assert figures["judge"]["correct"] == right and reasons == {"decided": 24}
+
+    # In a window too small for the evidence, every pair is flagged, and the judge decides none.
+    figures, evidence, reasons = evaluated(STARVED_WINDOW)
+    assert evidence["full"] == whole
+    judged = evidence["judged"]
+    assert judged["mean_submission_share"] < 1.0 and judged["submission_whole"] == 0 and judged["outcome_visible"] == 0
+    assert evidence["hidden_pairs"] == 12
+    assert sorted(evidence["hidden"]) == sorted(f"repo__issue-{n}/fail vs repo__issue-{n}/pass" for n in range(12))
+    assert figures["judge"]["decisive"] == 0 and set(reasons) <= {"evidence_hidden", "unidentified"}
 
 
 def _json_lines(*args: str) -> list[dict]:

@@ -1,25 +1,31 @@
 """What the judge reads of a pair: text both runs share quoted once, packing token-exact with it, the evidence each
 view keeps (on the verdict, in still-grades and in eval), and `kvjudge show --judge-view` — the same view.
 
-Token counts use the bundled models' own tokenizers (vocab only: no weights), except the last test, which judges a
-pair with the default model to catch the prompt it really evaluates.
+Token counts use the bundled models' own tokenizers (vocab only: no weights), except in the `show --judge-view`
+tests: one judges a pair with the default model to catch the prompt it really evaluates, one counts through a
+simulated judge's server (:mod:`kvjudge.testing.sim_judge`: no model loads) to fit views within `--allowance`.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 from helpers import cli_json, store_from_runs
 
+from kvjudge.cli import main
 from kvjudge.judge import Judge, LlamaBackend, OrderScore, Verdict, base_view, pack_pair
 from kvjudge.judge.evaluate import evaluate
 from kvjudge.judge.prompt import COMMON_CLOSING, COMMON_OPENING, RAW, closing, opening
 from kvjudge.judge.stillgrades import still_grades
 from kvjudge.retention import Store
 from kvjudge.testing.filler import filler
+from kvjudge.testing.graded_runs import swe_run
+from kvjudge.testing.sim_judge import Settings as SimSettings
+from kvjudge.testing.sim_judge import SimJudge, write_key
 
 SYSTEM = ("You are a careful software engineer. Work in small steps, run the tests after every change, and never "
           "edit the tests themselves. When you are done, submit a unified diff of your change.")
@@ -246,8 +252,50 @@ def test_show_judge_view_prints_the_view_the_judge_sends(tmp_path: Path, default
     assert code == 0 and view["common"] is None and view["text"] == between(prompt_cd, opening("A"), closing("A"))
     assert view["allowance"] == judge.room_at(n_ctx) // 2 and view["evidence"]["submission"] == "patch"
     # People get the same text (run text shown visibly: this one has no control characters).
-    from kvjudge.cli import main
-
     assert main(["show", "c", "--judge-view", *common]) == 0
     assert capsys.readouterr().out == view["text"] + "\n"
     assert closing("A").strip() not in view["text"]
+
+
+def test_show_judge_view_within_an_allowance(tmp_path: Path, start_sim, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--allowance N``: the view cut to N tokens of the judge's own counting (a served judge: no model loads),
+    keeping the evidence while N allows; a one-line error where not even the view's skeleton fits."""
+    runs = [swe_run("t/pass", task="t", passed=True, explore=6, file_lines=80),
+            swe_run("t/fail", task="t", passed=False, explore=6, file_lines=80)]
+    key = write_key(tmp_path / "key.json", [run.key for run in runs])
+    store_from_runs(tmp_path / "store.sqlite", [run.run for run in runs]).close()
+    server = start_sim(key, SimSettings(max_model_len=8192))
+    assert cli_json(capsys, "probe", "--server", server.url)[1]["certified"]
+    common = ("--server", server.url, "--store", str(tmp_path / "store.sqlite"))
+
+    def view(allowance: int | None) -> dict[str, Any]:
+        extra = () if allowance is None else ("--allowance", str(allowance))
+        code, shown = cli_json(capsys, "show", "t/pass", "--judge-view", *extra, *common)
+        assert code == 0
+        return shown
+
+    default = view(None)  # half the room of the largest window: as beside a run as long as itself
+    assert view(default["allowance"])["text"] == default["text"]
+    whole = {"submission": "patch", "submission_lines": 12, "submission_visible": 12, "submission_share": 1.0,
+             "submission_whole": True, "verification": "python -m pytest/unittest/tox/nox",
+             "verification_outcome_visible": True}
+    kept = view(800)
+    assert kept["allowance"] == 800 and kept["further_reduced"]
+    assert kept["tokens"] == len(SimJudge.tokens(kept["text"])) <= 800  # counted as the judge counts: its server's
+    assert kept["tokens"] < default["tokens"] / 4
+    assert kept["evidence"] == kept["evidence_full"] == whole  # the file dumps went, the patch and outcome stayed
+    assert all(line in kept["text"].splitlines() for line in runs[0].patch.splitlines())
+    assert runs[0].outcome in kept["text"] and len(re.findall(r"\[\d+ lines cut\]", kept["text"])) >= 6
+    # People get the same text, markers and all.
+    assert main(["show", "t/pass", "--judge-view", "--allowance", "800", *common]) == 0
+    assert capsys.readouterr().out == kept["text"] + "\n"
+    starved = view(450)  # under what the evidence needs: the view shows it, and says how little of it
+    assert starved["tokens"] <= 450 and starved["evidence_full"] == whole
+    assert starved["evidence"]["submission_share"] < 1.0 and not starved["evidence"]["verification_outcome_visible"]
+    assert main(["show", "t/pass", "--judge-view", "--allowance", "300", *common]) == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert re.fullmatch(r"kvjudge: error: run t/pass cannot be judged in a \d+-token window: even the skeleton "
+                        r"takes \d+ tokens, over the 300-token allowance", error)
+    for bad in (("--allowance", "0"), ("--allowance", "800", "--beside", "t/fail")):
+        assert main(["show", "t/pass", "--judge-view", *bad, *common]) == 2
+        assert "--allowance must be a positive number of tokens" in capsys.readouterr().err

@@ -3,9 +3,19 @@
 Four things decide how a coding-agent run is graded, and reduction keeps them for as long as the ceiling allows:
 
 - the **task**: the run's task prompt;
-- the **final submission**: the live branch's last transition — the arguments of a submission tool call (a
-  patch: ``submit`` in mini-swe-agent and SWE-agent runs, see :data:`SUBMIT_TOOLS`), else the text of a last
-  assistant message (a final answer). A run that ends on a tool result or a user message submitted nothing;
+- the **final submission**: the live branch's last transition, in whichever shape the run's harness left it:
+
+  - a submission tool call (:data:`SUBMIT_TOOLS`), or the output answering one that ends the run (inspect's
+    ``submit(answer)``): the call's arguments (the importers of mini-swe-agent, SWE-agent and OpenHands runs make
+    the final patch a ``submit`` call's arguments), or the text of the message that made the call when the call
+    has no arguments (Terminus's ``mark_task_complete``);
+  - a tool output that ends the run and is a submission: its command is a submit command (it prints a
+    :data:`SUBMIT_SENTINELS` word, as mini-swe-agent's ``echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && git add -A
+    && git diff --cached`` in a native run, or it is a bare ``submit``), or the output starts with such a word, or
+    it is a unified diff;
+  - else the text of a last assistant message: a final answer (Harbor, inspect and chat runs).
+
+  A run that ends on any other tool output, or on a user message, submitted nothing;
 - the **last verification** the agent ran itself: the last tool call on the live branch whose command runs tests
   (:data:`TEST_COMMANDS`: pytest, unittest, tox, nox, ``make test``, npm/yarn/pnpm test, go test, cargo test, a
   project's own test runner, a test or reproduce script). Its outcome is the final lines of its output
@@ -13,10 +23,10 @@ Four things decide how a coding-agent run is graded, and reduction keeps them fo
 - the **final assistant message**: the text of the live branch's last assistant transition that has any.
 
 :func:`find_evidence` reads refs, roles and tool calls from the state and reads bodies only for tool-call
-arguments (to tell a test command from any other). :func:`measure` says how much of that evidence a view text
-shows: the share of the submission's lines it shows (for a patch its changed lines, ``+``/``-`` inside hunks,
-never the ``+++``/``---`` file headers; for anything else its non-blank lines) and whether the last verification's
-outcome lines all appear in it.
+arguments (to tell a test or submit command from any other) and the output that ends the run (to tell a
+submission). :func:`measure` says how much of that evidence a view text shows: the share of the submission's lines
+it shows (for a patch its changed lines, ``+``/``-`` inside hunks, never the ``+++``/``---`` file headers; for
+anything else its non-blank lines) and whether the last verification's outcome lines all appear in it.
 """
 
 from __future__ import annotations
@@ -28,12 +38,19 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from kvjudge.retention.state import Branch, RunState, resolve
+from kvjudge.retention.state import Branch, RunState, Transition, resolve
 
 TextOf = Callable[[str], "str | None"]
 
 #: Tool calls whose arguments are the run's submission (a patch or a final answer).
-SUBMIT_TOOLS = frozenset({"submit", "submit_patch", "finish", "final_answer", "attempt_completion"})
+SUBMIT_TOOLS = frozenset({"submit", "submit_patch", "finish", "final_answer", "attempt_completion",
+                          "mark_task_complete"})
+# Arguments that carry nothing: a submit call made without any (its message is the answer).
+_NO_ARGUMENTS = frozenset({"", "{}", "[]", "null", '""'})
+
+#: Words a submit command prints before the submission: mini-swe-agent's ``echo
+#: COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && git add -A && git diff --cached`` (and the word its older releases used).
+SUBMIT_SENTINELS = ("COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT", "MINI_SWE_AGENT_FINAL_OUTPUT")
 
 #: Commands that run tests, matched at the start of each simple command of a tool call (after ``&&``, ``||``,
 #: ``;``, ``|`` or a newline, and after environment assignments and wrappers such as ``timeout 60``): a name
@@ -165,15 +182,59 @@ class Evidence:
         return {name: ref for name, ref in found.items() if ref}
 
 
-def submission_ref(branch: Branch) -> str | None:
-    """The body of the run's final submission: the live branch's last transition (see the module doc)."""
+def submission_ref(branch: Branch, text_of: TextOf) -> str | None:
+    """The body of the run's final submission: the live branch's last transition (see the module doc).
+
+    ``text_of`` reads the last transition's tool output and the call it answers (nothing else is read).
+    """
     last = branch.transitions[-1]
-    call = last.tool_call
-    if call and call.get("name") in SUBMIT_TOOLS and call.get("arguments_ref"):
-        return call["arguments_ref"]
-    if last.role == "assistant" and last.text_ref and not last.tool_output:
+    answered = None  # the tool run whose output ends the run
+    if last.tool_output:
+        answered = next((run for run in tool_runs(branch) if run.output_seq == last.seq), None)
+    caller = last  # the transition that made the last call: the last one, or the one its output answers
+    if not last.tool_call and answered is not None:
+        caller = next(t for t in branch.transitions if t.seq == answered.call_seq)
+    if caller.tool_call and caller.tool_call.get("name") in SUBMIT_TOOLS:
+        return _submitted_call(caller, text_of)
+    if last.tool_output:
+        return _submitted_output(last, answered, text_of)
+    if last.role == "assistant" and last.text_ref:
         return last.text_ref
     return None
+
+
+def _submitted_call(caller: Transition, text_of: TextOf) -> str | None:
+    """What a submit call submitted: its arguments, or when they carry nothing (``mark_task_complete()``) the
+    text of the message that made it (the final answer)."""
+    arguments_ref = caller.tool_call.get("arguments_ref") if caller.tool_call else None
+    if arguments_ref is not None:
+        arguments = text_of(arguments_ref)
+        if arguments is None or arguments.strip() not in _NO_ARGUMENTS:
+            return arguments_ref
+    return caller.text_ref
+
+
+def _submitted_output(last: Transition, answered: ToolRun | None, text_of: TextOf) -> str | None:
+    """The output ``last`` ends the run on, when it is a submission: its command is a submit command, or it starts
+    with a :data:`SUBMIT_SENTINELS` word, or it is a unified diff (None: it submits nothing)."""
+    output_ref = last.tool_output.get("output_ref") if last.tool_output else None
+    if output_ref is None:
+        return None
+    command = text_of(answered.command_ref) if answered is not None and answered.command_ref else None
+    if command is not None and _submits(_command_text(command)):
+        return output_ref
+    output = text_of(output_ref)
+    if output is not None:
+        first = next((line.strip() for line in output.splitlines() if line.strip()), "")
+        if first in SUBMIT_SENTINELS or is_patch(output):
+            return output_ref
+    return None
+
+
+def _submits(command: str) -> bool:
+    """A submit command: it prints a :data:`SUBMIT_SENTINELS` word, or it is a bare submit tool (SWE-agent's
+    ``submit``)."""
+    return any(word in command for word in SUBMIT_SENTINELS) or command.strip() in SUBMIT_TOOLS
 
 
 def testing_runs(runs: Iterable[ToolRun], command_of: TextOf) -> Iterator[tuple[ToolRun, str]]:
@@ -186,19 +247,22 @@ def testing_runs(runs: Iterable[ToolRun], command_of: TextOf) -> Iterator[tuple[
 
 
 def find_evidence(state: RunState, text_of: TextOf) -> Evidence:
-    """The decisive evidence of ``state``; ``text_of`` reads tool-call arguments (nothing else is read)."""
+    """The decisive evidence of ``state``; ``text_of`` reads tool-call arguments and the last tool output
+    (nothing else is read)."""
     branch = live_branch(state)
     if branch is None:
         return Evidence(state.id, None, state.task_prompt_ref, None, None, None)
     final_message = next((t.text_ref for t in reversed(branch.transitions) if t.role == "assistant" and t.text_ref),
                          None)
-    found = list(testing_runs(tool_runs(branch), readable(state, text_of)))
+    read = readable(state, text_of)
+    found = list(testing_runs(tool_runs(branch), read))
     verification = None
     if found:
         run, runner = found[-1]
         assert run.command_ref is not None
         verification = Verification(runner, run.call_seq, run.command_ref, run.output_ref, run.exit_code)
-    return Evidence(state.id, branch.id, state.task_prompt_ref, submission_ref(branch), final_message, verification)
+    return Evidence(state.id, branch.id, state.task_prompt_ref, submission_ref(branch, read), final_message,
+                    verification)
 
 
 # --------------------------------------------------------------------------------------------- the measure
@@ -339,7 +403,7 @@ def measure(state: RunState, text_of: TextOf, view: str, quote: Callable[[str], 
     return visibility(evidence_lines(find_evidence(state, text_of), text_of), view, quote)
 
 
-__all__ = ["COMMAND_KEYS", "OUTCOME_LINES", "SUBMIT_TOOLS", "TEST_COMMANDS", "Evidence", "EvidenceLines", "ToolRun",
-           "Verification", "Visibility", "changed_lines", "diff_lines", "evidence_lines", "find_evidence", "is_patch",
-           "live_branch", "measure", "readable", "submission_ref", "runs_tests", "testing_runs", "tool_runs",
-           "visibility"]
+__all__ = ["COMMAND_KEYS", "OUTCOME_LINES", "SUBMIT_SENTINELS", "SUBMIT_TOOLS", "TEST_COMMANDS", "Evidence",
+           "EvidenceLines", "ToolRun", "Verification", "Visibility", "changed_lines", "diff_lines", "evidence_lines",
+           "find_evidence", "is_patch", "live_branch", "measure", "readable", "submission_ref", "runs_tests",
+           "testing_runs", "tool_runs", "visibility"]
