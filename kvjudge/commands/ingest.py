@@ -26,6 +26,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--agent", metavar="NAME",
                         help="agent of every run, overriding the model named in the trajectory (run ids of "
                              "trajectories are AGENT/INSTANCE_ID)")
+    parser.add_argument("--trial", metavar="LABEL",
+                        help="which run of each agent on each instance these files are (mini-swe-agent, SWE-agent, "
+                             "OpenHands: their files name no trial), for a repeated run: run ids become "
+                             "AGENT/INSTANCE_ID/LABEL and kvjudge judge/eval/rank pair them by trial")
     add_results_args(parser)
     parser.add_argument("--skip-bad", action="store_true",
                         help="import the other files when one is malformed, and list it at the end")
@@ -45,7 +49,7 @@ def _ingest(args: argparse.Namespace) -> int:
         info(f"{len(sources)} file(s), {megabytes(total)} MB: importing")
     with target.open_store(read_tiered=False) as store, progress("ingesting", len(sources)) as advance:
         report = ingest_sources(store, sources, ignored_files=ignored, fmt=args.format, tenant=args.tenant,
-                                agent=args.agent, results=args.results, skip_bad=args.skip_bad,
+                                agent=args.agent, results=args.results, skip_bad=args.skip_bad, trial=args.trial,
                                 repair_text=args.repair_text,
                                 progress=lambda n, description: advance(n, description=description))
     if report.unmatched_results:

@@ -58,20 +58,20 @@ class GradeReport:
 
 
 def attach_grades(store: Store, results: Sequence[str], run_ids: Sequence[str] | None = None, *,
-                  tenant: str | None = None, replace: bool = False) -> GradeReport:
+                  tenant: str | None = None, trial: str | None = None, replace: bool = False) -> GradeReport:
     """Attach the grades ``results`` (``[AGENT=]FILE`` values, as ``--results``) give to the runs ``run_ids``
-    (None: every run, or ``tenant``'s); the module docstring says how. Raises before writing anything: an
-    unknown run (StoreError), unreadable or ambiguous results (IngestError), a conflicting grade without
-    ``replace`` (RunStateError)."""
+    (None: every run, or ``tenant``'s, or those of trial ``trial``); the module docstring says how. Raises before
+    writing anything: an unknown run (StoreError), unreadable or ambiguous results (IngestError), a conflicting
+    grade without ``replace`` (RunStateError)."""
     if not results:
         raise IngestError("no results to attach; pass --results [AGENT=]FILE (repeatable)")
     index = ResultsIndex(load_results(results))  # read before the write lock is taken
     report = GradeReport(store=str(store.path))
     with store.transaction(LABEL):
         states = [store.run(run_id) for run_id in dict.fromkeys(run_ids)] if run_ids is not None \
-            else list(store.iter_runs(tenant))
+            else [state for state in store.iter_runs(tenant) if trial is None or state.trial == trial]
         index.bind_agents(state.agent for state in states if state.agent)
-        plans = [(state, index.grade_for(state.agent, state.task_id, state.id)) for state in states]
+        plans = [(state, index.grade_for(state.agent, state.task_id, state.id, state.trial)) for state in states]
         ambiguous = index.ambiguities()
         if ambiguous:
             more = f" (and {len(ambiguous) - 1} more)" if len(ambiguous) > 1 else ""

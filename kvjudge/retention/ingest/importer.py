@@ -202,13 +202,15 @@ class _FileOutcome:
 
 class _Importer:
     def __init__(self, store: Store, *, fmt: str, tenant: str | None, agent: str | None, results: Sequence[str],
-                 skip_bad: bool, repair_text: bool, progress: Progress | None) -> None:
+                 skip_bad: bool, repair_text: bool, progress: Progress | None, trial: str | None = None) -> None:
         if fmt not in FORMATS:
             raise IngestError(f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")
+        _check_trial_label(trial)
         self.store = store
         self.fmt = fmt
         self.tenant = tenant
         self.agent = agent
+        self.trial = trial
         self.results = ResultsIndex(load_results(results))
         self.skip_bad = skip_bad
         self.repair_text = repair_text
@@ -221,7 +223,7 @@ class _Importer:
 
     def context(self, source: Source, *, hashing: bool = True) -> ParseContext:
         return ParseContext(tenant=self.tenant, agent=self.agent, default_instance=source.default_instance,
-                            hashing=hashing, repair_text=self.repair_text)
+                            hashing=hashing, repair_text=self.repair_text, trial=self.trial)
 
     def run(self, sources: list[Source]) -> None:
         self._total_bytes = sum(source.size for source in sources)
@@ -259,11 +261,11 @@ class _Importer:
                 self._bad(source, exc)
                 continue
             kept.append(source)
-            runs.extend((run.agent, run.task_id, run.run_id) for run in found if run.grading_open)
+            runs.extend((run.agent, run.task_id, run.run_id, run.trial) for run in found if run.grading_open)
             self._advance(0, f"reading whose runs {number}/{len(sources)} files hold, for --results")
-        self.results.bind_agents(agent for agent, _, _ in runs if agent)
-        for agent, task_id, run_id in runs:
-            self.results.grade_for(agent, task_id, run_id)
+        self.results.bind_agents(agent for agent, _, _, _ in runs if agent)
+        for agent, task_id, run_id, trial in runs:
+            self.results.grade_for(agent, task_id, run_id, trial)
         ambiguous = self.results.ambiguities()
         if ambiguous:
             more = f" (and {len(ambiguous) - 1} more)" if len(ambiguous) > 1 else ""
@@ -295,9 +297,13 @@ class _Importer:
 
     def _import_run(self, document: Document, source: Source, outcome: _FileOutcome) -> None:
         run = parse_document(document, self.fmt, self.context(source))
+        if self.trial is not None and run.trial != self.trial:
+            own = f"names its own trial {run.trial!r}" if run.trial is not None else "is named by its file alone"
+            raise IngestError(f"{document.where}: --trial labels mini-swe-agent, SWE-agent and OpenHands runs (their "
+                              f"files name no trial); this {run.fmt} run {own}")
         if run.grading_open and run.agent:
             self.agents.add(run.agent)
-        grade = self.results.grade_for(run.agent, run.task_id, run.run_id) if run.grading_open else None
+        grade = self.results.grade_for(run.agent, run.task_id, run.run_id, run.trial) if run.grading_open else None
         digest = run.settle(grade)
         where = document.where
         earlier = outcome.seen.get(run.run_id) or self.seen.get(run.run_id)
@@ -337,6 +343,14 @@ class _Importer:
         return f"{done / 1e6:.1f}/{self._total_bytes / 1e6:.1f} MB"
 
 
+def _check_trial_label(trial: str | None) -> None:
+    """A ``--trial`` label ends a run id (``<agent>/<instance>/<trial>``): not empty, no ``/``, no surrounding
+    whitespace."""
+    if trial is not None and (not trial.strip() or "/" in trial or trial != trial.strip()):
+        raise IngestError(f"--trial {trial!r}: a trial label is a non-empty name without '/' or surrounding spaces "
+                          f"(e.g. --trial 2); it ends each run id: <agent>/<instance>/<trial>")
+
+
 def _final_state(run: ParsedRun) -> str:
     states = [event.state for event in run.events if isinstance(event, ev.StateChanged)]
     return states[-1] if states else "running"
@@ -364,14 +378,16 @@ def stored_content_hash(store: Store, run_id: str, n_events: int) -> str | None:
 
 def ingest_sources(store: Store, sources: list[Source], *, ignored_files: int = 0, fmt: str = "auto",
                    tenant: str | None = None, agent: str | None = None, results: Sequence[str] = (),
-                   skip_bad: bool = False, repair_text: bool = False,
+                   skip_bad: bool = False, repair_text: bool = False, trial: str | None = None,
                    progress: Progress | None = None) -> IngestReport:
     """Import ``sources`` (see :func:`collect_sources`) into ``store``; the module docstring says how.
 
     ``repair_text``: text that is not Unicode is stored as U+FFFD and noted on the run (else refused).
+    ``trial``: the trial of every run (mini-swe-agent, SWE-agent, OpenHands: their files name none), whose id
+    becomes ``<agent>/<instance>/<trial>``; a run that names a trial of its own is refused.
     """
     importer = _Importer(store, fmt=fmt, tenant=tenant, agent=agent, results=results, skip_bad=skip_bad,
-                         repair_text=repair_text, progress=progress)
+                         repair_text=repair_text, progress=progress, trial=trial)
     importer.run(sources)
     report = importer.report
     report.files = len(sources)
