@@ -14,10 +14,12 @@ from kvjudge.retention.late_grades import GradeReport, attach_grades
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "grade", help="attach evaluation results that arrived after the import (a new fact in each run's log)",
-        description="Read evaluation results (SWE-bench reports, OpenHands evaluation output, as --results of "
-                    "ingest) and append each run's grade to its log: an ungraded run becomes graded; what was "
-                    "imported is not changed. Running it again changes nothing; a different grade for a graded "
-                    "run is refused unless --replace.")
+        description="Read evaluation results (SWE-bench reports, OpenHands evaluation output, Harbor result.json "
+                    "files, inspect logs, as --results of ingest) and append each run's grade to its log: an "
+                    "ungraded run becomes graded; what was imported is not changed. Running it again changes "
+                    "nothing; a different grade for a graded run is refused unless --replace. One RUN named with "
+                    "one result for another run id (a trial's result.json for a trajectory imported alone): that "
+                    "result grades RUN.")
     parser.add_argument("runs", nargs="*", metavar="RUN", help="run ids to grade (or --all)")
     parser.add_argument("--all", action="store_true", help="every run in the store (or the tenant's)")
     parser.add_argument("--tenant", metavar="NAME", help="with --all: only this tenant's runs")
@@ -59,5 +61,8 @@ def _human(report: GradeReport) -> None:
     for entry in report.replaced:
         old = ", ".join(canonical_json(grade) for grade in entry["replaces"])
         print(f"  {entry['run']}: {old} replaced by {canonical_json(entry['grade'])}")
+    if report.bound:
+        print(f"  {report.bound['results']} (the result of {report.bound['result_for']}) bound to "
+              f"{report.bound['run']}, the one run named")
     if report.evaluation_errors:
         print(f"  {report.evaluation_errors} result(s) were evaluation errors: those runs stay as they are")

@@ -18,7 +18,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                        "inspect_ai logs (*.eval, .json); files or directories, .gz read transparently")
     parser.add_argument("paths", nargs="+", metavar="PATH",
                         help="run file or directory (walked for *.jsonl, *.traj.json, *.traj, each optionally .gz, "
-                             "*.eval and inspect .json logs, Harbor trials: result.json beside agent/, and OpenHands "
+                             "*.eval and inspect .json logs, ATIF trajectory.json files, Harbor trials: result.json, or "
+                             "config.json while running, beside agent/, and OpenHands "
                              "llm_completions/<instance_id>/*.json)")
     parser.add_argument("--format", choices=FORMATS, default="auto",
                         help="format of every document (default: auto, detected per document)")
@@ -74,6 +75,9 @@ def _human(report: IngestReport) -> None:
               f"{' (agent from the ' + results['agent_from'] + ')' if results['agent_from'] == 'file name' else ''}")
     if report.evaluation_errors:
         print(f"  {report.evaluation_errors} result(s) were evaluation errors: those runs stay ungraded")
+    if report.finished_since:
+        print(f"  {len(report.finished_since)} Harbor trial(s) imported before they finished have finished since: "
+              f"their runs stay as imported; `kvjudge grade --all --results JOB_DIR` attaches their results")
     for run_id, notes in report.repaired.items():
         for note in notes:
             print(f"repaired {run_id}: {describe_repair(note)}")

@@ -7,7 +7,8 @@
   brings it to :data:`BATCH_RUNS` runs or :data:`BATCH_BYTES` of bodies (fault point ``ingest.txn`` before each
   COMMIT, ``ingest.committed`` after it): a file is stored whole or not at all, whatever moment a kill comes.
   A run already stored with the same content is counted as already present and left alone, so the same command
-  run again after a kill finishes the import, and a third time writes nothing.
+  run again after a kill finishes the import, and a third time writes nothing. (So is a Harbor trial imported
+  before it finished, once it has: :func:`~kvjudge.retention.ingest.harbor.finished_since`.)
 - A malformed document, or a run id already stored (or met earlier in this import) with other content, stops the
   import with one line naming the file, the line and the JSON path: nothing of the open batch is written (an
   import within one batch writes nothing), the batches committed before it stay and the line says how many runs
@@ -27,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvjudge.errors import IngestError
 from kvjudge.retention import events as ev
-from kvjudge.retention.ingest.harbor import is_harbor, parse_harbor
+from kvjudge.retention.ingest.harbor import finished_since, is_harbor, parse_harbor
 from kvjudge.retention.ingest.inspect_log import is_inspect_sample, parse_inspect_sample
 from kvjudge.retention.ingest.mini_swe_agent import is_mini_swe_agent, parse_mini_swe_agent
 from kvjudge.retention.faults import fault_point
@@ -121,6 +122,8 @@ class IngestReport:
     runs: list[str] = field(default_factory=list)
     imported: list[str] = field(default_factory=list)
     already_present: list[str] = field(default_factory=list)
+    #: Of the already present: runs imported from a Harbor trial before it finished, which has finished since.
+    finished_since: list[str] = field(default_factory=list)
     skipped: list[dict[str, str]] = field(default_factory=list)  # {"path", "error"}
     states: Counter[str] = field(default_factory=Counter)  # lifecycle state of the imported runs
     results: list[dict[str, Any]] = field(default_factory=list)  # {"results", "agent", "agent_from", "graded"}
@@ -139,7 +142,8 @@ class IngestReport:
         return {"store": self.store, "files": self.files, "bytes": self.bytes, "ignored_files": self.ignored_files,
                 "imported": len(self.imported), "already_present": len(self.already_present),
                 "skipped": len(self.skipped), "ingested": self.imported, "already_present_ids": self.already_present,
-                "skipped_files": self.skipped, "count": len(self.imported), "states": dict(sorted(self.states.items())),
+                "skipped_files": self.skipped, "finished_since": self.finished_since, "count": len(self.imported),
+                "states": dict(sorted(self.states.items())),
                 "results": self.results, "unmatched_results": self.unmatched_results,
                 "evaluation_errors": self.evaluation_errors, "repaired": self.repaired,
                 "dedup": {"body_bytes": self.body_bytes, "stored_bytes": self.stored_bytes,
@@ -195,6 +199,7 @@ class _FileOutcome:
     runs: list[str] = field(default_factory=list)
     imported: list[tuple[str, str, bool]] = field(default_factory=list)  # (run id, final state, text repaired)
     present: list[str] = field(default_factory=list)
+    finished_since: list[str] = field(default_factory=list)
     seen: dict[str, tuple[str, str]] = field(default_factory=dict)  # run id → (where, content hash)
     stored_bytes: int = 0
     body_bytes: int = 0
@@ -289,6 +294,7 @@ class _Importer:
             self.report.imported.append(run_id)
             self.report.states[state] += 1
         self.report.already_present.extend(outcome.present)
+        self.report.finished_since.extend(outcome.finished_since)
         self.report.runs.extend(outcome.runs)
         self.report.body_bytes += outcome.body_bytes
         self.report.stored_bytes += outcome.stored_bytes
@@ -318,7 +324,9 @@ class _Importer:
         stored = stored_content_hash(self.store, run.run_id, len(run.events))
         if stored is not None:
             if stored != digest:
-                raise _conflict(where, run.run_id, stored, digest)
+                if not finished_since(self.store.run(run.run_id).metadata, run):
+                    raise _conflict(where, run.run_id, stored, digest)
+                outcome.finished_since.append(run.run_id)  # kept as imported: its result comes with `grade`
             outcome.present.append(run.run_id)
             return
         outcome.stored_bytes += self.store.write_parsed(run)

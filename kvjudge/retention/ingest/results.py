@@ -315,6 +315,19 @@ class ResultsIndex:
                               f"evaluation")
         return next(iter(grades.values()), None)
 
+    def sole_run_result(self) -> tuple[int, str] | None:
+        """``(file, run id)`` when these results hold exactly one result, and it names a run (one Harbor trial's
+        ``result.json``, say), else None: what ``kvjudge grade RUN`` may bind to the one run named."""
+        named = [(index, run_id) for index, results in enumerate(self.files) for run_id in results.run_grades]
+        if len(named) != 1 or any(results.grades for results in self.files):
+            return None
+        return named[0]
+
+    def take(self, index: int, run_id: str) -> dict[str, Any] | None:
+        """The grade file ``index`` gives run ``run_id``, counted as used (for a result bound to a run by hand)."""
+        self._used_runs.add((index, run_id))
+        return self.files[index].run_grades[run_id]
+
     def ambiguities(self) -> list[str]:
         """Instances a results file that names no agent gave to runs of more than one agent, and results naming
         no trial that fit several trials of one agent."""
