@@ -270,6 +270,68 @@ def test_broken_harbor_trials_are_refused_and_nothing_is_written(store: Store, t
     assert [item["path"] for item in skipped.skipped] == [str(trial)] and len(skipped.imported) == 1
 
 
+def _trial_with(tmp_path: Path, edit, schema_version: str = "ATIF-v1.6") -> Path:  # noqa: ANN001 - edit(trajectory)
+    job = write_job(tmp_path / "jobs", "j", [TrialSpec("hello-world", seed=6, steps=3, schema_version=schema_version)])
+    edit_json(job / "hello-world__AbC1234" / "agent" / "trajectory.json", edit)
+    return job
+
+
+@pytest.mark.parametrize("version", ["ATIF-v1.0", "ATIF-v1.7"])
+def test_atif_versions_of_major_1_and_unknown_fields_are_read(store: Store, tmp_path: Path, version: str) -> None:
+    def edit(data: dict) -> None:  # what a newer minor version may add, and messages as content parts
+        data["provenance"] = {"exporter": "harbor 9.9", "signed": False}
+        data["agent"]["tools"] = [{"name": "bash_command"}]
+        user, agent = data["steps"][0], data["steps"][1]
+        user["message"] = [{"type": "text", "text": "Fix the quoting. "}, {"type": "image", "source": {"path": "a.png"}},
+                           {"type": "text", "text": "Then run the tests."}]
+        user["attachments"] = []
+        agent["message"] = [{"type": "text", "text": "Running the tests first."}]
+        agent["tool_calls"][0]["extra"] = {"latency_ms": 12}
+        agent["observation"]["results"][0].update(content=[{"type": "text", "text": "3 passed"}], exit_code=0)
+        agent["observation"]["extra"] = {"truncated": False}
+
+    job = _trial_with(tmp_path, edit, version)
+    (run_id,) = store.ingest([job]).imported
+    state = store.run(run_id)
+    assert state.metadata["format"] == version and state.grades == (PASS,)
+    texts = [store.text(ref) for t in state.branches[0].transitions
+             for ref in (t.text_ref, (t.tool_output or {}).get("output_ref")) if ref]
+    assert store.text(state.task_prompt_ref) == "Fix the quoting. [image part not imported]Then run the tests."
+    assert texts[:3] == ["{{task}}", "Running the tests first.", "3 passed"]
+
+
+def test_an_atif_major_version_other_than_1_is_refused(store: Store, tmp_path: Path) -> None:
+    job = _trial_with(tmp_path, lambda data: None, "ATIF-v2.0")
+    good = write_job(tmp_path / "good", "g", [TrialSpec("other-task", seed=9, steps=2)])
+    with pytest.raises(IngestError) as caught:
+        store.ingest([good, job])
+    message = str(caught.value)
+    assert "\n" not in message and message.startswith(f"{job / 'hello-world__AbC1234'}: ")
+    assert """$["agent/trajectory.json"].schema_version: unknown ATIF version 'ATIF-v2.0'""" in message
+    assert store.run_ids() == []
+    assert len(store.ingest([good, job], skip_bad=True).imported) == 1
+
+
+def test_observation_results_naming_no_call_are_read_as_harbor_writes_them(store: Store, tmp_path: Path) -> None:
+    """Terminus 2 links an observation to its call only when the step ran one command: a batch of commands shares
+    one terminal output, and a reply it could not parse has no call; neither names a source_call_id (ATIF makes it
+    optional). A result naming a call its step did not make is refused (test_broken_harbor_trials_…)."""
+    def edit(data: dict) -> None:
+        batch, unparsed = data["steps"][1], data["steps"][2]
+        batch["tool_calls"].append({"tool_call_id": "call_0_2", "function_name": "bash_command",
+                                    "arguments": {"keystrokes": "ls\n", "duration": 0.1}})
+        del batch["observation"]["results"][0]["source_call_id"]
+        del unparsed["tool_calls"]
+        unparsed["observation"] = {"results": [{"content": "Previous response had parsing errors: …"}]}
+
+    (run_id,) = store.ingest([_trial_with(tmp_path, edit)]).imported
+    steps = transitions(store, run_id)
+    assert [t.role for t in steps[1:6]] == ["assistant", "assistant", "tool", "assistant", "tool"]
+    assert [t.tool_call["name"] for t in steps[1:3]] == ["bash_command", "bash_command"]
+    assert steps[3].tool_output["name"] is None and steps[5].tool_output["name"] is None
+    assert store.text(steps[5].tool_output["output_ref"]).startswith("Previous response had parsing errors")
+
+
 def inspect_samples(model: str, *, scores=("C", "I"), epochs: int = 2, steps: int = 4) -> list[dict]:  # noqa: ANN001
     out = []
     for index, value in enumerate(scores):

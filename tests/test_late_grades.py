@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from helpers import cli_json_ok, kvjudge, store_snapshot
+from helpers import cli_json_ok, kvjudge, kvjudge_json, store_snapshot
 
 from kvjudge.cli import main
 from kvjudge.commands._args import select_pairs
@@ -24,6 +25,7 @@ from kvjudge.retention.verify import verify
 from kvjudge.testing import openhands as oh
 from kvjudge.testing.jsonl import write_jsonl
 from kvjudge.testing.native_runs import make_run
+from kvjudge.testing.sim_judge import Settings, SimJudgeServer, write_key
 from kvjudge.testing.trajectories import make_episode, mini_swe_agent_v2
 
 MODEL = "openai/gpt-4o"
@@ -319,6 +321,35 @@ def test_repeated_swe_bench_runs_are_trials_graded_and_paired_by_trial(tmp_path:
         assert len(same_task_pairs(opened.iter_runs(), policy="all").pairs) == 12
 
 
+def test_verdicts_judged_before_the_grades_came_are_reused_by_eval(tmp_path: Path,
+                                                                   start_sim: Callable[[Path, Settings],
+                                                                                       SimJudgeServer]) -> None:
+    """Judge first, grade later: `eval` then scores the pairs from the verdicts cached by `judge`, sending the judge
+    nothing more (the grades are not part of what identifies a verdict)."""
+    write_runs(tmp_path / "runs", steps=2, target=1_200)
+    store = str(tmp_path / "store.sqlite")
+    assert kvjudge_json("ingest", str(tmp_path / "runs"), "--store", store)["states"] == {"ungraded": 4}
+    server = start_sim(write_key(tmp_path / "key.json", []), Settings())
+    assert kvjudge_json("probe", "--server", server.url)["certified"]
+    probed = sum(server.requests.values())
+    for instance in INSTANCES:
+        judged = kvjudge("judge", "--task", instance, "--server", server.url, "--store", store, "--json")
+        assert judged.returncode == 0, judged.stderr
+        assert json.loads(judged.stdout.splitlines()[-1])["summary"]["cached"] == 0
+    calls = server.requests["/v1/completions"]
+    assert calls >= 2 * len(INSTANCES) and sum(server.requests.values()) > probed  # both orders of each pair
+    results = write_results(tmp_path / "results", mini_resolved=INSTANCES[0], openhands_resolved=INSTANCES[1])
+    assert kvjudge_json("grade", "--all", *results, "--store", store)["counts"]["graded"] == 4
+    before = dict(server.requests)
+    evaluated = kvjudge_json("eval", "--server", server.url, "--store", store, "--png", str(tmp_path / "e.png"))
+    (figures,) = evaluated["templates"].values()
+    assert evaluated["pairing"]["pairs"] == 2 and figures["graded_pairs"] == 2 and figures["ungraded"] == 0
+    assert figures["judge"]["pairs"] == 2
+    # Every verdict from the cache: no judge call, nothing counted (eval only asked the server who it is).
+    asked = {path: n - before.get(path, 0) for path, n in server.requests.items() if n != before.get(path, 0)}
+    assert set(asked) == {"/v1/models", "/version"}
+
+
 # ------------------------------------------------------------------------------ end to end, with a real judge
 @pytest.mark.model
 def test_judge_then_grade_late_then_eval_counts_the_pairs(tmp_path: Path, default_model: Path) -> None:
@@ -343,7 +374,8 @@ def test_judge_then_grade_late_then_eval_counts_the_pairs(tmp_path: Path, defaul
 
     results = write_results(tmp_path / "results", mini_resolved=INSTANCES[0], openhands_resolved=INSTANCES[1])
     graded = kvjudge("grade", "--all", *results, "--json", *common)
-    assert graded.returncode == 0, graded.stderr and json.loads(graded.stdout)["counts"]["graded"] == 4
+    assert graded.returncode == 0, graded.stderr
+    assert json.loads(graded.stdout)["counts"]["graded"] == 4
 
     evaluated = kvjudge("eval", *judge_options, "--json", *common, "--png", str(tmp_path / "e.png"), timeout=900)
     assert evaluated.returncode == 0, evaluated.stderr
