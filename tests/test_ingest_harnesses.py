@@ -182,8 +182,11 @@ def test_a_running_job_imports_unfinished_trials_ungraded_and_grade_attaches_the
     assert bound["bound"] == {"run": lone_run, "result_for": f"{TERMINUS}/hello-world/hello-world__AbC1234",
                               "results": str(other_result)}
     assert bound["graded"] == [{"run": lone_run, "grade": FAIL, "state": "graded"}] and bound["unmatched_results"] == []
-    # The result of a run the store holds is that run's: never bound to another.
+    # The result of a run the store holds is that run's: never bound to another; nor is a result bound to a run that
+    # has a task (the results that name it grade it).
     before = store_snapshot(store)
+    unbound = cli_json_ok(capsys, "grade", unfinished, "--results", str(other_result), *common)
+    assert unbound["bound"] is None and unbound["no_result"] == [unfinished]
     assert main(["grade", lone_run, "--results", str(result), *common]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"is the result of run {unfinished}, which the store holds" in err

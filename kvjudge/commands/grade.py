@@ -17,9 +17,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Read evaluation results (SWE-bench reports, OpenHands evaluation output, Harbor result.json "
                     "files, inspect logs, as --results of ingest) and append each run's grade to its log: an "
                     "ungraded run becomes graded; what was imported is not changed. Running it again changes "
-                    "nothing; a different grade for a graded run is refused unless --replace. One RUN named with "
-                    "one result for another run id (a trial's result.json for a trajectory imported alone): that "
-                    "result grades RUN.")
+                    "nothing; a different grade for a graded run is refused unless --replace. One RUN with no task "
+                    "named, and one result for another run id (a trial's result.json for a trajectory imported "
+                    "alone): that result grades RUN.")
     parser.add_argument("runs", nargs="*", metavar="RUN", help="run ids to grade (or --all)")
     parser.add_argument("--all", action="store_true", help="every run in the store (or the tenant's)")
     parser.add_argument("--tenant", metavar="NAME", help="with --all: only this tenant's runs")

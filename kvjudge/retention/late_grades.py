@@ -18,9 +18,10 @@ written:
   the fold drops them from the run's grades;
 - no result names the run, or its evaluation errored → left alone (counted).
 
-One run named and results holding exactly one result, for another run id (a Harbor trial's ``result.json``
-for a trajectory imported alone, whose run is named by its ATIF session: nothing in ATIF links it to the trial)
-→ that result grades the run named (``bound`` in the report), unless the store holds the run it names.
+One run named that has no task, and results holding exactly one result, for another run id (a Harbor trial's
+``result.json`` for a trajectory imported alone, whose run is named by its ATIF session: nothing in ATIF links it
+to the trial or the task) → that result grades the run named (``bound`` in the report), unless the store holds the
+run it names.
 """
 
 from __future__ import annotations
@@ -77,7 +78,7 @@ def attach_grades(store: Store, results: Sequence[str], run_ids: Sequence[str] |
             else [state for state in store.iter_runs(tenant) if trial is None or state.trial == trial]
         index.bind_agents(state.agent for state in states if state.agent)
         plans = [(state, index.grade_for(state.agent, state.task_id, state.id, state.trial)) for state in states]
-        if run_ids is not None and len(plans) == 1 and plans[0][1] is None:
+        if run_ids is not None and len(plans) == 1 and plans[0][1] is None and plans[0][0].task_id is None:
             plans = [(plans[0][0], _bind_sole_result(store, index, plans[0][0], report))]
         ambiguous = index.ambiguities()
         if ambiguous:
