@@ -12,21 +12,23 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from helpers import kvjudge, store_snapshot
+from helpers import cli_json_ok, kvjudge, store_snapshot
 
+from kvjudge.cli import main
 from kvjudge.errors import IngestError
 from kvjudge.judge import body_resolver, render_view
 from kvjudge.retention import Store
 from kvjudge.retention.ingest import archive, json_stream
 from kvjudge.retention.ingest.inspect_log import score_grade
 from kvjudge.retention.ingest.results import load_results
-from kvjudge.testing.harbor import TrialSpec, write_job
+from kvjudge.testing.harbor import TrialSpec, write_job, write_result, write_trial
 from kvjudge.testing.inspect_logs import ZstdZip, eval_spec, sample, write_eval, write_json_log
 from kvjudge.testing.trajectories import make_episode
 
 TERMINUS = "terminus-2@anthropic/claude-sonnet-4-5-20250929"
 CLAUDE = "claude-code@openai/gpt-5"
 TASKS = ("fix-csv-quoting", "build-cython-ext")
+PASS, FAIL = ({"grader": "harbor", "score": score, "label": label} for score, label in ((1.0, "pass"), (0.0, "fail")))
 
 
 def two_agent_job(root: Path) -> Path:
@@ -124,6 +126,99 @@ def test_a_lone_atif_file_imports_ungraded(store: Store, tmp_path: Path) -> None
     assert store.ingest([lone / "trajectory.cont-2.json"]).already_present == [run_id]
 
 
+def test_a_running_job_imports_unfinished_trials_ungraded_and_grade_attaches_their_results(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A job imported while it runs: its finished trials graded; a trial not finished (config.json, an ATIF
+    trajectory, no result.json) ungraded, under the run id its result.json will name; a lone ATIF file by its
+    session. JSON named trajectory.json that is not ATIF is passed over, and so is a running trial whose trajectory
+    is not. When the trial finishes, `kvjudge grade` attaches its result.json, and the job imported again finds every
+    run present."""
+    running = TrialSpec(TASKS[0], suffix="Run0001", seed=21, finished=False)
+    job = write_job(tmp_path / "jobs", "j", [TrialSpec(TASKS[0], seed=1), TrialSpec(TASKS[1], suffix="Fin0002", seed=2),
+                                             running])
+    not_atif = TrialSpec(TASKS[1], suffix="Log0003", seed=3, finished=False)  # its agent's own log, no ATIF yet
+    write_trial(job, not_atif)
+    (job / not_atif.trial_name / "agent" / "trajectory.json").write_text(json.dumps({"events": [], "steps": []}))
+    (tmp_path / "jobs" / "notes").mkdir()
+    (tmp_path / "jobs" / "notes" / "trajectory.json").write_text(json.dumps({"schema_version": "2.1", "steps": []}))
+    other = write_job(tmp_path / "other", "o", [TrialSpec("hello-world", seed=5, reward=0.0)])
+    lone = tmp_path / "jobs" / "shared" / "trajectory.json"  # copied out of a trial of another job
+    lone.parent.mkdir()
+    lone.write_bytes((other / "hello-world__AbC1234" / "agent" / "trajectory.json").read_bytes())
+    store = tmp_path / "store.sqlite"
+    common = ["--store", str(store)]
+    imported = cli_json_ok(capsys, "ingest", str(tmp_path / "jobs"), *common)
+    unfinished = f"{TERMINUS}/{TASKS[0]}/{running.trial_name}"
+    lone_run = f"{TERMINUS}/hello-world__AbC1234-session"
+    assert sorted(imported["ingested"]) == sorted([f"{TERMINUS}/{TASKS[0]}/{TASKS[0]}__AbC1234", unfinished,
+                                                   f"{TERMINUS}/{TASKS[1]}/{TASKS[1]}__Fin0002", lone_run])
+    assert imported["states"] == {"graded": 2, "ungraded": 2}
+    # The job's 3 files; 5 of each finished trial (config.json, trial.log, recording.cast, 2 verifier files); 2 of
+    # the unfinished one read (trial.log, recording.cast); the 4 files of the trial with no ATIF; the notes.
+    assert imported["ignored_files"] == 3 + 2 * 5 + 2 + 4 + 1
+    with Store.open(store) as opened:
+        state = opened.run(unfinished)
+        assert (state.agent, state.task_id, state.trial, state.state) == (TERMINUS, TASKS[0], running.trial_name,
+                                                                          "ungraded")
+        assert state.metadata["trial_finished"] is False and opened.run(lone_run).task_id is None
+    named = cli_json_ok(capsys, "ingest", str(job / running.trial_name / "agent" / "trajectory.json"), *common)
+    assert named["already_present_ids"] == [unfinished]  # the trajectory named alone reads its trial
+
+    # The trial finishes: its result.json names the run imported.
+    result = write_result(job / running.trial_name, running)
+    graded = cli_json_ok(capsys, "grade", "--all", "--results", str(job), *common)
+    assert graded["counts"] == {"graded": 1, "replaced": 0, "unchanged": 2, "no_result": 1}
+    assert graded["graded"] == [{"run": unfinished, "grade": PASS, "state": "graded"}]
+    assert graded["no_result"] == [lone_run] and graded["bound"] is None
+    # The job again: every run present; the trial that finished since stays as imported (the log only grows).
+    before = store_snapshot(store)
+    again = cli_json_ok(capsys, "ingest", str(tmp_path / "jobs"), *common)
+    assert again["imported"] == 0 and again["already_present"] == 4 and again["finished_since"] == [unfinished]
+    assert store_snapshot(store) == before
+
+    # The lone trajectory: nothing in ATIF names its trial, so its trial's result.json is bound by naming the run.
+    other_result = other / "hello-world__AbC1234" / "result.json"
+    bound = cli_json_ok(capsys, "grade", lone_run, "--results", str(other_result), *common)
+    assert bound["bound"] == {"run": lone_run, "result_for": f"{TERMINUS}/hello-world/hello-world__AbC1234",
+                              "results": str(other_result)}
+    assert bound["graded"] == [{"run": lone_run, "grade": FAIL, "state": "graded"}] and bound["unmatched_results"] == []
+    # The result of a run the store holds is that run's: never bound to another; nor is a result bound to a run that
+    # has a task (the results that name it grade it).
+    before = store_snapshot(store)
+    unbound = cli_json_ok(capsys, "grade", unfinished, "--results", str(other_result), *common)
+    assert unbound["bound"] is None and unbound["no_result"] == [unfinished]
+    assert main(["grade", lone_run, "--results", str(result), *common]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"is the result of run {unfinished}, which the store holds" in err
+    assert store_snapshot(store) == before
+
+
+def test_grade_attaches_the_scores_of_a_later_inspect_log(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    model = "openai/gpt-4o"
+    spec = eval_spec("csv_quoting", model, samples=2)
+    (tmp_path / "runs").mkdir()
+    write_eval(tmp_path / "runs" / "run.eval", spec, inspect_samples(model, scores=(None, None), epochs=1))
+    store = tmp_path / "store.sqlite"
+    common = ["--store", str(store)]
+    imported = cli_json_ok(capsys, "ingest", str(tmp_path / "runs"), *common)
+    runs = [f"{model}/csv_quoting/1/1", f"{model}/csv_quoting/2/1"]
+    assert imported["ingested"] == runs and imported["states"] == {"ungraded": 2}
+    scored = write_eval(tmp_path / "scored.eval", spec, inspect_samples(model, scores=("C", "I"), epochs=1))
+    graded = cli_json_ok(capsys, "grade", "--all", "--results", str(scored), *common)
+    assert [(entry["run"], entry["grade"]["label"], entry["state"]) for entry in graded["graded"]] == [
+        (runs[0], "correct", "graded"), (runs[1], "incorrect", "graded")]
+    assert graded["results"] == [{"results": str(scored), "agent": None, "agent_from": "run ids", "graded": 2}]
+    before = store_snapshot(store)
+    assert cli_json_ok(capsys, "grade", "--all", "--results", str(scored), *common)["counts"]["unchanged"] == 2
+    rescored = write_json_log(tmp_path / "rescored.json", spec, inspect_samples(model, scores=("I", "I"), epochs=1))
+    assert main(["grade", "--all", "--results", str(rescored), *common]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"run {runs[0]} is graded" in err and "--replace" in err
+    assert store_snapshot(store) == before
+    replaced = cli_json_ok(capsys, "grade", runs[0], "--results", str(rescored), "--replace", *common)
+    assert [entry["grade"]["label"] for entry in replaced["replaced"]] == ["incorrect"]
+
+
 def harbor_broken(tmp_path: Path, change) -> Path:  # noqa: ANN001 - change(trial_dir)
     job = write_job(tmp_path / "broken", "j", [TrialSpec("hello-world", seed=4)])
     trial = job / "hello-world__AbC1234"
@@ -176,6 +271,68 @@ def test_broken_harbor_trials_are_refused_and_nothing_is_written(store: Store, t
     assert store_snapshot(store) == before
     skipped = store.ingest([good, trial.parent], skip_bad=True)
     assert [item["path"] for item in skipped.skipped] == [str(trial)] and len(skipped.imported) == 1
+
+
+def _trial_with(tmp_path: Path, edit, schema_version: str = "ATIF-v1.6") -> Path:  # noqa: ANN001 - edit(trajectory)
+    job = write_job(tmp_path / "jobs", "j", [TrialSpec("hello-world", seed=6, steps=3, schema_version=schema_version)])
+    edit_json(job / "hello-world__AbC1234" / "agent" / "trajectory.json", edit)
+    return job
+
+
+@pytest.mark.parametrize("version", ["ATIF-v1.0", "ATIF-v1.7"])
+def test_atif_versions_of_major_1_and_unknown_fields_are_read(store: Store, tmp_path: Path, version: str) -> None:
+    def edit(data: dict) -> None:  # what a newer minor version may add, and messages as content parts
+        data["provenance"] = {"exporter": "harbor 9.9", "signed": False}
+        data["agent"]["tools"] = [{"name": "bash_command"}]
+        user, agent = data["steps"][0], data["steps"][1]
+        user["message"] = [{"type": "text", "text": "Fix the quoting. "}, {"type": "image", "source": {"path": "a.png"}},
+                           {"type": "text", "text": "Then run the tests."}]
+        user["attachments"] = []
+        agent["message"] = [{"type": "text", "text": "Running the tests first."}]
+        agent["tool_calls"][0]["extra"] = {"latency_ms": 12}
+        agent["observation"]["results"][0].update(content=[{"type": "text", "text": "3 passed"}], exit_code=0)
+        agent["observation"]["extra"] = {"truncated": False}
+
+    job = _trial_with(tmp_path, edit, version)
+    (run_id,) = store.ingest([job]).imported
+    state = store.run(run_id)
+    assert state.metadata["format"] == version and state.grades == (PASS,)
+    texts = [store.text(ref) for t in state.branches[0].transitions
+             for ref in (t.text_ref, (t.tool_output or {}).get("output_ref")) if ref]
+    assert store.text(state.task_prompt_ref) == "Fix the quoting. [image part not imported]Then run the tests."
+    assert texts[:3] == ["{{task}}", "Running the tests first.", "3 passed"]
+
+
+def test_an_atif_major_version_other_than_1_is_refused(store: Store, tmp_path: Path) -> None:
+    job = _trial_with(tmp_path, lambda data: None, "ATIF-v2.0")
+    good = write_job(tmp_path / "good", "g", [TrialSpec("other-task", seed=9, steps=2)])
+    with pytest.raises(IngestError) as caught:
+        store.ingest([good, job])
+    message = str(caught.value)
+    assert "\n" not in message and message.startswith(f"{job / 'hello-world__AbC1234'}: ")
+    assert """$["agent/trajectory.json"].schema_version: unknown ATIF version 'ATIF-v2.0'""" in message
+    assert store.run_ids() == []
+    assert len(store.ingest([good, job], skip_bad=True).imported) == 1
+
+
+def test_observation_results_naming_no_call_are_read_as_harbor_writes_them(store: Store, tmp_path: Path) -> None:
+    """Terminus 2 links an observation to its call only when the step ran one command: a batch of commands shares
+    one terminal output, and a reply it could not parse has no call; neither names a source_call_id (ATIF makes it
+    optional). A result naming a call its step did not make is refused (test_broken_harbor_trials_…)."""
+    def edit(data: dict) -> None:
+        batch, unparsed = data["steps"][1], data["steps"][2]
+        batch["tool_calls"].append({"tool_call_id": "call_0_2", "function_name": "bash_command",
+                                    "arguments": {"keystrokes": "ls\n", "duration": 0.1}})
+        del batch["observation"]["results"][0]["source_call_id"]
+        del unparsed["tool_calls"]
+        unparsed["observation"] = {"results": [{"content": "Previous response had parsing errors: …"}]}
+
+    (run_id,) = store.ingest([_trial_with(tmp_path, edit)]).imported
+    steps = transitions(store, run_id)
+    assert [t.role for t in steps[1:6]] == ["assistant", "assistant", "tool", "assistant", "tool"]
+    assert [t.tool_call["name"] for t in steps[1:3]] == ["bash_command", "bash_command"]
+    assert steps[3].tool_output["name"] is None and steps[5].tool_output["name"] is None
+    assert store.text(steps[5].tool_output["output_ref"]).startswith("Previous response had parsing errors")
 
 
 def inspect_samples(model: str, *, scores=("C", "I"), epochs: int = 2, steps: int = 4) -> list[dict]:  # noqa: ANN001

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from helpers import cli_json_ok, kvjudge, store_snapshot
+from helpers import cli_json_ok, kvjudge, kvjudge_json, store_snapshot
 
 from kvjudge.cli import main
 from kvjudge.commands._args import select_pairs
@@ -24,6 +25,7 @@ from kvjudge.retention.verify import verify
 from kvjudge.testing import openhands as oh
 from kvjudge.testing.jsonl import write_jsonl
 from kvjudge.testing.native_runs import make_run
+from kvjudge.testing.sim_judge import Settings, SimJudgeServer, write_key
 from kvjudge.testing.trajectories import make_episode, mini_swe_agent_v2
 
 MODEL = "openai/gpt-4o"
@@ -34,16 +36,17 @@ RESOLVED = {"grader": "swe-bench", "score": 1.0, "label": "resolved"}
 UNRESOLVED = {"grader": "swe-bench", "score": 0.0, "label": "unresolved"}
 
 
-def write_runs(root: Path, steps: int = 3, target: int = 3_000) -> None:
-    """Two agents on two SWE-bench instances: mini-swe-agent trajectories and an OpenHands output.jsonl."""
+def write_runs(root: Path, steps: int = 3, target: int = 3_000, seed: int = 0) -> None:
+    """Two agents on two SWE-bench instances: mini-swe-agent trajectories and an OpenHands output.jsonl (another
+    ``seed``: another run of the same agents)."""
     lines = []
     for index, instance in enumerate(INSTANCES):
-        mini = make_episode(instance, 10 + index, target_bytes=target, model=MODEL)
+        mini = make_episode(instance, 10 + index + seed, target_bytes=target, model=MODEL)
         mini.steps = mini.steps[:steps]
         folder = root / "mini" / instance
         folder.mkdir(parents=True)
         (folder / f"{instance}.traj.json").write_text(json.dumps(mini_swe_agent_v2(mini)))
-        openhands = make_episode(instance, 20 + index, target_bytes=target, model=MODEL)
+        openhands = make_episode(instance, 20 + index + seed, target_bytes=target, model=MODEL)
         openhands.steps = openhands.steps[:steps]
         lines.append(openhands)
     write_jsonl(root / "openhands" / "output.jsonl", [oh.output_line(e, MODEL) for e in lines])
@@ -257,6 +260,96 @@ def test_select_pairs_applies_the_policy_to_a_store(tmp_path: Path) -> None:
         assert named.to_json() == {"policy": "named", "pairs": 1, "tasks": 1, "trials_per_task": {"2": 1}}
 
 
+def test_repeated_swe_bench_runs_are_trials_graded_and_paired_by_trial(tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """A second run of the same two agents on the same instances: without --trial it is the same run ids with other
+    content (refused); with --trial each run is a trial of its own, --results and `grade` reach it, pairs form by
+    trial."""
+    write_runs(tmp_path / "first", steps=2, target=1_500)
+    write_runs(tmp_path / "second", steps=2, target=1_500, seed=5)
+    store = tmp_path / "store.sqlite"
+    common = ["--store", str(store)]
+    first_results = write_results(tmp_path / "results-1", mini_resolved=INSTANCES[0], openhands_resolved=INSTANCES[1])
+    first = cli_json_ok(capsys, "ingest", str(tmp_path / "first"), "--trial", "1", *first_results, *common)
+    assert first["imported"] == 4 and first["states"] == {"graded": 4} and first["unmatched_results"] == []
+    trial_1 = {f"{MINI}/1": "resolved", f"{MODEL}/csvkit__csvkit-202/1": "unresolved",
+               f"{OPENHANDS}/1": "unresolved", f"CodeActAgent/{MODEL}/csvkit__csvkit-202/1": "resolved"}
+    assert {run: labels[0] for run, labels in grades(store).items()} == trial_1
+    before = store_snapshot(store)
+    assert main(["ingest", str(tmp_path / "second"), "--trial", "1", *common]) == 1  # the same trial again
+    assert "already in the store with other content" in capsys.readouterr().err
+    for label in ("", "a/b", " 2"):
+        assert main(["ingest", str(tmp_path / "second"), "--trial", label, *common]) == 1
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "a trial label is a non-empty name without '/'" in err
+    native = write_jsonl(tmp_path / "native.jsonl", [make_run("own-id", ["ok"], passed=True)])
+    assert main(["ingest", str(native), "--trial", "2", *common]) == 1
+    assert "--trial labels mini-swe-agent, SWE-agent and OpenHands runs" in capsys.readouterr().err
+    assert store_snapshot(store) == before
+
+    second = cli_json_ok(capsys, "ingest", str(tmp_path / "second"), "--trial", "2", *common)
+    assert second["imported"] == 4 and second["states"] == {"ungraded": 4}
+    listed = cli_json_ok(capsys, "runs", "--task", INSTANCES[0], *common, "--config", str(_chars(tmp_path)))
+    assert [(row["id"], row["task"], row["trial"]) for row in listed] == [
+        (f"{OPENHANDS}/1", INSTANCES[0], "1"), (f"{OPENHANDS}/2", INSTANCES[0], "2"),
+        (f"{MINI}/1", INSTANCES[0], "1"), (f"{MINI}/2", INSTANCES[0], "2")]
+
+    # The second trial's results name no trial: they fit trial 1's runs as well, so `grade --all` is refused
+    # until the trial is named.
+    second_results = write_results(tmp_path / "results-2", mini_resolved=INSTANCES[1],
+                                   openhands_resolved=INSTANCES[1])
+    before = store_snapshot(store)
+    assert main(["grade", "--all", *second_results, *common]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "names no trial and fits 2 trials" in err and "--trial LABEL" in err
+    assert store_snapshot(store) == before
+    assert main(["grade", f"{MINI}/2", "--trial", "2", *second_results, *common]) == 2  # --trial goes with --all
+    capsys.readouterr()
+    graded = cli_json_ok(capsys, "grade", "--all", "--trial", "2", *second_results, *common)
+    assert graded["counts"] == {"graded": 4, "replaced": 0, "unchanged": 0, "no_result": 0}
+    assert {run: labels[0] for run, labels in grades(store).items()} == {
+        **trial_1, f"{MINI}/2": "unresolved", f"{MODEL}/csvkit__csvkit-202/2": "resolved",
+        f"{OPENHANDS}/2": "unresolved", f"CodeActAgent/{MODEL}/csvkit__csvkit-202/2": "resolved"}
+
+    # Pairs by trial: trial i of one agent with trial i of the other (two per instance), or every pair (six).
+    with Store.open(store) as opened:
+        matched = same_task_pairs(opened.iter_runs())
+        assert matched.pairs == [(f"{OPENHANDS}/1", f"{MINI}/1"), (f"{OPENHANDS}/2", f"{MINI}/2"),
+                                 (f"CodeActAgent/{MODEL}/csvkit__csvkit-202/1", f"{MODEL}/csvkit__csvkit-202/1"),
+                                 (f"CodeActAgent/{MODEL}/csvkit__csvkit-202/2", f"{MODEL}/csvkit__csvkit-202/2")]
+        assert matched.trials == {2: 2}
+        assert len(same_task_pairs(opened.iter_runs(), policy="all").pairs) == 12
+
+
+def test_verdicts_judged_before_the_grades_came_are_reused_by_eval(tmp_path: Path,
+                                                                   start_sim: Callable[[Path, Settings],
+                                                                                       SimJudgeServer]) -> None:
+    """Judge first, grade later: `eval` then scores the pairs from the verdicts cached by `judge`, sending the judge
+    nothing more (the grades are not part of what identifies a verdict)."""
+    write_runs(tmp_path / "runs", steps=2, target=1_200)
+    store = str(tmp_path / "store.sqlite")
+    assert kvjudge_json("ingest", str(tmp_path / "runs"), "--store", store)["states"] == {"ungraded": 4}
+    server = start_sim(write_key(tmp_path / "key.json", []), Settings())
+    assert kvjudge_json("probe", "--server", server.url)["certified"]
+    probed = sum(server.requests.values())
+    for instance in INSTANCES:
+        judged = kvjudge("judge", "--task", instance, "--server", server.url, "--store", store, "--json")
+        assert judged.returncode == 0, judged.stderr
+        assert json.loads(judged.stdout.splitlines()[-1])["summary"]["cached"] == 0
+    calls = server.requests["/v1/completions"]
+    assert calls >= 2 * len(INSTANCES) and sum(server.requests.values()) > probed  # both orders of each pair
+    results = write_results(tmp_path / "results", mini_resolved=INSTANCES[0], openhands_resolved=INSTANCES[1])
+    assert kvjudge_json("grade", "--all", *results, "--store", store)["counts"]["graded"] == 4
+    before = dict(server.requests)
+    evaluated = kvjudge_json("eval", "--server", server.url, "--store", store, "--png", str(tmp_path / "e.png"))
+    (figures,) = evaluated["templates"].values()
+    assert evaluated["pairing"]["pairs"] == 2 and figures["graded_pairs"] == 2 and figures["ungraded"] == 0
+    assert figures["judge"]["pairs"] == 2
+    # Every verdict from the cache: no judge call, nothing counted (eval only asked the server who it is).
+    asked = {path: n - before.get(path, 0) for path, n in server.requests.items() if n != before.get(path, 0)}
+    assert set(asked) == {"/v1/models", "/version"}
+
+
 # ------------------------------------------------------------------------------ end to end, with a real judge
 @pytest.mark.model
 def test_judge_then_grade_late_then_eval_counts_the_pairs(tmp_path: Path, default_model: Path) -> None:
@@ -281,7 +374,8 @@ def test_judge_then_grade_late_then_eval_counts_the_pairs(tmp_path: Path, defaul
 
     results = write_results(tmp_path / "results", mini_resolved=INSTANCES[0], openhands_resolved=INSTANCES[1])
     graded = kvjudge("grade", "--all", *results, "--json", *common)
-    assert graded.returncode == 0, graded.stderr and json.loads(graded.stdout)["counts"]["graded"] == 4
+    assert graded.returncode == 0, graded.stderr
+    assert json.loads(graded.stdout)["counts"]["graded"] == 4
 
     evaluated = kvjudge("eval", *judge_options, "--json", *common, "--png", str(tmp_path / "e.png"), timeout=900)
     assert evaluated.returncode == 0, evaluated.stderr

@@ -18,7 +18,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                        "inspect_ai logs (*.eval, .json); files or directories, .gz read transparently")
     parser.add_argument("paths", nargs="+", metavar="PATH",
                         help="run file or directory (walked for *.jsonl, *.traj.json, *.traj, each optionally .gz, "
-                             "*.eval and inspect .json logs, Harbor trials: result.json beside agent/, and OpenHands "
+                             "*.eval and inspect .json logs, ATIF trajectory.json files, Harbor trials: result.json, or "
+                             "config.json while running, beside agent/, and OpenHands "
                              "llm_completions/<instance_id>/*.json)")
     parser.add_argument("--format", choices=FORMATS, default="auto",
                         help="format of every document (default: auto, detected per document)")
@@ -26,6 +27,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--agent", metavar="NAME",
                         help="agent of every run, overriding the model named in the trajectory (run ids of "
                              "trajectories are AGENT/INSTANCE_ID)")
+    parser.add_argument("--trial", metavar="LABEL",
+                        help="which run of each agent on each instance these files are (mini-swe-agent, SWE-agent, "
+                             "OpenHands: their files name no trial), for a repeated run: run ids become "
+                             "AGENT/INSTANCE_ID/LABEL and kvjudge judge/eval/rank pair them by trial")
     add_results_args(parser)
     parser.add_argument("--skip-bad", action="store_true",
                         help="import the other files when one is malformed, and list it at the end")
@@ -45,7 +50,7 @@ def _ingest(args: argparse.Namespace) -> int:
         info(f"{len(sources)} file(s), {megabytes(total)} MB: importing")
     with target.open_store(read_tiered=False) as store, progress("ingesting", len(sources)) as advance:
         report = ingest_sources(store, sources, ignored_files=ignored, fmt=args.format, tenant=args.tenant,
-                                agent=args.agent, results=args.results, skip_bad=args.skip_bad,
+                                agent=args.agent, results=args.results, skip_bad=args.skip_bad, trial=args.trial,
                                 repair_text=args.repair_text,
                                 progress=lambda n, description: advance(n, description=description))
     if report.unmatched_results:
@@ -70,6 +75,9 @@ def _human(report: IngestReport) -> None:
               f"{' (agent from the ' + results['agent_from'] + ')' if results['agent_from'] == 'file name' else ''}")
     if report.evaluation_errors:
         print(f"  {report.evaluation_errors} result(s) were evaluation errors: those runs stay ungraded")
+    if report.finished_since:
+        print(f"  {len(report.finished_since)} Harbor trial(s) imported before they finished have finished since: "
+              f"their runs stay as imported; `kvjudge grade --all --results JOB_DIR` attaches their results")
     for run_id, notes in report.repaired.items():
         for note in notes:
             print(f"repaired {run_id}: {describe_repair(note)}")

@@ -1,7 +1,7 @@
 """Which runs a judge compares: runs on the same task, and what to do when an agent ran a task several times.
 
 Several runs of one agent on one task — its *trials* (``RunState.trial``: a Harbor trial, an inspect epoch, a
-repeated SWE-bench run) — are normal. Two policies say which same-task pairs are judged:
+repeated SWE-bench run imported with ``--trial``) — are normal. Two policies say which same-task pairs are judged:
 
 - ``matched`` (the default): trial *i* of one agent against trial *i* of every other agent, the trials of each
   agent on the task in order (by trial name, numbers numerically: 2 before 10). *k* trials each give *k* pairs

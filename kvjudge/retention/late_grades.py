@@ -17,6 +17,11 @@ written:
   ``replace``: then ``GradeRecorded{grade, replaces: [the grades it held]}`` — the old grades stay in the log,
   the fold drops them from the run's grades;
 - no result names the run, or its evaluation errored → left alone (counted).
+
+One run named that has no task, and results holding exactly one result, for another run id (a Harbor trial's
+``result.json`` for a trajectory imported alone, whose run is named by its ATIF session: nothing in ATIF links it
+to the trial or the task) → that result grades the run named (``bound`` in the report), unless the store holds the
+run it names.
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ class GradeReport:
     results: list[dict[str, Any]] = field(default_factory=list)  # per results file: whose runs, how many graded
     unmatched_results: list[dict[str, str]] = field(default_factory=list)  # {"instance", "results"}
     evaluation_errors: int = 0
+    bound: dict[str, str] | None = None  # {"run", "result_for", "results"}: one result bound to the run named
 
     def to_dict(self) -> dict[str, Any]:
         return {"store": self.store, "graded": self.graded, "replaced": self.replaced, "unchanged": self.unchanged,
@@ -54,24 +60,26 @@ class GradeReport:
                                                         "unchanged": len(self.unchanged),
                                                         "no_result": len(self.no_result)},
                 "results": self.results, "unmatched_results": self.unmatched_results,
-                "evaluation_errors": self.evaluation_errors}
+                "evaluation_errors": self.evaluation_errors, "bound": self.bound}
 
 
 def attach_grades(store: Store, results: Sequence[str], run_ids: Sequence[str] | None = None, *,
-                  tenant: str | None = None, replace: bool = False) -> GradeReport:
+                  tenant: str | None = None, trial: str | None = None, replace: bool = False) -> GradeReport:
     """Attach the grades ``results`` (``[AGENT=]FILE`` values, as ``--results``) give to the runs ``run_ids``
-    (None: every run, or ``tenant``'s); the module docstring says how. Raises before writing anything: an
-    unknown run (StoreError), unreadable or ambiguous results (IngestError), a conflicting grade without
-    ``replace`` (RunStateError)."""
+    (None: every run, or ``tenant``'s, or those of trial ``trial``); the module docstring says how. Raises before
+    writing anything: an unknown run (StoreError), unreadable or ambiguous results (IngestError), a conflicting
+    grade without ``replace`` (RunStateError)."""
     if not results:
         raise IngestError("no results to attach; pass --results [AGENT=]FILE (repeatable)")
     index = ResultsIndex(load_results(results))  # read before the write lock is taken
     report = GradeReport(store=str(store.path))
     with store.transaction(LABEL):
         states = [store.run(run_id) for run_id in dict.fromkeys(run_ids)] if run_ids is not None \
-            else list(store.iter_runs(tenant))
+            else [state for state in store.iter_runs(tenant) if trial is None or state.trial == trial]
         index.bind_agents(state.agent for state in states if state.agent)
-        plans = [(state, index.grade_for(state.agent, state.task_id, state.id)) for state in states]
+        plans = [(state, index.grade_for(state.agent, state.task_id, state.id, state.trial)) for state in states]
+        if run_ids is not None and len(plans) == 1 and plans[0][1] is None and plans[0][0].task_id is None:
+            plans = [(plans[0][0], _bind_sole_result(store, index, plans[0][0], report))]
         ambiguous = index.ambiguities()
         if ambiguous:
             more = f" (and {len(ambiguous) - 1} more)" if len(ambiguous) > 1 else ""
@@ -90,6 +98,20 @@ def attach_grades(store: Store, results: Sequence[str], run_ids: Sequence[str] |
     report.unmatched_results = [{"instance": name, "results": path} for name, path in index.unmatched()]
     report.evaluation_errors = index.evaluation_errors()
     return report
+
+
+def _bind_sole_result(store: Store, index: ResultsIndex, state: Any, report: GradeReport) -> dict[str, Any] | None:
+    """The grade of the one result ``index`` holds, for the one run named (see the module docstring), or None."""
+    sole = index.sole_run_result()
+    if sole is None:
+        return None
+    file, run_id = sole
+    path = index.files[file].path
+    if store.has_run(run_id):
+        raise IngestError(f"--results {path}: is the result of run {run_id}, which the store holds; grade that run "
+                          f"(kvjudge grade {run_id} --results {path}); nothing was graded")
+    report.bound = {"run": state.id, "result_for": run_id, "results": str(path)}
+    return index.take(file, run_id)
 
 
 def _apply(store: Store, report: GradeReport, state: Any, grade: dict[str, Any] | None) -> None:

@@ -31,7 +31,8 @@ TERMINUS_PROMPT = (
 class TrialSpec:
     """One trial to write. ``reward`` is the verifier's (None with ``exception``: the verifier did not run; any
     other JSON value is written as it is, for broken files); ``continuations``: how many times the agent
-    summarised its context (each starts a ``trajectory.cont-N.json``)."""
+    summarised its context (each starts a ``trajectory.cont-N.json``); ``finished`` False: the trial is still
+    running (no ``result.json`` yet, nothing from the verifier)."""
 
     task: str
     agent: str = "terminus-2"  # or "claude-code"
@@ -45,6 +46,7 @@ class TrialSpec:
     steps: int | None = None  # keep only this many of the episode's steps
     schema_version: str = "ATIF-v1.6"
     extra_result: dict[str, Any] = field(default_factory=dict)
+    finished: bool = True
 
     @property
     def trial_name(self) -> str:
@@ -84,7 +86,8 @@ def write_trial(job_dir: Path, spec: TrialSpec) -> Path:
         _json(agent_dir / name, part)
     config = _trial_config(spec, job_dir)
     _json(trial / "config.json", config)
-    _json(trial / "result.json", {**_result(spec, config, trial), **spec.extra_result})
+    if spec.finished:
+        write_result(trial, spec)
     (trial / "trial.log").write_text(f"Trial {spec.trial_name} starting\nAgent {spec.agent} finished\n")
     if spec.agent == "terminus-2":
         (agent_dir / "recording.cast").write_text('{"version": 2, "width": 160, "height": 40}\n[0.1, "o", "$ "]\n')
@@ -93,10 +96,19 @@ def write_trial(job_dir: Path, spec: TrialSpec) -> Path:
         sessions.mkdir(parents=True, exist_ok=True)
         (sessions / "f3a1c2d4.jsonl").write_text(json.dumps({"type": "user", "sessionId": "f3a1c2d4",
                                                              "message": {"role": "user", "content": "hi"}}) + "\n")
-    if spec.exception is None:
+    if spec.exception is None and spec.finished:
         (trial / "verifier" / "reward.txt").write_text(f"{spec.reward}\n")
         (trial / "verifier" / "test-stdout.txt").write_text("===== 3 passed in 0.41s =====\n")
     return trial
+
+
+def write_result(trial: Path, spec: TrialSpec) -> Path:
+    """The trial's ``result.json``, as Harbor writes it when the trial ends (beside the ``config.json`` written at
+    its start); its path."""
+    config = json.loads((trial / "config.json").read_text())
+    path = trial / "result.json"
+    _json(path, {**_result(spec, config, trial), **spec.extra_result})
+    return path
 
 
 def instruction(episode: Episode) -> str:

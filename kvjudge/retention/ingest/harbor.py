@@ -27,8 +27,17 @@ message), with the step's ``metrics`` as the call's usage; each observation resu
 continuation files follow in order, their copied steps left out (counted in the metadata). The reward is the
 held-out grade: ``{"grader": "harbor", "score": reward, "label": "pass"|"fail"|"partial"}``; a null verifier
 result, a reward outside [0, 1] or rewards without ``reward`` leave the run ungraded, and an exception is noted
-on the run. A lone ATIF file (no ``result.json``) imports ungraded as ``<agent>/<session_id>``, with no task
-(nothing in ATIF names the task).
+on the run.
+
+Without ``result.json`` a trajectory imports ungraded. In a trial directory that has not finished (its
+``config.json``, TrialConfig, beside ``agent/``) the run is named as the trial's ``result.json`` will name it:
+agent ``<config.agent.name>@<config.agent.model_name>`` (else the trajectory's), task the config's ``task.name``
+or the last part of its ``task.path`` (the task's directory, which Harbor names the task after unless its
+``task.toml`` names it otherwise), trial ``trial_name``; the run notes ``trial_finished: false``, and importing the
+trial again once it has finished counts it as already present (the log is never rewritten: its result comes with
+``kvjudge grade``). A lone ATIF file, outside any trial, imports as ``<agent>/<session_id>`` with no task: nothing
+in ATIF names the task or the trial (an agent's ``session_id`` is its own — Terminus 2 draws a UUID), so its
+result is attached by naming the run (``kvjudge grade RUN --results result.json``).
 """
 
 from __future__ import annotations
@@ -58,11 +67,15 @@ from kvjudge.retention.ingest.model import (
 )
 
 RESULT = "result.json"
+CONFIG = "config.json"
 AGENT_DIR = "agent"
 TASK_MARKER = "{{task}}"
 GRADER = "harbor"
 _TRAJECTORY = re.compile(r"(?:^|/)trajectory(?:\.cont-(\d+))?\.json\Z")
 _VERSION = re.compile(r"ATIF-v(\d+)\.(\d+)\Z")
+#: How an ATIF document opens (Harbor writes ``schema_version`` first): what a directory walk reads it by.
+_ATIF_HEAD = re.compile(rb'\A\s*\{\s*"schema_version"\s*:\s*"ATIF-')
+ATIF_HEAD_BYTES = 64
 _SOURCES = ("system", "user", "agent")
 
 
@@ -80,6 +93,21 @@ def continuation_index(name: str) -> int:
 def is_trial_dir(path: Path) -> bool:
     """A finished Harbor trial: ``result.json`` beside ``agent/``."""
     return (path / RESULT).is_file() and (path / AGENT_DIR).is_dir()
+
+
+def is_unfinished_trial_dir(path: Path) -> bool:
+    """A Harbor trial still running (or stopped before writing its result): ``config.json`` beside ``agent/``, no
+    ``result.json``."""
+    return (path / CONFIG).is_file() and (path / AGENT_DIR).is_dir() and not (path / RESULT).is_file()
+
+
+def is_atif_file(path: Path) -> bool:
+    """A file that opens as an ATIF document does (``{"schema_version": "ATIF-…``); other JSON is not read."""
+    try:
+        with path.open("rb") as handle:
+            return _ATIF_HEAD.match(handle.read(ATIF_HEAD_BYTES)) is not None
+    except OSError:
+        return False
 
 
 def trajectory_files(folder: Path) -> list[Path]:
@@ -192,12 +220,16 @@ def parse_harbor(obj: Any, context: ParseContext) -> ParsedRun:
     for path, part in parts:
         _check_header(part, path)
     atif_agent = main["agent"]
-    name = result.agent_name if result else atif_agent["name"]
-    model = result.model if result else (atif_agent.get("model_name") or None)
+    unfinished = _unfinished_trial(obj[CONFIG], ("$", CONFIG)) if result is None and CONFIG in obj else None
+    name = result.agent_name if result else (unfinished or {}).get("agent") or atif_agent["name"]
+    model = result.model if result else (unfinished or {}).get("model") or atif_agent.get("model_name") or None
     agent = context.agent or agent_label(name, model)
     session = main.get("session_id") if isinstance(main.get("session_id"), str) else None
     if result is not None:
         run_id, task, trial = f"{agent}/{result.task}/{result.trial}", result.task, result.trial
+    elif unfinished is not None:
+        task, trial = unfinished["task"], unfinished["trial"]
+        run_id = f"{agent}/{task}/{trial}"
     else:
         need(bool(session), subpath(main_path, "session_id"), "missing (a lone trajectory is named by its session)")
         run_id, task, trial = f"{agent}/{session}", None, session
@@ -211,6 +243,7 @@ def parse_harbor(obj: Any, context: ParseContext) -> ParsedRun:
         "model": model, "session_id": session, "continuations": len(parts) - 1 or None, "copied_steps": copied or None,
         "exception": result.exception if result else None,
         "ungraded_because": result.ungraded_because if result else None,
+        "trial_finished": False if unfinished is not None else None,
         "cost": last_metrics.get("total_cost_usd"), "prompt_tokens": last_metrics.get("total_prompt_tokens"),
         "completion_tokens": last_metrics.get("total_completion_tokens")})
     run.start(task_id=task, prompt=prompt, metadata=metadata, trial=trial)
@@ -229,6 +262,30 @@ def parse_harbor(obj: Any, context: ParseContext) -> ParsedRun:
     if result is not None:
         run.events.extend(settle_events(run.run_id, True, result.grade))
     return run
+
+
+def _unfinished_trial(config: Any, path: JsonPath) -> dict[str, str | None]:
+    """What an unfinished trial's ``config.json`` (TrialConfig) says its ``result.json`` will name: the trial, the
+    task (``task.name``, else the last part of ``task.path``), the agent's name and model (None where unsaid)."""
+    need(isinstance(config, dict), path, "a Harbor config.json must be a JSON object")
+    trial = get_field(config, "trial_name", path, str, "a string")
+    need(trial != "", subpath(path, "trial_name"), "must not be empty")
+    task_config = get_field(config, "task", path, dict, "an object")
+    named = task_config.get("name")
+    where = task_config.get("path")
+    task = named if isinstance(named, str) and named else \
+        where.replace("\\", "/").rstrip("/").rsplit("/", 1)[-1] if isinstance(where, str) else ""
+    need(bool(task), subpath(path, "task"), "names no task (a task.name or task.path is expected)")
+    agent = config.get("agent") if isinstance(config.get("agent"), dict) else {}
+    return {"trial": trial, "task": task,
+            **{ours: agent[key] if isinstance(agent.get(key), str) and agent[key] else None
+               for ours, key in (("agent", "name"), ("model", "model_name"))}}
+
+
+def finished_since(stored_metadata: dict[str, Any], run: ParsedRun) -> bool:
+    """True when a stored run was imported from this trial before it finished and ``run`` is the finished trial:
+    the same run, which its log keeps as imported (its result is attached with ``kvjudge grade``)."""
+    return run.fmt == "harbor" and not run.grading_open and stored_metadata.get("trial_finished") is False
 
 
 def _check_header(part: dict[str, Any], path: JsonPath) -> None:

@@ -7,7 +7,8 @@
   brings it to :data:`BATCH_RUNS` runs or :data:`BATCH_BYTES` of bodies (fault point ``ingest.txn`` before each
   COMMIT, ``ingest.committed`` after it): a file is stored whole or not at all, whatever moment a kill comes.
   A run already stored with the same content is counted as already present and left alone, so the same command
-  run again after a kill finishes the import, and a third time writes nothing.
+  run again after a kill finishes the import, and a third time writes nothing. (So is a Harbor trial imported
+  before it finished, once it has: :func:`~kvjudge.retention.ingest.harbor.finished_since`.)
 - A malformed document, or a run id already stored (or met earlier in this import) with other content, stops the
   import with one line naming the file, the line and the JSON path: nothing of the open batch is written (an
   import within one batch writes nothing), the batches committed before it stay and the line says how many runs
@@ -27,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvjudge.errors import IngestError
 from kvjudge.retention import events as ev
-from kvjudge.retention.ingest.harbor import is_harbor, parse_harbor
+from kvjudge.retention.ingest.harbor import finished_since, is_harbor, parse_harbor
 from kvjudge.retention.ingest.inspect_log import is_inspect_sample, parse_inspect_sample
 from kvjudge.retention.ingest.mini_swe_agent import is_mini_swe_agent, parse_mini_swe_agent
 from kvjudge.retention.faults import fault_point
@@ -121,6 +122,8 @@ class IngestReport:
     runs: list[str] = field(default_factory=list)
     imported: list[str] = field(default_factory=list)
     already_present: list[str] = field(default_factory=list)
+    #: Of the already present: runs imported from a Harbor trial before it finished, which has finished since.
+    finished_since: list[str] = field(default_factory=list)
     skipped: list[dict[str, str]] = field(default_factory=list)  # {"path", "error"}
     states: Counter[str] = field(default_factory=Counter)  # lifecycle state of the imported runs
     results: list[dict[str, Any]] = field(default_factory=list)  # {"results", "agent", "agent_from", "graded"}
@@ -139,7 +142,8 @@ class IngestReport:
         return {"store": self.store, "files": self.files, "bytes": self.bytes, "ignored_files": self.ignored_files,
                 "imported": len(self.imported), "already_present": len(self.already_present),
                 "skipped": len(self.skipped), "ingested": self.imported, "already_present_ids": self.already_present,
-                "skipped_files": self.skipped, "count": len(self.imported), "states": dict(sorted(self.states.items())),
+                "skipped_files": self.skipped, "finished_since": self.finished_since, "count": len(self.imported),
+                "states": dict(sorted(self.states.items())),
                 "results": self.results, "unmatched_results": self.unmatched_results,
                 "evaluation_errors": self.evaluation_errors, "repaired": self.repaired,
                 "dedup": {"body_bytes": self.body_bytes, "stored_bytes": self.stored_bytes,
@@ -195,6 +199,7 @@ class _FileOutcome:
     runs: list[str] = field(default_factory=list)
     imported: list[tuple[str, str, bool]] = field(default_factory=list)  # (run id, final state, text repaired)
     present: list[str] = field(default_factory=list)
+    finished_since: list[str] = field(default_factory=list)
     seen: dict[str, tuple[str, str]] = field(default_factory=dict)  # run id → (where, content hash)
     stored_bytes: int = 0
     body_bytes: int = 0
@@ -202,13 +207,15 @@ class _FileOutcome:
 
 class _Importer:
     def __init__(self, store: Store, *, fmt: str, tenant: str | None, agent: str | None, results: Sequence[str],
-                 skip_bad: bool, repair_text: bool, progress: Progress | None) -> None:
+                 skip_bad: bool, repair_text: bool, progress: Progress | None, trial: str | None = None) -> None:
         if fmt not in FORMATS:
             raise IngestError(f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")
+        _check_trial_label(trial)
         self.store = store
         self.fmt = fmt
         self.tenant = tenant
         self.agent = agent
+        self.trial = trial
         self.results = ResultsIndex(load_results(results))
         self.skip_bad = skip_bad
         self.repair_text = repair_text
@@ -221,7 +228,7 @@ class _Importer:
 
     def context(self, source: Source, *, hashing: bool = True) -> ParseContext:
         return ParseContext(tenant=self.tenant, agent=self.agent, default_instance=source.default_instance,
-                            hashing=hashing, repair_text=self.repair_text)
+                            hashing=hashing, repair_text=self.repair_text, trial=self.trial)
 
     def run(self, sources: list[Source]) -> None:
         self._total_bytes = sum(source.size for source in sources)
@@ -259,11 +266,11 @@ class _Importer:
                 self._bad(source, exc)
                 continue
             kept.append(source)
-            runs.extend((run.agent, run.task_id, run.run_id) for run in found if run.grading_open)
+            runs.extend((run.agent, run.task_id, run.run_id, run.trial) for run in found if run.grading_open)
             self._advance(0, f"reading whose runs {number}/{len(sources)} files hold, for --results")
-        self.results.bind_agents(agent for agent, _, _ in runs if agent)
-        for agent, task_id, run_id in runs:
-            self.results.grade_for(agent, task_id, run_id)
+        self.results.bind_agents(agent for agent, _, _, _ in runs if agent)
+        for agent, task_id, run_id, trial in runs:
+            self.results.grade_for(agent, task_id, run_id, trial)
         ambiguous = self.results.ambiguities()
         if ambiguous:
             more = f" (and {len(ambiguous) - 1} more)" if len(ambiguous) > 1 else ""
@@ -287,6 +294,7 @@ class _Importer:
             self.report.imported.append(run_id)
             self.report.states[state] += 1
         self.report.already_present.extend(outcome.present)
+        self.report.finished_since.extend(outcome.finished_since)
         self.report.runs.extend(outcome.runs)
         self.report.body_bytes += outcome.body_bytes
         self.report.stored_bytes += outcome.stored_bytes
@@ -295,9 +303,13 @@ class _Importer:
 
     def _import_run(self, document: Document, source: Source, outcome: _FileOutcome) -> None:
         run = parse_document(document, self.fmt, self.context(source))
+        if self.trial is not None and run.trial != self.trial:
+            own = f"names its own trial {run.trial!r}" if run.trial is not None else "is named by its file alone"
+            raise IngestError(f"{document.where}: --trial labels mini-swe-agent, SWE-agent and OpenHands runs (their "
+                              f"files name no trial); this {run.fmt} run {own}")
         if run.grading_open and run.agent:
             self.agents.add(run.agent)
-        grade = self.results.grade_for(run.agent, run.task_id, run.run_id) if run.grading_open else None
+        grade = self.results.grade_for(run.agent, run.task_id, run.run_id, run.trial) if run.grading_open else None
         digest = run.settle(grade)
         where = document.where
         earlier = outcome.seen.get(run.run_id) or self.seen.get(run.run_id)
@@ -312,7 +324,9 @@ class _Importer:
         stored = stored_content_hash(self.store, run.run_id, len(run.events))
         if stored is not None:
             if stored != digest:
-                raise _conflict(where, run.run_id, stored, digest)
+                if not finished_since(self.store.run(run.run_id).metadata, run):
+                    raise _conflict(where, run.run_id, stored, digest)
+                outcome.finished_since.append(run.run_id)  # kept as imported: its result comes with `grade`
             outcome.present.append(run.run_id)
             return
         outcome.stored_bytes += self.store.write_parsed(run)
@@ -335,6 +349,14 @@ class _Importer:
 
     def _mb(self, done: int) -> str:
         return f"{done / 1e6:.1f}/{self._total_bytes / 1e6:.1f} MB"
+
+
+def _check_trial_label(trial: str | None) -> None:
+    """A ``--trial`` label ends a run id (``<agent>/<instance>/<trial>``): not empty, no ``/``, no surrounding
+    whitespace."""
+    if trial is not None and (not trial.strip() or "/" in trial or trial != trial.strip()):
+        raise IngestError(f"--trial {trial!r}: a trial label is a non-empty name without '/' or surrounding spaces "
+                          f"(e.g. --trial 2); it ends each run id: <agent>/<instance>/<trial>")
 
 
 def _final_state(run: ParsedRun) -> str:
@@ -364,14 +386,16 @@ def stored_content_hash(store: Store, run_id: str, n_events: int) -> str | None:
 
 def ingest_sources(store: Store, sources: list[Source], *, ignored_files: int = 0, fmt: str = "auto",
                    tenant: str | None = None, agent: str | None = None, results: Sequence[str] = (),
-                   skip_bad: bool = False, repair_text: bool = False,
+                   skip_bad: bool = False, repair_text: bool = False, trial: str | None = None,
                    progress: Progress | None = None) -> IngestReport:
     """Import ``sources`` (see :func:`collect_sources`) into ``store``; the module docstring says how.
 
     ``repair_text``: text that is not Unicode is stored as U+FFFD and noted on the run (else refused).
+    ``trial``: the trial of every run (mini-swe-agent, SWE-agent, OpenHands: their files name none), whose id
+    becomes ``<agent>/<instance>/<trial>``; a run that names a trial of its own is refused.
     """
     importer = _Importer(store, fmt=fmt, tenant=tenant, agent=agent, results=results, skip_bad=skip_bad,
-                         repair_text=repair_text, progress=progress)
+                         repair_text=repair_text, progress=progress, trial=trial)
     importer.run(sources)
     report = importer.report
     report.files = len(sources)

@@ -84,7 +84,7 @@ def parse_mini_swe_agent(obj: Any, context: ParseContext) -> ParsedRun:
     metadata = scalars({"format": fmt, "exit_status": info.get("exit_status"), "cost": stats.get("instance_cost"),
                         "api_calls": stats.get("api_calls"), "model": model,
                         "harness": f"mini-swe-agent {version}" if isinstance(version, str) else "mini-swe-agent"})
-    run = context.new_run(f"{agent}/{instance_id}", fmt, agent=agent, grading_open=True)
+    run = context.new_run(context.with_trial(f"{agent}/{instance_id}"), fmt, agent=agent, grading_open=True)
     action_res = _action_patterns(dig(info, "config", "agent", "action_regex"), dig(info, "config", "model",
                                                                                      "action_regex"))
     steps: list[tuple[str, dict[str, Any]]] = []
@@ -106,7 +106,7 @@ def parse_mini_swe_agent(obj: Any, context: ParseContext) -> ParsedRun:
             continue  # the exit status and the submission are kept as metadata and the last transition
         else:
             steps.append((kind, {"message": message, "where": where}))
-    run.start(task_id=instance_id, prompt=prompt, metadata=metadata)
+    run.start(task_id=instance_id, prompt=prompt, metadata=metadata, trial=context.trial)
     branch = run.branch("main")
     for kind, data in steps:
         if kind == "instance":

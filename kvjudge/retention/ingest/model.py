@@ -131,6 +131,7 @@ class ParsedRun:
     fmt: str
     task_id: str | None = None
     agent: str | None = None
+    trial: str | None = None
     bodies: dict[str, bytes] = field(default_factory=dict)
     body_bytes: int = 0
     events: list[ev.Event] = field(default_factory=list)
@@ -156,6 +157,7 @@ class ParsedRun:
               trial: str | None = None) -> None:
         """The RunStarted event (first). ``trial`` names which of several runs of one agent on one task this is."""
         self.task_id = task_id
+        self.trial = trial
         self.events.append(ev.RunStarted(run=self.run_id, tenant=self.tenant, task_id=task_id,
                                          task_prompt_ref=self.body_ref(prompt), agent=self.agent,
                                          metadata=metadata or None, trial=trial))
@@ -223,6 +225,12 @@ class ParseContext:
     default_instance: str | None = None  # from the file name (``<instance>.traj.json``) when the document has none
     hashing: bool = True  # False: names the run only (the pass --results may need); see ParsedRun.hashing
     repair_text: bool = False  # text that is not Unicode: stored as U+FFFD and noted (else refused)
+    trial: str | None = None  # --trial: which run of an agent on an instance this is, for formats that name none
+
+    def with_trial(self, run_id: str) -> str:
+        """The id of a run whose format names no trial (SWE-bench trajectories): ``<run_id>/<LABEL>`` under
+        ``--trial LABEL``, so a repeated run of an agent on an instance is a run of its own."""
+        return f"{run_id}/{self.trial}" if self.trial is not None else run_id
 
     def new_run(self, run_id: str, fmt: str, *, agent: str | None = None, tenant: str | None = None,
                 grading_open: bool = False) -> ParsedRun:

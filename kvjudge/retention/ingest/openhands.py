@@ -139,12 +139,13 @@ def _parse_output(obj: dict[str, Any], context: ParseContext) -> ParsedRun:
     events = list(_events(history))
     version = next((dig(event, "args", "openhands_version") for event, _ in events
                     if isinstance(event, dict) and event.get("action") == "system"), None)
-    run = context.new_run(run_id_for(agent, instance_id), FORMAT, agent=agent, grading_open=True)
+    run = context.new_run(context.with_trial(run_id_for(agent, instance_id)), FORMAT, agent=agent,
+                          grading_open=True)
     run.start(task_id=instance_id, prompt=prompt, metadata=scalars({
         "format": FORMAT, "agent_class": metadata.get("agent_class"), "model": model,
         "max_iterations": metadata.get("max_iterations"), "dataset": metadata.get("dataset"),
         "cost": metrics.get("accumulated_cost"), "error": error,
-        "harness": f"{HARNESS} {version}" if isinstance(version, str) else HARNESS}))
+        "harness": f"{HARNESS} {version}" if isinstance(version, str) else HARNESS}), trial=context.trial)
     branch = run.branch("main")
     history_run = _History(run, branch, prompt, _usage_by_response(metrics))
     if instruction is not None and not any(_is_user_message(event) for event, _ in events):
@@ -321,7 +322,8 @@ def _parse_completions(obj: dict[str, Any], context: ParseContext, document: Any
     response = get_field(obj, response_key, "$", dict, "an object")
     model = completion_model(document.source.name) or response.get("model")
     agent = context.agent or (f"{HARNESS}/{model}" if isinstance(model, str) and model else HARNESS)
-    run = context.new_run(run_id_for(agent, instance_id), FORMAT, agent=agent, grading_open=True)
+    run = context.new_run(context.with_trial(run_id_for(agent, instance_id)), FORMAT, agent=agent,
+                          grading_open=True)
     calls = [usage_of(dig(earlier, "response", "usage")) for earlier in document.companions()]
     calls.append(usage_of(response.get("usage")))
     reply = _first_choice(response, f"$.{response_key}")
@@ -335,7 +337,7 @@ def _parse_completions(obj: dict[str, Any], context: ParseContext, document: Any
             break
     run.start(task_id=instance_id, prompt=prompt, metadata=scalars({
         "format": FORMAT, "model": model, "api_calls": len(calls), "harness": HARNESS,
-        "function_calling": "mocked" if mocked else None}))
+        "function_calling": "mocked" if mocked else None}), trial=context.trial)
     _Conversation(run, run.branch("main"), prompt, calls).add_all(turns)
     return run
 

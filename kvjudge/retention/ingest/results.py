@@ -21,7 +21,9 @@ takes it by its task id and agent: the agent is ``AGENT=`` when given, else read
 file's name or path, else any agent — and then an instance answered by runs of two agents is refused as
 ambiguous. ``ResultsFile.run_grades`` maps a *run id* to a grade and is matched first, exactly: a shape whose
 lines name their agent (OpenHands' ``metadata``) fills it with the run ids the run parser gives those runs, so
-no binding is needed. A reader for results that are per trial or per sample (Harbor ``result.json`` rewards,
+no binding is needed; such an id names no trial, and grades each trial of the run (``<id>/<trial>``, imported with
+``--trial``). Results that name no trial (these, and instance grades) are refused where they fit two trials of one
+agent: they are one trial's results (:meth:`ResultsIndex.ambiguities`). A reader for results that are per trial or per sample (Harbor ``result.json`` rewards,
 inspect scores) adds its shape to :func:`_read` and fills ``run_grades`` with the ids its run parser gives
 (None for an evaluation error); nothing else changes.
 
@@ -245,6 +247,9 @@ class ResultsIndex:
         self._used: set[tuple[int, str]] = set()
         self._used_runs: set[tuple[int, str]] = set()
         self._takers: dict[tuple[int, str], set[str]] = {}  # (file, instance) → agents of the runs it graded
+        # (file, what a result names without a trial) → the runs with a trial it graded: one trial's result fits
+        # another trial of the same agent too, so more than one is ambiguous.
+        self._trial_takers: dict[tuple[int, str], set[str]] = {}
         # instance (run id) → the files that grade it, in file order: a lookup per run, not a scan of every file.
         self._files_of: dict[str, list[int]] = {}
         self._files_of_run: dict[str, list[int]] = {}
@@ -274,15 +279,25 @@ class ResultsIndex:
                                       f"whose results these are: --results AGENT={results.path}")
                 results.agent = tagged[0] if tagged else None
 
-    def grade_for(self, agent: str | None, task_id: str | None, run_id: str | None = None) -> dict[str, Any] | None:
-        """The held-out grade of run ``run_id`` (results naming it exactly win), else of the run of ``agent`` on
+    def grade_for(self, agent: str | None, task_id: str | None, run_id: str | None = None,
+                  trial: str | None = None) -> dict[str, Any] | None:
+        """The held-out grade of run ``run_id`` (results naming it exactly win; then results naming it without
+        its ``trial``, ``<agent>/<instance>`` of ``<agent>/<instance>/<trial>``), else of the run of ``agent`` on
         ``task_id`` (None: no result, or an evaluation error)."""
         found: list[tuple[ResultsFile, dict[str, Any] | None]] = []
-        what = f"run {run_id!r}"
-        for index in self._files_of_run.get(run_id or "", ()):
+        name = run_id or ""
+        what = f"run {name!r}"
+        files = self._files_of_run.get(name, [])
+        untried = trial is not None and not files and name.endswith("/" + trial)
+        if untried:  # OpenHands' evaluation output names the run without a trial: it grades each trial of it
+            name = name[: -len(trial) - 1]
+            files = self._files_of_run.get(name, [])
+        for index in files:
             results = self.files[index]
-            found.append((results, results.run_grades[run_id or ""]))
-            self._used_runs.add((index, run_id or ""))
+            found.append((results, results.run_grades[name]))
+            self._used_runs.add((index, name))
+            if untried:
+                self._trial_takers.setdefault((index, f"run {name!r}"), set()).add(run_id or "")
         if not found and task_id is not None:
             what = f"instance {task_id!r} of {agent or 'a run'}"
             for index in self._files_of.get(task_id, ()):
@@ -291,6 +306,8 @@ class ResultsIndex:
                     found.append((results, results.grades[task_id]))
                     self._used.add((index, task_id))
                     self._takers.setdefault((index, task_id), set()).add(agent or "")
+                    if trial is not None:
+                        self._trial_takers.setdefault((index, what), set()).add(run_id or "")
         grades = {json.dumps(grade, sort_keys=True): grade for _, grade in found if grade is not None}
         if len(grades) > 1:
             where = ", ".join(str(results.path) for results, _ in found)
@@ -298,8 +315,22 @@ class ResultsIndex:
                               f"evaluation")
         return next(iter(grades.values()), None)
 
+    def sole_run_result(self) -> tuple[int, str] | None:
+        """``(file, run id)`` when these results hold exactly one result, and it names a run (one Harbor trial's
+        ``result.json``, say), else None: what ``kvjudge grade RUN`` may bind to the one run named."""
+        named = [(index, run_id) for index, results in enumerate(self.files) for run_id in results.run_grades]
+        if len(named) != 1 or any(results.grades for results in self.files):
+            return None
+        return named[0]
+
+    def take(self, index: int, run_id: str) -> dict[str, Any] | None:
+        """The grade file ``index`` gives run ``run_id``, counted as used (for a result bound to a run by hand)."""
+        self._used_runs.add((index, run_id))
+        return self.files[index].run_grades[run_id]
+
     def ambiguities(self) -> list[str]:
-        """Instances a results file that names no agent gave to runs of more than one agent."""
+        """Instances a results file that names no agent gave to runs of more than one agent, and results naming
+        no trial that fit several trials of one agent."""
         out = []
         for (index, instance), agents in sorted(self._takers.items()):
             results = self.files[index]
@@ -307,6 +338,11 @@ class ResultsIndex:
                 out.append(f"--results {results.path}: instance {instance!r} matches runs of {len(agents)} agents "
                            f"({', '.join(sorted(agents))}); say whose results these are: "
                            f"--results AGENT={results.path}")
+        for (index, what), runs in sorted(self._trial_takers.items()):
+            if len(runs) > 1:
+                out.append(f"--results {self.files[index].path}: {what} names no trial and fits {len(runs)} trials "
+                           f"({', '.join(sorted(runs))}); attach one trial's results at a time: kvjudge grade "
+                           f"--all --trial LABEL, or name its runs")
         return out
 
     def unmatched(self) -> list[tuple[str, str]]:

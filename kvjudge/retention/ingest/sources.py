@@ -2,7 +2,8 @@
 documents in each file — one per line in JSONL, else the whole file — decoded lazily, one at a time.
 
 Two harness layouts are sources of their own: a Harbor trial (``result.json`` beside ``agent/``: the result and
-the ATIF trajectory with its continuations, read as one document) and an inspect eval log (``*.eval``, and a
+the ATIF trajectory with its continuations, read as one document; a trial not finished has its ``config.json`` in
+place of the result) and an inspect eval log (``*.eval``, and a
 ``.json`` file that begins as inspect's logs do: one document per sample, read one at a time).
 
 OpenHands layouts: ``llm_completions/<instance_id>/<model>-<unix time>.json`` is one file per model call, and
@@ -73,10 +74,11 @@ def collect_sources(paths: Iterable[str | os.PathLike[str]]) -> tuple[list[Sourc
     """The files to import, in a stable order, and how many other files the directory walks passed over.
 
     A directory is walked recursively for run files (``*.jsonl``, ``*.traj.json``, ``*.traj``, each optionally
-    ``.gz``; ``*.eval``; inspect ``.json`` logs) and Harbor trials (``result.json`` beside ``agent/``: one source,
-    its other files passed over; a trial without ``result.json`` has not finished and is passed over whole); a
-    file named directly is always read (an ATIF ``trajectory.json`` with its trial, or with its continuations).
-    A path named twice is read once.
+    ``.gz``; ``*.eval``; inspect ``.json`` logs; ATIF ``trajectory.json`` files, by how they open) and Harbor
+    trials (``result.json`` beside ``agent/``: one source, its other files passed over; a trial not finished —
+    ``config.json`` beside ``agent/``, no ``result.json`` — is read from its config and trajectory when that is
+    ATIF, else passed over whole); a file named directly is always read (an ATIF ``trajectory.json`` with its
+    trial, or with its continuations). A path named twice is read once.
     """
     sources: list[Source] = []
     seen: set[Path] = set()
@@ -87,10 +89,11 @@ def collect_sources(paths: Iterable[str | os.PathLike[str]]) -> tuple[list[Sourc
             found = 0
             for root, dirs, files in os.walk(path):
                 here = Path(root)
-                if harbor.is_trial_dir(here) or _unfinished_trial(here):
+                if harbor.is_trial_dir(here) or harbor.is_unfinished_trial_dir(here):
                     dirs.clear()  # a trial is read as one source; nothing under it is a run file of its own
-                    found += _add(sources, seen, _trial(here)) if harbor.is_trial_dir(here) else 0
-                    ignored += _files_under(here) - (_trial_files(here) if harbor.is_trial_dir(here) else 0)
+                    taken = _is_read_trial(here)
+                    found += _add(sources, seen, _trial(here)) if taken else 0
+                    ignored += _files_under(here) - (len(_trial_parts(here)) if taken else 0)
                     continue
                 dirs.sort()
                 if _COMPLETIONS_DIR in dirs and any(name in files for name in ("output.jsonl", "output.jsonl.gz")):
@@ -98,6 +101,7 @@ def collect_sources(paths: Iterable[str | os.PathLike[str]]) -> tuple[list[Sourc
                     ignored += sum(len(names) for _, _, names in os.walk(Path(root) / _COMPLETIONS_DIR))
                 for name in sorted(files):
                     if _is_run_file(name) or is_completions_log(here / name) \
+                            or (harbor.is_trajectory_name(name) and harbor.is_atif_file(here / name)) \
                             or (name.endswith(".json") and inspect_reader.is_json_log(here / name)):
                         found += _add(sources, seen, _file(here / name))
                     else:
@@ -155,7 +159,8 @@ def _file(path: Path) -> Source:
     """A file as a source: an ATIF trajectory becomes its trial (or its group of continuations)."""
     if harbor.is_trajectory_name(path.name):
         trial = path.parent.parent
-        if path.parent.name == harbor.AGENT_DIR and harbor.is_trial_dir(trial):
+        in_trial = harbor.is_trial_dir(trial) or harbor.is_unfinished_trial_dir(trial)
+        if path.parent.name == harbor.AGENT_DIR and in_trial:
             return _trial(trial)
         main = path.parent / "trajectory.json"
         parts = harbor.trajectory_files(path.parent) if main.is_file() else [path]
@@ -165,17 +170,19 @@ def _file(path: Path) -> Source:
 
 
 def _trial(folder: Path) -> Source:
-    parts = [folder / harbor.RESULT, *harbor.trajectory_files(folder / harbor.AGENT_DIR)]
-    return Source(path=folder, size=sum(p.stat().st_size for p in parts), kind=HARBOR)
+    return Source(path=folder, size=sum(p.stat().st_size for p in _trial_parts(folder)), kind=HARBOR)
 
 
-def _trial_files(folder: Path) -> int:
-    return 1 + len(harbor.trajectory_files(folder / harbor.AGENT_DIR))
+def _trial_parts(folder: Path) -> list[Path]:
+    """The files a trial is read from: its ``result.json`` (else, not finished, its ``config.json``) and
+    ``agent/trajectory*.json``."""
+    head = folder / harbor.RESULT
+    return [head if head.is_file() else folder / harbor.CONFIG, *harbor.trajectory_files(folder / harbor.AGENT_DIR)]
 
 
-def _unfinished_trial(folder: Path) -> bool:
-    """A Harbor trial still running (or stopped before writing its result): ``config.json`` beside ``agent/``."""
-    return (folder / "config.json").is_file() and (folder / harbor.AGENT_DIR).is_dir()
+def _is_read_trial(folder: Path) -> bool:
+    """A finished trial, or one not finished whose ``agent/trajectory.json`` is ATIF (else passed over whole)."""
+    return harbor.is_trial_dir(folder) or harbor.is_atif_file(folder / harbor.AGENT_DIR / "trajectory.json")
 
 
 def _files_under(folder: Path) -> int:
@@ -195,9 +202,9 @@ def harbor_parts(source: Source) -> dict[str, bytes]:
     """The files of a Harbor source, by name: ``result.json`` and ``agent/trajectory*.json`` of a trial, or an
     ATIF trajectory and its continuations."""
     if source.path.is_dir():
-        agent = source.path / harbor.AGENT_DIR
-        parts = {harbor.RESULT: (source.path / harbor.RESULT).read_bytes()}
-        parts.update({f"{harbor.AGENT_DIR}/{p.name}": p.read_bytes() for p in harbor.trajectory_files(agent)})
+        head, *trajectories = _trial_parts(source.path)
+        parts = {head.name: head.read_bytes()}
+        parts.update({f"{harbor.AGENT_DIR}/{p.name}": p.read_bytes() for p in trajectories})
         return parts
     files = harbor.trajectory_files(source.path.parent) if source.path.name == "trajectory.json" else [source.path]
     return {p.name: p.read_bytes() for p in files}

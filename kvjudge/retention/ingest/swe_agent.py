@@ -72,9 +72,9 @@ def parse_swe_agent(obj: Any, context: ParseContext) -> ParsedRun:
                         "tokens_sent": stats.get("tokens_sent"), "tokens_received": stats.get("tokens_received"),
                         "model": model,
                         "harness": f"SWE-agent {version}" if isinstance(version, str) else "SWE-agent"})
-    run = context.new_run(f"{agent}/{instance_id}", "swe-agent", agent=agent, grading_open=True)
+    run = context.new_run(context.with_trial(f"{agent}/{instance_id}"), "swe-agent", agent=agent, grading_open=True)
     prefix, statement = _prompt_prefix(history, statement if isinstance(statement, str) else None)
-    run.start(task_id=instance_id, prompt=statement, metadata=metadata)
+    run.start(task_id=instance_id, prompt=statement, metadata=metadata, trial=context.trial)
     main = run.branch("main")
     for role, text in prefix:
         run.step(main, role, text=text)
