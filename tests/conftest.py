@@ -1,17 +1,22 @@
 """Shared fixtures: the real bundled models, an isolated cache/data dir for every test, an empty store,
-simulated judge servers."""
+simulated judge servers, and one run of `kvjudge demo` for the whole session."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
+import subprocess
+import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
+from helpers import DEMO_RUNS, DemoRun, demo_command
 
 from kvjudge import models
+from kvjudge.demo import sample_runs_path
 from kvjudge.retention import Store
 from kvjudge.testing.sim_judge import Settings as SimSettings
 from kvjudge.testing.sim_judge import SimJudgeServer
@@ -84,3 +89,23 @@ def ceiling_args(tmp_path: Path, capabilities: dict[int, Path]) -> list[str]:
     config = tmp_path / "ceiling.toml"
     config.write_text('[retention]\ncounter = "chars"\n')
     return ["--capabilities", str(capabilities[160_000]), "--config", str(config)]
+
+
+@pytest.fixture(scope="session")
+def demo_run(tmp_path_factory: pytest.TempPathFactory, default_model: Path) -> DemoRun:
+    """`kvjudge demo` on :data:`DEMO_RUNS` with the default model, run once for the session (it takes minutes):
+    tests/test_demo.py checks its story, tests/test_report_browser.py opens its report; none changes its
+    output directory."""
+    root = tmp_path_factory.mktemp("demo")
+    runs_file = root / "runs.jsonl"
+    runs_file.write_text("".join(line + "\n" for line in sample_runs_path().read_text().splitlines()
+                                 if json.loads(line)["id"] in DEMO_RUNS))
+    env = {k: v for k, v in os.environ.items() if k not in ("KVJUDGE_CONFIG", "KVJUDGE_FAULTS")}
+    env.update(KVJUDGE_CACHE_DIR=str(root / "cache"), KVJUDGE_DATA_DIR=str(root / "data"),
+               KVJUDGE_MODELS_DIR=str(_MODELS_DIR))
+    out = root / "out"
+    started = time.perf_counter()
+    done = subprocess.run(demo_command(out, runs_file, default_model), capture_output=True, text=True, env=env,
+                          cwd=root)
+    return DemoRun(out=out, model=default_model, runs_file=runs_file, env=env, done=done,
+                   seconds=time.perf_counter() - started)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import socket
@@ -149,3 +150,37 @@ def sql(store: Store) -> Any:
     """A second connection to ``store``'s file, as another process would open it: for tests that look into the
     tables or tamper with them behind the store's back (kvjudge itself asks the store's named queries)."""
     return sqlite3.connect(store.path, isolation_level=None, timeout=30.0)
+
+
+# The demo's runs in the tests: two small runs of one task keep it to one judged pair (the full sample is
+# `make demo`); a lowered ceiling reduces the longer run, so the reduced view is genuinely shorter than the full one.
+DEMO_RUNS = ("clamp-1", "clamp-2")
+DEMO_OPTIONS = ("--context-target", "2048", "--ceiling", "512")
+
+
+def demo_command(out: Path, runs_file: Path, model: Path) -> list[str]:
+    """`kvjudge demo --json` on ``runs_file`` with ``model``, writing to ``out``."""
+    return [sys.executable, "-m", "kvjudge", "demo", "--out", str(out), "--runs", str(runs_file), "--model",
+            str(model), *DEMO_OPTIONS, "--json"]
+
+
+@dataclasses.dataclass(frozen=True)
+class DemoRun:
+    """One `kvjudge demo` in a child process: how it was run (its own cache and data dirs in ``env``), what it
+    printed, and how long it took."""
+
+    out: Path
+    model: Path
+    runs_file: Path
+    env: dict[str, str]
+    done: subprocess.CompletedProcess[str]
+    seconds: float
+
+    def command(self, out: Path) -> list[str]:
+        """The same demo, writing to ``out``."""
+        return demo_command(out, self.runs_file, self.model)
+
+    def report(self) -> dict[str, Any]:
+        """What the demo printed (``report.json``'s object); the demo must have succeeded."""
+        assert self.done.returncode == 0, self.done.stderr
+        return json.loads(self.done.stdout)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from helpers import DemoRun
 
 from kvjudge.demo import sample_runs_path
 from kvjudge.retention import Store
@@ -30,19 +30,10 @@ def test_sample_runs_are_realistic_and_over_the_ceiling() -> None:
 
 
 @pytest.mark.model
-def test_demo_end_to_end_on_two_runs(tmp_path: Path, default_model: Path) -> None:
-    # Two small runs of one task keep this to one judged pair; the full sample is `make demo`. A lowered
-    # ceiling (--ceiling) reduces the longer run, so the reduced view is genuinely shorter than the full one.
-    lines = [line for line in sample_runs_path().read_text().splitlines()
-             if json.loads(line)["id"] in ("clamp-1", "clamp-2")]
-    runs_file = tmp_path / "two.jsonl"
-    runs_file.write_text("\n".join(lines) + "\n")
-    out = tmp_path / "out"
-    command = [sys.executable, "-m", "kvjudge", "demo", "--out", str(out), "--runs", str(runs_file),
-               "--model", str(default_model), "--context-target", "2048", "--ceiling", "512", "--json"]
-    first = subprocess.run(command, capture_output=True, text=True)
-    assert first.returncode == 0, first.stderr
-    report = json.loads(first.stdout)
+def test_demo_end_to_end_on_two_runs(tmp_path: Path, demo_run: DemoRun) -> None:
+    # The session's demo (conftest.py): two small runs of one task, one judged pair; --ceiling 512 reduces one.
+    report = demo_run.report()
+    out = demo_run.out
     assert json.loads((out / "report.json").read_text()) == report
     assert (out / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -89,8 +80,9 @@ def test_demo_end_to_end_on_two_runs(tmp_path: Path, default_model: Path) -> Non
         assert sorted(store.run_ids()) == ["clamp-1", "clamp-2"]
         assert all(store.run(r).state == "graded" for r in store.run_ids())
 
-    # Idempotent: a second run reuses the certified cache entry and tells the same story.
-    second = subprocess.run(command, capture_output=True, text=True)
+    # Idempotent: a second run (into its own directory: the session's demo output stays as the first run left it)
+    # reuses the certified cache entry and tells the same story.
+    second = subprocess.run(demo_run.command(tmp_path / "again"), capture_output=True, text=True, env=demo_run.env)
     assert second.returncode == 0, second.stderr
     again = json.loads(second.stdout)
     assert again["probe"]["reused_cache_entry"] is True

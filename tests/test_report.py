@@ -7,16 +7,17 @@ import base64
 import dataclasses
 import hashlib
 import re
+from collections.abc import Sequence
 from html import unescape
 from pathlib import Path
 from typing import Any
 
 import pytest
-from report_support import N_CTX, PAYLOAD_RUN, seeded_store
+from report_support import PAYLOAD_RUN, report_in_process
 
 from kvjudge.cli import main
-from kvjudge.judge import Judge, LlamaBackend, Verdict, WindowPlanner, judge_batch
-from kvjudge.report import build_report, judged_against, pair_dir_for, write_report
+from kvjudge.judge import Verdict
+from kvjudge.report import judged_against, pair_dir_for, write_report
 
 
 class _WithEvidence(Verdict):
@@ -26,28 +27,13 @@ class _WithEvidence(Verdict):
         return {**super().to_json(), "evidence_retention": {"a": 0.75, "b": "<b>all</b>"}}
 
 
-def _report(tmp_path: Path, model: Path, task: str | None = None, extend: bool = False) -> Any:
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    store_path, pairs = seeded_store(tmp_path / "store.sqlite", model)
-    from kvjudge.retention import Store
-
-    with Store.open(store_path) as store:
-        backend = LlamaBackend(model_path=model)
-        try:
-            judge = Judge(backend, planner=WindowPlanner(backend, requested=N_CTX, certify=False))
-            chosen = [p for p in pairs if task is None or store.run(p[0]).task_id == task]
-            verdicts = judge_batch(judge, store, chosen)
-            if extend:
-                verdicts = [_WithEvidence(**{f.name: getattr(v, f.name) for f in dataclasses.fields(v)})
-                            for v in verdicts]
-            return build_report(store, judge, verdicts, ceiling_note="no probe figure"), verdicts
-        finally:
-            backend.close()
+def _with_evidence(verdicts: Sequence[Verdict]) -> list[Verdict]:
+    return [_WithEvidence(**{f.name: getattr(v, f.name) for f in dataclasses.fields(v)}) for v in verdicts]
 
 
 @pytest.mark.model
 def test_the_pages_quote_run_text_and_run_only_their_own_script(tmp_path: Path, default_model: Path) -> None:
-    report, verdicts = _report(tmp_path, default_model, extend=True)
+    report, verdicts = report_in_process(tmp_path, default_model, adapt=_with_evidence)
     assert all(v.cached for v in verdicts)  # the seeded cache answered every order: no model call
     written = write_report(report, tmp_path / "out" / "report.html")
     index = written.index.read_text()
@@ -74,10 +60,10 @@ def test_the_pages_quote_run_text_and_run_only_their_own_script(tmp_path: Path, 
 @pytest.mark.model
 def test_a_smaller_report_replaces_the_pair_pages_of_the_last(tmp_path: Path, default_model: Path) -> None:
     index = tmp_path / "report.html"
-    first, _ = _report(tmp_path / "all", default_model)
+    first, _ = report_in_process(tmp_path / "all", default_model)
     write_report(first, index)
     (pair_dir_for(index) / "notes.txt").write_text("mine")
-    second, _ = _report(tmp_path / "one-task", default_model, task="clamp")
+    second, _ = report_in_process(tmp_path / "one-task", default_model, task="clamp")
     written = write_report(second, index)
     assert sorted(p.name for p in written.pair_dir.iterdir()) == ["0001.html", "0002.html", "0003.html"]
     assert "3 judged pair(s)" in index.read_text() and index.stat().st_mode & 0o777 == 0o644
