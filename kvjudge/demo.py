@@ -35,7 +35,7 @@ from kvjudge.judge import judge_batch, still_grades, window_tokens
 from kvjudge.judge.evaluate import evaluate
 from kvjudge.judge.pairing import ALL, same_task_pairs
 from kvjudge.models import judge_model_path
-from kvjudge.probe import RuntimeSettings, lookup_capability, memory_needed, probe
+from kvjudge.probe import RuntimeSettings, memory_needed
 from kvjudge.report import build_report, with_tier_status, write_report
 from kvjudge.retention import verify
 from kvjudge.retention.reduce import reduce_run, run_tokens
@@ -96,15 +96,18 @@ def run_demo(options: DemoOptions, say: Say, progress: ProgressFactory) -> dict[
     # 1. probe and certify -------------------------------------------------------------------------
     with clock.step("probe"):
         budget_bytes = memory_needed(model, options.context_target, settings=runtime)
-        known = lookup_capability(model, settings=runtime, memory_budget=budget_bytes)
+        # The judge target of this demo: this model in-process, under the memory budget it is certified with; its
+        # capability lookup is the one its window planner and its ceiling read.
+        settings = options.settings.with_overrides({"judge.model": str(model), "probe.memory_budget": budget_bytes},
+                                                   unset=("judge.server", "judge.servers"))
+        target = JudgeTarget.resolve(settings, ceiling=options.ceiling, say=lambda message: say(f"      {message}"))
+        capabilities = target.local_capabilities
+        known = capabilities.find(model)
         reused = known is not None and known.certified and not known.stale
         say(f"[1/7] probe: {model.name}, memory budget {budget_bytes / 2**20:.0f} MiB "
             f"(what a {options.context_target}-token context needs) — "
             + ("reusing a fresh certified cache entry" if reused else "certifying (real runs in child processes)"))
-        result = probe(model, settings=runtime, memory_budget=budget_bytes, certify=True,
-                       progress=lambda message: say(f"      {message}"),
-                       staleness_days=options.settings.probe.staleness_days)
-        entry = result.entry
+        entry = capabilities.probe(model, certify=True, progress=lambda message: say(f"      {message}")).entry
         report["probe"] = {
             "model": str(model), "model_sha256": entry.model_sha256, "device": entry.device,
             "memory_budget_bytes": budget_bytes, "max_context_tokens": entry.max_context_tokens,
@@ -115,10 +118,6 @@ def run_demo(options: DemoOptions, say: Say, progress: ProgressFactory) -> dict[
             f"(measured), safe_context {entry.safe_context}, {len(entry.trials)} trial(s)")
 
     # 2. budgets ------------------------------------------------------------------------------------
-    # The judge target of this demo: the probed model in-process, under the memory budget it was certified with.
-    settings = options.settings.with_overrides({"judge.model": str(model), "probe.memory_budget": budget_bytes},
-                                               unset=("judge.server", "judge.servers"))
-    target = JudgeTarget.resolve(settings, ceiling=options.ceiling, say=lambda message: say(f"      {message}"))
     budget_tokens, budget_source = resolve_budget(settings.memory.context_tokens, entry.max_ok_input,
                                                   entry.safe_context)
     ceiling = target.ceiling("demo")

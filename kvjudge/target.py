@@ -33,9 +33,9 @@ from typing import Any
 from kvjudge import models
 from kvjudge.budget import CeilingBound, effective_ceiling
 from kvjudge.errors import CapabilityMissing, KvjudgeError, ServerError, UsageError
-from kvjudge.judge import Judge, LlamaBackend, WindowPlanner, open_servers
+from kvjudge.judge import Backend, Judge, LlamaBackend, WindowPlanner, open_servers
 from kvjudge.judge.servers import local_tokenizer
-from kvjudge.probe import CapabilityEntry, lookup_capability, lookup_served, probe_server
+from kvjudge.probe import CapabilityEntry, CapabilityLookup, lookup_served, probe_server
 from kvjudge.probe.served import MAX_SERVED_TRIALS
 from kvjudge.retention import ColdReader, ColdStores, Store, resolve_target
 from kvjudge.server_client import ServerClient, ServerInfo, ServerTokenCounter
@@ -140,15 +140,22 @@ class JudgeTarget:
             return None
         return min(entry.max_context_tokens for entry in entries.values() if entry is not None)
 
+    @property
+    def local_capabilities(self) -> CapabilityLookup:
+        """Where a local model's entry is read and recorded: ``capabilities`` (else the cache in the cache dir), under
+        ``[probe] memory_budget`` and ``staleness_days``. The window planner of :meth:`open_judge` gets this one
+        too, so the window and the ceiling read the same entry."""
+        probe = self.settings.probe
+        return CapabilityLookup(cache_path=self.capabilities, memory_budget=probe.memory_budget,
+                                staleness_days=probe.staleness_days)
+
     def local_entry(self, model_path: str | Path) -> CapabilityEntry | None:
         """The capability entry of a local GGUF on this device under ``[probe] memory_budget`` (never probes;
         a stale one is returned with a note)."""
         return self._local_entry(Path(model_path))
 
     def _local_entry(self, model_path: Path) -> CapabilityEntry | None:
-        probe = self.settings.probe
-        entry = lookup_capability(model_path, cache_path=self.capabilities, memory_budget=probe.memory_budget,
-                                  staleness_days=probe.staleness_days)
+        entry = self.local_capabilities.find(model_path)
         if entry is None:
             self._missing[str(model_path)] = (f"no probe figure for the judge model {model_path} on this device (its "
                                               f"max_context_tokens), so the ceiling cannot be bounded; run `kvjudge "
@@ -300,7 +307,7 @@ class JudgeTarget:
         if self.served:
             if n_ctx is None:  # a member without an entry is probed first, where the pool would refuse it
                 self.entries()
-            backend: Any = open_servers(
+            backend: Backend = open_servers(
                 self.servers, n_ctx=n_ctx, tokenizer_model=chosen.tokenizer_model, parallel=chosen.parallel,
                 timeout_s=chosen.timeout, cache_path=self.capabilities,
                 staleness_days=self.settings.probe.staleness_days,
@@ -308,11 +315,12 @@ class JudgeTarget:
         else:
             backend = LlamaBackend(model_path=self.model_path, n_threads=chosen.threads)
         try:
-            planner = WindowPlanner(backend, requested=n_ctx, certify=certify,
-                                    memory_budget=self.settings.probe.memory_budget, say=self.say)
+            planner = WindowPlanner(backend, requested=n_ctx, certify=certify, capabilities=self.local_capabilities,
+                                    say=self.say)
             return Judge(backend, margin=chosen.margin if margin is None else margin, show_grades=show_grades,
                          show_verifier=show_verifier, use_cache=use_cache, template=template or chosen.template,
                          planner=planner)
         except Exception:
             backend.close()
             raise
+

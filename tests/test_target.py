@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -72,6 +73,37 @@ def test_config_memory_budget_reaches_every_lookup(tmp_path: Path, judge_model: 
     done = kvjudge("budget", "--ceiling", "--json", "--config", str(config), "--capabilities", str(caps))
     assert done.returncode == 0, done.stderr
     assert '"max_context_tokens": 6000' in done.stdout and '"effective": 3000' in done.stdout
+
+
+def test_the_in_process_window_reads_the_targets_capabilities_file_and_staleness(tmp_path: Path,
+                                                                                  judge_model: Path) -> None:
+    # One entry, certified ten days ago, in a file of its own (--capabilities); the default cache stays empty.
+    caps = tmp_path / "caps.json"
+    analytic = probe(judge_model, certify=False, cache_path=caps).entry
+    ten_days_ago = (datetime.now(timezone.utc) - timedelta(days=10)).isoformat()
+    CapabilityCache(caps).put(dataclasses.replace(analytic, max_context_tokens=4000, max_ok_input=1700,
+                                                  safe_context=1536, certified=True, certified_at=ten_days_ago,
+                                                  method="measured"))
+
+    def window_caps(staleness_days: int) -> tuple[tuple[int, str], tuple[int, str], int | None]:
+        settings = _settings(tmp_path, f"[probe]\nstaleness_days = {staleness_days}\n")
+        target = JudgeTarget.resolve(settings, capabilities=caps)
+        judge = target.open_judge(certify=False)
+        try:
+            return judge.planner.cap("certified"), judge.planner.cap("analytic"), target.max_context_tokens
+        finally:
+            judge.backend.close()
+
+    # Fresh under a 30-day limit: the window is capped by the file's certified safe_context, and the ceiling
+    # reads the same entry.
+    certified, bound, ceiling_context = window_caps(30)
+    assert certified == (1536, "the certified safe_context")
+    assert bound == (4000, "the analytic max_context_tokens") and ceiling_context == 4000
+    # Stale under a 5-day limit: the planner re-derives the analytic figure (no model run) into that same file.
+    certified, bound, _ = window_caps(5)
+    assert certified == bound == (analytic.max_context_tokens, "the analytic max_context_tokens")
+    refreshed = CapabilityCache(caps, staleness_days=5).get(analytic.fingerprint)
+    assert refreshed is not None and not refreshed.stale and not refreshed.certified
 
 
 def test_an_unknown_key_fails_every_command_naming_the_key(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
@@ -197,3 +229,4 @@ def test_a_served_counter_counts_locally_when_it_can_else_in_parallel_batches(tm
     asked = first.requests["/tokenize"] + second.requests["/tokenize"]
     assert isinstance(local, ModelTokenizer) and local.count("hello world") > 0
     assert first.requests["/tokenize"] + second.requests["/tokenize"] == asked
+
