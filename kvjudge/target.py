@@ -26,7 +26,7 @@ Python API need to know about the judge; nothing is loaded, asked or probed unti
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +34,9 @@ from kvjudge import models
 from kvjudge.budget import CeilingBound, effective_ceiling
 from kvjudge.errors import CapabilityMissing, KvjudgeError, ServerError, UsageError
 from kvjudge.judge import Backend, Judge, LlamaBackend, WindowPlanner, open_servers
+from kvjudge.judge.pipeline import VerdictFn
 from kvjudge.judge.servers import local_tokenizer
+from kvjudge.judge.stillgrades import ProgressFactory, StillGradesCheck, check_still_grades
 from kvjudge.probe import CapabilityEntry, CapabilityLookup, lookup_served, probe_server
 from kvjudge.probe.served import MAX_SERVED_TRIALS
 from kvjudge.retention import ColdReader, ColdStores, Store, resolve_target
@@ -324,3 +326,18 @@ class JudgeTarget:
             backend.close()
             raise
 
+    # ------------------------------------------------------------------------------------------ still grades
+    def still_grades(self, judge: Judge, store: Store, pairs: Sequence[tuple[str, str]], *,
+                     reduce_to: int | None = None,
+                     reduce_stored: Callable[[Mapping[str, int]], None] | None = None,
+                     on_call: Callable[[], None] | None = None, on_verdict: VerdictFn | None = None,
+                     progress: ProgressFactory | None = None) -> StillGradesCheck:
+        """The still-grades check of ``pairs`` with ``judge`` (:func:`~kvjudge.judge.stillgrades.check_still_grades`:
+        full side, then reduced side). The reduced side's target is ``reduce_to`` tokens (``--reduce-to``) for every
+        tenant, else each tenant's effective ceiling — never the configured value alone (CapabilityMissing without a
+        probe figure). ``reduce_stored``, ``on_call``, ``on_verdict``, ``progress``: as ``check_still_grades``."""
+        tenants = sorted({store.run(run_id).tenant for pair in pairs for run_id in pair})
+        targets = {tenant: reduce_to if reduce_to is not None else self.ceiling(tenant).effective
+                   for tenant in tenants}
+        return check_still_grades(judge, store, pairs, targets, reduce_stored=reduce_stored, on_call=on_call,
+                                  on_verdict=on_verdict, progress=progress)

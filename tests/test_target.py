@@ -5,7 +5,7 @@ simulated vLLM judges (real HTTP servers in this process)."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -15,7 +15,7 @@ from helpers import cli_json_ok, free_ports, kvjudge, store_from_runs
 from kvjudge.cli import main
 from kvjudge.errors import CapabilityMissing, ConfigError
 from kvjudge.probe import CapabilityCache, probe, probe_server
-from kvjudge.retention import Store, run_tokens
+from kvjudge.retention import Store, reduce_run, run_tokens
 from kvjudge.settings import Settings
 from kvjudge.target import JudgeTarget
 from kvjudge.testing.filler import filler
@@ -230,3 +230,46 @@ def test_a_served_counter_counts_locally_when_it_can_else_in_parallel_batches(tm
     assert isinstance(local, ModelTokenizer) and local.count("hello world") > 0
     assert first.requests["/tokenize"] + second.requests["/tokenize"] == asked
 
+
+def test_still_grades_reduces_each_tenants_side_to_its_ceiling_or_reads_the_callers_stored_reduction(
+        tmp_path: Path, sim) -> None:
+    server = sim(8192)
+    caps = tmp_path / "caps.json"
+    probe_server(server.url, cache_path=caps)
+    settings = _settings(tmp_path, f'[judge]\nservers = ["{server.url}"]\n[retention]\ncounter = "chars"\n'
+                                   f'[retention.tenants.acme]\nceiling = 300\n')
+    runs = [make_run("a", [filler(1, 600)]), make_run("b", [filler(2, 600)], passed=False),
+            make_run("c", [filler(3, 600)], tenant="acme"), make_run("d", [filler(4, 600)], tenant="acme",
+                                                                      passed=False)]
+    store = store_from_runs(tmp_path / "store.sqlite", runs)
+    target = JudgeTarget.resolve(settings, capabilities=caps)
+    judge = target.open_judge()
+    try:
+        # By default each tenant's side is reduced to its effective ceiling: acme's 300, the pool's 8192 // 2.
+        check = target.still_grades(judge, store, [("a", "b"), ("c", "d")])
+        assert check.reduce_to == {"acme": 300, "default": 4096}
+        default_pair, acme_pair = check.results
+        assert not default_pair.views_differ  # nothing of a and b is over 4096 tokens
+        assert acme_pair.views_differ and all(acme_pair.reduced.tokens[side].view
+                                              < acme_pair.full.tokens[side].view for side in ("a", "b"))
+        assert any("300-token target for this check" in note for note in acme_pair.reduced.notes)
+        assert check.summary["pairs"] == 2 and check.reduced == [default_pair.reduced, acme_pair.reduced]
+        assert target.still_grades(judge, store, [("c", "d")], reduce_to=500).reduce_to == {"acme": 500}
+
+        # The caller's own reduction in the store, between the sides: the reduced side reads the runs as stored.
+        heard: list[str] = []
+
+        def reduce_stored(targets: Mapping[str, int]) -> None:
+            heard.append(f"reduce to {dict(targets)}")
+            for run_id in ("c", "d"):
+                reduce_run(store, run_id, targets["acme"], target.counter())
+
+        stored = target.still_grades(judge, store, [("c", "d")], reduce_stored=reduce_stored,
+                                     on_verdict=lambda _index, verdict: heard.append(verdict.outcome))
+        assert heard[1] == "reduce to {'acme': 300}" and len(heard) == 3  # full verdict, reduction, reduced verdict
+        (result,) = stored.results
+        assert store.run("c").reduced and result.views_differ and "reduce_stored" in stored.seconds
+        assert not any("for this check" in note for note in result.reduced.notes)
+    finally:
+        judge.backend.close()
+        store.close()
