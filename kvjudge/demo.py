@@ -211,7 +211,7 @@ def run_demo(options: DemoOptions, say: Say, progress: ProgressFactory) -> dict[
             probe_run = max(run_ids, key=lambda r: tokens_after[r])
             before = {ref: store.text(ref) for ref in runs[probe_run].bodies if store.text(ref) is not None}
             tiered = [tier_run(store, run_id, cold).to_dict() for run_id in run_ids]
-        with target.open_store(store_path, stores=stores) as reader_store:
+        with target.open_store(store_path) as reader_store:
             read_back = {ref: reader_store.text(ref) for ref in before}
         if read_back != before:
             raise IntegrityError(f"run {probe_run}: bodies read back from {cold_dir} differ from what was tiered")

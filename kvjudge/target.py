@@ -66,29 +66,32 @@ class JudgeTarget:
     """The judge of ``settings`` and what follows from it (see the module doc). Build it with :meth:`resolve`.
 
     ``capabilities`` is the capability cache file to read (``--capabilities``; default: the one in the cache dir);
-    ``ceiling`` lowers every configured ceiling to at most that many tokens (``--ceiling``); ``say`` hears the
-    one-line notes (a stale entry, a member probed on first use, a server dropped).
+    ``ceiling`` lowers every configured ceiling to at most that many tokens (``--ceiling``); ``endpoint_url`` is
+    where new moves to S3 go and, for a recorded move, that its store moved there (``--endpoint-url``); ``say``
+    hears the one-line notes (a stale entry, a member probed on first use, a server dropped).
     """
 
     def __init__(self, settings: Settings, *, capabilities: str | Path | None = None, ceiling: int | None = None,
-                 say: Say | None = None) -> None:
+                 endpoint_url: str | None = None, say: Say | None = None) -> None:
         if ceiling is not None and ceiling <= 0:
             raise UsageError(f"--ceiling must be a positive number of tokens, got {ceiling}")
         self.settings = settings
         self.capabilities = capabilities
         self.lowered_to = ceiling
+        self.endpoint_url = endpoint_url
         self.say: Say = say or _silent
         self._model_path: Path | None = None
         self._entries: dict[str, CapabilityEntry | None] | None = None
         self._missing: dict[str, str] = {}
         self._counter: TokenCounter | None = None
+        self._cold_stores: ColdStores | None = None
 
     @classmethod
     def resolve(cls, settings: Settings | None = None, *, capabilities: str | Path | None = None,
-                ceiling: int | None = None, say: Say | None = None) -> JudgeTarget:
+                ceiling: int | None = None, endpoint_url: str | None = None, say: Say | None = None) -> JudgeTarget:
         """The target of ``settings`` (default: :meth:`Settings.load`): nothing loaded, asked or probed yet."""
         return cls(settings if settings is not None else Settings.load(), capabilities=capabilities,
-                   ceiling=ceiling, say=say)
+                   ceiling=ceiling, endpoint_url=endpoint_url, say=say)
 
     # ------------------------------------------------------------------------------------------ the judge
     @property
@@ -275,24 +278,25 @@ class JudgeTarget:
         return None
 
     # ------------------------------------------------------------------------------------ store and tiers
-    def cold_stores(self, endpoint_url: str | None = None) -> ColdStores:
-        """The cold stores a command opens: new moves at ``endpoint_url`` (``--endpoint-url``, which also says an
-        S3 store moved), else ``[retention] endpoint_url``, else boto3's resolution; recorded moves where their log
-        says. Notices (an old log without endpoints) go to ``say``, once."""
-        return ColdStores.from_settings(self.settings.retention, endpoint_url, notice=self.say)
+    def cold_stores(self) -> ColdStores:
+        """The cold stores of this target, built once: new moves at ``endpoint_url`` (``--endpoint-url``, which also
+        says an S3 store moved), else ``[retention] endpoint_url``, else boto3's resolution; recorded moves where
+        their log says. Notices (an old log without endpoints) go to ``say``, once."""
+        if self._cold_stores is None:
+            self._cold_stores = ColdStores.from_settings(self.settings.retention, self.endpoint_url, notice=self.say)
+        return self._cold_stores
 
     def cold_target(self) -> str:
         """Where new moves go: ``[retention] cold`` (``--to``), else a ``cold`` directory in the data dir."""
         return resolve_target(self.settings.retention)
 
-    def open_store(self, path: str | Path | None = None, *, read_tiered: bool = True,
-                   stores: ColdStores | None = None) -> Store:
+    def open_store(self, path: str | Path | None = None, *, read_tiered: bool = True) -> Store:
         """The store at ``path``, else ``[retention] store``, else ``<data dir>/store.sqlite``. With
-        ``read_tiered`` a tiered body is read from its cold store through ``stores`` (default:
-        :meth:`cold_stores`); tiering itself moves local bodies and opens the store without that reader."""
+        ``read_tiered`` a tiered body is read from its cold store through :meth:`cold_stores`; tiering itself
+        moves local bodies and opens the store without that reader."""
         store = Store.open(path or self.settings.retention.store)
         if read_tiered:  # the reader looks up where each tiered body went, so it needs the store
-            store.fallback = ColdReader(store, stores or self.cold_stores())
+            store.fallback = ColdReader(store, self.cold_stores())
         return store
 
     # ------------------------------------------------------------------------------------------ the judge

@@ -16,32 +16,32 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from kvjudge.commands._args import add_judge_args, opened_judge, select_pairs, target_from
+from kvjudge.commands._args import READS_TIERED, add_judge_args, command, opened_judge, select_pairs, target_from
 from kvjudge.commands._output import emit, print_table, print_wrapped, progress
 from kvjudge.judge import Judge, StillGrades, Verdict, judge_batch, summarize_verdicts
 from kvjudge.judge.evidence import describe, summary_line
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "judge", help="judge pairs of runs with a local model (both orders, forced choice), and check that "
-                      "reduced runs still grade",
-        description="Judge which of two runs is better from the model's own next-token probabilities, asked in "
-                    "both orders. Outcomes: a, b, tie, inconsistent (the orders disagree), overflow, error. "
-                    "Verifier results and grades are held out of the judge's input unless asked for.")
-    parser.add_argument("--still-grades", action="store_true",
-                        help="judge each pair from the full runs (in a window that holds them, up to the analytic "
-                             "bound) and from the reduced runs; report agreement over pairs whose views differ")
-    parser.add_argument("--reduce-to", type=int, metavar="N",
-                        help="with --still-grades: reduce views to N tokens (default: the effective ceiling, "
-                             "min(configured, max_context_tokens // 2))")
-    add_judge_args(parser)
-    parser.set_defaults(func=_judge)
+    with command(subparsers, "judge", _judge, shared=READS_TIERED,
+                 help="judge pairs of runs with a local model (both orders, forced choice), and check that reduced "
+                      "runs still grade") as parser:
+        parser.add_argument("--still-grades", action="store_true",
+                            help="judge each pair from the full runs (in a window that holds them, up to the "
+                                 "analytic bound) and from the reduced runs; report agreement over pairs whose views "
+                                 "differ")
+        parser.add_argument("--reduce-to", type=int, metavar="N",
+                            help="with --still-grades: reduce views to N tokens (default: the effective ceiling, "
+                                 "min(configured, max_context_tokens // 2))")
+        add_judge_args(parser)
 
 
 def _judge(args: argparse.Namespace) -> int:
+    """Judge which of two runs is better from the model's own next-token probabilities, asked in both orders.
+    Outcomes: a, b, tie, inconsistent (the orders disagree), overflow, error. Verifier results and grades are held
+    out of the judge's input unless asked for."""
     target = target_from(args)
-    with target.open_store(stores=target.cold_stores(args.endpoint_url)) as store:
+    with target.open_store() as store:
         selection = select_pairs(args, store)
         pairs = selection.pairs
         with opened_judge(args, target) as judge:

@@ -11,13 +11,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from kvjudge.commands._args import (
-    add_endpoint_args,
-    add_output_args,
-    add_store_args,
-    records_settings,
-    target_from,
-)
+from kvjudge.commands._args import READS_TIERED, command, records_settings, target_from
 from kvjudge.commands._output import emit, info
 from kvjudge.errors import UsageError
 from kvjudge.judge.evidence import describe
@@ -33,35 +27,32 @@ _SHOW_CHARS = 1200
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("show", help="render one run: transitions, text or its extract, tools, verifier, "
-                                                "grades")
-    parser.add_argument("run", help="run id")
-    parser.add_argument("--full", action="store_true", help="do not shorten long texts")
-    view = parser.add_argument_group("the judge's view")
-    view.add_argument("--judge-view", action="store_true",
-                      help="print exactly the view of the run the judge would be given (markers included)")
-    view.add_argument("--allowance", type=int, metavar="N",
-                      help="with --judge-view: fit the view into N tokens (default: half the room of the largest "
-                           "window the judge may open, as beside a run as long as itself)")
-    view.add_argument("--beside", metavar="RUN",
-                      help="with --judge-view: the view as judged beside RUN (run A, RUN B), with the block of text "
-                           "both share")
-    view.add_argument("--model", metavar="PATH", help="judge model GGUF (default: [judge] model, else the default "
-                                                      "judge model)")
-    view.add_argument("--server", metavar="URL", action="append",
-                      help="the judge is this OpenAI-compatible server (default: [judge] servers or server)")
-    view.add_argument("--tokenizer-model", metavar="PATH", help="with --server: a local copy of the served GGUF")
-    view.add_argument("--template", choices=("auto", "chat", "raw"), default=None,
-                      help="prompt framing (default: [judge] template, else auto)")
-    view.add_argument("--n-ctx", type=int, metavar="N", help="the judge window (default: the largest the judge may "
-                                                           "open: the certified safe_context, else the analytic "
-                                                           "max_context_tokens)")
-    view.add_argument("--show-verifier", action="store_true", help="show verifier results, as judge --show-verifier")
-    records_settings(parser, "model", "server", "tokenizer_model", "template")
-    add_store_args(parser)
-    add_endpoint_args(parser)
-    add_output_args(parser)
-    parser.set_defaults(func=_show)
+    with command(subparsers, "show", _show, shared=READS_TIERED,
+                 help="render one run: transitions, text or its extract, tools, verifier, grades") as parser:
+        parser.add_argument("run", help="run id")
+        parser.add_argument("--full", action="store_true", help="do not shorten long texts")
+        view = parser.add_argument_group("the judge's view")
+        view.add_argument("--judge-view", action="store_true",
+                          help="print exactly the view of the run the judge would be given (markers included)")
+        view.add_argument("--allowance", type=int, metavar="N",
+                          help="with --judge-view: fit the view into N tokens (default: half the room of the largest "
+                               "window the judge may open, as beside a run as long as itself)")
+        view.add_argument("--beside", metavar="RUN",
+                          help="with --judge-view: the view as judged beside RUN (run A, RUN B), with the block of "
+                               "text both share")
+        view.add_argument("--model", metavar="PATH", help="judge model GGUF (default: [judge] model, else the "
+                                                          "default judge model)")
+        view.add_argument("--server", metavar="URL", action="append",
+                          help="the judge is this OpenAI-compatible server (default: [judge] servers or server)")
+        view.add_argument("--tokenizer-model", metavar="PATH", help="with --server: a local copy of the served GGUF")
+        view.add_argument("--template", choices=("auto", "chat", "raw"), default=None,
+                          help="prompt framing (default: [judge] template, else auto)")
+        view.add_argument("--n-ctx", type=int, metavar="N", help="the judge window (default: the largest the judge "
+                                                               "may open: the certified safe_context, else the "
+                                                               "analytic max_context_tokens)")
+        view.add_argument("--show-verifier", action="store_true",
+                          help="show verifier results, as judge --show-verifier")
+        records_settings(parser, "model", "server", "tokenizer_model", "template")
 
 
 def _text_entry(store: Store, state: RunState, ref: str | None) -> dict[str, Any] | None:
@@ -136,7 +127,7 @@ def _judge_view(args: argparse.Namespace) -> int:
         raise UsageError("--allowance must be a positive number of tokens, and cannot go with --beside (the pair's "
                          "window decides the allowances)")
     target = target_from(args)
-    with target.open_store(stores=target.cold_stores(args.endpoint_url)) as store:
+    with target.open_store() as store:
         store.run(args.run)  # an unknown run is an error before any model loads
         if args.beside:
             store.run(args.beside)
@@ -186,7 +177,7 @@ def _show(args: argparse.Namespace) -> int:
     if args.allowance is not None or args.beside:
         raise UsageError("--allowance and --beside go with --judge-view")
     target = target_from(args)
-    with target.open_store(stores=target.cold_stores(args.endpoint_url)) as store:
+    with target.open_store() as store:
         state = store.run(args.run)
         rendered = render_run(store, state)
 
