@@ -19,6 +19,7 @@ from kvjudge.commands._args import select_pairs, target_from
 from kvjudge.commands._output import emit, info, print_table, print_wrapped
 from kvjudge.errors import UsageError
 from kvjudge.judge.ranking import BOOTSTRAP, agent_of, plot_ranking, rank
+from kvjudge.retention.state import RunState
 
 DEFAULT_PNG = "kvjudge-rank.png"
 
@@ -58,7 +59,7 @@ def _rank(args: argparse.Namespace) -> int:
     target = target_from(args)
     with target.open_store() as store:
         agents: dict[str, str] = {}
-        states: Mapping[str, Any] = {}  # the runs read to select the pairs
+        states: Mapping[str, RunState] = {}  # the runs read to select the pairs
 
         def agent(run_id: str) -> str:
             if run_id not in agents:

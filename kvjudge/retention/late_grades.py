@@ -30,6 +30,7 @@ from kvjudge.retention import events as ev
 from kvjudge.retention.events import canonical_json
 from kvjudge.retention.ingest.results import ResultsIndex, load_results
 from kvjudge.retention.lifecycle import ARCHIVED, GRADED, GRADING, RUNNING
+from kvjudge.retention.state import RunState
 from kvjudge.retention.store import Store
 
 LABEL = "grade"  # the transaction's fault point is grade.txn
@@ -92,7 +93,7 @@ def attach_grades(store: Store, results: Sequence[str], run_ids: Sequence[str] |
     return report
 
 
-def _apply(store: Store, report: GradeReport, state: Any, grade: dict[str, Any] | None) -> None:
+def _apply(store: Store, report: GradeReport, state: RunState, grade: dict[str, Any] | None) -> None:
     if grade is None:
         report.no_result.append(state.id)
         return
@@ -108,7 +109,7 @@ def _apply(store: Store, report: GradeReport, state: Any, grade: dict[str, Any] 
         report.graded.append(entry)
 
 
-def _events(state: Any, grade: dict[str, Any]) -> list[ev.Event]:
+def _events(state: RunState, grade: dict[str, Any]) -> list[ev.Event]:
     """The events that attach ``grade`` to ``state``: the grade (replacing what it holds), and the lifecycle
     steps to graded a run that is not graded (nor archived) yet takes."""
     out: list[ev.Event] = []
