@@ -12,7 +12,7 @@ import argparse
 from typing import Any
 
 from kvjudge.commands._args import READS_TIERED, command, records_settings, target_from
-from kvjudge.commands._output import emit, info
+from kvjudge.commands._output import emit, info, print_wrapped
 from kvjudge.errors import UsageError
 from kvjudge.judge.evidence import describe
 from kvjudge.judge.prompt import COMMON_CLOSING, COMMON_OPENING
@@ -182,19 +182,21 @@ def _show(args: argparse.Namespace) -> int:
         rendered = render_run(store, state)
 
     def human() -> None:
-        print(f"run {state.id}  tenant {state.tenant}  state {state.state}  lifecycle {' → '.join(state.lifecycle)}"
-              f"  reduced {'yes' if state.reduced else 'no'}")
+        # Lines of kvjudge's own wrap at the terminal's width (an id is never broken); run text prints as stored.
+        print_wrapped(f"run {state.id}  tenant {state.tenant}  state {state.state}  lifecycle "
+                      f"{' → '.join(state.lifecycle)}  reduced {'yes' if state.reduced else 'no'}")
         if state.agent or state.metadata:
             facts = [f"agent {state.agent}"] if state.agent else []
             facts += [f"{key} {value}" for key, value in (state.metadata or {}).items()]
-            print("  ".join(facts))
+            print_wrapped("  ".join(facts))
         for note in state.text_repairs:
-            print(f"text repaired at ingest (LSN {note['lsn']}): {describe_repair(note)}")
+            print_wrapped(f"text repaired at ingest (LSN {note['lsn']}): {describe_repair(note)}")
         if state.task_id or state.task_prompt_ref:
             print(f"task {state.task_id or '-'}: {_shown(rendered['task']['prompt'], args.full)}")
         for branch in rendered["branches"]:
             fork = f" (from {branch['parent']} at {branch['fork_at']})" if branch["parent"] else ""
-            print(f"\n== branch {branch['id']} [{branch['status']}]{fork}")
+            print()
+            print_wrapped(f"== branch {branch['id']} [{branch['status']}]{fork}")
             if branch["summary"] is not None:
                 summary = branch["summary"]
                 label = "branch text dropped" if summary.get("text") is None else "branch read as one extract"
@@ -205,7 +207,7 @@ def _show(args: argparse.Namespace) -> int:
                     line += "  usage " + ", ".join(f"{k}={v}" for k, v in sorted(t["usage"].items()))
                 if t["context"]:
                     line += "  context " + ", ".join(f"{k}={v}" for k, v in sorted(t["context"].items()))
-                print(line)
+                print_wrapped(line)
                 if t["text"] is not None:
                     print(_shown(t["text"], args.full))
                 if "tool_call" in t:
@@ -217,8 +219,8 @@ def _show(args: argparse.Namespace) -> int:
             print(f"verifier {result.get('name')}: {'passed' if result.get('passed') else 'FAILED'}"
                   f"{' — ' + str(result['detail']) if result.get('detail') else ''}")
         for grade in state.grades:
-            print(f"grade by {grade.get('grader')}: {grade.get('score')}"
-                  f"{' (' + str(grade['label']) + ')' if grade.get('label') else ''}")
+            print_wrapped(f"grade by {grade.get('grader')}: {grade.get('score')}"
+                          f"{' (' + str(grade['label']) + ')' if grade.get('label') else ''}")
 
     emit(args, rendered, human)
     return 0
