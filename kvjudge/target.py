@@ -19,8 +19,11 @@ Python API need to know about the judge; nothing is loaded, asked or probed unti
   its tokenization checked against the server's), else ``[judge] model`` when it tokenizes as the server does,
   else the servers' own ``/tokenize``, a batch of bodies in flight
   at once across the pool (``[judge] parallel`` requests per server);
-- **the cold stores**, **the store** (with its reader of tiered bodies) and **the judge** (backend, framing,
-  window planner).
+- **the cold stores** (``--endpoint-url`` given at resolution, built once), **the store** (with its reader of
+  tiered bodies) and **the judge** (backend, framing, window planner reading the entries through the same
+  :class:`~kvjudge.probe.CapabilityLookup`);
+- **the still-grades check** of that judge, its reduced side at each tenant's effective ceiling unless told
+  otherwise.
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ContextManager
+from typing import TYPE_CHECKING, Any
 
 from kvjudge.errors import UsageError
 from kvjudge.judge.evidence import RunEvidence, batch, compared
@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 
 Pair = tuple[str, str]
 # ``progress(description, total)``: a context manager yielding ``advance()`` (one bar per side).
-ProgressFactory = Callable[[str, int], ContextManager[Callable[..., None]]]
+ProgressFactory = Callable[[str, int], contextlib.AbstractContextManager[Callable[..., None]]]
 
 SIDES = ("full", "reduced")
 
@@ -285,6 +285,7 @@ def check_still_grades(judge: Judge, store: Store, pairs: Sequence[Pair], reduce
 @contextlib.contextmanager
 def _side(progress: ProgressFactory | None, description: str, pairs: int, seconds: dict[str, float],
           side: str) -> Iterator[Callable[..., None] | None]:
+    """One side's bar (two calls a pair; None without ``progress``), its seconds kept in ``seconds[side]``."""
     started = time.perf_counter()
     try:
         if progress is None:
@@ -297,6 +298,7 @@ def _side(progress: ProgressFactory | None, description: str, pairs: int, second
 
 
 def _both(on_call: Callable[[], None] | None, advance: Callable[..., None] | None) -> Callable[[], None] | None:
+    """What hears of each call: the caller's ``on_call``, the side's bar, both or neither."""
     if advance is None:
         return on_call
     if on_call is None:
