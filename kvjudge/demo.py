@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from importlib.resources import files
@@ -31,11 +31,11 @@ from typing import Any
 
 from kvjudge.budget import resolve_budget
 from kvjudge.errors import IntegrityError
-from kvjudge.judge import judge_batch, still_grades, window_tokens
+from kvjudge.judge import split_full_cut
 from kvjudge.judge.evaluate import evaluate
 from kvjudge.judge.pairing import ALL, same_task_pairs
 from kvjudge.models import judge_model_path
-from kvjudge.probe import RuntimeSettings, lookup_capability, memory_needed, probe
+from kvjudge.probe import RuntimeSettings, memory_needed
 from kvjudge.report import build_report, with_tier_status, write_report
 from kvjudge.retention import verify
 from kvjudge.retention.reduce import reduce_run, run_tokens
@@ -96,15 +96,18 @@ def run_demo(options: DemoOptions, say: Say, progress: ProgressFactory) -> dict[
     # 1. probe and certify -------------------------------------------------------------------------
     with clock.step("probe"):
         budget_bytes = memory_needed(model, options.context_target, settings=runtime)
-        known = lookup_capability(model, settings=runtime, memory_budget=budget_bytes)
+        # The judge target of this demo: this model in-process, under the memory budget it is certified with; its
+        # capability lookup is the one its window planner and its ceiling read.
+        settings = options.settings.with_overrides({"judge.model": str(model), "probe.memory_budget": budget_bytes},
+                                                   unset=("judge.server", "judge.servers"))
+        target = JudgeTarget.resolve(settings, ceiling=options.ceiling, say=lambda message: say(f"      {message}"))
+        capabilities = target.local_capabilities
+        known = capabilities.find(model)
         reused = known is not None and known.certified and not known.stale
         say(f"[1/7] probe: {model.name}, memory budget {budget_bytes / 2**20:.0f} MiB "
             f"(what a {options.context_target}-token context needs) — "
             + ("reusing a fresh certified cache entry" if reused else "certifying (real runs in child processes)"))
-        result = probe(model, settings=runtime, memory_budget=budget_bytes, certify=True,
-                       progress=lambda message: say(f"      {message}"),
-                       staleness_days=options.settings.probe.staleness_days)
-        entry = result.entry
+        entry = capabilities.probe(model, certify=True, progress=lambda message: say(f"      {message}")).entry
         report["probe"] = {
             "model": str(model), "model_sha256": entry.model_sha256, "device": entry.device,
             "memory_budget_bytes": budget_bytes, "max_context_tokens": entry.max_context_tokens,
@@ -115,10 +118,6 @@ def run_demo(options: DemoOptions, say: Say, progress: ProgressFactory) -> dict[
             f"(measured), safe_context {entry.safe_context}, {len(entry.trials)} trial(s)")
 
     # 2. budgets ------------------------------------------------------------------------------------
-    # The judge target of this demo: the probed model in-process, under the memory budget it was certified with.
-    settings = options.settings.with_overrides({"judge.model": str(model), "probe.memory_budget": budget_bytes},
-                                               unset=("judge.server", "judge.servers"))
-    target = JudgeTarget.resolve(settings, ceiling=options.ceiling, say=lambda message: say(f"      {message}"))
     budget_tokens, budget_source = resolve_budget(settings.memory.context_tokens, entry.max_ok_input,
                                                   entry.safe_context)
     ceiling = target.ceiling("demo")
@@ -147,35 +146,33 @@ def run_demo(options: DemoOptions, say: Say, progress: ProgressFactory) -> dict[
         judge = target.open_judge()  # the tokenizer now, the weights per window
         backend = judge.backend
         try:
-            # 4. judge the full runs that a window up to the analytic bound holds uncut ---------------------
-            needed = {(a, b): window_tokens(judge.needed_tokens(judge.base(store, a, full=True),
-                                                                judge.base(store, b, full=True))) for a, b in pairs}
-            uncut = [pair for pair in pairs if needed[pair] <= entry.max_context_tokens]
-            cut = [pair for pair in pairs if pair not in uncut]
-            say(f"[4/7] judge: {len(pairs)} pairs on the same task; {len(uncut)} fit uncut in a window up to "
+            # 4. the still-grades check: the full runs a window up to the analytic bound holds uncut ------------
+            fits = split_full_cut(judge, store, pairs)
+            say(f"[4/7] judge: {len(pairs)} pairs on the same task; {len(fits.uncut)} fit uncut in a window up to "
                 f"max_context_tokens {entry.max_context_tokens} — judged from the full runs, both orders, "
                 f"{judge.framing.name} framing, verifier results hidden")
-            if cut:
+            if fits.cut:
                 say("      full_cut (the full pair needs more; judging it cut would compare nothing): "
-                    + ", ".join(f"{a}/{b} needs n_ctx {needed[(a, b)]}" for a, b in cut))
-            with clock.step("judge_full"), progress("judging full runs", len(uncut) * 2) as advance:
-                full = judge_batch(judge, store, uncut, full=True, bound="analytic", on_call=advance)
-            full_window = judge.window
+                    + ", ".join(f"{a}/{b} needs n_ctx {needs}" for (a, b), needs in fits.cut.items()))
 
-            # 5. reduce, then judge the reduced runs -----------------------------------------------
-            with clock.step("reduce"), progress("reducing", len(run_ids)) as advance:
-                reductions = {}
-                for run_id in run_ids:
-                    reductions[run_id] = reduce_run(store, run_id, ceiling.effective, counter)
-                    advance()
-            runs = {run_id: store.run(run_id) for run_id in run_ids}
-            tokens_after = {run_id: run_tokens(store, runs[run_id], counter) for run_id in run_ids}
-            reduced_count = sum(1 for s in runs.values() if s.reduced)
-            say(f"[5/7] reduce: {reduced_count} of {len(run_ids)} runs reduced to ≤ {ceiling.effective} tokens; "
-                f"{sum(tokens_before.values())} → {sum(tokens_after.values())} tokens; transitions kept")
-            with clock.step("judge_reduced"), progress("judging reduced runs", len(uncut) * 2) as advance:
-                reduced = judge_batch(judge, store, uncut, on_call=advance)
-            reduced_window = judge.window
+            # 5. … reduced in the store between the sides, then judged again from the reduced runs -----------
+            tokens_after: dict[str, int] = {}
+
+            def reduce_stored(targets: Mapping[str, int]) -> None:
+                with progress("reducing", len(run_ids)) as advance:
+                    for run_id in run_ids:
+                        reduce_run(store, run_id, targets[runs[run_id].tenant], counter)
+                        advance()
+                runs.update({run_id: store.run(run_id) for run_id in run_ids})
+                tokens_after.update({run_id: run_tokens(store, runs[run_id], counter) for run_id in run_ids})
+                say(f"[5/7] reduce: {sum(1 for s in runs.values() if s.reduced)} of {len(run_ids)} runs reduced to "
+                    f"≤ {ceiling.effective} tokens; {sum(tokens_before.values())} → {sum(tokens_after.values())} "
+                    f"tokens; transitions kept")
+
+            check = target.still_grades(judge, store, fits.uncut, reduce_stored=reduce_stored, progress=progress)
+            clock.steps.update(judge_full=check.seconds["full"], reduce=check.seconds["reduce_stored"],
+                               judge_reduced=check.seconds["reduced"])
+            reduced = check.reduced
             with clock.step("html_report"):
                 # The HTML report of the reduced side, from these verdicts and the views they were judged from
                 # (the judge's packing, asked again in the same window), as `kvjudge report` builds it.
@@ -183,11 +180,14 @@ def run_demo(options: DemoOptions, say: Say, progress: ProgressFactory) -> dict[
                 html = build_report(store, judge, reduced, ceilings={runs[r].tenant: figures for r in run_ids})
         finally:
             backend.close()
-        comparisons, summary = still_grades(full, reduced)
+        comparisons, summary = check.results, check.summary
+        full = [c.full for c in comparisons]
+        full_window, reduced_window = check.full_window, check.reduced_window
         versus_grades = {"full": evaluate(store, full), "reduced": evaluate(store, reduced)}
         report["judge"] = {"manifest": judge.manifest(), "full_window": _window_json(full_window),
                            "reduced_window": _window_json(reduced_window),
-                           "full_cut_unjudged": [{"a": a, "b": b, "needs_n_ctx": needed[(a, b)]} for a, b in cut],
+                           "full_cut_unjudged": [{"a": a, "b": b, "needs_n_ctx": needs}
+                                                 for (a, b), needs in fits.cut.items()],
                            "pairs": [c.to_json() for c in comparisons], "summary": summary,
                            "versus_grades": versus_grades}
         for c in comparisons:
@@ -211,7 +211,7 @@ def run_demo(options: DemoOptions, say: Say, progress: ProgressFactory) -> dict[
             probe_run = max(run_ids, key=lambda r: tokens_after[r])
             before = {ref: store.text(ref) for ref in runs[probe_run].bodies if store.text(ref) is not None}
             tiered = [tier_run(store, run_id, cold).to_dict() for run_id in run_ids]
-        with target.open_store(store_path, stores=stores) as reader_store:
+        with target.open_store(store_path) as reader_store:
             read_back = {ref: reader_store.text(ref) for ref in before}
         if read_back != before:
             raise IntegrityError(f"run {probe_run}: bodies read back from {cold_dir} differ from what was tiered")

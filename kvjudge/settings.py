@@ -42,6 +42,9 @@ from kvjudge.errors import ConfigError
 
 CONFIG_FILENAME = "kvjudge.toml"
 APP_NAME = "kvjudge"
+# The tie margin on |p_a - 0.5| a verdict is decided with, unless [judge] margin says otherwise (the rule that uses
+# it: kvjudge.judge.verdict).
+DEFAULT_MARGIN = 0.05
 
 
 def cache_dir() -> Path:
@@ -138,7 +141,7 @@ class JudgeSettings:
     tokenizer_model: str | None = None
     parallel: int = field(default=2, metadata=_limit(lambda v: v >= 1, "at least 1"))
     timeout: float = field(default=600.0, metadata=_limit(_positive, "a positive number of seconds"))
-    margin: float = field(default=0.05, metadata=_limit(lambda v: 0 <= v < 0.5, "in [0, 0.5)"))
+    margin: float = field(default=DEFAULT_MARGIN, metadata=_limit(lambda v: 0 <= v < 0.5, "in [0, 0.5)"))
     template: str = field(default="auto", metadata=_limit(lambda v: v in ("auto", "chat", "raw"),
                                                           'one of "auto", "chat", "raw"'))
     threads: int | None = field(default=None, metadata=_limit(_positive, "a positive number"))

@@ -19,23 +19,28 @@ Python API need to know about the judge; nothing is loaded, asked or probed unti
   its tokenization checked against the server's), else ``[judge] model`` when it tokenizes as the server does,
   else the servers' own ``/tokenize``, a batch of bodies in flight
   at once across the pool (``[judge] parallel`` requests per server);
-- **the cold stores**, **the store** (with its reader of tiered bodies) and **the judge** (backend, framing,
-  window planner).
+- **the cold stores** (``--endpoint-url`` given at resolution, built once), **the store** (with its reader of
+  tiered bodies) and **the judge** (backend, framing, window planner reading the entries through the same
+  :class:`~kvjudge.probe.CapabilityLookup`);
+- **the still-grades check** of that judge, its reduced side at each tenant's effective ceiling unless told
+  otherwise.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from kvjudge import models
 from kvjudge.budget import CeilingBound, effective_ceiling
 from kvjudge.errors import CapabilityMissing, KvjudgeError, ServerError, UsageError
-from kvjudge.judge import Judge, LlamaBackend, WindowPlanner, open_servers
+from kvjudge.judge import Backend, Judge, LlamaBackend, WindowPlanner, open_servers
+from kvjudge.judge.pipeline import VerdictFn
 from kvjudge.judge.servers import local_tokenizer
-from kvjudge.probe import CapabilityEntry, lookup_capability, lookup_served, probe_server
+from kvjudge.judge.stillgrades import ProgressFactory, StillGradesCheck, check_still_grades
+from kvjudge.probe import CapabilityEntry, CapabilityLookup, lookup_served, probe_server
 from kvjudge.probe.served import MAX_SERVED_TRIALS
 from kvjudge.retention import ColdReader, ColdStores, Store, resolve_target
 from kvjudge.server_client import ServerClient, ServerInfo, ServerTokenCounter
@@ -64,29 +69,32 @@ class JudgeTarget:
     """The judge of ``settings`` and what follows from it (see the module doc). Build it with :meth:`resolve`.
 
     ``capabilities`` is the capability cache file to read (``--capabilities``; default: the one in the cache dir);
-    ``ceiling`` lowers every configured ceiling to at most that many tokens (``--ceiling``); ``say`` hears the
-    one-line notes (a stale entry, a member probed on first use, a server dropped).
+    ``ceiling`` lowers every configured ceiling to at most that many tokens (``--ceiling``); ``endpoint_url`` is
+    where new moves to S3 go and, for a recorded move, that its store moved there (``--endpoint-url``); ``say``
+    hears the one-line notes (a stale entry, a member probed on first use, a server dropped).
     """
 
     def __init__(self, settings: Settings, *, capabilities: str | Path | None = None, ceiling: int | None = None,
-                 say: Say | None = None) -> None:
+                 endpoint_url: str | None = None, say: Say | None = None) -> None:
         if ceiling is not None and ceiling <= 0:
             raise UsageError(f"--ceiling must be a positive number of tokens, got {ceiling}")
         self.settings = settings
         self.capabilities = capabilities
         self.lowered_to = ceiling
+        self.endpoint_url = endpoint_url
         self.say: Say = say or _silent
         self._model_path: Path | None = None
         self._entries: dict[str, CapabilityEntry | None] | None = None
         self._missing: dict[str, str] = {}
         self._counter: TokenCounter | None = None
+        self._cold_stores: ColdStores | None = None
 
     @classmethod
     def resolve(cls, settings: Settings | None = None, *, capabilities: str | Path | None = None,
-                ceiling: int | None = None, say: Say | None = None) -> JudgeTarget:
+                ceiling: int | None = None, endpoint_url: str | None = None, say: Say | None = None) -> JudgeTarget:
         """The target of ``settings`` (default: :meth:`Settings.load`): nothing loaded, asked or probed yet."""
         return cls(settings if settings is not None else Settings.load(), capabilities=capabilities,
-                   ceiling=ceiling, say=say)
+                   ceiling=ceiling, endpoint_url=endpoint_url, say=say)
 
     # ------------------------------------------------------------------------------------------ the judge
     @property
@@ -140,15 +148,22 @@ class JudgeTarget:
             return None
         return min(entry.max_context_tokens for entry in entries.values() if entry is not None)
 
+    @property
+    def local_capabilities(self) -> CapabilityLookup:
+        """Where a local model's entry is read and recorded: ``capabilities`` (else the cache in the cache dir), under
+        ``[probe] memory_budget`` and ``staleness_days``. The window planner of :meth:`open_judge` gets this one
+        too, so the window and the ceiling read the same entry."""
+        probe = self.settings.probe
+        return CapabilityLookup(cache_path=self.capabilities, memory_budget=probe.memory_budget,
+                                staleness_days=probe.staleness_days)
+
     def local_entry(self, model_path: str | Path) -> CapabilityEntry | None:
         """The capability entry of a local GGUF on this device under ``[probe] memory_budget`` (never probes;
         a stale one is returned with a note)."""
         return self._local_entry(Path(model_path))
 
     def _local_entry(self, model_path: Path) -> CapabilityEntry | None:
-        probe = self.settings.probe
-        entry = lookup_capability(model_path, cache_path=self.capabilities, memory_budget=probe.memory_budget,
-                                  staleness_days=probe.staleness_days)
+        entry = self.local_capabilities.find(model_path)
         if entry is None:
             self._missing[str(model_path)] = (f"no probe figure for the judge model {model_path} on this device (its "
                                               f"max_context_tokens), so the ceiling cannot be bounded; run `kvjudge "
@@ -266,24 +281,25 @@ class JudgeTarget:
         return None
 
     # ------------------------------------------------------------------------------------ store and tiers
-    def cold_stores(self, endpoint_url: str | None = None) -> ColdStores:
-        """The cold stores a command opens: new moves at ``endpoint_url`` (``--endpoint-url``, which also says an
-        S3 store moved), else ``[retention] endpoint_url``, else boto3's resolution; recorded moves where their log
-        says. Notices (an old log without endpoints) go to ``say``, once."""
-        return ColdStores.from_settings(self.settings.retention, endpoint_url, notice=self.say)
+    def cold_stores(self) -> ColdStores:
+        """The cold stores of this target, built once: new moves at ``endpoint_url`` (``--endpoint-url``, which also
+        says an S3 store moved), else ``[retention] endpoint_url``, else boto3's resolution; recorded moves where
+        their log says. Notices (an old log without endpoints) go to ``say``, once."""
+        if self._cold_stores is None:
+            self._cold_stores = ColdStores.from_settings(self.settings.retention, self.endpoint_url, notice=self.say)
+        return self._cold_stores
 
     def cold_target(self) -> str:
         """Where new moves go: ``[retention] cold`` (``--to``), else a ``cold`` directory in the data dir."""
         return resolve_target(self.settings.retention)
 
-    def open_store(self, path: str | Path | None = None, *, read_tiered: bool = True,
-                   stores: ColdStores | None = None) -> Store:
+    def open_store(self, path: str | Path | None = None, *, read_tiered: bool = True) -> Store:
         """The store at ``path``, else ``[retention] store``, else ``<data dir>/store.sqlite``. With
-        ``read_tiered`` a tiered body is read from its cold store through ``stores`` (default:
-        :meth:`cold_stores`); tiering itself moves local bodies and opens the store without that reader."""
+        ``read_tiered`` a tiered body is read from its cold store through :meth:`cold_stores`; tiering itself
+        moves local bodies and opens the store without that reader."""
         store = Store.open(path or self.settings.retention.store)
         if read_tiered:  # the reader looks up where each tiered body went, so it needs the store
-            store.fallback = ColdReader(store, stores or self.cold_stores())
+            store.fallback = ColdReader(store, self.cold_stores())
         return store
 
     # ------------------------------------------------------------------------------------------ the judge
@@ -300,7 +316,7 @@ class JudgeTarget:
         if self.served:
             if n_ctx is None:  # a member without an entry is probed first, where the pool would refuse it
                 self.entries()
-            backend: Any = open_servers(
+            backend: Backend = open_servers(
                 self.servers, n_ctx=n_ctx, tokenizer_model=chosen.tokenizer_model, parallel=chosen.parallel,
                 timeout_s=chosen.timeout, cache_path=self.capabilities,
                 staleness_days=self.settings.probe.staleness_days,
@@ -308,11 +324,27 @@ class JudgeTarget:
         else:
             backend = LlamaBackend(model_path=self.model_path, n_threads=chosen.threads)
         try:
-            planner = WindowPlanner(backend, requested=n_ctx, certify=certify,
-                                    memory_budget=self.settings.probe.memory_budget, say=self.say)
+            planner = WindowPlanner(backend, requested=n_ctx, certify=certify, capabilities=self.local_capabilities,
+                                    say=self.say)
             return Judge(backend, margin=chosen.margin if margin is None else margin, show_grades=show_grades,
                          show_verifier=show_verifier, use_cache=use_cache, template=template or chosen.template,
                          planner=planner)
         except Exception:
             backend.close()
             raise
+
+    # ------------------------------------------------------------------------------------------ still grades
+    def still_grades(self, judge: Judge, store: Store, pairs: Sequence[tuple[str, str]], *,
+                     reduce_to: int | None = None,
+                     reduce_stored: Callable[[Mapping[str, int]], None] | None = None,
+                     on_call: Callable[[], None] | None = None, on_verdict: VerdictFn | None = None,
+                     progress: ProgressFactory | None = None) -> StillGradesCheck:
+        """The still-grades check of ``pairs`` with ``judge`` (:func:`~kvjudge.judge.stillgrades.check_still_grades`:
+        full side, then reduced side). The reduced side's target is ``reduce_to`` tokens (``--reduce-to``) for every
+        tenant, else each tenant's effective ceiling — never the configured value alone (CapabilityMissing without a
+        probe figure). ``reduce_stored``, ``on_call``, ``on_verdict``, ``progress``: as ``check_still_grades``."""
+        tenants = sorted({store.run(run_id).tenant for pair in pairs for run_id in pair})
+        targets = {tenant: reduce_to if reduce_to is not None else self.ceiling(tenant).effective
+                   for tenant in tenants}
+        return check_still_grades(judge, store, pairs, targets, reduce_stored=reduce_stored, on_call=on_call,
+                                  on_verdict=on_verdict, progress=progress)

@@ -25,7 +25,7 @@ from kvjudge.retention import Store
 from kvjudge.testing.filler import filler
 from kvjudge.testing.graded_runs import swe_run
 from kvjudge.testing.sim_judge import Settings as SimSettings
-from kvjudge.testing.sim_judge import SimJudge, write_key
+from kvjudge.testing.sim_judge import SimJudge, key_entry, write_key
 
 SYSTEM = ("You are a careful software engineer. Work in small steps, run the tests after every change, and never "
           "edit the tests themselves. When you are done, submit a unified diff of your change.")
@@ -185,21 +185,19 @@ def test_the_evidence_each_view_keeps_is_on_the_verdict_and_flagged_when_hidden(
     assert evaluated["evidence"]["judged"]["mean_submission_share"] == pytest.approx(sum(shares) / 2)
 
 
-def test_the_still_grades_output_flags_a_reduction_that_hides_evidence(store: Any, judge_backend: Any,
+def test_the_still_grades_output_flags_a_reduction_that_hides_evidence(tmp_path: Path, start_sim: Any,
                                                                        capsys: pytest.CaptureFixture[str]) -> None:
-    from kvjudge.commands.judge import _print_pair, _print_summary
-    from kvjudge.judge.stillgrades import still_grades_summary
-
-    judge = Judge(judge_backend, template="raw", use_cache=False)
-    whole = _verdict(judge, *judge.pack_pair(store, "a", "b", 8192), 0.8)
-    cut = _verdict(judge, *judge.pack_pair(store, "a", "b", 700), 0.8)  # the verdict held: the judge missed it
-    (result,), _ = still_grades([whole], [cut])
-    _print_pair(cut, result)
-    summary = still_grades_summary([result])
-    summary["prefix_tokens_saved"] = 0
-    _print_summary(summary, True)
+    # `kvjudge judge --still-grades` as a user reads it, against a simulated server (what it answers plays no part:
+    # the flag is about what the views show, whatever the verdicts did).
+    path = tmp_path / "flagged.sqlite"
+    store_from_runs(path, [harness_run("a", 1), harness_run("b", 2, passed=False)]).close()
+    key = write_key(tmp_path / "key.json", [key_entry(marker="no such run", grade=1.0, patch="+x\n",
+                                                      outcome="1 passed")])
+    server = start_sim(key, SimSettings(max_model_len=8192))
+    assert main(["judge", "a", "b", "--still-grades", "--reduce-to", "100", "--server", server.url,
+                 "--store", str(path)]) == 0
     out = " ".join(capsys.readouterr().out.split())  # the output wraps at 80 columns: compare words
-    assert "winner held: yes" in out and "REDUCTION HIDES EVIDENCE" in out
+    assert "winner held: " in out and "REDUCTION HIDES EVIDENCE" in out
     assert "patch 5/5 lines, test outcome shown (full)" in out
     assert "HIDDEN by reduction in 1 pair(s): a vs b" in out
 

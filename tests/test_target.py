@@ -5,7 +5,8 @@ simulated vLLM judges (real HTTP servers in this process)."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ from helpers import cli_json_ok, free_ports, kvjudge, store_from_runs
 from kvjudge.cli import main
 from kvjudge.errors import CapabilityMissing, ConfigError
 from kvjudge.probe import CapabilityCache, probe, probe_server
-from kvjudge.retention import Store, run_tokens
+from kvjudge.retention import Store, reduce_run, run_tokens
 from kvjudge.settings import Settings
 from kvjudge.target import JudgeTarget
 from kvjudge.testing.filler import filler
@@ -72,6 +73,37 @@ def test_config_memory_budget_reaches_every_lookup(tmp_path: Path, judge_model: 
     done = kvjudge("budget", "--ceiling", "--json", "--config", str(config), "--capabilities", str(caps))
     assert done.returncode == 0, done.stderr
     assert '"max_context_tokens": 6000' in done.stdout and '"effective": 3000' in done.stdout
+
+
+def test_the_in_process_window_reads_the_targets_capabilities_file_and_staleness(tmp_path: Path,
+                                                                                  judge_model: Path) -> None:
+    # One entry, certified ten days ago, in a file of its own (--capabilities); the default cache stays empty.
+    caps = tmp_path / "caps.json"
+    analytic = probe(judge_model, certify=False, cache_path=caps).entry
+    ten_days_ago = (datetime.now(timezone.utc) - timedelta(days=10)).isoformat()
+    CapabilityCache(caps).put(dataclasses.replace(analytic, max_context_tokens=4000, max_ok_input=1700,
+                                                  safe_context=1536, certified=True, certified_at=ten_days_ago,
+                                                  method="measured"))
+
+    def window_caps(staleness_days: int) -> tuple[tuple[int, str], tuple[int, str], int | None]:
+        settings = _settings(tmp_path, f"[probe]\nstaleness_days = {staleness_days}\n")
+        target = JudgeTarget.resolve(settings, capabilities=caps)
+        judge = target.open_judge(certify=False)
+        try:
+            return judge.planner.cap("certified"), judge.planner.cap("analytic"), target.max_context_tokens
+        finally:
+            judge.backend.close()
+
+    # Fresh under a 30-day limit: the window is capped by the file's certified safe_context, and the ceiling
+    # reads the same entry.
+    certified, bound, ceiling_context = window_caps(30)
+    assert certified == (1536, "the certified safe_context")
+    assert bound == (4000, "the analytic max_context_tokens") and ceiling_context == 4000
+    # Stale under a 5-day limit: the planner re-derives the analytic figure (no model run) into that same file.
+    certified, bound, _ = window_caps(5)
+    assert certified == bound == (analytic.max_context_tokens, "the analytic max_context_tokens")
+    refreshed = CapabilityCache(caps, staleness_days=5).get(analytic.fingerprint)
+    assert refreshed is not None and not refreshed.stale and not refreshed.certified
 
 
 def test_an_unknown_key_fails_every_command_naming_the_key(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
@@ -197,3 +229,47 @@ def test_a_served_counter_counts_locally_when_it_can_else_in_parallel_batches(tm
     asked = first.requests["/tokenize"] + second.requests["/tokenize"]
     assert isinstance(local, ModelTokenizer) and local.count("hello world") > 0
     assert first.requests["/tokenize"] + second.requests["/tokenize"] == asked
+
+
+def test_still_grades_reduces_each_tenants_side_to_its_ceiling_or_reads_the_callers_stored_reduction(
+        tmp_path: Path, sim) -> None:
+    server = sim(8192)
+    caps = tmp_path / "caps.json"
+    probe_server(server.url, cache_path=caps)
+    settings = _settings(tmp_path, f'[judge]\nservers = ["{server.url}"]\n[retention]\ncounter = "chars"\n'
+                                   f'[retention.tenants.acme]\nceiling = 300\n')
+    runs = [make_run("a", [filler(1, 600)]), make_run("b", [filler(2, 600)], passed=False),
+            make_run("c", [filler(3, 600)], tenant="acme"), make_run("d", [filler(4, 600)], tenant="acme",
+                                                                      passed=False)]
+    store = store_from_runs(tmp_path / "store.sqlite", runs)
+    target = JudgeTarget.resolve(settings, capabilities=caps)
+    judge = target.open_judge()
+    try:
+        # By default each tenant's side is reduced to its effective ceiling: acme's 300, the pool's 8192 // 2.
+        check = target.still_grades(judge, store, [("a", "b"), ("c", "d")])
+        assert check.reduce_to == {"acme": 300, "default": 4096}
+        default_pair, acme_pair = check.results
+        assert not default_pair.views_differ  # nothing of a and b is over 4096 tokens
+        assert acme_pair.views_differ and all(acme_pair.reduced.tokens[side].view
+                                              < acme_pair.full.tokens[side].view for side in ("a", "b"))
+        assert any("300-token target for this check" in note for note in acme_pair.reduced.notes)
+        assert check.summary["pairs"] == 2 and check.reduced == [default_pair.reduced, acme_pair.reduced]
+        assert target.still_grades(judge, store, [("c", "d")], reduce_to=500).reduce_to == {"acme": 500}
+
+        # The caller's own reduction in the store, between the sides: the reduced side reads the runs as stored.
+        heard: list[str] = []
+
+        def reduce_stored(targets: Mapping[str, int]) -> None:
+            heard.append(f"reduce to {dict(targets)}")
+            for run_id in ("c", "d"):
+                reduce_run(store, run_id, targets["acme"], target.counter())
+
+        stored = target.still_grades(judge, store, [("c", "d")], reduce_stored=reduce_stored,
+                                     on_verdict=lambda _index, verdict: heard.append(verdict.outcome))
+        assert heard[1] == "reduce to {'acme': 300}" and len(heard) == 3  # full verdict, reduction, reduced verdict
+        (result,) = stored.results
+        assert store.run("c").reduced and result.views_differ and "reduce_stored" in stored.seconds
+        assert not any("for this check" in note for note in result.reduced.notes)
+    finally:
+        judge.backend.close()
+        store.close()

@@ -12,13 +12,10 @@ import re
 from pathlib import Path
 
 import pytest
-from helpers import kvjudge, make_verdict, store_from_runs
+from helpers import kvjudge, store_from_runs
 
-from kvjudge.commands import eval as eval_command
-from kvjudge.commands import rank as rank_command
+from kvjudge import models
 from kvjudge.commands._output import print_table
-from kvjudge.judge.evaluate import evaluate
-from kvjudge.judge.ranking import rank
 from kvjudge.testing.native_runs import make_run
 
 WIDTH = 80
@@ -73,6 +70,34 @@ def test_store_commands_fit_80_columns(store_path: Path, ceiling_args: list[str]
     assert_fits(done.stdout, *(LONG_IDS if argv[0] in ("runs", "reduce") else []))
 
 
+def test_show_and_tier_fit_80_columns(store_path: Path, ceiling_args: list[str], tmp_path: Path) -> None:
+    shown = kvjudge("show", LONG_IDS[0], "--store", str(store_path), env=_env())
+    assert shown.returncode == 0, shown.stderr
+    assert_fits(shown.stdout, f"run {LONG_IDS[0]}", "lifecycle running → grading → graded", "usage input_tokens=100")
+    cold = tmp_path / "a-cold-directory-whose-name-takes-up-much-of-a-line"
+    cold.mkdir()
+    tiered = kvjudge("tier", "--all", "--to", cold.as_uri(), "--store", str(store_path), *ceiling_args, env=_env())
+    assert tiered.returncode == 0, tiered.stderr
+    assert_fits(tiered.stdout, *LONG_IDS, cold.as_uri(), "uploaded", "recovered")
+
+
+def test_cache_show_and_models_fit_80_columns(capabilities: dict[int, Path], tmp_path: Path) -> None:
+    cached = kvjudge("cache", "show", "--cache", str(capabilities[160_000]), env=_env())
+    assert cached.returncode == 0, cached.stderr
+    assert_fits(cached.stdout, str(capabilities[160_000]), "qwen2.5-coder-0.5b-instruct-q4.gguf", "max_ok_input",
+                "160000", "fresh")
+    fetched = kvjudge("models", "fetch", env=_env())
+    assert fetched.returncode == 0, fetched.stderr
+    assert_fits(fetched.stdout, str(models.judge_model_path()), str(models.default_model_path()))
+    # A models directory (relative: its length is the test's to choose) whose judge model path is shorter than a
+    # line but longer than a line less its label: the path is still printed whole, on a line of its own.
+    where = Path("m" * (72 - len(models.JUDGE_MODEL_FILENAME) - 1))
+    listed = kvjudge("models", "path", cwd=tmp_path, env={**_env(), "KVJUDGE_MODELS_DIR": str(where)})
+    assert listed.returncode == 0, listed.stderr
+    assert_fits(listed.stdout, str(where), str(where / models.JUDGE_MODEL_FILENAME),
+                str(where / models.DEFAULT_MODEL_FILENAME))
+
+
 def test_budget_and_ceiling_fit_80_columns(ceiling_args: list[str]) -> None:
     done = kvjudge("budget", "--ceiling", *ceiling_args, env=_env())
     assert done.returncode == 0, done.stderr
@@ -97,21 +122,6 @@ def _capture(print_fn, *args) -> str:
     return buffer.getvalue()
 
 
-def test_eval_and_rank_tables_fit_80_columns(store_path: Path) -> None:
-    from kvjudge.retention import Store
-
-    verdicts = [make_verdict(LONG_IDS[0], LONG_IDS[1], "a", 0.8, 0.7)]
-    with Store.open(store_path) as store:
-        result = evaluate(store, verdicts)
-    result["manifest"] = {"model": "/models/qwen2.5-coder-0.5b-instruct-q4.gguf"}
-    text = _capture(eval_command._print, {"chat": result})
-    assert_fits(text, "accuracy, ties ½ [95 %]", "accuracy, decisive [95 %]", "pos. consistency", "coverage",
-                "last-exit-zero", "label mass", result["conclusion"].split(":")[0])
-    ranking = rank(verdicts, lambda run_id: run_id.split("/")[0], bootstrap=20)
-    assert_fits(_capture(rank_command._print, ranking), "mini-swe-agent__claude-sonnet-4-20250514",
-                "95 % interval")
-
-
 def test_judging_commands_fit_80_columns_against_a_served_judge(tmp_path: Path) -> None:
     from kvjudge.testing.graded_runs import swe_run, write_graded
     from kvjudge.testing.sim_judge import Settings, SimJudgeServer
@@ -126,8 +136,11 @@ def test_judging_commands_fit_80_columns_against_a_served_judge(tmp_path: Path) 
         assert kvjudge("probe", "--server", server.url).returncode == 0
         common = ["--server", server.url, "--store", store]
         a, b = runs[0].run["id"], runs[1].run["id"]
-        for argv, whole in ((["eval", "--png", str(tmp_path / "e.png")], ("accuracy, ties ½ [95 %]", "last-exit-zero")),
-                            (["rank", "--png", str(tmp_path / "r.png")], ("mini-swe-agent__claude-sonnet-4-20250514",)),
+        for argv, whole in ((["eval", "--png", str(tmp_path / "e.png")],
+                             ("accuracy, ties ½ [95 %]", "accuracy, decisive [95 %]", "pos. consistency", "coverage",
+                              "last-exit-zero", "label mass")),
+                            (["rank", "--png", str(tmp_path / "r.png")],
+                             ("mini-swe-agent__claude-sonnet-4-20250514", "95 % interval")),
                             (["judge", a, b], (a, b)),
                             (["judge", "--task", "django__django-1", "--still-grades", "--reduce-to", "600"],
                              ("agreement",))):

@@ -17,7 +17,8 @@ from kvjudge.retention import Store, TextError, verify
 from kvjudge.retention.blobs import ref_of
 from kvjudge.retention.events import canonical_json
 from kvjudge.retention.state import RunState
-from kvjudge.retention.text_check import MAX_DEPTH, _clean, repair, scan
+from kvjudge.retention import text_check
+from kvjudge.retention.text_check import MAX_DEPTH, parse_checked, repair, scan
 from kvjudge.testing.jsonl import write_jsonl
 from kvjudge.testing.native_runs import make_run
 
@@ -73,7 +74,23 @@ def test_the_fast_path_agrees_with_the_scan(document: object, depth: int) -> Non
         clean_by_scan = scan(document, first_only=False) == []
     except TextError:
         clean_by_scan = False
-    assert _clean(document) == clean_by_scan
+    scanned: list[object] = []
+
+    def counted_scan(checked: object, *, first_only: bool) -> list:
+        scanned.append(checked)
+        return scan(checked, first_only=first_only)
+
+    # parse_checked scans only what its fast path did not find clean: a clean document is never scanned, and a
+    # document with bad text is refused.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(text_check, "scan", counted_scan)
+        try:
+            parse_checked(document, lambda checked: checked)
+            accepted = True
+        except TextError:
+            accepted = False
+    assert accepted == clean_by_scan
+    assert (not scanned) == clean_by_scan
 
 
 def test_repair_replaces_each_bad_code_unit_and_never_merges_keys() -> None:

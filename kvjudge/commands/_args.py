@@ -41,6 +41,24 @@ JUDGE_CHOICE = ("model", "server")
 _SERVER_ONLY = ("parallel", "timeout", "tokenizer_model")
 
 
+Run = Callable[[argparse.Namespace], int]
+AddArgs = Callable[[argparse.ArgumentParser], None]
+
+
+@contextlib.contextmanager
+def command(subparsers: argparse._SubParsersAction, name: str, run: Run, *, help: str,
+            shared: Sequence[AddArgs] = ()) -> Iterator[argparse.ArgumentParser]:
+    """Add the subcommand ``name``, carried out by ``run``, whose docstring is its ``--help`` description (argparse
+    wraps it). The block adds the command's own options; after them come the ``shared`` groups (``add_store_args``,
+    ``add_endpoint_args``, …) and the output options every command has (:func:`add_output_args`)."""
+    parser = subparsers.add_parser(name, help=help, description=run.__doc__)
+    yield parser
+    for add in shared:
+        add(parser)
+    add_output_args(parser)
+    parser.set_defaults(func=run)
+
+
 def records_settings(parser: argparse.ArgumentParser, *dests: str) -> None:
     """Note that ``dests`` (options just added to ``parser``) set settings (see :data:`SETTING_FLAGS`)."""
     parser.set_defaults(settings_flags=(*(parser.get_default("settings_flags") or ()), *dests))
@@ -68,6 +86,11 @@ def add_endpoint_args(parser: argparse.ArgumentParser) -> None:
                         help="S3 endpoint for new moves (default: [retention] endpoint_url, else AWS_ENDPOINT_URL / "
                              "AWS config); a tiered run is read where its log says it went, and this overrides "
                              "that only when the store at URL holds the same manifest (the store moved)")
+
+
+# The shared groups of a command that reads runs, tiered ones too: they are read where their moves went
+# (--endpoint-url: the store moved).
+READS_TIERED: tuple[AddArgs, ...] = (add_store_args, add_endpoint_args)
 
 
 def add_results_args(parser: argparse.ArgumentParser) -> None:
@@ -99,7 +122,8 @@ def add_ceiling_args(parser: argparse.ArgumentParser) -> None:
 
 
 def add_judge_args(parser: argparse.ArgumentParser, *, also_templates: tuple[str, ...] = ()) -> None:
-    """What ``judge``, ``eval``, ``rank`` and ``report`` share: the pairs, the backend, the framing, the window.
+    """What ``judge``, ``eval``, ``rank`` and ``report`` share: the pairs, the backend, the framing, the window (the
+    store and the endpoint tiered runs are read from: :data:`READS_TIERED`, after the command's own options).
 
     ``also_templates``: further ``--template`` values a command understands (``eval``'s ``both``: then the
     command passes the framing to the judge itself)."""
@@ -145,9 +169,6 @@ def add_judge_args(parser: argparse.ArgumentParser, *, also_templates: tuple[str
     parser.add_argument("--no-cache", action="store_true", help="do not read or write cached judgments")
     records_settings(parser, *JUDGE_CHOICE, "parallel", "timeout", "tokenizer_model", "threads", "margin",
                      *(() if also_templates else ("template",)))
-    add_store_args(parser)
-    add_endpoint_args(parser)  # tiered runs are read where their moves went (--endpoint-url: the store moved)
-    add_output_args(parser)
 
 
 # ------------------------------------------------------------------------------------- settings and target
@@ -189,10 +210,11 @@ def _check_server_flags(args: argparse.Namespace, dests: tuple[str, ...], settin
 
 def target_from(args: argparse.Namespace, *, ceiling: int | None = None,
                 settings: Settings | None = None) -> JudgeTarget:
-    """The judge target of a command: its settings, ``--capabilities`` (where it has one), a lowered ``ceiling``,
-    notes on stderr."""
+    """The judge target of a command: its settings, ``--capabilities`` and ``--endpoint-url`` (where it has them),
+    a lowered ``ceiling``, notes on stderr. Its :meth:`~kvjudge.target.JudgeTarget.open_store` reads tiered runs
+    through its cold stores."""
     return JudgeTarget.resolve(settings or settings_from(args), capabilities=getattr(args, "capabilities", None),
-                               ceiling=ceiling, say=info)
+                               ceiling=ceiling, endpoint_url=getattr(args, "endpoint_url", None), say=info)
 
 
 @contextlib.contextmanager

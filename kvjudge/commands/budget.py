@@ -12,7 +12,7 @@ from pathlib import Path
 
 from kvjudge import models
 from kvjudge.budget import budget_from_settings
-from kvjudge.commands._args import add_output_args, settings_from, target_from
+from kvjudge.commands._args import command, settings_from, target_from
 from kvjudge.commands._output import emit, info, print_table
 from kvjudge.errors import UsageError
 from kvjudge.settings import Settings
@@ -20,26 +20,25 @@ from kvjudge.target import JudgeTarget, entry_summary
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "budget", help="the token budget a conversation gets (or, with --ceiling, the retention ceiling)",
-        description="Resolve the TokenBudget from [memory] context_tokens, else the probe cache "
-                    "(max_ok_input, else safe_context), else 8192. With --ceiling: the retention ceiling, "
-                    "min(configured, max_context_tokens // 2) of the judge model.")
-    parser.add_argument("--model", metavar="PATH",
-                        help="GGUF model (default: the default model; with --ceiling: [judge] model or the "
-                             "default judge model)")
-    parser.add_argument("--server", metavar="URL",
-                        help="the model is this OpenAI-compatible server: use its `kvjudge probe --server` entry, "
-                             "probed on first use (default with --ceiling: [judge] servers / server, a pool bounded "
-                             "by its smallest served context)")
-    parser.add_argument("--ceiling", action="store_true", help="show the retention ceiling bound instead")
-    parser.add_argument("--tenant", metavar="NAME", help="tenant whose configured ceiling to use (with --ceiling)")
-    parser.add_argument("--capabilities", metavar="FILE", help="capability cache file (default: in the cache dir)")
-    add_output_args(parser)
-    parser.set_defaults(func=_run)
+    with command(subparsers, "budget", _run,
+                 help="the token budget a conversation gets (or, with --ceiling, the retention ceiling)") as parser:
+        parser.add_argument("--model", metavar="PATH",
+                            help="GGUF model (default: the default model; with --ceiling: [judge] model or the "
+                                 "default judge model)")
+        parser.add_argument("--server", metavar="URL",
+                            help="the model is this OpenAI-compatible server: use its `kvjudge probe --server` "
+                                 "entry, probed on first use (default with --ceiling: [judge] servers / server, a "
+                                 "pool bounded by its smallest served context)")
+        parser.add_argument("--ceiling", action="store_true", help="show the retention ceiling bound instead")
+        parser.add_argument("--tenant", metavar="NAME", help="tenant whose configured ceiling to use (with "
+                                                             "--ceiling)")
+        parser.add_argument("--capabilities", metavar="FILE",
+                            help="capability cache file (default: in the cache dir)")
 
 
 def _run(args: argparse.Namespace) -> int:
+    """Resolve the TokenBudget from [memory] context_tokens, else the probe cache (max_ok_input, else safe_context),
+    else 8192. With --ceiling: the retention ceiling, min(configured, max_context_tokens // 2) of the judge model."""
     if args.server and args.model:
         raise UsageError("--server and --model name two judges; pass one")
     if args.tenant is not None and not args.ceiling:

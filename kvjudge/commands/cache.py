@@ -7,7 +7,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from kvjudge.commands._args import add_output_args, settings_from
+from kvjudge.commands._args import command, settings_from
 from kvjudge.commands._output import emit, format_mib, info, print_table, progress
 from kvjudge.errors import KvjudgeError
 from kvjudge.probe import CapabilityCache, RuntimeSettings, probe, probe_server, served_status
@@ -17,15 +17,21 @@ from kvjudge.probe.core import current_components
 def register(subparsers: argparse._SubParsersAction) -> None:
     cache = subparsers.add_parser("cache", help="show, refresh or clear the capability cache")
     actions = cache.add_subparsers(dest="cache_action", metavar="ACTION", required=True)
-    show = actions.add_parser("show", help="list the cached capabilities (fresh, stale or mismatched)")
-    refresh = actions.add_parser("refresh", help="probe again what is cached (all, or --stale-only)")
-    refresh.add_argument("--stale-only", action="store_true",
-                         help="only entries past the staleness limit or whose fingerprint no longer matches")
-    clear = actions.add_parser("clear", help="delete the cache file (also an unreadable one)")
-    for sub, func in ((show, _cache_show), (refresh, _cache_refresh), (clear, _cache_clear)):
-        sub.add_argument("--cache", metavar="PATH", help="capability cache file (default: in the cache dir)")
-        add_output_args(sub)
-        sub.set_defaults(func=func)
+    shared = (_add_cache_arg,)
+    with command(actions, "show", _cache_show, shared=shared,
+                 help="list the cached capabilities (fresh, stale or mismatched)"):
+        pass  # no options but the shared ones
+    with command(actions, "refresh", _cache_refresh, shared=shared,
+                 help="probe again what is cached (all, or --stale-only)") as refresh:
+        refresh.add_argument("--stale-only", action="store_true",
+                             help="only entries past the staleness limit or whose fingerprint no longer matches")
+    with command(actions, "clear", _cache_clear, shared=shared,
+                 help="delete the cache file (also an unreadable one)"):
+        pass  # no options but the shared ones
+
+
+def _add_cache_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--cache", metavar="PATH", help="capability cache file (default: in the cache dir)")
 
 
 def _status(entry: Any) -> str:

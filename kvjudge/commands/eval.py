@@ -15,7 +15,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from kvjudge.commands._args import add_judge_args, judged, opened_judge, select_pairs, target_from
+from kvjudge.commands._args import READS_TIERED, add_judge_args, command, judged, opened_judge, select_pairs
+from kvjudge.commands._args import target_from
 from kvjudge.commands._output import emit, info, print_table, print_wrapped
 from kvjudge.judge.evaluate import BASELINES, EVIDENCE_SIDES, evaluate, plot_reliability
 from kvjudge.judge.evidence import summary_line
@@ -24,24 +25,24 @@ DEFAULT_PNG = "kvjudge-eval.png"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "eval", help="score the judge against held-out grades beside simple baselines (accuracy, κ, position bias)",
-        description="Judge every same-task pair (or the pairs named) and compare the verdicts with the grades the "
-                    "judge never saw: coverage, accuracy (ties as half, and ties excluded) with Wilson 95 % "
-                    "intervals, Cohen's kappa, position consistency and bias, tie/inconsistent rates, label mass; "
-                    "the same for the baselines always-first, longer-run-wins and last-exit-code-0-wins.")
-    add_judge_args(parser, also_templates=("both",))
-    parser.add_argument("--png", metavar="PATH", default=DEFAULT_PNG,
-                        help=f"reliability plot (p_a against the truth, binned; default ./{DEFAULT_PNG})")
-    parser.set_defaults(func=_eval)
+    with command(subparsers, "eval", _eval, shared=READS_TIERED,
+                 help="score the judge against held-out grades beside simple baselines (accuracy, κ, position "
+                      "bias)") as parser:
+        add_judge_args(parser, also_templates=("both",))
+        parser.add_argument("--png", metavar="PATH", default=DEFAULT_PNG,
+                            help=f"reliability plot (p_a against the truth, binned; default ./{DEFAULT_PNG})")
 
 
 def _eval(args: argparse.Namespace) -> int:
+    """Judge every same-task pair (or the pairs named) and compare the verdicts with the grades the judge never saw:
+    coverage, accuracy (ties as half, and ties excluded) with Wilson 95 % intervals, Cohen's kappa, position
+    consistency and bias, tie/inconsistent rates, label mass; the same for the baselines always-first,
+    longer-run-wins and last-exit-code-0-wins."""
     target = target_from(args)
     # --template both: each framing in turn; otherwise the one named, else [judge] template.
     templates = ["chat", "raw"] if args.template == "both" else [args.template]
     results: dict[str, dict[str, Any]] = {}
-    with target.open_store(stores=target.cold_stores(args.endpoint_url)) as store:
+    with target.open_store() as store:
         selection = select_pairs(args, store, default_all=True)
         for template in templates:
             with opened_judge(args, target, template=template) as judge:

@@ -5,41 +5,38 @@ from __future__ import annotations
 import argparse
 import sys
 
-from kvjudge.commands._args import add_output_args, add_results_args, add_store_args, target_from
+from kvjudge.commands._args import add_results_args, add_store_args, command, target_from
 from kvjudge.commands._output import emit, info, megabytes, progress, unmatched_results_line
 from kvjudge.retention.ingest import FORMATS, IngestReport, collect_sources, ingest_sources
 from kvjudge.retention.text_check import describe_repair
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "ingest", help="import runs: native or OpenAI JSONL, mini-swe-agent (*.traj.json) and SWE-agent (*.traj) "
-                       "trajectories, OpenHands output.jsonl and llm_completions logs, Harbor trials (ATIF), "
-                       "inspect_ai logs (*.eval, .json); files or directories, .gz read transparently")
-    parser.add_argument("paths", nargs="+", metavar="PATH",
-                        help="run file or directory (walked for *.jsonl, *.traj.json, *.traj, each optionally .gz, "
-                             "*.eval and inspect .json logs, ATIF trajectory.json files, Harbor trials: result.json, or "
-                             "config.json while running, beside agent/, and OpenHands "
-                             "llm_completions/<instance_id>/*.json)")
-    parser.add_argument("--format", choices=FORMATS, default="auto",
-                        help="format of every document (default: auto, detected per document)")
-    parser.add_argument("--tenant", metavar="NAME", help="tenant for runs that name none (default: default)")
-    parser.add_argument("--agent", metavar="NAME",
-                        help="agent of every run, overriding the model named in the trajectory (run ids of "
-                             "trajectories are AGENT/INSTANCE_ID)")
-    parser.add_argument("--trial", metavar="LABEL",
-                        help="which run of each agent on each instance these files are (mini-swe-agent, SWE-agent, "
-                             "OpenHands: their files name no trial), for a repeated run: run ids become "
-                             "AGENT/INSTANCE_ID/LABEL and kvjudge judge/eval/rank pair them by trial")
-    add_results_args(parser)
-    parser.add_argument("--skip-bad", action="store_true",
-                        help="import the other files when one is malformed, and list it at the end")
-    parser.add_argument("--repair-text", action="store_true",
-                        help="store text that is not valid Unicode (lone surrogates, bytes not UTF-8) with U+FFFD "
-                             "in place of each bad code unit, and note it on the run (default: refuse the file)")
-    add_store_args(parser)
-    add_output_args(parser)
-    parser.set_defaults(func=_ingest)
+    with command(subparsers, "ingest", _ingest, shared=(add_store_args,),
+                 help="import runs: native or OpenAI JSONL, mini-swe-agent (*.traj.json) and SWE-agent (*.traj) "
+                      "trajectories, OpenHands output.jsonl and llm_completions logs, Harbor trials (ATIF), "
+                      "inspect_ai logs (*.eval, .json); files or directories, .gz read transparently") as parser:
+        parser.add_argument("paths", nargs="+", metavar="PATH",
+                            help="run file or directory (walked for *.jsonl, *.traj.json, *.traj, each optionally "
+                                 ".gz, *.eval and inspect .json logs, Harbor trials: result.json beside agent/, and "
+                                 "OpenHands llm_completions/<instance_id>/*.json)")
+        parser.add_argument("--format", choices=FORMATS, default="auto",
+                            help="format of every document (default: auto, detected per document)")
+        parser.add_argument("--tenant", metavar="NAME", help="tenant for runs that name none (default: default)")
+        parser.add_argument("--agent", metavar="NAME", help="agent of every run, overriding the model named in the "
+                                                            "trajectory (run ids of trajectories are "
+                                                            "AGENT/INSTANCE_ID)")
+        parser.add_argument("--trial", metavar="LABEL",
+                            help="which run of each agent on each instance these files are (mini-swe-agent, "
+                                 "SWE-agent, OpenHands: their files name no trial), for a repeated run: run ids "
+                                 "become AGENT/INSTANCE_ID/LABEL and kvjudge judge/eval/rank pair them by trial")
+        add_results_args(parser)
+        parser.add_argument("--skip-bad", action="store_true",
+                            help="import the other files when one is malformed, and list it at the end")
+        parser.add_argument("--repair-text", action="store_true",
+                            help="store text that is not valid Unicode (lone surrogates, bytes not UTF-8) with "
+                                 "U+FFFD in place of each bad code unit, and note it on the run (default: refuse the "
+                                 "file)")
 
 
 def _ingest(args: argparse.Namespace) -> int:

@@ -16,70 +16,42 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from kvjudge.commands._args import add_judge_args, opened_judge, select_pairs, target_from
+from kvjudge.commands._args import READS_TIERED, add_judge_args, command, opened_judge, select_pairs, target_from
 from kvjudge.commands._output import emit, print_table, print_wrapped, progress
-from kvjudge.errors import UsageError
-from kvjudge.judge import (
-    StillGrades,
-    Verdict,
-    judge_batch,
-    still_grades_summary,
-    summarize_verdicts,
-)
+from kvjudge.judge import Judge, StillGrades, Verdict, judge_batch, summarize_verdicts
 from kvjudge.judge.evidence import describe, summary_line
-from kvjudge.retention import Store
-from kvjudge.target import JudgeTarget
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "judge", help="judge pairs of runs with a local model (both orders, forced choice), and check that "
-                      "reduced runs still grade",
-        description="Judge which of two runs is better from the model's own next-token probabilities, asked in "
-                    "both orders. Outcomes: a, b, tie, inconsistent (the orders disagree), overflow, error. "
-                    "Verifier results and grades are held out of the judge's input unless asked for.")
-    parser.add_argument("--still-grades", action="store_true",
-                        help="judge each pair from the full runs (in a window that holds them, up to the analytic "
-                             "bound) and from the reduced runs; report agreement over pairs whose views differ")
-    parser.add_argument("--reduce-to", type=int, metavar="N",
-                        help="with --still-grades: reduce views to N tokens (default: the effective ceiling, "
-                             "min(configured, max_context_tokens // 2))")
-    add_judge_args(parser)
-    parser.set_defaults(func=_judge)
-
-
-def _reduce_target(args: argparse.Namespace, target: JudgeTarget, store: Store,
-                   pairs: list[tuple[str, str]]) -> dict[str, int]:
-    """Per-tenant token target of the reduced side of --still-grades: ``--reduce-to``, else the effective ceiling
-    (the judge target's: never the configured value alone, CapabilityMissing without a probe figure)."""
-    tenants = {store.run(run_id).tenant for pair in pairs for run_id in pair}
-    if args.reduce_to is not None:
-        if args.reduce_to <= 0:
-            raise UsageError(f"--reduce-to must be a positive number of tokens, got {args.reduce_to}")
-        return {tenant: args.reduce_to for tenant in tenants}
-    return {tenant: target.ceiling(tenant).effective for tenant in tenants}
+    with command(subparsers, "judge", _judge, shared=READS_TIERED,
+                 help="judge pairs of runs with a local model (both orders, forced choice), and check that reduced "
+                      "runs still grade") as parser:
+        parser.add_argument("--still-grades", action="store_true",
+                            help="judge each pair from the full runs (in a window that holds them, up to the "
+                                 "analytic bound) and from the reduced runs; report agreement over pairs whose views "
+                                 "differ")
+        parser.add_argument("--reduce-to", type=int, metavar="N",
+                            help="with --still-grades: reduce views to N tokens (default: the effective ceiling, "
+                                 "min(configured, max_context_tokens // 2))")
+        add_judge_args(parser)
 
 
 def _judge(args: argparse.Namespace) -> int:
+    """Judge which of two runs is better from the model's own next-token probabilities, asked in both orders.
+    Outcomes: a, b, tie, inconsistent (the orders disagree), overflow, error. Verifier results and grades are held
+    out of the judge's input unless asked for."""
     target = target_from(args)
-    with target.open_store(stores=target.cold_stores(args.endpoint_url)) as store:
+    with target.open_store() as store:
         selection = select_pairs(args, store)
         pairs = selection.pairs
         with opened_judge(args, target) as judge:
-            backend = judge.backend
-            targets = _reduce_target(args, target, store, pairs) if args.still_grades else {}
             sides = 2 if args.still_grades else 1
             with progress("judging", len(pairs) * 2 * sides) as advance:
                 judge.planner.progress = lambda message: advance(0, description=message)
                 tracker = _PairProgress(advance, len(pairs) * sides)
                 if args.still_grades:
-                    full = judge_batch(judge, store, pairs, full=True, bound="analytic", on_call=tracker.call,
-                                       on_verdict=tracker.verdict)
-                    full_window = judge.window
-                    reduced = judge_batch(judge, store, pairs, on_call=tracker.call, on_verdict=tracker.verdict,
-                                          reduce_to={(a, b): targets[store.run(a).tenant] for a, b in pairs})
-                    results = [StillGrades(f, r) for f, r in zip(full, reduced)]
-                    verdicts = reduced
+                    check = target.still_grades(judge, store, pairs, reduce_to=args.reduce_to, on_call=tracker.call,
+                                                on_verdict=tracker.verdict)
                 else:
                     def decided(index: int, verdict: Verdict) -> None:
                         tracker.verdict(index, verdict)
@@ -87,23 +59,31 @@ def _judge(args: argparse.Namespace) -> int:
 
                     verdicts = judge_batch(judge, store, pairs, on_call=tracker.call, on_verdict=decided)
             if args.still_grades:
-                for index, verdict in enumerate(verdicts):
-                    _emit_pair(args, verdict, results[index])
-            summary = (still_grades_summary(results) if args.still_grades else summarize_verdicts(verdicts))
-            summary["prefix_tokens_saved"] = backend.tokens_saved
-            wall = time.monotonic() - tracker.started
-            summary["wall_seconds"] = round(wall, 3)
-            summary["pairs_per_minute"] = round(len(pairs) * sides / (wall / 60), 2) if wall > 0 else None
-            if backend.servers:
-                summary["servers"] = backend.stats()
-            summary["window"] = None if judge.window is None else judge.window.to_json()
-            summary["room"] = judge.room
+                for result in check.results:
+                    _emit_pair(args, result.reduced, result)
+                summary = dict(check.summary)
+            else:
+                summary = summarize_verdicts(verdicts)
+            summary.update(_run_figures(judge, tracker, len(pairs) * sides))
             summary["pairing"] = selection.to_json()
             if args.still_grades:
-                summary["full_window"] = None if full_window is None else full_window.to_json()
-                summary["reduce_to"] = targets
+                summary["full_window"] = None if check.full_window is None else check.full_window.to_json()
+                summary["reduce_to"] = check.reduce_to
     emit(args, {"summary": summary}, lambda: _print_summary(summary, args.still_grades))
     return 0
+
+
+def _run_figures(judge: Judge, tracker: _PairProgress, judged: int) -> dict[str, Any]:
+    """What the summary says of the run itself: prefix tokens saved, time, pairs per minute, servers, window."""
+    backend = judge.backend
+    wall = time.monotonic() - tracker.started
+    figures: dict[str, Any] = {"prefix_tokens_saved": backend.tokens_saved, "wall_seconds": round(wall, 3),
+                               "pairs_per_minute": round(judged / (wall / 60), 2) if wall > 0 else None}
+    if backend.servers:
+        figures["servers"] = backend.stats()
+    figures["window"] = None if judge.window is None else judge.window.to_json()
+    figures["room"] = judge.room
+    return figures
 
 
 class _PairProgress:

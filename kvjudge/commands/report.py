@@ -13,7 +13,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from kvjudge.commands._args import add_judge_args, judged, opened_judge, select_pairs, target_from
+from kvjudge.commands._args import READS_TIERED, add_judge_args, command, judged, opened_judge, select_pairs
+from kvjudge.commands._args import target_from
 from kvjudge.commands._output import emit, print_wrapped
 from kvjudge.errors import UsageError
 from kvjudge.judge.ranking import BOOTSTRAP
@@ -23,32 +24,31 @@ DEFAULT_OUT = "kvjudge-report.html"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "report", help="write an HTML report: is the judge right, the agents' ranking, every pair with the views "
-                       "the judge read",
-        description="Judge every same-task pair (or the pairs named; cached verdicts are reused) and write a "
-                    "self-contained HTML report: the judge's figures against held-out grades beside the baselines "
-                    "(as eval), the agents' ranking (as rank), a sortable and filterable table of pairs, and a page "
-                    "per pair with both views exactly as the judge read them.")
-    add_judge_args(parser)
-    parser.add_argument("--out", metavar="PATH", default=DEFAULT_OUT,
-                        help=f"the report's HTML file; pair pages go to a folder beside it, named after it with "
-                             f"-pairs (default ./{DEFAULT_OUT})")
-    parser.add_argument("--bootstrap", type=int, default=BOOTSTRAP, metavar="N",
-                        help=f"bootstrap resamples for the ranking's intervals (default {BOOTSTRAP})")
-    parser.add_argument("--ceiling", type=int, metavar="N",
-                        help="the configured ceiling the header shows, lowered to N tokens (as for kvjudge reduce)")
-    parser.add_argument("--capabilities", metavar="FILE",
-                        help="capability cache file the header's ceiling is read from (default: in the cache dir)")
-    parser.set_defaults(func=_report)
+    with command(subparsers, "report", _report, shared=READS_TIERED,
+                 help="write an HTML report: is the judge right, the agents' ranking, every pair with the views the "
+                      "judge read") as parser:
+        add_judge_args(parser)
+        parser.add_argument("--out", metavar="PATH", default=DEFAULT_OUT,
+                            help=f"the report's HTML file; pair pages go to a folder beside it, named after it with "
+                                 f"-pairs (default ./{DEFAULT_OUT})")
+        parser.add_argument("--bootstrap", type=int, default=BOOTSTRAP, metavar="N",
+                            help=f"bootstrap resamples for the ranking's intervals (default {BOOTSTRAP})")
+        parser.add_argument("--ceiling", type=int, metavar="N", help="the configured ceiling the header shows, "
+                                                                     "lowered to N tokens (as for kvjudge reduce)")
+        parser.add_argument("--capabilities", metavar="FILE", help="capability cache file the header's ceiling is "
+                                                                   "read from (default: in the cache dir)")
 
 
 def _report(args: argparse.Namespace) -> int:
+    """Judge every same-task pair (or the pairs named; cached verdicts are reused) and write a self-contained HTML
+    report: the judge's figures against held-out grades beside the baselines (as eval), the agents' ranking (as
+    rank), a sortable and filterable table of pairs, and a page per pair with both views exactly as the judge read
+    them."""
     if args.bootstrap < 1:
         raise UsageError(f"--bootstrap must be at least 1, got {args.bootstrap}")
     out = check_output(Path(args.out))
     target = target_from(args, ceiling=args.ceiling)
-    with target.open_store(stores=target.cold_stores(args.endpoint_url)) as store:
+    with target.open_store() as store:
         selection = select_pairs(args, store, default_all=True)
         with opened_judge(args, target) as judge:
             verdicts = judged(judge, store, selection)

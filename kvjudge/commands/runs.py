@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from kvjudge.commands._args import add_output_args, add_store_args, target_from
+from kvjudge.commands._args import add_store_args, command, target_from
 from kvjudge.commands._output import emit, info, print_table, progress
 from kvjudge.errors import KvjudgeError
 from kvjudge.judge.evaluate import best_grade
@@ -17,17 +17,15 @@ from kvjudge.tokens import TokenCounter
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("runs", help="list the runs in the store (agent, task, trial, state, grade)")
-    parser.add_argument("--tenant", metavar="NAME", help="only this tenant's runs")
-    parser.add_argument("--agent", metavar="NAME", help="only this agent's runs (the agent column)")
-    parser.add_argument("--task", metavar="TASK", help="only runs on this task id")
-    parser.add_argument("--state", choices=STATES, help="only runs in this lifecycle state")
-    parser.add_argument("--count", action="store_true",
-                        help="count the tokens of runs not counted yet with the judge's counter ([retention] "
-                             "counter; by default the listing shows the counts the store already has)")
-    add_store_args(parser)
-    add_output_args(parser)
-    parser.set_defaults(func=_runs)
+    with command(subparsers, "runs", _runs, shared=(add_store_args,),
+                 help="list the runs in the store (agent, task, trial, state, grade)") as parser:
+        parser.add_argument("--tenant", metavar="NAME", help="only this tenant's runs")
+        parser.add_argument("--agent", metavar="NAME", help="only this agent's runs (the agent column)")
+        parser.add_argument("--task", metavar="TASK", help="only runs on this task id")
+        parser.add_argument("--state", choices=STATES, help="only runs in this lifecycle state")
+        parser.add_argument("--count", action="store_true",
+                            help="count the tokens of runs not counted yet with the judge's counter ([retention] "
+                                 "counter; by default the listing shows the counts the store already has)")
 
 
 def _run_row(run: RunListing) -> dict[str, Any]:

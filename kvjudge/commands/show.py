@@ -11,14 +11,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from kvjudge.commands._args import (
-    add_endpoint_args,
-    add_output_args,
-    add_store_args,
-    records_settings,
-    target_from,
-)
-from kvjudge.commands._output import emit, info
+from kvjudge.commands._args import READS_TIERED, command, records_settings, target_from
+from kvjudge.commands._output import emit, info, print_wrapped
 from kvjudge.errors import UsageError
 from kvjudge.judge.evidence import describe
 from kvjudge.judge.prompt import COMMON_CLOSING, COMMON_OPENING
@@ -33,35 +27,32 @@ _SHOW_CHARS = 1200
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("show", help="render one run: transitions, text or its extract, tools, verifier, "
-                                                "grades")
-    parser.add_argument("run", help="run id")
-    parser.add_argument("--full", action="store_true", help="do not shorten long texts")
-    view = parser.add_argument_group("the judge's view")
-    view.add_argument("--judge-view", action="store_true",
-                      help="print exactly the view of the run the judge would be given (markers included)")
-    view.add_argument("--allowance", type=int, metavar="N",
-                      help="with --judge-view: fit the view into N tokens (default: half the room of the largest "
-                           "window the judge may open, as beside a run as long as itself)")
-    view.add_argument("--beside", metavar="RUN",
-                      help="with --judge-view: the view as judged beside RUN (run A, RUN B), with the block of text "
-                           "both share")
-    view.add_argument("--model", metavar="PATH", help="judge model GGUF (default: [judge] model, else the default "
-                                                      "judge model)")
-    view.add_argument("--server", metavar="URL", action="append",
-                      help="the judge is this OpenAI-compatible server (default: [judge] servers or server)")
-    view.add_argument("--tokenizer-model", metavar="PATH", help="with --server: a local copy of the served GGUF")
-    view.add_argument("--template", choices=("auto", "chat", "raw"), default=None,
-                      help="prompt framing (default: [judge] template, else auto)")
-    view.add_argument("--n-ctx", type=int, metavar="N", help="the judge window (default: the largest the judge may "
-                                                           "open: the certified safe_context, else the analytic "
-                                                           "max_context_tokens)")
-    view.add_argument("--show-verifier", action="store_true", help="show verifier results, as judge --show-verifier")
-    records_settings(parser, "model", "server", "tokenizer_model", "template")
-    add_store_args(parser)
-    add_endpoint_args(parser)
-    add_output_args(parser)
-    parser.set_defaults(func=_show)
+    with command(subparsers, "show", _show, shared=READS_TIERED,
+                 help="render one run: transitions, text or its extract, tools, verifier, grades") as parser:
+        parser.add_argument("run", help="run id")
+        parser.add_argument("--full", action="store_true", help="do not shorten long texts")
+        view = parser.add_argument_group("the judge's view")
+        view.add_argument("--judge-view", action="store_true",
+                          help="print exactly the view of the run the judge would be given (markers included)")
+        view.add_argument("--allowance", type=int, metavar="N",
+                          help="with --judge-view: fit the view into N tokens (default: half the room of the largest "
+                               "window the judge may open, as beside a run as long as itself)")
+        view.add_argument("--beside", metavar="RUN",
+                          help="with --judge-view: the view as judged beside RUN (run A, RUN B), with the block of "
+                               "text both share")
+        view.add_argument("--model", metavar="PATH", help="judge model GGUF (default: [judge] model, else the "
+                                                          "default judge model)")
+        view.add_argument("--server", metavar="URL", action="append",
+                          help="the judge is this OpenAI-compatible server (default: [judge] servers or server)")
+        view.add_argument("--tokenizer-model", metavar="PATH", help="with --server: a local copy of the served GGUF")
+        view.add_argument("--template", choices=("auto", "chat", "raw"), default=None,
+                          help="prompt framing (default: [judge] template, else auto)")
+        view.add_argument("--n-ctx", type=int, metavar="N", help="the judge window (default: the largest the judge "
+                                                               "may open: the certified safe_context, else the "
+                                                               "analytic max_context_tokens)")
+        view.add_argument("--show-verifier", action="store_true",
+                          help="show verifier results, as judge --show-verifier")
+        records_settings(parser, "model", "server", "tokenizer_model", "template")
 
 
 def _text_entry(store: Store, state: RunState, ref: str | None) -> dict[str, Any] | None:
@@ -136,7 +127,7 @@ def _judge_view(args: argparse.Namespace) -> int:
         raise UsageError("--allowance must be a positive number of tokens, and cannot go with --beside (the pair's "
                          "window decides the allowances)")
     target = target_from(args)
-    with target.open_store(stores=target.cold_stores(args.endpoint_url)) as store:
+    with target.open_store() as store:
         store.run(args.run)  # an unknown run is an error before any model loads
         if args.beside:
             store.run(args.beside)
@@ -186,24 +177,26 @@ def _show(args: argparse.Namespace) -> int:
     if args.allowance is not None or args.beside:
         raise UsageError("--allowance and --beside go with --judge-view")
     target = target_from(args)
-    with target.open_store(stores=target.cold_stores(args.endpoint_url)) as store:
+    with target.open_store() as store:
         state = store.run(args.run)
         rendered = render_run(store, state)
 
     def human() -> None:
-        print(f"run {state.id}  tenant {state.tenant}  state {state.state}  lifecycle {' → '.join(state.lifecycle)}"
-              f"  reduced {'yes' if state.reduced else 'no'}")
+        # Lines of kvjudge's own wrap at the terminal's width (an id is never broken); run text prints as stored.
+        print_wrapped(f"run {state.id}  tenant {state.tenant}  state {state.state}  lifecycle "
+                      f"{' → '.join(state.lifecycle)}  reduced {'yes' if state.reduced else 'no'}")
         if state.agent or state.metadata:
             facts = [f"agent {state.agent}"] if state.agent else []
             facts += [f"{key} {value}" for key, value in (state.metadata or {}).items()]
-            print("  ".join(facts))
+            print_wrapped("  ".join(facts))
         for note in state.text_repairs:
-            print(f"text repaired at ingest (LSN {note['lsn']}): {describe_repair(note)}")
+            print_wrapped(f"text repaired at ingest (LSN {note['lsn']}): {describe_repair(note)}")
         if state.task_id or state.task_prompt_ref:
             print(f"task {state.task_id or '-'}: {_shown(rendered['task']['prompt'], args.full)}")
         for branch in rendered["branches"]:
             fork = f" (from {branch['parent']} at {branch['fork_at']})" if branch["parent"] else ""
-            print(f"\n== branch {branch['id']} [{branch['status']}]{fork}")
+            print()
+            print_wrapped(f"== branch {branch['id']} [{branch['status']}]{fork}")
             if branch["summary"] is not None:
                 summary = branch["summary"]
                 label = "branch text dropped" if summary.get("text") is None else "branch read as one extract"
@@ -214,7 +207,7 @@ def _show(args: argparse.Namespace) -> int:
                     line += "  usage " + ", ".join(f"{k}={v}" for k, v in sorted(t["usage"].items()))
                 if t["context"]:
                     line += "  context " + ", ".join(f"{k}={v}" for k, v in sorted(t["context"].items()))
-                print(line)
+                print_wrapped(line)
                 if t["text"] is not None:
                     print(_shown(t["text"], args.full))
                 if "tool_call" in t:
@@ -226,8 +219,8 @@ def _show(args: argparse.Namespace) -> int:
             print(f"verifier {result.get('name')}: {'passed' if result.get('passed') else 'FAILED'}"
                   f"{' — ' + str(result['detail']) if result.get('detail') else ''}")
         for grade in state.grades:
-            print(f"grade by {grade.get('grader')}: {grade.get('score')}"
-                  f"{' (' + str(grade['label']) + ')' if grade.get('label') else ''}")
+            print_wrapped(f"grade by {grade.get('grader')}: {grade.get('score')}"
+                          f"{' (' + str(grade['label']) + ')' if grade.get('label') else ''}")
 
     emit(args, rendered, human)
     return 0

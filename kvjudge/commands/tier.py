@@ -9,14 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from kvjudge.commands._args import (
-    add_ceiling_args,
-    add_endpoint_args,
-    add_output_args,
-    add_store_args,
-    records_settings,
-    target_from,
-)
+from kvjudge.commands._args import READS_TIERED, add_ceiling_args, command, records_settings, target_from
 from kvjudge.commands._output import emit, info, megabytes, print_table, progress
 from kvjudge.errors import CapabilityMissing, UsageError
 from kvjudge.budget import DEFAULT_CHARS_PER_TOKEN
@@ -26,35 +19,30 @@ from kvjudge.tokens import CharsPerToken, TokenCounter
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    tier = subparsers.add_parser(
-        "tier", help="move the bodies of terminal runs within their ceiling to cold storage (a directory or S3)",
-        description="Move the local bodies of graded/ungraded/archived runs that are within their effective "
-                    "ceiling (min(configured, max_context_tokens // 2), as `kvjudge reduce` targets) to a cold "
-                    "store: upload, write the manifest last, read back and check, record Tiered, then delete the "
-                    "local copies. Idempotent; a crashed move is finished first. Reading a tiered run fetches its "
-                    "bodies. Exits 1 when a run above its ceiling was left behind.")
-    tier.add_argument("run", nargs="?", metavar="RUN", help="run id to tier")
-    tier.add_argument("--all", action="store_true", help="every eligible run not tiered yet")
-    tier.add_argument("--to", metavar="URL",
-                      help="cold store: file:///path or s3://bucket/prefix (default: [retention] cold, else a "
-                           "'cold' directory in the data dir)")
-    records_settings(tier, "to")
-    tier.add_argument("--unreduced", action="store_true",
-                      help="also move runs above their ceiling (raw archives); the log records it")
-    tier.add_argument("--verify-remote", action="store_true",
-                      help="re-hash every uploaded body by downloading it (default: sizes and stored checksums)")
-    add_ceiling_args(tier)
-    add_store_args(tier)
-    add_endpoint_args(tier)
-    add_output_args(tier)
-    tier.set_defaults(func=_tier)
+    with command(subparsers, "tier", _tier, shared=(add_ceiling_args, *READS_TIERED),
+                 help="move the bodies of terminal runs within their ceiling to cold storage (a directory or "
+                      "S3)") as tier:
+        tier.add_argument("run", nargs="?", metavar="RUN", help="run id to tier")
+        tier.add_argument("--all", action="store_true", help="every eligible run not tiered yet")
+        tier.add_argument("--to", metavar="URL",
+                          help="cold store: file:///path or s3://bucket/prefix (default: [retention] cold, else a "
+                               "'cold' directory in the data dir)")
+        records_settings(tier, "to")
+        tier.add_argument("--unreduced", action="store_true",
+                          help="also move runs above their ceiling (raw archives); the log records it")
+        tier.add_argument("--verify-remote", action="store_true",
+                          help="re-hash every uploaded body by downloading it (default: sizes and stored checksums)")
 
 
 def _tier(args: argparse.Namespace) -> int:
+    """Move the local bodies of graded/ungraded/archived runs that are within their effective ceiling
+    (min(configured, max_context_tokens // 2), as `kvjudge reduce` targets) to a cold store: upload, write the
+    manifest last, read back and check, record Tiered, then delete the local copies. Idempotent; a crashed move is
+    finished first. Reading a tiered run fetches its bodies. Exits 1 when a run above its ceiling was left behind."""
     if bool(args.run) == bool(args.all):
         raise UsageError("name one RUN or pass --all (not both)")
     judge = target_from(args, ceiling=args.ceiling)
-    stores = judge.cold_stores(args.endpoint_url)
+    stores = judge.cold_stores()
     cold = stores.get(judge.cold_target())
     with judge.open_store(read_tiered=False) as store, progress("tiering", None) as advance:
         outcome = tier_requested(store, cold, stores, run_id=args.run,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from kvjudge.commands._args import add_endpoint_args, add_output_args, add_store_args, target_from
+from kvjudge.commands._args import READS_TIERED, command, target_from
 from kvjudge.commands._output import emit, info, print_table, print_wrapped, progress
 from kvjudge.retention.blobs import short
 from kvjudge.retention.tiering import verify_checks
@@ -12,22 +12,17 @@ from kvjudge.retention.verify import verify
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("verify", help="re-hash bodies, re-fold runs from LSN 0, check every missing "
-                                                  "body is explained")
-    parser.add_argument("run", nargs="?", help="only this run (default: the whole store)")
-    parser.add_argument("--verify-remote", action="store_true", help="also download and re-hash tiered bodies")
-    add_store_args(parser)
-    add_endpoint_args(parser)
-    add_output_args(parser)
-    parser.set_defaults(func=_verify)
+    with command(subparsers, "verify", _verify, shared=READS_TIERED,
+                 help="re-hash bodies, re-fold runs from LSN 0, check every missing body is explained") as parser:
+        parser.add_argument("run", nargs="?", help="only this run (default: the whole store)")
+        parser.add_argument("--verify-remote", action="store_true", help="also download and re-hash tiered bodies")
 
 
 def _verify(args: argparse.Namespace) -> int:
     target = target_from(args)
-    stores = target.cold_stores(args.endpoint_url)
-    with target.open_store(stores=stores) as store:
+    with target.open_store() as store:
         # Tiering finishes crashed moves first (recovery), then adds its remote check.
-        checks = verify_checks(store, stores, rehash=args.verify_remote)
+        checks = verify_checks(store, target.cold_stores(), rehash=args.verify_remote)
         if args.run is not None:
             store.run(args.run)  # StoreError for an unknown run
         total = 1 if args.run is not None else len(store.run_ids())

@@ -3,7 +3,7 @@
 Public API::
 
     from kvjudge.judge import LlamaBackend, ServerBackend, Judge, judge_batch, judge_pair, Verdict
-    from kvjudge.judge import still_grades, StillGrades, cohen_kappa, render_view, escape
+    from kvjudge.judge import check_still_grades, still_grades, StillGrades, cohen_kappa, render_view, escape
 
 The pipeline runs one way (:mod:`kvjudge.judge.pipeline`): pairs (:mod:`kvjudge.judge.pairing`) → views →
 prompts → scores → verdicts, through :func:`judge_batch` for every caller.
@@ -23,7 +23,9 @@ prompts → scores → verdicts, through :func:`judge_batch` for every caller.
   found by what identifies it, without rendering the pair again).
 - meta-evaluation and ranking: :mod:`kvjudge.judge.evaluate` (accuracy against held-out grades beside
   baselines) and :mod:`kvjudge.judge.ranking` (Bradley–Terry with bootstrap intervals).
-- still grades: :func:`still_grades` compares full and reduced verdicts (agreement, flips, κ, Δp_a).
+- still grades: :func:`check_still_grades` judges pairs full, then reduced (the judge target's
+  ``still_grades`` gives it each tenant's target); :func:`still_grades` compares the two sides' verdicts
+  (agreement, flips, κ, Δp_a).
 - evidence retention (:mod:`kvjudge.judge.evidence`): how much of each run's final submission and last test
   outcome the views judged show (:class:`RunEvidence`, on every verdict), flagged when a reduction hides some.
 """
@@ -48,7 +50,17 @@ from kvjudge.judge.pipeline import Judge, judge_batch, judge_pair
 from kvjudge.judge.prompt import RAW, TEMPLATE_CHOICES, TEMPLATE_VERSION, Framing, Prompt, TemplateText, choose_framing
 from kvjudge.judge.render import ViewParts, body_resolver, escape, render_parts, render_view, view_source
 from kvjudge.judge.servers import ServerBackend, ServerPool, open_servers
-from kvjudge.judge.stillgrades import StillGrades, cohen_kappa, still_grades, still_grades_summary, summarize_verdicts
+from kvjudge.judge.stillgrades import (
+    FullCut,
+    StillGrades,
+    StillGradesCheck,
+    check_still_grades,
+    cohen_kappa,
+    split_full_cut,
+    still_grades,
+    still_grades_summary,
+    summarize_verdicts,
+)
 from kvjudge.judge.verdict import (
     DEFAULT_MARGIN,
     OUTCOMES,
@@ -66,12 +78,12 @@ from kvjudge.judge.viewcount import ViewCounter
 from kvjudge.judge.window import Window, WindowPlanner, window_tokens
 
 __all__ = [
-    "DEFAULT_MARGIN", "LABELS", "OUTCOMES", "RAW", "SCORED", "TEMPLATE_CHOICES", "TEMPLATE_VERSION", "Backend",
-    "BaseView", "CommonBlock", "Framing", "Judge", "LabelScore", "LlamaBackend", "OrderPrompt", "OrderScore",
-    "PackedPair", "PackedView", "PairBases", "Prompt", "PromptOverflow", "RunEvidence", "RunTokens", "ServerBackend",
-    "ServerPool", "StillGrades", "TemplateText", "Verdict", "ViewCounter", "ViewParts", "Window", "WindowPlanner",
-    "base_view", "body_resolver", "choose_framing", "cohen_kappa", "common_block", "decide", "escape", "fit_view",
-    "judge_batch", "judge_pair", "judgment_key", "open_servers", "order_score", "pack_pair",
-    "pack_run", "pair_bases", "render_parts", "render_view", "still_grades", "still_grades_summary",
-    "summarize_verdicts", "verdict_key", "view_source", "window_tokens",
+    "Backend", "BaseView", "CommonBlock", "DEFAULT_MARGIN", "Framing", "FullCut", "Judge", "LABELS", "LabelScore",
+    "LlamaBackend", "OUTCOMES", "OrderPrompt", "OrderScore", "PackedPair", "PackedView", "PairBases", "Prompt",
+    "PromptOverflow", "RAW", "RunEvidence", "RunTokens", "SCORED", "ServerBackend", "ServerPool", "StillGrades",
+    "StillGradesCheck", "TEMPLATE_CHOICES", "TEMPLATE_VERSION", "TemplateText", "Verdict", "ViewCounter", "ViewParts",
+    "Window", "WindowPlanner", "base_view", "body_resolver", "check_still_grades", "choose_framing", "cohen_kappa",
+    "common_block", "decide", "escape", "fit_view", "judge_batch", "judge_pair", "judgment_key", "open_servers",
+    "order_score", "pack_pair", "pack_run", "pair_bases", "render_parts", "render_view", "split_full_cut",
+    "still_grades", "still_grades_summary", "summarize_verdicts", "verdict_key", "view_source", "window_tokens",
 ]

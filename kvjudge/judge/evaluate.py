@@ -33,6 +33,8 @@ from kvjudge.judge.verdict import SCORED, Verdict
 
 if TYPE_CHECKING:
     from kvjudge.retention import Store
+    from kvjudge.retention.state import RunState
+    from kvjudge.retention.store import RunListing
 
 Z95 = 1.959963984540054
 BASELINES: tuple[str, ...] = ("always_first", "longer_run", "last_exit_zero")
@@ -42,19 +44,19 @@ RELIABILITY_BINS = 5
 EVIDENCE_SIDES = ("full", "judged")
 
 
-def best_grade(state: Any) -> dict[str, Any] | None:
+def best_grade(state: RunState | RunListing) -> dict[str, Any] | None:
     """The run's held-out grade with the best score — the one it is scored by (None when it has none)."""
     scored = [g for g in state.grades if isinstance(g.get("score"), (int, float))]
     return max(scored, key=lambda g: float(g["score"])) if scored else None
 
 
-def grade_score(state: Any) -> float | None:
+def grade_score(state: RunState | RunListing) -> float | None:
     """The run's best held-out grade score (None when it has no grade)."""
     grade = best_grade(state)
     return None if grade is None else float(grade["score"])
 
 
-def truth(state_a: Any, state_b: Any) -> str | None:
+def truth(state_a: RunState, state_b: RunState) -> str | None:
     """``"a"`` / ``"b"``: the run with the higher grade; ``"equal"``; None when either has no grade."""
     score_a, score_b = grade_score(state_a), grade_score(state_b)
     if score_a is None or score_b is None:
@@ -157,20 +159,20 @@ def _decide(a: str, b: str, value_a: float | None, value_b: float | None) -> Dec
     return Decision(a, b, "a", 1.0) if value_a > value_b else Decision(a, b, "b", 0.0)
 
 
-def last_exit_code(state: Any) -> int | None:
+def last_exit_code(state: RunState) -> int | None:
     """The exit code of the run's last tool call on its live branches (None when it never ran a tool)."""
     codes = [t.tool_output.get("exit_code") for branch in state.branches if branch.status == "live"
              for t in branch.transitions if t.tool_output]
     return codes[-1] if codes else None
 
 
-def view_length(store: Store, state: Any) -> int:
+def view_length(store: Store, state: RunState) -> int:
     """Characters of the run as the judge would read it, everything held out hidden."""
     return len(render_view(state, body_resolver(state, store.text)))
 
 
-def baseline_decisions(name: str, pairs: Sequence[tuple[str, str]], run: Callable[[str], Any],
-                       length: Callable[[Any], int]) -> list[Decision]:
+def baseline_decisions(name: str, pairs: Sequence[tuple[str, str]], run: Callable[[str], RunState],
+                       length: Callable[[RunState], int]) -> list[Decision]:
     """A baseline's decisions on ``pairs`` (``run(id)`` gives a folded state, ``length(state)`` its length)."""
     if name == "always_first":
         return [Decision(a, b, "a", 1.0) for a, b in pairs]
@@ -203,12 +205,13 @@ def conclusion(judge: Mapping[str, Any], baselines: Mapping[str, Mapping[str, An
     return f"the judge beats every baseline: {score:.2f} (95 % interval from {low:.2f}) vs {name} {best:.2f}"
 
 
-def evaluate(store: Store, verdicts: Sequence[Verdict], states: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def evaluate(store: Store, verdicts: Sequence[Verdict],
+             states: Mapping[str, RunState] | None = None) -> dict[str, Any]:
     """The judge's figures and the baselines' on the pairs of ``verdicts`` (truth from the store's grades).
     ``states``: folded runs already read, by id (the others are read from the store)."""
     states = dict(states or {})
 
-    def run(run_id: str) -> Any:
+    def run(run_id: str) -> RunState:
         if run_id not in states:
             states[run_id] = store.run(run_id)
         return states[run_id]
@@ -217,7 +220,7 @@ def evaluate(store: Store, verdicts: Sequence[Verdict], states: Mapping[str, Any
     truths = {(a, b): t for a, b in pairs if (t := truth(run(a), run(b))) is not None}
     lengths: dict[str, int] = {}
 
-    def length(state: Any) -> int:
+    def length(state: RunState) -> int:
         if state.id not in lengths:
             lengths[state.id] = view_length(store, state)
         return lengths[state.id]

@@ -136,7 +136,7 @@ class BaseView:
     block. ``complete``: every body the view shows was read (none missing, and a full view from every original)."""
 
     run_id: str
-    state: Any
+    state: RunState
     text_of: TextOf
     text: str
     tokens: int
@@ -177,7 +177,7 @@ class BaseView:
         return visibility(self.evidence, f"{self.common}\n{text or ''}", escape)
 
 
-def _view_state(state: Any) -> Any:
+def _view_state(state: RunState) -> RunState:
     # plan_reduction refuses runs whose grading has not terminated, because it plans what will be *stored*. A judge
     # view is never stored (and judging is part of grading), so the lifecycle gate does not apply to it: plan on a
     # copy that says "graded". Likewise a body in cold storage is read through the store like a local one: the
@@ -189,8 +189,8 @@ def _view_state(state: Any) -> Any:
     return dataclasses.replace(state, state=state.state if state.is_reducible else "graded", bodies=bodies)
 
 
-def _plan_view(state: Any, text_of: TextOf, counter: ViewCounter, target: int,
-               quoted: Mapping[str, int] | None = None) -> tuple[Any, TextOf]:
+def _plan_view(state: RunState, text_of: TextOf, counter: ViewCounter, target: int,
+               quoted: Mapping[str, int] | None = None) -> tuple[RunState, TextOf]:
     """The state and body reader of ``state`` reduced to ``target`` body tokens (nothing stored)."""
     plan = plan_reduction(_view_state(state), text_of, counter.count, max(1, target), counts=counter.known(),
                           quoted_elsewhere=quoted)
@@ -198,7 +198,7 @@ def _plan_view(state: Any, text_of: TextOf, counter: ViewCounter, target: int,
     return plan.state_after, (lambda ref, _plan=plan: _plan.text_of(ref, text_of))
 
 
-def _rendered(state: Any, resolver: BodyResolver, show: dict[str, bool], *,
+def _rendered(state: RunState, resolver: BodyResolver, show: dict[str, bool], *,
               full: bool = False) -> tuple[ViewParts, dict[str, str]]:
     shown: dict[str, str] = {}
     return render_parts(state, recording_resolver(resolver, shown), full=full, **show), shown
@@ -288,7 +288,7 @@ def fit_view(base: BaseView, count: AnyCounter, allowance: int) -> PackedView:
     return base.fitted[allowance]
 
 
-def _resolver_of(base: BaseView, state: Any, text_of: TextOf) -> BodyResolver:
+def _resolver_of(base: BaseView, state: RunState, text_of: TextOf) -> BodyResolver:
     resolver = body_resolver(state, text_of)
     return quoting_resolver(resolver, base.references) if base.references else resolver
 

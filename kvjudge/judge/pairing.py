@@ -21,9 +21,12 @@ import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvjudge.judge.ranking import agent_of
+
+if TYPE_CHECKING:
+    from kvjudge.retention.state import RunState
 
 MATCHED, ALL = "matched", "all"
 POLICIES = (MATCHED, ALL)
@@ -42,7 +45,7 @@ class PairSelection:
     policy: str
     tasks: int = 0
     trials: dict[int, int] = field(default_factory=dict)
-    states: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    states: Mapping[str, RunState] = field(default_factory=dict, repr=False, compare=False)
 
     def to_json(self) -> dict[str, Any]:
         return {"policy": self.policy, "pairs": len(self.pairs), "tasks": self.tasks,

@@ -80,7 +80,7 @@ BodyResolver = Callable[[str], Body]
 TextOf = Callable[[str], "str | None"]
 
 
-def body_resolver(state: Any, text_of: TextOf, *, originals: bool = False) -> BodyResolver:
+def body_resolver(state: RunState, text_of: TextOf, *, originals: bool = False) -> BodyResolver:
     """Bodies as ``state`` says a reader sees them: the original, or the summary standing in for it.
 
     ``text_of(ref)`` reads a body (``store.text``, or ``plan.text_of`` for a view derived on the fly).
@@ -240,7 +240,7 @@ def _transition(t: Any, resolve: BodyResolver, out: _Parts) -> None:
             out.body(resolve(output_ref))
 
 
-def render_parts(state: Any, resolve: BodyResolver, *, show_grades: bool = False, show_verifier: bool = False,
+def render_parts(state: RunState, resolve: BodyResolver, *, show_grades: bool = False, show_verifier: bool = False,
                  full: bool = False) -> ViewParts:
     """One run as the judge reads it, as segments (deterministic: same state and bodies, same parts).
 
@@ -290,7 +290,7 @@ def render_parts(state: Any, resolve: BodyResolver, *, show_grades: bool = False
     return out.done()
 
 
-def render_view(state: Any, resolve: BodyResolver, *, show_grades: bool = False, show_verifier: bool = False,
+def render_view(state: RunState, resolve: BodyResolver, *, show_grades: bool = False, show_verifier: bool = False,
                 full: bool = False) -> str:
     """The escaped text of one run as the judge reads it (:func:`render_parts` joined)."""
     return render_parts(state, resolve, show_grades=show_grades, show_verifier=show_verifier, full=full).text

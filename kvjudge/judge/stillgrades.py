@@ -1,8 +1,13 @@
 """Still grades: do reduced runs get the same verdict as the full runs?
 
-Pure arithmetic over verdicts: the judging happens elsewhere (the full pair in a window that holds it,
-the reduced pair at the certified context). A comparison means something only where the judge read the
-full runs uncut and the reduced views really differ from them, so a pair is *compared* only when
+:func:`check_still_grades` is the check, one call for every caller (``kvjudge judge --still-grades``, the demo,
+the Python API): each pair judged from its full runs in a window that holds them (up to the analytic bound),
+then from its reduced runs at the certified context — views reduced to a target per tenant (derived, never
+stored; the target's default is the tenant's effective ceiling, :meth:`kvjudge.target.JudgeTarget.still_grades`),
+or the runs as the store holds them once the caller has reduced them between the sides. :func:`split_full_cut`
+names the pairs whose full runs no such window holds. The rest is arithmetic over verdicts. A comparison means
+something only where the judge read the full runs uncut and the reduced views really differ from them, so a pair
+is *compared* only when
 
 - both verdicts carry a score,
 - the full side was not cut to fit its window (else it is ``full_cut``: reported, kept out), and
@@ -18,14 +23,25 @@ figures per side and the flagged pairs.
 
 from __future__ import annotations
 
+import contextlib
+import time
 from collections import Counter
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from kvjudge.errors import UsageError
 from kvjudge.judge.evidence import RunEvidence, batch, compared
+from kvjudge.judge.pipeline import Judge, VerdictFn, judge_batch
 from kvjudge.judge.verdict import SCORED, Verdict
+from kvjudge.judge.window import Window, window_tokens
+
+if TYPE_CHECKING:
+    from kvjudge.retention import Store
+
+Pair = tuple[str, str]
+# ``progress(description, total)``: a context manager yielding ``advance()`` (one bar per side).
+ProgressFactory = Callable[[str, int], contextlib.AbstractContextManager[Callable[..., None]]]
 
 SIDES = ("full", "reduced")
 
@@ -194,5 +210,106 @@ def still_grades(full: Sequence[Verdict], reduced: Sequence[Verdict]) -> tuple[l
     return results, still_grades_summary(results)
 
 
-__all__ = ["CATEGORIES", "SCORED", "StillGrades", "cohen_kappa", "still_grades", "still_grades_summary",
-           "summarize_verdicts"]
+# ------------------------------------------------------------------------------------------------ the check
+@dataclass(frozen=True)
+class FullCut:
+    """Pairs split by whether a window up to the analytic bound holds their full runs uncut."""
+
+    uncut: list[Pair]
+    cut: dict[Pair, int]  # each pair the window cannot hold whole, and the n_ctx its full runs need
+
+
+def split_full_cut(judge: Judge, store: Store, pairs: Sequence[Pair]) -> FullCut:
+    """The pairs whose full runs fit uncut in the largest window the full side may open (the analytic bound), and
+    the n_ctx each of the others needs: judged, such a pair is ``full_cut`` and compares nothing."""
+    bound = judge.window_cap("analytic")
+    needed = {(a, b): window_tokens(judge.needed_tokens(judge.base(store, a, full=True),
+                                                        judge.base(store, b, full=True))) for a, b in pairs}
+    return FullCut([pair for pair in pairs if needed[pair] <= bound],
+                   {pair: tokens for pair, tokens in needed.items() if tokens > bound})
+
+
+@dataclass(frozen=True)
+class StillGradesCheck:
+    """What one still-grades check judged: each pair from its full runs and from its reduced runs, the summary,
+    the window each side was read in, the reduced side's target per tenant, and the seconds each side took (and
+    ``reduce_stored``, the caller's reduction between them)."""
+
+    results: list[StillGrades]
+    summary: dict[str, Any]
+    full_window: Window | None
+    reduced_window: Window | None
+    reduce_to: dict[str, int]
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def reduced(self) -> list[Verdict]:
+        """The reduced side's verdicts, in pair order."""
+        return [result.reduced for result in self.results]
+
+
+def check_still_grades(judge: Judge, store: Store, pairs: Sequence[Pair], reduce_to: Mapping[str, int], *,
+                       reduce_stored: Callable[[Mapping[str, int]], None] | None = None,
+                       on_call: Callable[[], None] | None = None, on_verdict: VerdictFn | None = None,
+                       progress: ProgressFactory | None = None) -> StillGradesCheck:
+    """Judge ``pairs`` from their full runs (in a window up to the analytic bound), then from their reduced runs
+    (at the certified context), and compare the two sides (:func:`still_grades`).
+
+    ``reduce_to`` is the reduced side's target in tokens per tenant (a pair's is its first run's tenant's): views
+    reduced that far, derived and never stored. With ``reduce_stored`` the runs are reduced in the store instead:
+    ``reduce_stored(reduce_to)`` is called once the full side is judged, and the reduced side reads the runs as
+    the store then holds them. ``on_call`` and ``on_verdict`` hear of both sides (``2 × 2 × len(pairs)`` calls);
+    ``progress``, where given, opens a bar for each side."""
+    for tokens in reduce_to.values():
+        if tokens <= 0:
+            raise UsageError(f"--reduce-to must be a positive number of tokens, got {tokens}")
+    seconds: dict[str, float] = {}
+    with _side(progress, "judging full runs", len(pairs), seconds, "full") as advance:
+        full = judge_batch(judge, store, pairs, full=True, bound="analytic", on_call=_both(on_call, advance),
+                           on_verdict=on_verdict)
+    full_window = judge.window
+    if reduce_stored is not None:
+        started = time.perf_counter()
+        reduce_stored(reduce_to)
+        seconds["reduce_stored"] = round(time.perf_counter() - started, 2)
+        per_pair = None
+    else:
+        per_pair = {(a, b): reduce_to[store.run(a).tenant] for a, b in pairs}
+    with _side(progress, "judging reduced runs", len(pairs), seconds, "reduced") as advance:
+        reduced = judge_batch(judge, store, pairs, reduce_to=per_pair, on_call=_both(on_call, advance),
+                              on_verdict=on_verdict)
+    results, summary = still_grades(full, reduced)
+    return StillGradesCheck(results, summary, full_window, judge.window, dict(reduce_to), seconds)
+
+
+@contextlib.contextmanager
+def _side(progress: ProgressFactory | None, description: str, pairs: int, seconds: dict[str, float],
+          side: str) -> Iterator[Callable[..., None] | None]:
+    """One side's bar (two calls a pair; None without ``progress``), its seconds kept in ``seconds[side]``."""
+    started = time.perf_counter()
+    try:
+        if progress is None:
+            yield None
+        else:
+            with progress(description, pairs * 2) as advance:
+                yield advance
+    finally:
+        seconds[side] = round(time.perf_counter() - started, 2)
+
+
+def _both(on_call: Callable[[], None] | None, advance: Callable[..., None] | None) -> Callable[[], None] | None:
+    """What hears of each call: the caller's ``on_call``, the side's bar, both or neither."""
+    if advance is None:
+        return on_call
+    if on_call is None:
+        return advance
+
+    def called() -> None:
+        on_call()
+        advance()
+
+    return called
+
+
+__all__ = ["CATEGORIES", "SCORED", "FullCut", "StillGrades", "StillGradesCheck", "check_still_grades", "cohen_kappa",
+           "split_full_cut", "still_grades", "still_grades_summary", "summarize_verdicts"]

@@ -36,8 +36,8 @@ from kvjudge.judge.evidence import RunEvidence, visibility_from_json
 from kvjudge.judge.labels import LabelScore, PromptOverflow
 from kvjudge.judge.pack import PackedView, RunTokens
 from kvjudge.judge.prompt import TEMPLATE_VERSION, Prompt
+from kvjudge.settings import DEFAULT_MARGIN
 
-DEFAULT_MARGIN = 0.05
 OUTCOMES: tuple[str, ...] = ("a", "b", "tie", "inconsistent", "overflow", "error")
 # Outcomes that carry a score (p_a from both orders). Coverage counts these.
 SCORED = frozenset({"a", "b", "tie", "inconsistent"})

@@ -13,15 +13,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from kvjudge.errors import JudgeError
 from kvjudge.judge.pack import ANSWER_TOKENS
+from kvjudge.probe import CapabilityEntry, CapabilityLookup, ran_at
 
 if TYPE_CHECKING:
     from kvjudge.judge.backends import Backend
-    from kvjudge.probe import CapabilityEntry
 
 WINDOW_STEP = 256
 BOUNDS: tuple[str, str] = ("certified", "analytic")
@@ -74,13 +74,15 @@ def _measured_speed(entry: CapabilityEntry) -> float | None:
 class WindowPlanner:
     """Sizes the window of one backend for batches of pairs, certifying that size only when it must.
 
-    ``requested`` (``--n-ctx``) is an upper bound, itself checked against what the device holds.
+    ``requested`` (``--n-ctx``) is an upper bound, itself checked against what the device holds. ``capabilities``
+    is where an in-process model's entry is read and recorded (the judge target hands over its own, so the window
+    and the ceiling read one entry: ``--capabilities``, ``[probe] memory_budget`` and ``staleness_days``).
     """
 
     backend: Backend
     requested: int | None = None
     certify: bool = True
-    memory_budget: int | str | None = None  # the capability entry to use (None: [probe] memory_budget, else latest)
+    capabilities: CapabilityLookup = field(default_factory=CapabilityLookup)
     say: Say | None = None
     progress: Say | None = None
 
@@ -113,18 +115,16 @@ class WindowPlanner:
             return Window(min(needed, cap), needed, cap, source, measured=self.backend.certified)
         return self._plan_local(needed, bound)
 
-    def _local(self, bound: str) -> tuple[int, str, Any, bool]:
+    def _local(self, bound: str) -> tuple[int, str, CapabilityEntry, bool]:
         """The in-process cap, what bounds it, the capability entry behind it and whether that entry is certified."""
-        from kvjudge.probe import ensure_capability, lookup_capability
-
         if bound not in BOUNDS:
             raise JudgeError(f"window bound must be one of {', '.join(BOUNDS)}, got {bound!r}")
         model = self.backend.model_path
         if model is None:
             raise JudgeError("an in-process judge needs its model file; pass --model PATH")
-        entry = lookup_capability(model, memory_budget=self.memory_budget)
+        entry = self.capabilities.find(model)
         if entry is None or entry.stale:  # the analytic figure: no model run
-            entry = ensure_capability(model, certify=False, memory_budget=self.memory_budget)
+            entry = self.capabilities.ensure(model, certify=False)
         certified = entry.certified and not entry.stale and bool(entry.safe_context)
         if bound == "certified" and certified:
             cap, cap_source = int(entry.safe_context), "the certified safe_context"
@@ -138,8 +138,6 @@ class WindowPlanner:
         return cap, cap_source, entry, certified
 
     def _plan_local(self, needed: int, bound: str) -> Window:
-        from kvjudge.probe import ensure_capability, ran_at
-
         cap, cap_source, entry, certified = self._local(bound)
         model = self.backend.model_path
         assert model is not None
@@ -151,7 +149,7 @@ class WindowPlanner:
                       f"{n_ctx / speed:.0f} s at the measured prefill speed of {speed:.0f} tokens/s; "
                       f"--no-certify skips this")
             started = time.perf_counter()
-            ensure_capability(model, n_ctx=n_ctx, progress=self.progress, memory_budget=self.memory_budget)
+            self.capabilities.ensure(model, n_ctx=n_ctx, progress=self.progress)
             self._say(f"certified n_ctx {n_ctx} in {time.perf_counter() - started:.0f} s")
             measured = True
         return Window(n_ctx, needed, cap, cap_source, measured)

@@ -9,6 +9,7 @@ is probed with real requests instead (:func:`probe_server`) and cached beside th
 from kvjudge.probe.cache import CapabilityCache, CapabilityEntry, default_cache_path
 from kvjudge.probe.certify import Certification, Trial
 from kvjudge.probe.core import (
+    CapabilityLookup,
     Footprint,
     Placement,
     ProbeReport,
@@ -28,10 +29,10 @@ from kvjudge.probe.served import ServedLookup, ServedProbeReport, lookup_served,
 from kvjudge.probe.settings import KV_TYPE_NAMES, RuntimeSettings, format_size, parse_size
 
 __all__ = [
-    "KV_TYPE_NAMES", "CapabilityCache", "CapabilityEntry", "Certification", "Device", "DeviceReport", "Footprint",
-    "KvBreakdown", "ModelShape", "Placement", "ProbeReport", "RuntimeSettings", "ServedLookup", "ServedProbeReport",
-    "Trial", "certify_context", "compute_buffer_bytes", "default_cache_path", "discover_devices",
-    "ensure_capability", "footprint", "format_size", "kv_breakdown", "kv_cache_bytes", "lookup_capability",
-    "lookup_served", "max_context_tokens", "memory_needed", "parse_size", "probe", "probe_server", "ran_at",
-    "read_model_shape", "served_status",
+    "KV_TYPE_NAMES", "CapabilityCache", "CapabilityEntry", "CapabilityLookup", "Certification", "Device",
+    "DeviceReport", "Footprint", "KvBreakdown", "ModelShape", "Placement", "ProbeReport", "RuntimeSettings",
+    "ServedLookup", "ServedProbeReport", "Trial", "certify_context", "compute_buffer_bytes", "default_cache_path",
+    "discover_devices", "ensure_capability", "footprint", "format_size", "kv_breakdown", "kv_cache_bytes",
+    "lookup_capability", "lookup_served", "max_context_tokens", "memory_needed", "parse_size", "probe",
+    "probe_server", "ran_at", "read_model_shape", "served_status",
 ]

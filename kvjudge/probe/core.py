@@ -368,6 +368,37 @@ def ensure_capability(model_path: str | os.PathLike[str] | None, *,
     return report.entry
 
 
+@dataclass(frozen=True)
+class CapabilityLookup:
+    """Where a local model's capability entries are read and written, under which memory budget and staleness
+    limit: one value, so every lookup of one judge (its target, its window planner, the demo's probe) reads the
+    same entry. The judge target builds it from ``--capabilities`` and ``[probe] memory_budget`` /
+    ``staleness_days``; the default is the cache in the cache dir, no budget named, the default staleness."""
+
+    cache_path: str | os.PathLike[str] | None = None
+    memory_budget: int | str | None = None
+    staleness_days: float | None = None
+    settings: RuntimeSettings = RuntimeSettings()
+
+    def find(self, model_path: str | os.PathLike[str] | None) -> CapabilityEntry | None:
+        """:func:`lookup_capability` (never probes)."""
+        return lookup_capability(model_path, cache_path=self.cache_path, settings=self.settings,
+                                 memory_budget=self.memory_budget, staleness_days=self.staleness_days)
+
+    def ensure(self, model_path: str | os.PathLike[str] | None, *, certify: bool = True, n_ctx: int | None = None,
+               progress: ProgressFn | None = None) -> CapabilityEntry:
+        """:func:`ensure_capability` (probes, or certifies ``n_ctx`` only, when it must)."""
+        return ensure_capability(model_path, cache_path=self.cache_path, settings=self.settings,
+                                 memory_budget=self.memory_budget, certify=certify, progress=progress,
+                                 staleness_days=self.staleness_days, n_ctx=n_ctx)
+
+    def probe(self, model_path: str | os.PathLike[str] | None, *, certify: bool = True,
+              progress: ProgressFn | None = None) -> ProbeReport:
+        """:func:`probe` under this lookup's cache, budget and staleness (a fresh certified entry is reused)."""
+        return probe(model_path, settings=self.settings, memory_budget=self.memory_budget, certify=certify,
+                     cache_path=self.cache_path, progress=progress, staleness_days=self.staleness_days)
+
+
 def ran_at(entry: CapabilityEntry, n_ctx: int) -> bool:
     """A trial at ``n_ctx`` or larger ran in full on this entry's device (memory only grows with n_ctx)."""
     return any(t.get("outcome") == "ok" and int(t.get("n_ctx") or 0) >= n_ctx for t in entry.trials)

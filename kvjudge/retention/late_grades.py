@@ -35,6 +35,7 @@ from kvjudge.retention import events as ev
 from kvjudge.retention.events import canonical_json
 from kvjudge.retention.ingest.results import ResultsIndex, load_results
 from kvjudge.retention.lifecycle import ARCHIVED, GRADED, GRADING, RUNNING
+from kvjudge.retention.state import RunState
 from kvjudge.retention.store import Store
 
 LABEL = "grade"  # the transaction's fault point is grade.txn
@@ -100,7 +101,7 @@ def attach_grades(store: Store, results: Sequence[str], run_ids: Sequence[str] |
     return report
 
 
-def _bind_sole_result(store: Store, index: ResultsIndex, state: Any, report: GradeReport) -> dict[str, Any] | None:
+def _bind_sole_result(store: Store, index: ResultsIndex, state: RunState, report: GradeReport) -> dict[str, Any] | None:
     """The grade of the one result ``index`` holds, for the one run named (see the module docstring), or None."""
     sole = index.sole_run_result()
     if sole is None:
@@ -114,7 +115,7 @@ def _bind_sole_result(store: Store, index: ResultsIndex, state: Any, report: Gra
     return index.take(file, run_id)
 
 
-def _apply(store: Store, report: GradeReport, state: Any, grade: dict[str, Any] | None) -> None:
+def _apply(store: Store, report: GradeReport, state: RunState, grade: dict[str, Any] | None) -> None:
     if grade is None:
         report.no_result.append(state.id)
         return
@@ -130,7 +131,7 @@ def _apply(store: Store, report: GradeReport, state: Any, grade: dict[str, Any] 
         report.graded.append(entry)
 
 
-def _events(state: Any, grade: dict[str, Any]) -> list[ev.Event]:
+def _events(state: RunState, grade: dict[str, Any]) -> list[ev.Event]:
     """The events that attach ``grade`` to ``state``: the grade (replacing what it holds), and the lifecycle
     steps to graded a run that is not graded (nor archived) yet takes."""
     out: list[ev.Event] = []

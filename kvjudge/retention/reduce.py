@@ -29,7 +29,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,6 +45,7 @@ from kvjudge.retention.state import (
     LOCAL,
     REDUCED,
     TIERED,
+    Branch,
     RunState,
     branch_view,
     fold_onto,
@@ -409,14 +410,20 @@ def _dead_branches_by_size(planner: _Planner) -> list[int]:
             if size > 0]
 
 
+def _dead_branches_while_over(planner: _Planner, target: int) -> Iterator[tuple[RunState, int, Branch]]:
+    """Each dead branch with text, largest first, with its index and the run as it stands, while the run is over
+    ``target`` (what steps 2 and 3 go through)."""
+    for index in _dead_branches_by_size(planner):
+        if planner.tokens() <= target:
+            return
+        state = planner.state
+        yield state, index, state.branches[index]
+
+
 def _extract_dead_branches(planner: _Planner, target: int) -> int:
     """Step 2: each dead branch (largest first) is read as one head-and-tail extract of its text."""
     done = 0
-    for index in _dead_branches_by_size(planner):
-        if planner.tokens() <= target:
-            break
-        state = planner.state
-        branch = state.branches[index]
+    for state, index, branch in _dead_branches_while_over(planner, target):
         if branch.summary_ref is not None:
             continue
         refs = branch_view(state, index)
@@ -450,11 +457,7 @@ def _drop_dead_text(planner: _Planner, target: int) -> int:
 
 def _drop_dead_text_once(planner: _Planner, target: int) -> int:
     dropped = 0
-    for index in _dead_branches_by_size(planner):
-        if planner.tokens() <= target:
-            break
-        state = planner.state
-        branch = state.branches[index]
+    for state, index, branch in _dead_branches_while_over(planner, target):
         elsewhere: set[str] = set()
         if state.task_prompt_ref:
             elsewhere.add(state.task_prompt_ref)

@@ -50,21 +50,8 @@ from pathlib import Path
 from typing import Any
 
 from kvjudge.errors import IngestError
-from kvjudge.retention.ingest.model import (
-    DocumentError,
-    JsonPath,
-    ParseContext,
-    ParsedRun,
-    content_text,
-    dig,
-    get_field,
-    need,
-    scalars,
-    settle_events,
-    subpath,
-    usage_of,
-    with_marker,
-)
+from kvjudge.retention.ingest.model import DocumentError, JsonPath, ParseContext, ParsedRun, content_text, dig
+from kvjudge.retention.ingest.model import get_field, need, scalars, settle_events, subpath, usage_of, with_marker
 
 RESULT = "result.json"
 CONFIG = "config.json"

@@ -27,21 +27,8 @@ import json
 import re
 from typing import Any
 
-from kvjudge.retention.ingest.model import (
-    ROLES,
-    DocumentError,
-    JsonPath,
-    ParseContext,
-    ParsedRun,
-    as_object,
-    content_text,
-    dig,
-    get_field,
-    need,
-    scalars,
-    usage_of,
-    with_marker,
-)
+from kvjudge.retention.ingest.model import ROLES, DocumentError, JsonPath, ParseContext, ParsedRun, as_object
+from kvjudge.retention.ingest.model import content_text, dig, get_field, need, scalars, usage_of, with_marker
 from kvjudge.retention.ingest.openai import parse_tool_calls
 
 FORMAT_V1, FORMAT_V11 = "mini-swe-agent-1", "mini-swe-agent-1.1"

@@ -39,22 +39,8 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-from kvjudge.retention.ingest.model import (
-    DocumentError,
-    JsonPath,
-    ParseContext,
-    ParsedRun,
-    as_object,
-    content_text,
-    dig,
-    get_field,
-    need,
-    scalars,
-    settle_events,
-    subpath,
-    usage_of,
-    with_marker,
-)
+from kvjudge.retention.ingest.model import DocumentError, JsonPath, ParseContext, ParsedRun, as_object, content_text
+from kvjudge.retention.ingest.model import dig, get_field, need, scalars, settle_events, subpath, usage_of, with_marker
 from kvjudge.retention.ingest.openai import parse_tool_calls
 from kvjudge.retention.ingest.results import openhands_report_grade
 

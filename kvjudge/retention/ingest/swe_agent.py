@@ -24,19 +24,8 @@ import json
 import re
 from typing import Any
 
-from kvjudge.retention.ingest.model import (
-    DocumentError,
-    ParseContext,
-    ParsedRun,
-    as_object,
-    content_text,
-    dig,
-    get_field,
-    jpath,
-    need,
-    scalars,
-    with_marker,
-)
+from kvjudge.retention.ingest.model import DocumentError, ParseContext, ParsedRun, as_object, content_text, dig
+from kvjudge.retention.ingest.model import get_field, jpath, need, scalars, with_marker
 
 TASK_MARKER = "{{problem_statement}}"
 TOOL = "bash"
