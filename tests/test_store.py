@@ -320,16 +320,20 @@ def test_listing_reads_what_the_runs_fold_to(store: Store, tmp_path: Path) -> No
 
 def _shape(store_path: Path) -> dict[str, list[tuple]]:
     with sqlite3.connect(store_path) as conn:
-        return {table: conn.execute(f"PRAGMA table_info({table})").fetchall()
-                for table in ("runs", "run_bodies", "run_tokens")}
+        shape = {table: conn.execute(f"PRAGMA table_info({table})").fetchall()
+                 for table in ("runs", "run_bodies", "run_tokens")}
+        shape["indexes"] = conn.execute("SELECT name, tbl_name, sql FROM sqlite_master WHERE type = 'index' "
+                                        "ORDER BY name").fetchall()
+        return shape
 
 
 def test_a_version_1_store_is_migrated_and_its_listing_filled(store: Store, tmp_path: Path) -> None:
     counter = _listing_store(store, tmp_path)
     before = store.listing(counter=counter.name)
     fresh = _shape(store.path)
-    # Back to version 1 as an older kvjudge left it: the projection without the listing's columns.
+    # Back to version 1 as an older kvjudge left it: the projection without the listing's columns or their index.
     old = sql(store)
+    old.execute("DROP INDEX runs_listing")
     for column in ("agent", "task", "trial", "grades", "branches", "transitions", "bodies", "bodies_gone",
                    "bodies_tiered"):
         old.execute(f"ALTER TABLE runs DROP COLUMN {column}")
@@ -340,7 +344,7 @@ def test_a_version_1_store_is_migrated_and_its_listing_filled(store: Store, tmp_
     path = store.path
     store.close()
     with Store.open(path) as migrated:
-        assert migrated.schema_version() == SCHEMA_VERSION == 2
+        assert migrated.schema_version() == SCHEMA_VERSION == 3
         assert migrated.listing(counter=counter.name) == before
     assert _shape(path) == fresh
     # A version-1 store whose projection was dropped: migrated, and the projection folded afresh from the log.
@@ -348,7 +352,7 @@ def test_a_version_1_store_is_migrated_and_its_listing_filled(store: Store, tmp_
         old.execute("DROP TABLE run_bodies")
         old.execute("PRAGMA user_version = 1")
     with Store.open(path) as rebuilt:
-        assert rebuilt.schema_version() == 2 and rebuilt.listing(counter=counter.name) == before
+        assert rebuilt.schema_version() == 3 and rebuilt.listing(counter=counter.name) == before
     assert _shape(path) == fresh
 
 
@@ -357,3 +361,15 @@ def test_a_rebuilt_projection_has_the_shape_of_a_migrated_one(store: Store, tmp_
     before, shape = store.listing(counter=counter.name), _shape(store.path)
     assert store.rebuild_projection() == 4
     assert store.listing(counter=counter.name) == before and _shape(store.path) == shape
+
+
+def test_a_version_2_store_gets_the_listing_index(store: Store, tmp_path: Path) -> None:
+    counter = _listing_store(store, tmp_path)
+    before, fresh, path = store.listing(counter=counter.name), _shape(store.path), store.path
+    store.close()
+    with sqlite3.connect(path) as old:  # as version 2 left it: the listing's columns without their index
+        old.execute("DROP INDEX runs_listing")
+        old.execute("PRAGMA user_version = 2")
+    with Store.open(path) as migrated:
+        assert migrated.schema_version() == 3 and migrated.listing(counter=counter.name) == before
+    assert _shape(path) == fresh

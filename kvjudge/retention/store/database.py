@@ -20,6 +20,7 @@ from kvjudge.retention.store.schema import (
     MIGRATIONS,
     PROJECTION_TABLES,
     PROJECTION_MIGRATIONS,
+    REPROJECTING_MIGRATIONS,
     SCHEMA_VERSION,
     statements,
 )
@@ -118,7 +119,7 @@ class Database:
             self._conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
             if projection_dropped:
                 self.rebuild_projection()
-            elif version > 0 and PROJECTION_MIGRATIONS.intersection(steps):
+            elif version > 0 and REPROJECTING_MIGRATIONS.intersection(steps):
                 self.reproject()
 
     # Supplied by the projection (:mod:`.projection`).

@@ -50,9 +50,11 @@ class Queries(Caches):
         if where is None:
             return []
         clause, values = where
+        # From the covering index alone (SQLite's planner would read each run's row, its folded state first).
         rows = self._conn.execute(
             "SELECT id, tenant, agent, task, trial, state, grades, reduced, branches, transitions, bodies, bodies_gone, "
-            "bodies_tiered, t.tokens FROM runs LEFT JOIN run_tokens AS t ON t.run = runs.id AND t.counter = ?"
+            "bodies_tiered, t.tokens FROM runs INDEXED BY runs_listing "
+            "LEFT JOIN run_tokens AS t ON t.run = runs.id AND t.counter = ?"
             f"{clause} ORDER BY id", (counter, *values))
         return [RunListing(id=run_id, tenant=run_tenant, agent=run_agent, task_id=task_id, trial=trial, state=run_state,
                            grades=tuple(json.loads(grades)), reduced=bool(reduced), branches=branches,
