@@ -8,6 +8,7 @@ row (``body`` NULL); the log says why it is gone.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import sqlite3
 import threading
 from collections.abc import Iterable, Iterator
@@ -15,6 +16,7 @@ from pathlib import Path
 
 from kvjudge.errors import IntegrityError, UsageError
 from kvjudge.retention.blobs import ref_of, short
+from kvjudge.retention.store.database import REFS_PER_QUERY
 
 _MMAP_BYTES = 1 << 40  # SQLite caps it at its compile-time maximum
 
@@ -70,15 +72,20 @@ class BlobStore:
         against its ref). Returns the bytes really stored: bodies already here cost nothing. Call inside a
         store transaction."""
         stored = 0
-        for ref, body in items:
-            # Same ref, same bytes: only a missing body is filled in; an existing one is never touched.
-            cursor = self._conn.execute(
+        pending = iter(items)
+        # A chunk at a time: one query finds the bodies already here (most of a run's prompts and templates), one
+        # executemany writes the others — each a new row or a missing body filled in, so each stores its bytes.
+        # Same ref, same bytes: a body already here is never touched. typeof(), not "body IS NULL": SQLite answers
+        # it from the row header instead of reading the body.
+        while chunk := dict(itertools.islice(pending, REFS_PER_QUERY)):
+            marks = ",".join("?" * len(chunk))
+            present = {row[0] for row in self._conn.execute(
+                f"SELECT ref FROM blobs WHERE ref IN ({marks}) AND typeof(body) != 'null'", list(chunk))}
+            missing = [(ref, len(body), body) for ref, body in chunk.items() if ref not in present]
+            self._conn.executemany(
                 "INSERT INTO blobs(ref, size, body) VALUES (?, ?, ?) "
-                "ON CONFLICT(ref) DO UPDATE SET body = excluded.body WHERE blobs.body IS NULL",
-                (ref, len(body), body),
-            )
-            if cursor.rowcount > 0:
-                stored += len(body)
+                "ON CONFLICT(ref) DO UPDATE SET body = excluded.body WHERE typeof(blobs.body) = 'null'", missing)
+            stored += sum(size for _, size, _ in missing)
         return stored
 
     def delete_body(self, ref: str) -> bool:
