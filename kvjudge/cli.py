@@ -39,14 +39,18 @@ COMMAND_MODULES = (
 )
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser of every command; with ``command`` (a command's name) the parser of that command alone, so a
+    command pays only for its own imports (a listing never loads the judge's machinery). Each command module
+    registers the command it is named after."""
     parser = argparse.ArgumentParser(
         prog="kvjudge",
         description="Probe what fits, budget tokens, reduce and tier agent runs, and judge them on your own hardware.",
     )
     parser.add_argument("--version", action="version", version=f"kvjudge {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for module_name in COMMAND_MODULES:
+    chosen = [name for name in COMMAND_MODULES if name.rsplit(".", 1)[1] == command]
+    for module_name in chosen or COMMAND_MODULES:
         # A command module that does not import is a broken install: fail loudly, never drop the command.
         module = importlib.import_module(module_name)
         module.register(subparsers)
@@ -58,10 +62,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         # A terminal that cannot encode some run text shows an escape for it rather than a traceback.
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(errors="backslashreplace")
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(argv[0] if argv else None)
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
-        parser.print_help()
+        build_parser().print_help()
         return 2
     try:
         result = args.func(args)

@@ -16,10 +16,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any
-
-import httpx
-from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_random_exponential
+from typing import TYPE_CHECKING, Any
 
 from kvjudge.errors import ContextRefused, ServerError, ServerUnavailable, UsageError
 
@@ -27,6 +24,9 @@ DEFAULT_TIMEOUT_S = 600.0
 CONNECT_TIMEOUT_S = 10.0
 # Identification is small: a dead server should not hold up `cache show` or a lookup for minutes.
 IDENTIFY_TIMEOUT_S = 15.0
+
+if TYPE_CHECKING:
+    import httpx
 
 KINDS = ("llama.cpp", "llama-cpp-python", "vllm", "openai-compatible")
 
@@ -143,6 +143,8 @@ class ServerClient:
         self.timeout_s = float(timeout_s)
         self.retry = retry
         self.requests_sent = 0  # every try, retries included
+        import httpx  # here, not above: a command that talks to no server (a listing) never pays for its import
+
         self._http = httpx.Client(base_url=self.url, transport=transport,
                                   timeout=httpx.Timeout(self.timeout_s, connect=min(self.timeout_s, CONNECT_TIMEOUT_S)))
         self._tokenize_route: str | None = None
@@ -151,6 +153,8 @@ class ServerClient:
 
     # -- transport -------------------------------------------------------------------------------------------
     def _once(self, method: str, path: str, body: dict[str, Any] | None, timeout_s: float | None) -> Any:
+        import httpx  # loaded by __init__ already
+
         timeout = httpx.USE_CLIENT_DEFAULT if timeout_s is None else httpx.Timeout(
             timeout_s, connect=min(timeout_s, CONNECT_TIMEOUT_S))
         self.requests_sent += 1
@@ -188,6 +192,8 @@ class ServerClient:
         """One request; transient failures are retried (``retry``) with exponential back-off and jitter."""
         if not retry:
             return self._once(method, path, body, timeout_s)
+        from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_random_exponential
+
         retrying = Retrying(retry=retry_if_exception(_retryable), stop=stop_after_attempt(self.retry.attempts),
                             wait=wait_random_exponential(multiplier=self.retry.backoff_s,
                                                          max=self.retry.max_backoff_s), reraise=True)

@@ -31,21 +31,24 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvjudge import models
 from kvjudge.budget import CeilingBound, effective_ceiling
 from kvjudge.errors import CapabilityMissing, KvjudgeError, ServerError, UsageError
-from kvjudge.judge import Backend, Judge, LlamaBackend, WindowPlanner, open_servers
-from kvjudge.judge.pipeline import VerdictFn
-from kvjudge.judge.servers import local_tokenizer
-from kvjudge.judge.stillgrades import ProgressFactory, StillGradesCheck, check_still_grades
 from kvjudge.probe import CapabilityEntry, CapabilityLookup, lookup_served, probe_server
 from kvjudge.probe.served import MAX_SERVED_TRIALS
 from kvjudge.retention import ColdReader, ColdStores, Store, resolve_target
 from kvjudge.server_client import ServerClient, ServerInfo, ServerTokenCounter
 from kvjudge.settings import Settings
 from kvjudge.tokens import ModelTokenizer, ParallelCounter, TokenCounter, make_counter
+
+# The judge's machinery is imported where a judge is opened: a command that only reads the store (a listing)
+# never loads it.
+if TYPE_CHECKING:
+    from kvjudge.judge import Backend, Judge
+    from kvjudge.judge.pipeline import VerdictFn
+    from kvjudge.judge.stillgrades import ProgressFactory, StillGradesCheck
 
 Say = Callable[[str], None]
 
@@ -273,6 +276,8 @@ class JudgeTarget:
     def _checked_vocabulary(self, info: ServerInfo, client: ServerClient) -> TokenCounter | None:
         """A local GGUF that tokenizes as the server does: the served file when it is readable here, else
         ``[judge] model`` (a local copy of the same model under another path). None: count with the servers."""
+        from kvjudge.judge.servers import local_tokenizer
+
         candidates = [info.model_path, self.settings.judge.model]
         for path in dict.fromkeys(candidate for candidate in candidates if candidate):
             checked = local_tokenizer(dataclasses.replace(info, model_path=path), client)
@@ -312,6 +317,8 @@ class JudgeTarget:
         With servers the backend is a :class:`~kvjudge.judge.ServerPool` windowed from each member's capability
         entry (a member without one is probed first); ``n_ctx`` only lowers the window (and, given, lets a member
         without an entry judge within its reported context, not certified, without probing it)."""
+        from kvjudge.judge import Judge, LlamaBackend, WindowPlanner, open_servers
+
         chosen = self.settings.judge
         if self.served:
             if n_ctx is None:  # a member without an entry is probed first, where the pool would refuse it
@@ -346,5 +353,7 @@ class JudgeTarget:
         tenants = sorted({store.run(run_id).tenant for pair in pairs for run_id in pair})
         targets = {tenant: reduce_to if reduce_to is not None else self.ceiling(tenant).effective
                    for tenant in tenants}
+        from kvjudge.judge.stillgrades import check_still_grades
+
         return check_still_grades(judge, store, pairs, targets, reduce_stored=reduce_stored, on_call=on_call,
                                   on_verdict=on_verdict, progress=progress)

@@ -64,6 +64,26 @@ def test_cli_without_command_prints_help() -> None:
     assert "usage: kvjudge" in result.stdout
 
 
+def test_a_listing_loads_no_judge_server_client_or_renderer(tmp_path: Path) -> None:
+    # `kvjudge runs` reads the store and prints: the judge, the other commands, HTTP, rich and the report's
+    # templates are not imported (start-up is most of a listing's time).
+    from helpers import store_from_runs
+
+    from kvjudge.testing.native_runs import make_run
+
+    store_from_runs(tmp_path / "store.sqlite", [make_run("a/1", ["ok"]), make_run("b/1", ["fine"])]).close()
+    heavy = ("kvjudge.judge", "kvjudge.report", "kvjudge.commands.eval", "httpx", "rich", "jinja2", "llama_cpp",
+             "numpy")
+    result = subprocess.run(
+        [sys.executable, "-c",
+         "import contextlib, io, sys; from kvjudge.cli import main\n"
+         "with contextlib.redirect_stdout(io.StringIO()) as out:\n"
+         f"    code = main(['runs', '--store', {str(tmp_path / 'store.sqlite')!r}, '--json'])\n"
+         f"print(code, out.getvalue().count('\"id\"'), sorted(m for m in sys.modules if m.startswith({heavy!r})))"],
+        capture_output=True, text=True, cwd=tmp_path)
+    assert result.stdout.split(maxsplit=2) == ["0", "2", "[]\n"], result.stderr
+
+
 def test_a_command_module_that_does_not_import_fails_the_cli_loudly(tmp_path: Path,
                                                                     monkeypatch: pytest.MonkeyPatch,
                                                                     capsys: pytest.CaptureFixture[str]) -> None:

@@ -11,12 +11,6 @@ import textwrap
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from rich.console import Console
-from rich.measure import Measurement
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
-from rich.text import Text
-
 from kvjudge.display import visible
 from kvjudge.probe import format_size
 
@@ -66,6 +60,12 @@ def print_table(columns: Sequence[str], rows: Sequence[Sequence[Any]], title: st
     stream = out.stream if isinstance(out, _HumanStdout) else out
     shown: Callable[[str], str] = (lambda text: text) if raw else visible
     cells = [[shown("" if cell is None else str(cell)) for cell in row] for row in rows]
+    # rich is imported where it draws (here, print_wrapped, progress): `--json` output never loads it.
+    from rich.console import Console
+    from rich.measure import Measurement
+    from rich.table import Table
+    from rich.text import Text
+
     console = Console(file=stream, soft_wrap=False)
     table = Table(title=None if title is None else Text(shown(title)), show_edge=False, header_style="bold")
     for column in columns:
@@ -84,6 +84,8 @@ def print_table(columns: Sequence[str], rows: Sequence[Sequence[Any]], title: st
 def print_wrapped(text: str, indent: str = "") -> None:
     """A sentence on stdout, wrapped at the terminal's width (80 columns when stdout is not a terminal), every
     line after ``indent``; a word longer than a line is never broken."""
+    from rich.console import Console
+
     width = Console(file=sys.stdout).width
     print(textwrap.fill(text, width=width, initial_indent=indent, subsequent_indent=indent + "  ",
                         break_long_words=False, break_on_hyphens=False))
@@ -123,6 +125,9 @@ def progress(description: str, total: int | None) -> Iterator[Callable[..., None
     if not sys.stderr.isatty():
         yield lambda n=1, description=None, total=None: None
         return
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                    console=Console(stderr=True), transient=True)
     with bar:

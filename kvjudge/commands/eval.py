@@ -15,8 +15,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from kvjudge.commands._args import READS_TIERED, add_judge_args, command, judged, opened_judge, select_pairs
-from kvjudge.commands._args import target_from
+from kvjudge.commands._args import READS_TIERED, command, target_from
+from kvjudge.commands._judging import add_judge_args, judged, opened_judge, select_pairs
 from kvjudge.commands._output import emit, info, print_table, print_wrapped
 from kvjudge.judge.evaluate import BASELINES, EVIDENCE_SIDES, evaluate, plot_reliability
 from kvjudge.judge.evidence import summary_line

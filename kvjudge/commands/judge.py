@@ -16,7 +16,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from kvjudge.commands._args import READS_TIERED, add_judge_args, command, opened_judge, select_pairs, target_from
+from kvjudge.commands._args import READS_TIERED, command, target_from
+from kvjudge.commands._judging import add_judge_args, opened_judge, select_pairs
 from kvjudge.commands._output import emit, print_table, print_wrapped, progress
 from kvjudge.judge import Judge, StillGrades, Verdict, judge_batch, summarize_verdicts
 from kvjudge.judge.evidence import describe, summary_line

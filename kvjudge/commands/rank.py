@@ -14,8 +14,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from kvjudge.commands._args import READS_TIERED, add_judge_args, command, judged, jsonl_objects, opened_judge
-from kvjudge.commands._args import select_pairs, target_from
+from kvjudge.commands._args import READS_TIERED, command, jsonl_objects, target_from
+from kvjudge.commands._judging import add_judge_args, judged, opened_judge, select_pairs
 from kvjudge.commands._output import emit, info, print_table, print_wrapped
 from kvjudge.errors import UsageError
 from kvjudge.judge.ranking import BOOTSTRAP, agent_of, plot_ranking, rank

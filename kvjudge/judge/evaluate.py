@@ -30,6 +30,7 @@ from kvjudge.judge.evidence import batch
 from kvjudge.judge.render import body_resolver, render_view
 from kvjudge.judge.stillgrades import cohen_kappa
 from kvjudge.judge.verdict import SCORED, Verdict
+from kvjudge.retention.state import best_grade
 
 if TYPE_CHECKING:
     from kvjudge.retention import Store
@@ -42,12 +43,6 @@ NO_PREFERENCE = ("tie", "inconsistent")
 RELIABILITY_BINS = 5
 # The two views of each run whose evidence eval reports: the run's full view and the view the judge read.
 EVIDENCE_SIDES = ("full", "judged")
-
-
-def best_grade(state: RunState | RunListing) -> dict[str, Any] | None:
-    """The run's held-out grade with the best score — the one it is scored by (None when it has none)."""
-    scored = [g for g in state.grades if isinstance(g.get("score"), (int, float))]
-    return max(scored, key=lambda g: float(g["score"])) if scored else None
 
 
 def grade_score(state: RunState | RunListing) -> float | None:

@@ -189,6 +189,13 @@ def agent_of(state: RunState) -> str:
     return str(state.tenant)
 
 
+def best_grade(run: Any) -> dict[str, Any] | None:
+    """The run's held-out grade with the best score — the one it is scored by (None when it has none); ``run`` is
+    a :class:`RunState` or anything else with its ``grades`` (a listing's row)."""
+    scored = [g for g in run.grades if isinstance(g.get("score"), (int, float))]
+    return max(scored, key=lambda g: float(g["score"])) if scored else None
+
+
 # Fields added to RunState after schema version 1, with their defaults. A field at its default is left out
 # of the canonical bytes, so a state folded by an older kvjudge (projections, manifests) keeps its bytes.
 _ADDED_FIELDS: dict[str, Any] = {"text_repairs": (), "agent": None, "metadata": None, "trial": None}

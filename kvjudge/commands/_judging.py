@@ -1,0 +1,133 @@
+"""What a judging command (``judge``, ``eval``, ``rank``, ``report``) adds to the shared argparse pieces of
+:mod:`kvjudge.commands._args`: its flags, its judge, and the pairs it was given."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from kvjudge.commands._args import JUDGE_CHOICE, jsonl_objects, records_settings
+from kvjudge.commands._output import info, progress
+from kvjudge.errors import UsageError
+from kvjudge.judge import DEFAULT_MARGIN, TEMPLATE_CHOICES, Judge, Verdict, judge_batch
+from kvjudge.judge.pairing import DEFAULT_POLICY, POLICIES, PairSelection, describe_pairs, same_task_pairs
+from kvjudge.retention import Store
+from kvjudge.target import JudgeTarget
+
+
+def add_judge_args(parser: argparse.ArgumentParser, *, also_templates: tuple[str, ...] = ()) -> None:
+    """What ``judge``, ``eval``, ``rank`` and ``report`` share: the pairs, the backend, the framing, the window (the
+    store and the endpoint tiered runs are read from: :data:`READS_TIERED`, after the command's own options).
+
+    ``also_templates``: further ``--template`` values a command understands (``eval``'s ``both``: then the
+    command passes the framing to the judge itself)."""
+    parser.add_argument("runs", nargs="*", metavar="RUN", help="two run ids: RUN_A RUN_B")
+    parser.add_argument("--pairs", metavar="FILE", help='JSONL file of pairs, one {"a": RUN, "b": RUN} per line')
+    parser.add_argument("--task", metavar="TASK", help="every pair of runs on this task id")
+    parser.add_argument("--trials", choices=POLICIES, default=DEFAULT_POLICY,
+                        help="when an agent ran a task several times: matched pairs trial i with trial i of each "
+                             "other agent, all pairs every two runs on the task (default: matched; runs without a "
+                             "trial pair with every run on their task)")
+    backend = parser.add_mutually_exclusive_group()
+    backend.add_argument("--model", metavar="PATH", help="judge model GGUF (default: [judge] model, else the "
+                                                         "default judge model)")
+    backend.add_argument("--server", metavar="URL", action="append",
+                         help="OpenAI-compatible server (llama.cpp, llama-cpp-python, vLLM) instead of in-process "
+                              "llama-cpp-python; repeat for a pool of servers of one model (default: [judge] servers "
+                              "or [judge] server; a server without a `kvjudge probe --server` entry is probed on "
+                              "first use)")
+    parser.add_argument("--parallel", type=int, metavar="N",
+                        help="with servers: requests in flight per server (default: [judge] parallel or 2)")
+    parser.add_argument("--timeout", type=float, metavar="S",
+                        help="with servers: seconds per request (default: [judge] timeout or 600)")
+    parser.add_argument("--tokenizer-model", metavar="PATH",
+                        help="with --server: a local copy of the served GGUF, to count tokens without the server "
+                             "(and read its chat template)")
+    parser.add_argument("--n-ctx", type=int, metavar="N",
+                        help="upper bound on the judge window (default: sized to each batch of pairs, capped by "
+                             "the certified safe_context, else the analytic max_context_tokens)")
+    parser.add_argument("--no-certify", action="store_true",
+                        help="never certify the window size first (the window is then labelled not certified)")
+    parser.add_argument("--template", choices=(*TEMPLATE_CHOICES, *also_templates), default=None,
+                        help="prompt framing: the model's chat template, raw, or auto (chat when the GGUF has a "
+                             "template; default: [judge] template, else auto)"
+                             + "".join(f"; {name}: each framing in turn" for name in also_templates))
+    parser.add_argument("--threads", type=int, metavar="N", help="CPU threads (default: [judge] threads or "
+                                                                 "llama-cpp-python's default)")
+    parser.add_argument("--margin", type=float, metavar="M",
+                        help=f"tie margin on |p_a - 0.5| (default: [judge] margin or {DEFAULT_MARGIN})")
+    parser.add_argument("--show-verifier", action="store_true",
+                        help="show verifier results to the judge (hidden by default: grades often derive from them)")
+    parser.add_argument("--show-grades", action="store_true", help="show recorded grades to the judge "
+                                                                   "(experiments only)")
+    parser.add_argument("--no-cache", action="store_true", help="do not read or write cached judgments")
+    records_settings(parser, *JUDGE_CHOICE, "parallel", "timeout", "tokenizer_model", "threads", "margin",
+                     *(() if also_templates else ("template",)))
+
+
+@contextlib.contextmanager
+def opened_judge(args: argparse.Namespace, target: JudgeTarget, *, template: str | None = None) -> Iterator[Judge]:
+    """The judge of a judging command (``add_judge_args``: window, certification, held-out inputs, cache), its
+    backend closed on the way out."""
+    info("loading the judge backend…")
+    judge = target.open_judge(n_ctx=args.n_ctx, certify=not args.no_certify, template=template,
+                              show_verifier=args.show_verifier, show_grades=args.show_grades,
+                              use_cache=not args.no_cache)
+    try:
+        yield judge
+    finally:
+        judge.backend.close()
+
+
+def judged(judge: Judge, store: Store, selection: PairSelection, description: str = "judging") -> list[Verdict]:
+    """:func:`~kvjudge.judge.judge_batch` of the selected pairs (their runs as read to select them), with a progress
+    bar on a terminal (a step per order)."""
+    with progress(description, len(selection.pairs) * 2) as advance:
+        judge.planner.progress = lambda message: advance(0, description=message)
+        return judge_batch(judge, store, selection.pairs, on_call=advance, states=selection.states)
+
+
+def _pairs_from_file(path: str) -> list[tuple[str, str]]:
+    pairs: list[tuple[str, str]] = []
+    for number, item in jsonl_objects(path, "pairs file", '{"a": RUN, "b": RUN} lines'):
+        if not isinstance(item.get("a"), str) or not isinstance(item.get("b"), str):
+            raise UsageError(f"{Path(path)}:{number}: needs string fields \"a\" and \"b\" (run ids)")
+        pairs.append((item["a"], item["b"]))
+    return pairs
+
+
+def select_pairs(args: argparse.Namespace, store: Store, *, default_all: bool = False,
+                 keep: Callable[[Any, Any], bool] | None = None) -> PairSelection:
+    """The pairs named by RUN_A RUN_B, ``--pairs FILE`` or ``--task TASK`` (or, with ``default_all``, every
+    same-task pair of the store), the trials of an agent paired by ``--trials``
+    (:func:`kvjudge.judge.pairing.same_task_pairs`); unknown runs and self-pairs are errors before any model
+    loads."""
+    chosen = sum([bool(args.runs), args.pairs is not None, args.task is not None])
+    if chosen > 1 or (chosen == 0 and not default_all):
+        raise UsageError("name the pairs one way: RUN_A RUN_B, --pairs FILE or --task TASK")
+    if args.runs:
+        if len(args.runs) != 2:
+            raise UsageError(f"judge takes two run ids (RUN_A RUN_B), got {len(args.runs)}")
+        pairs = [(args.runs[0], args.runs[1])]
+    elif args.pairs is not None:
+        pairs = _pairs_from_file(args.pairs)
+    else:
+        selection = same_task_pairs(store.iter_runs(task=args.task), task=args.task, policy=args.trials, keep=keep)
+        pairs = selection.pairs
+        if args.task is not None and not pairs:
+            count = len(store.run_ids(task=args.task))
+            raise UsageError(f"task {args.task!r} has {count} run(s) in the store that pair under --trials "
+                             f"{args.trials}; a pair needs two")
+        if not pairs:
+            raise UsageError("the store holds no two runs on one task; ingest runs, or name the pairs")
+    if not (args.runs or args.pairs is not None):
+        return selection  # pairs of the store's own runs: nothing to check (reading every run again costs seconds)
+    for a, b in pairs:
+        if a == b:
+            raise UsageError(f"pair ({a}, {b}) names one run twice; a judge compares two runs")
+        for run_id in (a, b):
+            store.run(run_id)  # an unknown run is an error before any model call (StoreError names it)
+    return describe_pairs(pairs, store.run, "named")
