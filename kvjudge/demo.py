@@ -130,7 +130,7 @@ def run_demo(options: DemoOptions, say: Say, progress: ProgressFactory) -> dict[
 
     counter = target.counter()
     stores = target.cold_stores()
-    with target.open_store(store_path, read_tiered=False) as store:
+    with target.open_store(store_path, read_tiered=False, create=True) as store:
         # 3. ingest and grade ---------------------------------------------------------------------
         with clock.step("ingest"):
             run_ids = store.ingest_file(options.runs_file or sample_runs_path())

@@ -35,10 +35,11 @@ from typing import TYPE_CHECKING, Any
 
 from kvjudge import models
 from kvjudge.budget import CeilingBound, effective_ceiling
-from kvjudge.errors import CapabilityMissing, KvjudgeError, ServerError, UsageError
+from kvjudge.errors import CapabilityMissing, KvjudgeError, ServerError, StoreError, UsageError
 from kvjudge.probe import CapabilityEntry, CapabilityLookup, lookup_served, probe_server
 from kvjudge.probe.served import MAX_SERVED_TRIALS
 from kvjudge.retention import ColdReader, ColdStores, Store, resolve_target
+from kvjudge.retention.store import default_store_path
 from kvjudge.server_client import ServerClient, ServerInfo, ServerTokenCounter
 from kvjudge.settings import Settings
 from kvjudge.tokens import ModelTokenizer, ParallelCounter, TokenCounter, make_counter
@@ -298,11 +299,18 @@ class JudgeTarget:
         """Where new moves go: ``[retention] cold`` (``--to``), else a ``cold`` directory in the data dir."""
         return resolve_target(self.settings.retention)
 
-    def open_store(self, path: str | Path | None = None, *, read_tiered: bool = True) -> Store:
+    def open_store(self, path: str | Path | None = None, *, read_tiered: bool = True, create: bool = False) -> Store:
         """The store at ``path``, else ``[retention] store``, else ``<data dir>/store.sqlite``. With
         ``read_tiered`` a tiered body is read from its cold store through :meth:`cold_stores`; tiering itself
-        moves local bodies and opens the store without that reader."""
-        store = Store.open(path or self.settings.retention.store)
+        moves local bodies and opens the store without that reader.
+
+        Only ``create`` makes a store that is not there (ingest does): elsewhere a missing store is a StoreError,
+        so a mistyped ``--store`` path is said, not answered with an empty store."""
+        where = Path(path) if path else (self.settings.retention.store or default_store_path())
+        if not create and not Path(where).exists():
+            raise StoreError(f"no store at {where}: `kvjudge ingest PATH...` creates one there (or pass --store / "
+                             f"set [retention] store to an existing store)")
+        store = Store.open(where)
         if read_tiered:  # the reader looks up where each tiered body went, so it needs the store
             store.fallback = ColdReader(store, self.cold_stores())
         return store

@@ -144,6 +144,18 @@ def test_not_a_store_is_a_one_line_error(tmp_path: Path, capsys: pytest.CaptureF
     assert err.count("\n") == 1 and "is not a kvjudge store" in err
 
 
+
+@pytest.mark.parametrize("command", [["runs"], ["verify"], ["show", "a"], ["mark", "a", "grading"], ["eval"],
+                                     ["reduce", "--all"]])
+def test_a_missing_store_is_a_one_line_error_and_is_not_created(tmp_path: Path, command: list[str],
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    # A mistyped --store must not read as an empty store (nor leave one behind); only ingest creates a store.
+    missing = tmp_path / "typo" / "store.sqlite"
+    assert main([*command, "--store", str(missing)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"no store at {missing}" in err and "kvjudge ingest" in err
+    assert not missing.parent.exists()
+
 def test_ingest_format_reads_the_named_format_and_refuses_the_other(tmp_path: Path, setup: dict[str, Path],
                                                                   capsys: pytest.CaptureFixture[str]) -> None:
     chat = tmp_path / "chat.jsonl"

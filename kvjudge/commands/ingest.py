@@ -45,7 +45,7 @@ def _ingest(args: argparse.Namespace) -> int:
     total = sum(source.size for source in sources)
     if sys.stderr.isatty():
         info(f"{len(sources)} file(s), {megabytes(total)} MB: importing")
-    with target.open_store(read_tiered=False) as store, progress("ingesting", len(sources)) as advance:
+    with target.open_store(read_tiered=False, create=True) as store, progress("ingesting", len(sources)) as advance:
         report = ingest_sources(store, sources, ignored_files=ignored, fmt=args.format, tenant=args.tenant,
                                 agent=args.agent, results=args.results, skip_bad=args.skip_bad, trial=args.trial,
                                 repair_text=args.repair_text,
