@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -76,6 +77,9 @@ class ParallelCounter:
             raise UsageError("a parallel counter needs at least one counter and one request in flight")
         self.counters = list(counters)
         self.parallel = parallel
+        # Each thread that counts batches gets a pool of its own, made at its first batch and kept for the next: a
+        # batch counted ahead in the background never holds up one the caller waits for.
+        self._pools = threading.local()
 
     @property
     def name(self) -> str:
@@ -88,8 +92,11 @@ class ParallelCounter:
         if len(texts) <= 1:
             return [self.count(text) for text in texts]
         members = len(self.counters)
-        with ThreadPoolExecutor(max_workers=min(len(texts), members * self.parallel)) as pool:
-            return list(pool.map(lambda item: self.counters[item[0] % members].count(item[1]), enumerate(texts)))
+        pool: ThreadPoolExecutor | None = getattr(self._pools, "pool", None)
+        if pool is None:
+            pool = self._pools.pool = ThreadPoolExecutor(max_workers=members * self.parallel,
+                                                         thread_name_prefix="kvjudge-count")
+        return list(pool.map(lambda item: self.counters[item[0] % members].count(item[1]), enumerate(texts)))
 
 
 @dataclass(frozen=True)
