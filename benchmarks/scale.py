@@ -49,7 +49,14 @@ CPU per item is flat from 1,000 to 5,000 (reduce 18 → 19 ms a run, eval_cold 1
 20). Cached eval / rank at N = 1,000: 6.5 / 4.8 ms a pair wall, 2.6 / 2.2 ms CPU (target 5; 4.3–5.9 / 4.1–4.2 wall
 in earlier runs under lighter load). reduce / reduce_local: 2.5 at N = 1,000 and 1.7 at 5,000 here, 1.3–1.4 at
 N = 100 and 1,000 under lighter load (target 2); the same reduction each time (``same_reduction``), 18 /tokenize
-requests a run (27 before markers and extracts were counted in batches and short texts remembered). No request
+requests a run (27 before markers and extracts were counted in batches and short texts remembered).
+
+2026-12-01, after counting's requests went over one lean keep-alive connection per thread with the text sent once
+(load 0.6–3.9): N = 1,000 reduce 91.6 s (67.4 CPU) against reduce_local 39.7 s (34.7): 2.31; N = 200 2.09–2.38
+(3.12 with the code before, the same evening); N = 50 2.6–3.5 (the command's start-up); the same reduction each
+time, 18.4 /tokenize requests a run. kvjudge's CPU per request fell from about 2.4 ms to 0.8 ms; the rest of the
+gap is the server's own work on this machine (a Python process answering each request in about 0.7 ms) and the
+requests the main thread waits for (a run's extracts, about 4.6 a run). No request
 reaches the judge with every verdict cached (two identification requests per command). Peak RSS grows with N
 (eval_cold 312 MB at 1,000 pairs, 1.26 GB at 5,000; ``runs`` 506 MB at 10,000 runs).
 """
