@@ -39,13 +39,14 @@ from kvjudge.retention import Store
 from kvjudge.retention.ingest import parse_native
 from kvjudge.retention.reduce import reduce_run
 from kvjudge.retention.verify import verify
-from kvjudge.tokens import TokenCounter, make_counter
+from kvjudge.tokens import SplicingCounter, TokenCounter, TokenEnds, make_counter
 
 MIB = 1024 * 1024
 
 
 class Tally:
-    """Wraps a counter and counts the tokenizer calls (the no-op must make none)."""
+    """Wraps a counter and counts the tokenizer calls (the no-op must make none); it passes the counter's token
+    ends on, as reduction asks a local tokenizer for them."""
 
     def __init__(self, inner: TokenCounter) -> None:
         self.inner = inner
@@ -58,6 +59,13 @@ class Tally:
     def count(self, text: str) -> int:
         self.calls += 1
         return self.inner.count(text)
+
+    def token_ends(self, text: str) -> TokenEnds | None:
+        """The inner counter's token ends (one tokenizer call), when it can say where its tokens end."""
+        if not isinstance(self.inner, SplicingCounter):
+            return None
+        self.calls += 1
+        return self.inner.token_ends(text)
 
 
 def stdlib_texts() -> Iterator[tuple[str, str]]:

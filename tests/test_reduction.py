@@ -22,7 +22,7 @@ from helpers import cli_json, kvjudge, sql, store_from_runs
 from kvjudge.cli import main
 from kvjudge.errors import RunStateError
 from kvjudge.retention import Store
-from kvjudge.retention.events import REDUCTION_KINDS
+from kvjudge.retention.events import REDUCTION_KINDS, Reduced
 from kvjudge.retention.faults import REDUCTION_POINTS
 from kvjudge.retention.reduce import plan_reduction, reduce_run, resolve, run_tokens, view_refs
 from kvjudge.retention.state import LOCAL, RunState
@@ -483,3 +483,64 @@ def test_reduction_with_the_model_tokenizer(tmp_path: Path, default_model: Path)
         assert seen == result.plan.tokens_after <= 1000
         stored = store.cached_counts(state.refs(), counter.name)
         assert all(stored[ref] == counter.count(store.text(ref)) for ref in set(view_refs(state)))
+
+
+class PlainCounter:
+    """The same tokenizer without its token ends: every extract is tokenized whole."""
+
+    def __init__(self, inner: ModelTokenizer) -> None:
+        self.inner = inner
+        self.name = inner.name
+
+    def count(self, text: str) -> int:
+        return self.inner.count(text)
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("which", ["default_model", "judge_model"])
+def test_extracts_counted_from_their_originals_token_ends_plan_the_same_reduction(
+        tmp_path: Path, which: str, request: pytest.FixtureRequest) -> None:
+    """A local tokenizer counts each extract from where its original's tokens end (only the lines around the
+    marker are tokenized): the plan is the one made by tokenizing every extract whole, count for count."""
+    counted: list[str] = []
+
+    class RecordingTokenizer(ModelTokenizer):
+        def count(self, text: str) -> int:
+            counted.append(text)
+            return super().count(text)
+
+    counter = RecordingTokenizer(request.getfixturevalue(which))
+    with store_from_runs(tmp_path / "store.sqlite", [big_run(scale=3)]) as store:
+        state = store.run("r1")
+        spliced = plan_reduction(state, store.text, counter, 2000)
+        asked, counted[:] = list(counted), []
+        whole = plan_reduction(state, store.text, PlainCounter(counter), 2000)
+    assert spliced.steps["bodies_reduced"] > 0 and spliced.fits
+    # Step 1's extracts that keep text beside their marker.
+    kept = [spliced.blobs[event.summary] for event in spliced.events
+            if isinstance(event, Reduced) and "\n" in spliced.blobs[event.summary]]
+    assert kept and not set(kept) & set(asked)  # none of them was tokenized whole
+    assert set(kept) <= set(counted)  # (as they are without token ends)
+    assert spliced.events == whole.events and dict(spliced.blobs) == dict(whole.blobs)
+    assert dict(spliced.new_counts) == dict(whole.new_counts)
+    assert all(spliced.new_counts[ref] == counter.count(text) for ref, text in spliced.blobs.items())
+
+
+def test_only_the_reduction_events_wait_for_the_disk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Of the three steps only the commit of the events is synced at its COMMIT: the summaries before it are
+    synced with it (the log is written in order), and a deletion lost at a power cut leaves a body the log
+    explains. The store is back to syncing every commit afterwards."""
+    from kvjudge.retention.store import database
+
+    with store_from_runs(tmp_path / "store.sqlite", [big_run()]) as store:
+        synced: dict[str, int] = {}
+        real = database.fault_point
+
+        def before_commit(name: str) -> None:
+            synced[name] = store._conn.execute("PRAGMA synchronous").fetchone()[0]
+            real(name)
+
+        monkeypatch.setattr(database, "fault_point", before_commit)
+        reduce_run(store, "r1", 1000, CHARS)
+        assert synced == {"put_summary.txn": 1, "commit_reduction.txn": 2, "delete_body.txn": 1}  # NORMAL, FULL
+        assert store._conn.execute("PRAGMA synchronous").fetchone()[0] == 2

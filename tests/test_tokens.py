@@ -132,6 +132,53 @@ def test_model_tokenizer_in_pieces_is_exact_on_long_text(kind: str, which: str,
     assert tokenizer.count(text) == len(whole) - (1 if whole[0] == tokenizer.llama.token_bos() else 0)
 
 
+@pytest.mark.model
+@pytest.mark.parametrize("which", ["default_model", "judge_model"])
+@pytest.mark.parametrize("kind", sorted(LONG_TEXTS))
+def test_a_spliced_text_is_counted_from_its_source_tokens_as_if_tokenized_whole(
+        kind: str, which: str, tokenizers: dict[str, ModelTokenizer]) -> None:
+    """A text made of another's head, a marker and its tail (an extract) counts the same from the source's token
+    ends as tokenized whole, wherever the cuts fall (inside words, lines, multi-byte runs, boundary-less stretches),
+    and the ends count the whole text as ``count`` does."""
+    import random
+
+    tokenizer = tokenizers[which]
+    text = LONG_TEXTS[kind][:30_000]
+    ends = tokenizer.token_ends(text)
+    assert ends is not None and ends.count == tokenizer.count(text)
+    rng = random.Random(kind)
+    cuts = [(0, len(text)), (0, len(text) - 700), (900, len(text)), (len(text) // 2, len(text) // 2 + 1)]
+    cuts += [tuple(sorted((rng.randrange(len(text)), rng.randrange(len(text))))) for _ in range(12)]
+    for head_end, tail_start in cuts:
+        for middle in ("\n[123 lines cut]\n", " [5 characters cut] "):
+            spliced = text[:head_end] + middle + text[tail_start:]
+            assert ends.spliced_count(text, head_end, middle, tail_start, tokenizer.count) == \
+                tokenizer.count(spliced), (head_end, tail_start, middle)
+
+
+@pytest.mark.model
+def test_the_tokenizer_counts_in_one_llama_cpp_call_per_piece(tokenizers: dict[str, ModelTokenizer],
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A vocab-only model reads its training context as 0, so llama-cpp-python's own tokenize first asks with no
+    room and then again: counting goes straight to llama.cpp with room for every token, one call a piece."""
+    import llama_cpp
+
+    tokenizer = tokenizers["judge_model"]
+    text = stdlib_text(40_000)
+    whole = len(tokenizer.llama.tokenize(text.encode("utf-8"), add_bos=False, special=False))
+    calls: list[int] = []
+    real = llama_cpp.llama_tokenize
+
+    def counted(*args: object) -> int:
+        calls.append(1)
+        return real(*args)
+
+    monkeypatch.setattr(llama_cpp, "llama_tokenize", counted)
+    monkeypatch.setattr(llama_cpp.llama_cpp, "llama_tokenize", counted)  # what llama-cpp-python's own calls use
+    assert tokenizer.count(text) == whole
+    assert len(calls) == len(split_for_tokenizer(text)) > 1
+
+
 def test_model_tokenizer_bad_files(tmp_path: Path) -> None:
     with pytest.raises(ModelError, match="does not exist"):
         ModelTokenizer(tmp_path / "missing.gguf")

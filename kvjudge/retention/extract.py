@@ -18,6 +18,8 @@ unified diff's changed lines and headers before anything else.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from kvjudge.retention.evidence import diff_lines
 
 MARKER = "[{amount} cut]"
@@ -31,10 +33,21 @@ def marker(amount: str) -> str:
     return MARKER.format(amount=amount)
 
 
+# Line ends other than "\n" that str.splitlines also splits at: a text with none has its lines counted by "\n".
+_OTHER_LINE_ENDS = ("\r", "\x0b", "\x0c", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029")
+
+
+def _line_count(text: str) -> int:
+    """``len(text.splitlines())``, without making the lines when ``"\n"`` is the text's only line end."""
+    if not any(end in text for end in _OTHER_LINE_ENDS):
+        return text.count("\n") + (0 if text.endswith("\n") or not text else 1)
+    return len(text.splitlines())
+
+
 def cut_marker(cut: str) -> str:
     """The marker for the text ``cut``: its lines when it spans a line end, else its characters."""
     if "\n" in cut:
-        lines = len(cut.splitlines())
+        lines = _line_count(cut)
         return marker(f"{lines} line{'s' if lines != 1 else ''}")
     return marker(f"{len(cut)} character{'s' if len(cut) != 1 else ''}")
 
@@ -56,13 +69,26 @@ def _cut_tail(text: str, chars: int) -> str:
     return tail[newline + 1:] if 0 <= newline <= chars * 0.25 else tail
 
 
-def head_tail_extract(text: str, *, tokens: int, keep_tokens: int, head_share: float = 0.5) -> str:
-    """Keep about ``keep_tokens`` of ``text``'s ``tokens`` tokens verbatim — ``head_share`` of them at the start,
-    the rest at the end — around a marker for the cut (``keep_tokens`` 0: the marker alone).
+@dataclass(frozen=True)
+class HeadTail:
+    """What a head-and-tail extract of a text keeps: ``text[:head_end]``, then the marker, then
+    ``text[tail_start:]``, each on lines of its own."""
 
-    Sizes are reckoned in characters at the text's own characters per token, so nothing is counted here.
-    Deterministic. The text is returned whole when nothing would be cut.
-    """
+    head_end: int
+    marker: str
+    tail_start: int
+
+    def middle(self, text: str) -> str:
+        """What stands between the kept head and tail in the extract of ``text``: the marker and its line ends."""
+        return ("\n" if self.head_end else "") + self.marker + ("\n" if self.tail_start < len(text) else "")
+
+    def of(self, text: str) -> str:
+        """The extract of ``text``."""
+        return text[:self.head_end] + self.middle(text) + text[self.tail_start:]
+
+
+def head_tail_cut(text: str, *, tokens: int, keep_tokens: int, head_share: float = 0.5) -> HeadTail | None:
+    """The cut :func:`head_tail_extract` makes of ``text`` (None: nothing would be cut, the text stays whole)."""
     keep_tokens = max(0, min(keep_tokens, tokens))
     chars = int(keep_tokens * len(text) / tokens) if tokens > 0 else 0
     head = _cut_head(text, int(chars * head_share))
@@ -74,9 +100,20 @@ def head_tail_extract(text: str, *, tokens: int, keep_tokens: int, head_share: f
         tail = ""
     cut = text[len(head):len(text) - len(tail)]
     if not cut:
-        return text
-    parts = [head.rstrip("\n"), cut_marker(cut), tail.lstrip("\n")]
-    return "\n".join(part for part in parts if part)
+        return None
+    return HeadTail(head_end=len(head.rstrip("\n")), marker=cut_marker(cut),
+                    tail_start=len(text) - len(tail.lstrip("\n")))
+
+
+def head_tail_extract(text: str, *, tokens: int, keep_tokens: int, head_share: float = 0.5) -> str:
+    """Keep about ``keep_tokens`` of ``text``'s ``tokens`` tokens verbatim — ``head_share`` of them at the start,
+    the rest at the end — around a marker for the cut (``keep_tokens`` 0: the marker alone).
+
+    Sizes are reckoned in characters at the text's own characters per token, so nothing is counted here.
+    Deterministic. The text is returned whole when nothing would be cut.
+    """
+    cut = head_tail_cut(text, tokens=tokens, keep_tokens=keep_tokens, head_share=head_share)
+    return text if cut is None else cut.of(text)
 
 
 def diff_extract(text: str, *, tokens: int, keep_tokens: int) -> str:
@@ -98,4 +135,4 @@ def diff_extract(text: str, *, tokens: int, keep_tokens: int) -> str:
     return head_tail_extract(slim, tokens=slim_tokens, keep_tokens=keep_tokens)
 
 
-__all__ = ["MARKER", "cut_marker", "diff_extract", "head_tail_extract", "marker"]
+__all__ = ["MARKER", "HeadTail", "cut_marker", "diff_extract", "head_tail_cut", "head_tail_extract", "marker"]

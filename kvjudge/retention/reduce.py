@@ -39,7 +39,7 @@ from kvjudge.retention import events as ev
 from kvjudge.retention.blobs import ref_of, short
 from kvjudge.retention.faults import fault_point
 from kvjudge.retention.evidence import find_evidence, is_patch
-from kvjudge.retention.extract import diff_extract, head_tail_extract
+from kvjudge.retention.extract import HeadTail, diff_extract, head_tail_cut, head_tail_extract
 from kvjudge.retention.state import (
     DROPPED,
     LOCAL,
@@ -54,21 +54,27 @@ from kvjudge.retention.state import (
 )
 from kvjudge.retention.store import Store
 from kvjudge.retention.worth import body_worth
-from kvjudge.tokens import BatchCounter, TokenCounter, count_texts
+from kvjudge.tokens import BatchCounter, SplicingCounter, TokenCounter, TokenEnds, count_texts
 
 TextOf = Callable[[str], "str | None"]
 CountFn = Callable[[str], int]
 CountManyFn = Callable[[Sequence[str]], list[int]]
+EndsFn = Callable[[str], "TokenEnds | None"]
 
 # Plans of step 1 made for smaller budgets while real extracts overshoot the estimate, before cutting all.
 _ROUNDS = 8
 # The line breaks that join an extract's kept parts to its marker (beyond the marker alone).
 _JOIN_TOKENS = 2
-# Bodies up to this size stay in memory while a run is planned (commands and messages are read several times;
-# the large tool outputs are read again from the store rather than held).
+# Bodies up to this size stay in memory while a run is planned (commands and messages are read several times),
+# and larger ones while the run's kept text stays under _KEPT_RUN_CHARS (each extract of a body reads it again;
+# past that, the largest tool outputs are read again from the store rather than held).
 _KEPT_TEXT_CHARS = 16_384
+_KEPT_RUN_CHARS = 8 << 20
 # A summary must save at least this many tokens to be worth a blob and an event.
 _MIN_SAVING = 8
+# Bodies from this size on are counted with where their tokens end (a splicing counter), so an extract of one is
+# counted by tokenizing only the lines around its marker, not its kept head and tail again.
+_ENDS_MIN_CHARS = 2048
 
 
 # ----------------------------------------------------------------------- the view
@@ -120,12 +126,14 @@ class _Planner:
     """Working memory of one plan_reduction call."""
 
     def __init__(self, state: RunState, text_of: TextOf, count: CountFn, count_many: CountManyFn, counter: str,
-                 counts: Mapping[str, int], quoted: Mapping[str, int]) -> None:
+                 counts: Mapping[str, int], quoted: Mapping[str, int], ends_of: EndsFn | None = None) -> None:
         self.state = state
         self.base = state
         self.text_of_store = text_of
         self.count_fn = count
         self.count_many = count_many
+        self.ends_of = ends_of
+        self.ends: dict[str, TokenEnds] = {}  # where the tokens of the large bodies counted here end
         self.counter = counter
         self.counts: dict[str, int] = {**counts, **quoted}
         self.quoted = frozenset(quoted)
@@ -133,6 +141,8 @@ class _Planner:
         self.blobs: dict[str, str] = {}
         self.events: list[ev.Event] = []
         self.read_texts: dict[str, str | None] = {}  # bodies read once while planning (the small ones are kept)
+        self.last_tokens: tuple[RunState, int] | None = None  # the last state counted, and its tokens
+        self.kept_chars = 0  # characters of the large bodies in read_texts
 
     def text(self, ref: str) -> str:
         text = self.read(ref)
@@ -150,18 +160,30 @@ class _Planner:
         text = self.text_of_store(ref)
         if text is None or len(text) <= _KEPT_TEXT_CHARS:
             self.read_texts[ref] = text
+        elif self.kept_chars + len(text) <= _KEPT_RUN_CHARS:
+            self.read_texts[ref] = text
+            self.kept_chars += len(text)
         return text
 
     def count(self, ref: str) -> int:
         if ref not in self.counts:
-            self.counts[ref] = self.new_counts[ref] = self.count_fn(self.text(ref))
+            text = self.text(ref)
+            ends = self.ends_of(text) if self.ends_of is not None and len(text) >= _ENDS_MIN_CHARS else None
+            if ends is not None:
+                self.ends[ref] = ends
+            self.counts[ref] = self.new_counts[ref] = ends.count if ends is not None else self.count_fn(text)
         return self.counts[ref]
 
     def count_text(self, text: str) -> int:
         return self.count_fn(text) if text else 0
 
     def tokens(self, state: RunState | None = None) -> int:
-        return sum(self.count(ref) for ref in view_refs(state or self.state))
+        state = state or self.state
+        if self.last_tokens is not None and self.last_tokens[0] is state:  # states are immutable: asked again
+            return self.last_tokens[1]
+        tokens = sum(self.count(ref) for ref in view_refs(state))
+        self.last_tokens = (state, tokens)
+        return tokens
 
     def add_blob(self, text: str) -> tuple[str, int]:
         ref = ref_of(text.encode("utf-8"))
@@ -193,10 +215,13 @@ def plan_reduction(state: RunState, text_of: TextOf, count: TokenCounter | Count
                             f"reduced (finish grading first: `kvjudge mark {state.id} graded|ungraded`)")
     if not isinstance(target_tokens, int) or isinstance(target_tokens, bool) or target_tokens <= 0:
         raise UsageError(f"the reduction target must be a positive number of tokens, got {target_tokens!r}")
+    ends_of: EndsFn | None = None
     if isinstance(count, TokenCounter):
         counter = count
         count_fn: CountFn = counter.count
         name = counter_name or counter.name
+        if isinstance(counter, SplicingCounter):
+            ends_of = counter.token_ends
 
         def count_many(texts: Sequence[str]) -> list[int]:
             return count_texts(counter, texts)
@@ -205,7 +230,7 @@ def plan_reduction(state: RunState, text_of: TextOf, count: TokenCounter | Count
 
         def count_many(texts: Sequence[str]) -> list[int]:
             return [count_fn(text) for text in texts]
-    planner = _Planner(state, text_of, count_fn, count_many, name, counts or {}, quoted_elsewhere or {})
+    planner = _Planner(state, text_of, count_fn, count_many, name, counts or {}, quoted_elsewhere or {}, ends_of)
     tokens_before = planner.tokens()
     steps = {"bodies_reduced": 0, "branches_reduced": 0, "dropped": 0}
     if tokens_before > target_tokens:
@@ -264,10 +289,15 @@ class _Step1:
     def extract(self, cut: _Cut, keep: int) -> tuple[str, int]:
         """The extract of ``cut`` keeping ``keep`` tokens, and its tokens (each counted once)."""
         if (cut.ref, keep) not in self.made:
-            text = _extract(cut.shape, self.planner.text(cut.ref), cut.tokens, keep)
+            original = self.planner.text(cut.ref)
+            text, spliced = _extract(cut.shape, original, cut.tokens, keep)
             summary_ref = ref_of(text.encode("utf-8"))
             if summary_ref not in self.planner.counts:
-                self.planner.counts[summary_ref] = self.planner.count_text(text)
+                ends = self.planner.ends.get(cut.ref) if spliced is not None else None
+                self.planner.counts[summary_ref] = (
+                    ends.spliced_count(original, spliced.head_end, spliced.middle(original), spliced.tail_start,
+                                       self.planner.count_text)
+                    if ends is not None and spliced is not None else self.planner.count_text(text))
             self.made[(cut.ref, keep)] = (text, self.planner.counts[summary_ref])
         return self.made[(cut.ref, keep)]
 
@@ -280,7 +310,10 @@ class _Step1:
         for cut, keep in wanted:
             if (cut.ref, keep) in self.made or (cut.ref, keep) in made:
                 continue
-            text = _extract(cut.shape, self.planner.text(cut.ref), cut.tokens, keep)
+            if cut.ref in self.planner.ends:  # counted from its original's tokens: nothing to batch
+                self.extract(cut, keep)
+                continue
+            text, _ = _extract(cut.shape, self.planner.text(cut.ref), cut.tokens, keep)
             summary_ref = ref_of(text.encode("utf-8"))
             made[(cut.ref, keep)] = (text, summary_ref)
             if summary_ref not in counts:
@@ -334,12 +367,12 @@ class _Step1:
         return len(self.groups) - 1, 0
 
 
-def _extract(shape: str, text: str, tokens: int, keep: int) -> str:
-    if shape == "tail":
-        return head_tail_extract(text, tokens=tokens, keep_tokens=keep, head_share=0.25)
+def _extract(shape: str, text: str, tokens: int, keep: int) -> tuple[str, HeadTail | None]:
+    """The extract of ``text`` in ``shape``, and the cut when it is the text's head and tail around a marker."""
     if shape == "submission" and is_patch(text):
-        return diff_extract(text, tokens=tokens, keep_tokens=keep)
-    return head_tail_extract(text, tokens=tokens, keep_tokens=keep)
+        return diff_extract(text, tokens=tokens, keep_tokens=keep), None
+    cut = head_tail_cut(text, tokens=tokens, keep_tokens=keep, head_share=0.25 if shape == "tail" else 0.5)
+    return (text, None) if cut is None else (cut.of(text), cut)
 
 
 def _reduce_bodies(planner: _Planner, target: int) -> int:
@@ -531,10 +564,22 @@ def in_cold_storage(state: RunState) -> bool:
     return bool(state.tier) and state.tier["status"] in ("started", "tiered")  # type: ignore[index]
 
 
-def _check_applicable(state: RunState, plan: ReductionPlan) -> None:
+def _check_applicable(store: Store, plan: ReductionPlan, *, unchanged_only: bool = False) -> None:
+    """Raise unless ``plan`` applies to the run's committed state; ``unchanged_only``: only check that the run is
+    still the state it was planned from. The stored state's bytes are hashed as they are (they are its canonical
+    bytes, as written); parsed and hashed again only when they differ."""
+    raw = store.projected_bytes(plan.run_id)
+    if raw is None:
+        store.run(plan.run_id)  # raises: no such run
+    assert raw is not None
+    unchanged = hashlib.sha256(raw).hexdigest() == plan.base_digest
+    if unchanged and unchanged_only:
+        return
+    state = RunState.from_bytes(raw)
+    unchanged = unchanged or _state_digest(state) == plan.base_digest
     if not state.is_reducible:
         raise RunStateError(f"run {state.id} is {state.state}; only graded, ungraded or archived runs can be reduced")
-    if _state_digest(state) != plan.base_digest:
+    if not unchanged:
         raise StalePlan(f"run {plan.run_id} changed since this reduction was planned; plan it again")
     if plan.events and in_cold_storage(state):
         raise RunInColdStorage(state, plan.tokens_before, plan.target_tokens)
@@ -548,10 +593,12 @@ def apply_plan(store: Store, plan: ReductionPlan) -> ReductionResult:
     state the run no longer has (another process reduced or tiered it meanwhile) raises :class:`StalePlan`,
     and nothing of it is appended.
     """
-    _check_applicable(store.run(plan.run_id), plan)  # early: no summaries put for a plan already stale
+    _check_applicable(store, plan, unchanged_only=True)  # early: no summaries put for a plan already stale
     put = 0
     if plan.blobs or plan.new_counts:
-        with store.transaction("put_summary"):
+        # Not waited for on disk: the commit of the events below syncs the log, and these pages are before them in
+        # it; lost at a power cut before that, the summaries were named by nothing and the counts are redone.
+        with store.transaction("put_summary", durable=False):
             for text in plan.blobs.values():
                 store.blobs.put(text.encode("utf-8"))
                 put += 1
@@ -561,21 +608,23 @@ def apply_plan(store: Store, plan: ReductionPlan) -> ReductionResult:
     appended = 0
     if plan.events:
         with store.transaction("commit_reduction"):
-            _check_applicable(store.run(plan.run_id), plan)
+            _check_applicable(store, plan)
             appended = len(store.append_many(plan.run_id, list(plan.events), label="commit_reduction"))
         fault_point("after_commit_reduction")
-    deleted = finish_deletions(store, plan.run_id)
+    # The run's statuses as just committed (a later change by another process can only reduce, drop or tier more).
+    deleted = finish_deletions(store, plan.run_id, plan.state_after)
     return ReductionResult(plan=plan, appended=appended, blobs_put=put, bodies_deleted=deleted)
 
 
-def finish_deletions(store: Store, run_id: str) -> int:
-    """Delete every local body the run's log says is reduced or dropped (and no other run reads). Idempotent."""
-    state = store.run(run_id)
+def finish_deletions(store: Store, run_id: str, state: RunState | None = None) -> int:
+    """Delete every local body the run's log says is reduced or dropped (and no other run reads). Idempotent.
+    ``state``: the run's state when the caller has just read or committed it (else it is read here)."""
+    state = state if state is not None else store.run(run_id)
     pending = [ref for ref, loc in state.bodies.items()
                if loc.status in (REDUCED, DROPPED) and store.blobs.has_body(ref)]
     if not pending:
         return 0
-    deleted = store.release_bodies(pending, label="delete_body")
+    deleted = store.release_bodies(pending, label="delete_body", durable=False)
     fault_point("after_delete_body")
     return len(deleted)
 

@@ -30,10 +30,11 @@ class Caches(Projection):
 
     def put_counts(self, counter: str, counts: Mapping[str, int], *, label: str = "put_counts") -> None:
         """Record counts (first write wins: a count of immutable bytes never changes), and the totals of the runs
-        whose every shown body is now counted, in the same transaction."""
+        whose every shown body is now counted, in the same transaction. Not waited for on disk (a cache: counts
+        lost at a power cut are counted again; a later durable commit syncs them)."""
         if not counts:
             return
-        with self.transaction(label):
+        with self.transaction(label, durable=False):
             self._conn.executemany("INSERT OR IGNORE INTO blob_tokens(ref, counter, tokens) VALUES (?, ?, ?)",
                                    [(ref, counter, int(n)) for ref, n in counts.items()])
             self._total_runs_naming(list(counts), counter)

@@ -142,26 +142,36 @@ class Database:
         return int(self._conn.execute("PRAGMA user_version").fetchone()[0])
 
     @contextlib.contextmanager
-    def transaction(self, label: str) -> Iterator[None]:
+    def transaction(self, label: str, *, durable: bool = True) -> Iterator[None]:
         """``BEGIN IMMEDIATE`` … ``COMMIT`` (ROLLBACK on error); fault point ``<label>.txn`` before COMMIT.
 
-        Nested calls join the outer transaction.
+        Nested calls join the outer transaction. ``durable=False`` commits without waiting for the disk: the
+        transaction survives a crash of the process, and a power loss only once a later durable commit (or a
+        checkpoint) has synced the log — the log is written in order, so that sync covers it too. For writes whose
+        loss at a power cut is harmless and redone by the next run: a summary nothing names yet, the deletion of a
+        body the log already explains.
         """
         if self._in_txn:
             yield
             return
-        self._conn.execute("BEGIN IMMEDIATE")
-        self._in_txn = True
+        if not durable:
+            self._conn.execute("PRAGMA synchronous=NORMAL")
         try:
-            yield
-            fault_point(f"{label}.txn")
-            self._conn.execute("COMMIT")
-        except BaseException:
-            if self._conn.in_transaction:
-                self._conn.execute("ROLLBACK")
-            raise
+            self._conn.execute("BEGIN IMMEDIATE")
+            self._in_txn = True
+            try:
+                yield
+                fault_point(f"{label}.txn")
+                self._conn.execute("COMMIT")
+            except BaseException:
+                if self._conn.in_transaction:
+                    self._conn.execute("ROLLBACK")
+                raise
+            finally:
+                self._in_txn = False
         finally:
-            self._in_txn = False
+            if not durable:
+                self._conn.execute("PRAGMA synchronous=FULL")
 
     @contextlib.contextmanager
     def savepoint(self, name: str) -> Iterator[None]:

@@ -53,15 +53,18 @@ class Store(Queries):
             body = self.fallback(ref)
         return None if body is None else body.decode("utf-8")
 
-    def release_bodies(self, refs: Iterable[str], *, label: str = "delete_body", scrub: bool = True) -> list[str]:
+    def release_bodies(self, refs: Iterable[str], *, label: str = "delete_body", scrub: bool = True,
+                       durable: bool = True) -> list[str]:
         """Delete the local bodies of ``refs`` that no run still reads locally; returns those deleted.
 
         A body shared by two runs stays as long as the log of either still says it is local there.
         Call only after the event explaining the loss (Reduced, Dropped, Tiered) has committed. ``scrub=False``
         for bodies that live on elsewhere (tiered): their freed pages are zeroed only when that is free to do.
+        ``durable=False``: the deletion does not wait for the disk (see ``transaction``; a deletion lost at a power
+        cut leaves a body the log explains, deleted again by the next run).
         """
         deleted: list[str] = []
-        with self.blobs.scrubbing(scrub), self.transaction(label):
+        with self.blobs.scrubbing(scrub), self.transaction(label, durable=durable):
             for ref in dict.fromkeys(refs):
                 if not self.read_locally(ref) and self.blobs.delete_body(ref):
                     deleted.append(ref)
