@@ -483,6 +483,27 @@ def test_a_file_is_imported_whole_or_not_at_all(store: Store, tmp_path: Path) ->
 HALF_ONLY = "output that only the half-good file holds"
 
 
+def test_only_a_file_of_several_runs_to_write_opens_a_savepoint(store: Store, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    # A savepoint journals every page the file changes: a file that writes one run needs none (everything that
+    # can refuse it comes before its write), one that writes two or more gets one, so a later refusal undoes it.
+    opened: list[str] = []
+    real = store.savepoint
+    monkeypatch.setattr(store, "savepoint", lambda name: opened.append(name) or real(name))
+    write_jsonl(tmp_path / "a.jsonl", [make_run("a1", ["x"])])
+    write_jsonl(tmp_path / "b.jsonl", [make_run("b1", ["y"]), make_run("b2", ["z"])])
+    write_jsonl(tmp_path / "c.jsonl", [make_run("a1", ["x"]), make_run("c1", ["w"])])  # a1 is there already
+    assert store.ingest([tmp_path / "a.jsonl", tmp_path / "b.jsonl"]).imported == ["a1", "b1", "b2"]
+    assert opened == ["ingest_file"]
+    assert store.ingest([tmp_path / "c.jsonl"]).imported == ["c1"] and opened == ["ingest_file"]
+    with (tmp_path / "d.jsonl").open("w") as handle:  # one run to write, then a refused document
+        handle.write(json.dumps(make_run("d1", [HALF_ONLY])) + "\n" + '{"id": "d2", "branches": [}\n')
+    report = store.ingest([tmp_path / "d.jsonl"], skip_bad=True)
+    assert report.imported == [] and len(report.skipped) == 1 and opened == ["ingest_file"]
+    assert "d1" not in store.run_ids() and verify(store).ok
+    assert not any(HALF_ONLY.encode() in body for _, body in store.blobs.iter_bodies())
+
+
 def test_a_bad_file_after_committed_batches_says_what_was_imported(store: Store, tmp_path: Path) -> None:
     from kvjudge.retention.ingest import BATCH_RUNS
 

@@ -20,6 +20,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
@@ -161,11 +162,15 @@ class _Batch:
         self.bytes = 0
         self.committed_runs = 0
 
-    def savepoint(self) -> Any:
-        """A savepoint for one file, the transaction begun first when none is open."""
+    def begin(self) -> None:
+        """Begin the transaction when none is open."""
         if self._transaction is None:
             self._transaction = self.store.transaction("ingest")
             self._transaction.__enter__()
+
+    def savepoint(self) -> Any:
+        """A savepoint for one file, the transaction begun first when none is open."""
+        self.begin()
         return self.store.savepoint("ingest_file")
 
     def add(self, runs: int, body_bytes: int) -> None:
@@ -279,12 +284,32 @@ class _Importer:
 
     # ------------------------------------------------------------------ one file
     def _import_file(self, source: Source) -> None:
-        """Every run of ``source``, parsed once and written in one savepoint: the whole file, or none of it."""
+        """Every run of ``source``, parsed once and written: the whole file, or none of it.
+
+        A file's first run to write waits until the next one is checked: a file that brings only one (most do)
+        is written without a savepoint, since everything that can refuse it comes before its write. Only a
+        second run opens one (written before it, rolled back to when a later document is refused) — a savepoint
+        copies every page the file changes to a journal of its own, as much again as the writes themselves.
+        """
         outcome = _FileOutcome()
         try:
-            with self._batch.savepoint():
+            with contextlib.ExitStack() as savepoint:
+                first: ParsedRun | None = None  # the file's first run to write, until a second one comes
                 for document in iter_documents(source):
-                    self._import_run(document, source, outcome)
+                    run = self._checked_run(document, source, outcome)
+                    if run is None:
+                        continue
+                    if first is None and not outcome.imported:
+                        first = run
+                        continue
+                    if first is not None:
+                        savepoint.enter_context(self._batch.savepoint())
+                        self._write_run(first, outcome)
+                        first = None
+                    self._write_run(run, outcome)
+                if first is not None:
+                    self._batch.begin()
+                    self._write_run(first, outcome)
         except IngestError as exc:
             self._bad(source, exc)
             return
@@ -301,7 +326,9 @@ class _Importer:
         self.seen.update(outcome.seen)
         self._batch.add(len(outcome.imported), outcome.body_bytes)
 
-    def _import_run(self, document: Document, source: Source, outcome: _FileOutcome) -> None:
+    def _checked_run(self, document: Document, source: Source, outcome: _FileOutcome) -> ParsedRun | None:
+        """``document`` parsed and checked against the store and the import so far: the run to write, or None
+        when it is here already with the same content; IngestError when it is refused."""
         run = parse_document(document, self.fmt, self.context(source))
         if self.trial is not None and run.trial != self.trial:
             own = f"names its own trial {run.trial!r}" if run.trial is not None else "is named by its file alone"
@@ -319,7 +346,7 @@ class _Importer:
                 raise IngestError(f"{where}: run {run.run_id!r} appears twice with different content "
                                   f"({earlier[0]}: {earlier[1]}; here: {digest})")
             outcome.present.append(run.run_id)
-            return
+            return None
         outcome.seen[run.run_id] = (where, digest)
         stored = stored_content_hash(self.store, run.run_id, len(run.events))
         if stored is not None:
@@ -328,7 +355,10 @@ class _Importer:
                     raise _conflict(where, run.run_id, stored, digest)
                 outcome.finished_since.append(run.run_id)  # kept as imported: its result comes with `grade`
             outcome.present.append(run.run_id)
-            return
+            return None
+        return run
+
+    def _write_run(self, run: ParsedRun, outcome: _FileOutcome) -> None:
         outcome.stored_bytes += self.store.write_parsed(run)
         outcome.body_bytes += run.body_bytes
         outcome.imported.append((run.run_id, _final_state(run),
