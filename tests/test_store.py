@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from pathlib import Path
 
@@ -106,6 +107,27 @@ def test_canonical_bytes_round_trip(store: Store) -> None:
     state = store.run("r1")
     assert RunState.from_bytes(state.canonical_bytes()) == state
     assert RunState.from_bytes(state.canonical_bytes()).canonical_bytes() == state.canonical_bytes()
+
+
+# What canonical JSON was defined as: json.dumps with these arguments. The store's encoder must give its bytes.
+_CANONICAL_VALUES = ["plain", "é\u2028\x00\"\\ \U0001f600", 0, -7, 2**70, 1.5, -0.0, 1e300, 2.5e-10, True, False, None,
+                     [], {}, {"b": [1, {"z": None, "é": "ü", "a": [True, 0.1]}], "a": {"": ""}}, [[[["deep"]]]]]
+
+
+@pytest.mark.parametrize("value", _CANONICAL_VALUES)
+def test_canonical_json_is_json_dumps_sorted_compact(value: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    expected = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    assert ev.canonical_json(value) == expected
+    monkeypatch.setattr(ev, "_C_ENCODE", None)  # Python without the json accelerator
+    assert ev.canonical_json(value) == expected
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), {"a": [float("-inf")]}, {"a": object()}, {1: 2, "b": 3}])
+def test_canonical_json_refuses_what_json_dumps_refuses(value: object) -> None:
+    with pytest.raises((ValueError, TypeError)) as expected:
+        json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    with pytest.raises(expected.type):
+        ev.canonical_json(value)
 
 
 def test_lifecycle_mark_legal_and_illegal(store: Store) -> None:
