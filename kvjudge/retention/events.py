@@ -17,13 +17,11 @@ Kinds, in the order a run meets them:
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import hashlib
 import json
 from collections.abc import Iterable
-from json.encoder import c_make_encoder, encode_basestring  # type: ignore[attr-defined]
 from dataclasses import dataclass
+from json.encoder import c_make_encoder, encode_basestring  # type: ignore[attr-defined]
 from typing import Any, ClassVar
 
 from kvjudge.errors import StoreError
@@ -48,11 +46,6 @@ def canonical_json(value: Any) -> str:
     return "".join(_C_ENCODE(value, 0))
 
 
-@functools.cache
-def _field_names(cls: type) -> tuple[str, ...]:
-    return tuple(f.name for f in dataclasses.fields(cls))
-
-
 @dataclass(frozen=True)
 class Event:
     """Base of every event: ``run`` is the run id the event belongs to."""
@@ -65,17 +58,23 @@ class Event:
 
     def payload(self) -> dict[str, Any]:
         """The event's fields as plain JSON values (a new dict; the values are the event's own, not copies)."""
-        return {name: value for name in _field_names(type(self))
-                if (value := getattr(self, name)) is not None or name not in self.optional}
+        # Read from the instance's __dict__ (its fields, set in order by __init__, and the cached JSON below):
+        # a getattr per field costs as much again.
+        optional = self.optional
+        return {name: value for name, value in self.__dict__.items()
+                if name != _CACHED_JSON and (value is not None or name not in optional)}
 
     def to_json(self) -> str:
         """The canonical JSON stored in the log (its ``kind`` lives in its own column)."""
         # Computed once per event (an import hashes it and writes it); events are frozen, so it cannot go stale.
         # Kept in the instance's __dict__ by hand: functools.cached_property takes a lock on every first read.
-        cached = self.__dict__.get("_canonical")
+        cached = self.__dict__.get(_CACHED_JSON)
         if cached is None:
-            cached = self.__dict__["_canonical"] = canonical_json(self.payload())
+            cached = self.__dict__[_CACHED_JSON] = canonical_json(self.payload())
         return cached
+
+
+_CACHED_JSON = "_canonical"  # where Event.to_json keeps an event's JSON (a name no field has)
 
 
 @dataclass(frozen=True)
@@ -251,6 +250,7 @@ class ContentHasher:
         self._digest = hashlib.sha256()
 
     def update(self, events: Iterable[Event]) -> ContentHasher:
+        lines = []
         for event in events:
             if isinstance(event, RunStarted):
                 data = event.payload()
@@ -258,7 +258,8 @@ class ContentHasher:
                 text = canonical_json(data)
             else:
                 text = event.to_json()
-            self._digest.update(f"{event.kind} {text}\n".encode("utf-8"))
+            lines.append(f"{event.kind} {text}\n")
+        self._digest.update("".join(lines).encode("utf-8"))  # one update: the same bytes in the same order
         return self
 
     def copy(self) -> ContentHasher:

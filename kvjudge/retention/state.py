@@ -254,7 +254,14 @@ class RunFolder:
             self.bodies[ref] = BodyLocation(ref=ref, status=LOCAL, summary_ref=None, lsn=lsn)
 
     def apply(self, lsn: int, event: ev.Event) -> None:
-        if isinstance(event, ev.RunStarted):
+        if isinstance(event, ev.TransitionRecorded):  # first: most of a run's events
+            transition = Transition(seq=event.seq, role=event.role, text_ref=event.text_ref,
+                                    tool_call=event.tool_call, tool_output=event.tool_output,
+                                    usage=event.usage, context=event.context)
+            self.branches[event.branch]["transitions"].append(transition)
+            for ref in transition.refs():
+                self._name(ref, lsn)
+        elif isinstance(event, ev.RunStarted):
             self.tenant, self.task_id, self.task_prompt_ref = event.tenant, event.task_id, event.task_prompt_ref
             self.agent, self.metadata, self.trial = event.agent, event.metadata, event.trial
             self.state = RUNNING
@@ -263,13 +270,6 @@ class RunFolder:
         elif isinstance(event, ev.BranchOpened):
             branch = Branch(id=event.branch, status=event.status, parent=event.parent, fork_at=event.fork_at)
             self.branches[event.branch] = {"branch": branch, "transitions": []}
-        elif isinstance(event, ev.TransitionRecorded):
-            transition = Transition(seq=event.seq, role=event.role, text_ref=event.text_ref,
-                                    tool_call=event.tool_call, tool_output=event.tool_output,
-                                    usage=event.usage, context=event.context)
-            self.branches[event.branch]["transitions"].append(transition)
-            for ref in transition.refs():
-                self._name(ref, lsn)
         elif isinstance(event, ev.VerifierRecorded):
             self.verifier.append(event.result)
         elif isinstance(event, ev.GradeRecorded):

@@ -70,7 +70,10 @@ class EventLog(Database):
             return
         if folder is None:
             raise StoreError(f"no run {run_id!r} in the store; list runs with `kvjudge runs`")
-        if isinstance(event, ev.StateChanged):
+        if isinstance(event, ev.TransitionRecorded):  # first: most of a run's events
+            if event.branch not in folder.branches:
+                raise StoreError(f"run {run_id} has no branch {event.branch!r}")
+        elif isinstance(event, ev.StateChanged):
             check_transition(run_id, folder.state, event.state, after_grade=after_grade)
         elif isinstance(event, ev.GradeRecorded):
             missing = [grade for grade in event.replaces or () if grade not in folder.grades]
@@ -80,9 +83,6 @@ class EventLog(Database):
         elif isinstance(event, ev.BranchOpened):
             if event.branch in folder.branches:
                 raise StoreError(f"run {run_id} already has a branch {event.branch!r}")
-        elif isinstance(event, ev.TransitionRecorded):
-            if event.branch not in folder.branches:
-                raise StoreError(f"run {run_id} has no branch {event.branch!r}")
         elif isinstance(event, ev.Reduced):
             location = folder.bodies.get(event.original)
             if location is None or location.status != LOCAL:
