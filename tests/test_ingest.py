@@ -483,6 +483,20 @@ def test_a_file_is_imported_whole_or_not_at_all(store: Store, tmp_path: Path) ->
 HALF_ONLY = "output that only the half-good file holds"
 
 
+def test_an_import_writes_through_a_page_cache_that_holds_a_batch(store: Store, tmp_path: Path) -> None:
+    from kvjudge.retention.ingest.importer import BATCH_BYTES, IMPORT_PAGE_CACHE_MIB
+
+    def cache_kib() -> int:  # the store's own connection's (negative: KiB)
+        return -int(store._conn.execute("PRAGMA cache_size").fetchone()[0])
+
+    before = cache_kib()
+    seen: list[int] = []
+    write_jsonl(tmp_path / "a.jsonl", [make_run("a1", ["x"])])
+    store.ingest([tmp_path / "a.jsonl"], progress=lambda files, description: seen.append(cache_kib()))
+    assert seen and set(seen) == {IMPORT_PAGE_CACHE_MIB * 1024} and IMPORT_PAGE_CACHE_MIB << 20 > BATCH_BYTES
+    assert cache_kib() == before  # and the store's own size again after
+
+
 def test_only_a_file_of_several_runs_to_write_opens_a_savepoint(store: Store, tmp_path: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     # A savepoint journals every page the file changes: a file that writes one run needs none (everything that

@@ -174,6 +174,19 @@ class Database:
                 self._conn.execute("PRAGMA synchronous=FULL")
 
     @contextlib.contextmanager
+    def page_cache(self, mib: int) -> Iterator[None]:
+        """Within: SQLite keeps up to ``mib`` MiB of pages in memory on this connection (its default is 2 MiB), then
+        the previous size again. For writes in large transactions (an import's batches): a transaction whose
+        changed pages outgrow the cache writes them to the WAL before COMMIT (and again when changed again), and
+        each index page it evicted is read back for the next insert."""
+        previous = int(self._conn.execute("PRAGMA cache_size").fetchone()[0])
+        self._conn.execute(f"PRAGMA cache_size = {-int(mib) * 1024}")
+        try:
+            yield
+        finally:
+            self._conn.execute(f"PRAGMA cache_size = {previous}")
+
+    @contextlib.contextmanager
     def savepoint(self, name: str) -> Iterator[None]:
         """A SAVEPOINT inside the open :meth:`transaction`: released when the block ends, rolled back to when it
         raises (the rest of the transaction stays), so one part of a batch can fail alone."""
