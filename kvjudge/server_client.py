@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from kvjudge.errors import ContextRefused, ServerError, ServerUnavailable, UsageError
+from kvjudge.settings import DEFAULT_TIMEOUT_S
 
-DEFAULT_TIMEOUT_S = 600.0
 CONNECT_TIMEOUT_S = 10.0
 # Identification is small: a dead server should not hold up `cache show` or a lookup for minutes.
 IDENTIFY_TIMEOUT_S = 15.0

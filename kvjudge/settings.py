@@ -45,6 +45,8 @@ APP_NAME = "kvjudge"
 # The tie margin on |p_a - 0.5| a verdict is decided with, unless [judge] margin says otherwise (the rule that uses
 # it: kvjudge.judge.verdict).
 DEFAULT_MARGIN = 0.05
+DEFAULT_PARALLEL = 2  # requests in flight per judge server
+DEFAULT_TIMEOUT_S = 600.0  # seconds one judge-server request may take
 
 
 def cache_dir() -> Path:
@@ -139,8 +141,8 @@ class JudgeSettings:
     servers: tuple[str, ...] | None = field(default=None, metadata=_limit(lambda v: len(v) > 0 and all(v),
                                                                           "a non-empty list of URLs"))
     tokenizer_model: str | None = None
-    parallel: int = field(default=2, metadata=_limit(lambda v: v >= 1, "at least 1"))
-    timeout: float = field(default=600.0, metadata=_limit(_positive, "a positive number of seconds"))
+    parallel: int = field(default=DEFAULT_PARALLEL, metadata=_limit(lambda v: v >= 1, "at least 1"))
+    timeout: float = field(default=DEFAULT_TIMEOUT_S, metadata=_limit(_positive, "a positive number of seconds"))
     margin: float = field(default=DEFAULT_MARGIN, metadata=_limit(lambda v: 0 <= v < 0.5, "in [0, 0.5)"))
     template: str = field(default="auto", metadata=_limit(lambda v: v in ("auto", "chat", "raw"),
                                                           'one of "auto", "chat", "raw"'))

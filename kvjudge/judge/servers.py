@@ -47,8 +47,8 @@ from kvjudge.judge.labels import (
     score_in_turn,
 )
 from kvjudge.judge.prompt import Framing, Prompt, TemplateText, choose_framing, user_message
+from kvjudge.settings import DEFAULT_PARALLEL, DEFAULT_TIMEOUT_S
 from kvjudge.server_client import (
-    DEFAULT_TIMEOUT_S,
     RetryPolicy,
     ServerClient,
     ServerInfo,
@@ -61,7 +61,6 @@ if TYPE_CHECKING:
 
 DEFAULT_TOP_LOGPROBS = 20
 VLLM_MAX_LOGPROBS = 20  # vLLM refuses more unless started with a larger --max-logprobs
-DEFAULT_PARALLEL = 2
 # A server whose calls failed this many times in a row (each after its retries) is dropped from the pool.
 DROP_AFTER_FAILURES = 3
 # Text whose tokenization decides whether a local GGUF is the served model's tokenizer.
