@@ -19,6 +19,7 @@ from kvjudge import __version__
 from kvjudge.judge import SCORED, Judge, OrderPrompt, Verdict
 from kvjudge.judge.evaluate import evaluate, grade_score, truth
 from kvjudge.judge.ranking import BOOTSTRAP, agent_of, rank
+from kvjudge.retention import RunState
 from kvjudge.retention import events as ev
 from kvjudge.retention.store import Store
 
@@ -126,7 +127,7 @@ def judge_description(judge: Judge) -> dict[str, Any]:
             "show_grades": manifest.get("show_grades"), "margin": judge.margin}
 
 
-def _where(state: Any) -> dict[str, list[str]]:
+def _where(state: RunState) -> dict[str, list[str]]:
     """Every body ref of ``state`` and where the run names it (``task prompt``, ``main step 3 (tool): text``)."""
     places: dict[str, list[str]] = {}
     if state.task_prompt_ref:
@@ -143,7 +144,7 @@ def _where(state: Any) -> dict[str, list[str]]:
     return places
 
 
-def reductions(store: Store, state: Any) -> tuple[Reduction, ...]:
+def reductions(store: Store, state: RunState) -> tuple[Reduction, ...]:
     """What reduction removed from the run, in log order, one row per Reduced / BranchReduced / Dropped."""
     places = _where(state)
     found = []
@@ -226,7 +227,7 @@ def build_report(store: Store, judge: Judge, verdicts: Sequence[Verdict], *,
     return Report(header=header, evaluation=evaluation, ranking=ranking, pairs=tuple(pairs), runs=tuple(runs))
 
 
-def _tier_status(state: Any) -> str | None:
+def _tier_status(state: RunState) -> str | None:
     return None if state.tier is None else state.tier.get("status")
 
 
