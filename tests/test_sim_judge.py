@@ -7,6 +7,7 @@ in both orders, a bad key is one clear error, and kvjudge's real server client r
 
 from __future__ import annotations
 
+import http.client
 import json
 import math
 import signal
@@ -225,3 +226,19 @@ def test_it_keeps_every_text_it_is_sent_to_read_only_when_given_a_list(tmp_path:
     with SimJudgeServer(key, Settings()) as server:  # none kept by default
         ServerBackend(url=server.url).score(segments)
         assert server.prompts is None and server.requests["/v1/completions"] == 1
+
+
+def test_a_refused_post_leaves_its_kept_alive_connection_usable(tmp_path: Path) -> None:
+    """An unknown path's body is read before the 404, so the next request on the same connection is read as one."""
+    _runs, key = write_graded(tmp_path, [GOOD, BAD])
+    with SimJudgeServer(key, Settings()) as server:
+        host, port = server.url.removeprefix("http://").rstrip("/").split(":")
+        connection = http.client.HTTPConnection(host, int(port), timeout=10)
+        body = json.dumps({"prompt": "x" * 5000})
+        connection.request("POST", "/v1/no-such-endpoint", body=body, headers={"Content-Type": "application/json"})
+        refused = connection.getresponse()
+        assert refused.status == 404 and json.loads(refused.read()) == {"detail": "Not Found"}
+        connection.request("GET", "/v1/models")
+        answered = connection.getresponse()
+        assert answered.status == 200 and json.loads(answered.read())["data"][0]["id"]
+        connection.close()

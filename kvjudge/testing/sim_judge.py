@@ -403,9 +403,12 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    def _body(self) -> dict[str, Any]:
+    def _raw_body(self) -> bytes:
         length = int(self.headers.get("Content-Length") or 0)
-        raw = self.rfile.read(length) if length else b""
+        return self.rfile.read(length) if length else b""
+
+    @staticmethod
+    def _body(raw: bytes) -> dict[str, Any]:
         try:
             body = json.loads(raw) if raw else {}
         except ValueError as exc:
@@ -423,9 +426,12 @@ class _Handler(BaseHTTPRequestHandler):
                   ("POST", "/v1/chat/completions"): self.server.api.chat}
         handler = routes.get((method, path))
         try:
+            # The body is read before anything is refused: left unread on a kept-alive connection, it would be
+            # taken for the start of the next request.
+            raw = self._raw_body()
             if handler is None:
                 raise _Refusal(404, {"detail": "Not Found"})
-            payload = handler(self._body()) if method == "POST" else handler({})
+            payload = handler(self._body(raw) if method == "POST" else {})
         except _Refusal as refusal:
             self._send(refusal.status, refusal.payload)
             return
