@@ -33,20 +33,19 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kvjudge import models
-from kvjudge.budget import CeilingBound, effective_ceiling
 from kvjudge.errors import CapabilityMissing, KvjudgeError, ServerError, StoreError, UsageError
-from kvjudge.probe import CapabilityEntry, CapabilityLookup, lookup_served, probe_server
-from kvjudge.probe.served import MAX_SERVED_TRIALS
-from kvjudge.retention import ColdReader, ColdStores, Store, resolve_target
-from kvjudge.retention.store import default_store_path
-from kvjudge.server_client import ServerClient, ServerInfo, ServerTokenCounter
+from kvjudge.retention.store import Store, default_store_path
 from kvjudge.settings import Settings
-from kvjudge.tokens import ModelTokenizer, ParallelCounter, TokenCounter, make_counter
 
-# The judge's machinery is imported where a judge is opened: a command that only reads the store (a listing)
-# never loads it.
+# Each part is imported where its figure is first wanted: the judge's machinery where a judge is opened, the probe
+# where an entry is read, the counters where one is built, the cold stores where a tiered body is read. A command
+# that opens the store without reading tiered bodies (ingest) loads none of them: half its start-up time.
 if TYPE_CHECKING:
+    from kvjudge.budget import CeilingBound
+    from kvjudge.probe import CapabilityEntry, CapabilityLookup
+    from kvjudge.retention.tiering import ColdStores
+    from kvjudge.server_client import ServerClient, ServerInfo
+    from kvjudge.tokens import TokenCounter
     from kvjudge.judge import Backend, Judge
     from kvjudge.judge.pipeline import VerdictFn
     from kvjudge.judge.stillgrades import ProgressFactory, StillGradesCheck
@@ -114,6 +113,8 @@ class JudgeTarget:
     def model_path(self) -> Path:
         """The local judge GGUF: ``[judge] model``, else the bundled judge model (fetched on first use)."""
         if self._model_path is None:
+            from kvjudge import models
+
             named = self.settings.judge.model
             self._model_path = models.resolve_model(named) if named else models.judge_model_path()
         return self._model_path
@@ -157,6 +158,8 @@ class JudgeTarget:
         """Where a local model's entry is read and recorded: ``capabilities`` (else the cache in the cache dir), under
         ``[probe] memory_budget`` and ``staleness_days``. The window planner of :meth:`open_judge` gets this one
         too, so the window and the ceiling read the same entry."""
+        from kvjudge.probe import CapabilityLookup
+
         probe = self.settings.probe
         return CapabilityLookup(cache_path=self.capabilities, memory_budget=probe.memory_budget,
                                 staleness_days=probe.staleness_days)
@@ -177,6 +180,8 @@ class JudgeTarget:
         return entry
 
     def _served_entry(self, url: str) -> CapabilityEntry | None:
+        from kvjudge.probe import lookup_served
+
         found = lookup_served(url, cache_path=self.capabilities, staleness_days=self.settings.probe.staleness_days)
         if found.entry is None:
             return self._probe_on_first_use(found.url, found.reason)
@@ -188,6 +193,9 @@ class JudgeTarget:
         return found.entry
 
     def _probe_on_first_use(self, url: str, reason: str) -> CapabilityEntry | None:
+        from kvjudge.probe import probe_server
+        from kvjudge.probe.served import MAX_SERVED_TRIALS
+
         why = f" ({reason})" if reason not in ("", "no entry") else ""
         self.say(f"no capability entry for the model served at {url}{why}: probing it now (at most "
                  f"{MAX_SERVED_TRIALS} requests; `kvjudge probe --server {url}` does this ahead of time)")
@@ -203,6 +211,8 @@ class JudgeTarget:
     # ------------------------------------------------------------------------------------------- ceilings
     def ceiling(self, tenant: str | None = None) -> CeilingBound:
         """The effective ceiling of ``tenant`` and the bound that won; CapabilityMissing without a probe figure."""
+        from kvjudge.budget import effective_ceiling
+
         configured = self.settings.retention.ceiling_for(tenant)
         if self.lowered_to is not None:
             configured = min(configured, self.lowered_to)
@@ -234,6 +244,8 @@ class JudgeTarget:
     def counter(self) -> TokenCounter:
         """The counter of ``[retention] counter`` (see the module doc); built once."""
         if self._counter is None:
+            from kvjudge.tokens import ModelTokenizer, make_counter
+
             spec = self.settings.retention.counter
             if spec.partition(":")[0] != "model":
                 self._counter = make_counter(spec)
@@ -244,6 +256,10 @@ class JudgeTarget:
         return self._counter
 
     def _served_counter(self) -> TokenCounter:
+        from kvjudge import models
+        from kvjudge.server_client import ServerClient, ServerTokenCounter
+        from kvjudge.tokens import ModelTokenizer, ParallelCounter
+
         named = self.settings.judge.tokenizer_model
         if named:
             return ModelTokenizer(models.resolve_model(named))
@@ -292,11 +308,15 @@ class JudgeTarget:
         says an S3 store moved), else ``[retention] endpoint_url``, else boto3's resolution; recorded moves where
         their log says. Notices (an old log without endpoints) go to ``say``, once."""
         if self._cold_stores is None:
+            from kvjudge.retention.tiering import ColdStores
+
             self._cold_stores = ColdStores.from_settings(self.settings.retention, self.endpoint_url, notice=self.say)
         return self._cold_stores
 
     def cold_target(self) -> str:
         """Where new moves go: ``[retention] cold`` (``--to``), else a ``cold`` directory in the data dir."""
+        from kvjudge.retention.tiering import resolve_target
+
         return resolve_target(self.settings.retention)
 
     def open_store(self, path: str | Path | None = None, *, read_tiered: bool = True, create: bool = False) -> Store:
@@ -312,6 +332,8 @@ class JudgeTarget:
                              f"set [retention] store to an existing store)")
         store = Store.open(where)
         if read_tiered:  # the reader looks up where each tiered body went, so it needs the store
+            from kvjudge.retention.tiering import ColdReader
+
             store.fallback = ColdReader(store, self.cold_stores())
         return store
 

@@ -573,3 +573,50 @@ def test_bytes_that_are_not_utf8_in_an_eval_sample_are_refused_or_repaired(store
     report = store.ingest([path], repair_text=True)
     assert list(report.repaired) == ["m/x/t/1/1"]
     assert "Running \ufffd`" in store.text(store.run("m/x/t/1/1").branches[0].transitions[2].text_ref)
+
+
+def _harbor_variety(root: Path) -> Path:
+    """The two-agent job, a trial not finished, and a trial whose trajectory opens with a system step and has
+    content parts, a batch of calls sharing one output and a reply without a call."""
+    job = two_agent_job(root)
+    write_trial(job, TrialSpec(TASKS[1], suffix="Run0001", seed=21, finished=False))
+    varied = write_trial(job, TrialSpec("hello-world", seed=6, steps=3))
+
+    def edit(data: dict) -> None:
+        user, batch, unparsed = data["steps"][0], data["steps"][1], data["steps"][2]
+        data["steps"].insert(0, {"step_id": 1, "source": "system", "message": "You are a careful engineer."})
+        for number, step in enumerate(data["steps"], start=1):
+            step["step_id"] = number
+        user["message"] = [{"type": "text", "text": "Fix the quoting. "},
+                           {"type": "image", "source": {"path": "a.png"}}]
+        batch["tool_calls"].append({"tool_call_id": "call_0_2", "function_name": "bash_command",
+                                    "arguments": {"keystrokes": "ls\n", "duration": 0.1}})
+        del batch["observation"]["results"][0]["source_call_id"]
+        del unparsed["tool_calls"]
+        unparsed["observation"] = {"results": [{"content": "Previous response had parsing errors: …"}]}
+    edit_json(varied / "agent" / "trajectory.json", edit)
+    return job
+
+
+# Each trial's content hash as kvjudge has always imported it (by trial name): a run imported again must hash the
+# same whatever the parser's inner workings, or a store filled before would refuse the same trial as other content.
+HARBOR_CONTENT_HASHES = {
+    "build-cython-ext__C10bbbb": "sha256:7d65edfaee85b98fc67cecacf93c05f13a5cc47f9ce707463136248b6f7a16ca",
+    "build-cython-ext__C11bbbb": "sha256:0a150f4b171e001d29411b47ee9d2f37bb36ef2b7872da3946b334a5487b0030",
+    "fix-csv-quoting__C00bbbb": "sha256:4246d45351a2341cbdd562f45488b024e88055e271800797c7fe6841cd12dd1c",
+    "fix-csv-quoting__C01bbbb": "sha256:21d383064e0ea420173a5fa502e81536ac4b22bb35230937e592ca61ee2a855f",
+    "build-cython-ext__Run0001": "sha256:8361ae0dc93f49199b1e725fc323883fae9d1b46cea278095ff9947a352a54fa",
+    "build-cython-ext__T10aaaa": "sha256:47d0fdb345c4072efa721fc87c537b547de001ccbd133262dd758c8974618423",
+    "build-cython-ext__T11aaaa": "sha256:47b6e06b1a437abc9544d8339e25250468fed8460584c1b975a2639d2b2530d0",
+    "fix-csv-quoting__T00aaaa": "sha256:b0927b940f2a5263345774797022261be04d9cb35207ac757b9c73049c882278",
+    "fix-csv-quoting__T01aaaa": "sha256:472cbecc83f6340a8917c5a56f6d64590d53b9497f7d358873c26f1a4e66446b",
+    "hello-world__AbC1234": "sha256:9d4b64225247440cb31cda3060a2cce0ef67195816d7c9cb20b54c3211759f26",
+}
+
+
+def test_a_harbor_trial_hashes_as_it_always_has(store: Store, tmp_path: Path) -> None:
+    report = store.ingest([_harbor_variety(tmp_path / "jobs")])
+    assert len(report.imported) == 10 and report.skipped == []
+    hashes = {store.run(run_id).trial: next(iter(store.iter_events(run_id)))[1].content_hash
+              for run_id in report.imported}
+    assert hashes == HARBOR_CONTENT_HASHES

@@ -12,7 +12,6 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from kvjudge.display import visible
-from kvjudge.probe import format_size
 
 
 class _HumanStdout:
@@ -153,6 +152,8 @@ def unmatched_results_line(unmatched: Sequence[dict[str, str]], runs: str = "run
 
 def format_mib(value: int | None) -> str:
     """Bytes for a table, in the probe's units."""
+    from kvjudge.probe import format_size  # here: a command that shows no sizes never loads the probe
+
     return format_size(value)
 
 

@@ -10,8 +10,10 @@ Public API (ARCHITECTURE.md says which layers use it)::
     from kvjudge.retention import open_cold_store, tier_run, rehydrate_run   # tiering (kvjudge.retention.tiering)
 """
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from kvjudge.retention.blobs import ref_of
-from kvjudge.retention.cold import ColdStore, LocalDirColdStore, S3ColdStore, open_cold_store
 from kvjudge.retention.events import (
     EVENT_TYPES,
     BranchOpened,
@@ -30,51 +32,87 @@ from kvjudge.retention.events import (
     VerifierRecorded,
     canonical_json,
 )
-from kvjudge.retention.evidence import Evidence, Visibility, find_evidence, measure
-from kvjudge.retention.extract import diff_extract, head_tail_extract
 from kvjudge.retention.faults import fault_point
 from kvjudge.retention.ingest import IngestReport, ingest_paths
-from kvjudge.retention.late_grades import GradeReport, attach_grades
 from kvjudge.retention.lifecycle import STATES, is_reducible
-from kvjudge.retention.reduce import (
-    ReductionPlan,
-    ReductionResult,
-    RunInColdStorage,
-    RunsReduction,
-    StalePlan,
-    apply_plan,
-    plan_reduction,
-    reduce_run,
-    reduce_runs,
-    run_tokens,
-    stored_tokens,
-    view_refs,
-)
 from kvjudge.retention.state import BodyLocation, Branch, RunState, Transition, fold, fold_onto
 from kvjudge.retention.store import BlobStore, Explanation, RunListing, Store
 from kvjudge.retention.text_check import TextError, parse_checked
-from kvjudge.retention.tiering import (
-    REHYDRATE_POINTS,
-    TIER_POINTS,
-    ColdReader,
-    ColdStores,
-    Manifest,
-    RehydrateResult,
-    TierGate,
-    TierPlan,
-    TierResult,
-    fallback_reader,
-    local_body_bytes,
-    plan_all,
-    recover,
-    rehydrate_run,
-    resolve_endpoint,
-    resolve_target,
-    tier_run,
-    tier_runs,
-    verify_checks,
-)
 from kvjudge.retention.verify import Violation, VerifyReport, verify
+
+# The modules below load on first use of one of their names (``from kvjudge.retention import tier_run``, or
+# ``import kvjudge.retention.tiering``), so that importing the store, the log or ingest loads no more than those
+# (tiering alone brings the HTTP and S3 clients): ``kvjudge ingest`` starts without them. Each name is its module's.
+_LOADED_ON_USE = {
+    "kvjudge.retention.cold": ("ColdStore", "LocalDirColdStore", "S3ColdStore", "open_cold_store"),
+    "kvjudge.retention.evidence": ("Evidence", "Visibility", "find_evidence", "measure"),
+    "kvjudge.retention.extract": ("diff_extract", "head_tail_extract"),
+    "kvjudge.retention.late_grades": ("GradeReport", "attach_grades"),
+    "kvjudge.retention.reduce": ("ReductionPlan", "ReductionResult", "RunInColdStorage", "RunsReduction", "StalePlan",
+                                 "apply_plan", "plan_reduction", "reduce_run", "reduce_runs", "run_tokens",
+                                 "stored_tokens", "view_refs"),
+    "kvjudge.retention.tiering": ("REHYDRATE_POINTS", "TIER_POINTS", "ColdReader", "ColdStores", "Manifest",
+                                  "RehydrateResult", "TierGate", "TierPlan", "TierResult", "fallback_reader",
+                                  "local_body_bytes", "plan_all", "recover", "rehydrate_run", "resolve_endpoint",
+                                  "resolve_target", "tier_run", "tier_runs", "verify_checks"),
+}
+_MODULE_OF = {name: module for module, names in _LOADED_ON_USE.items() for name in names}
+
+if TYPE_CHECKING:
+    from kvjudge.retention.cold import ColdStore, LocalDirColdStore, S3ColdStore, open_cold_store
+    from kvjudge.retention.evidence import Evidence, Visibility, find_evidence, measure
+    from kvjudge.retention.extract import diff_extract, head_tail_extract
+    from kvjudge.retention.late_grades import GradeReport, attach_grades
+    from kvjudge.retention.reduce import (
+        ReductionPlan,
+        ReductionResult,
+        RunInColdStorage,
+        RunsReduction,
+        StalePlan,
+        apply_plan,
+        plan_reduction,
+        reduce_run,
+        reduce_runs,
+        run_tokens,
+        stored_tokens,
+        view_refs,
+    )
+    from kvjudge.retention.tiering import (
+        REHYDRATE_POINTS,
+        TIER_POINTS,
+        ColdReader,
+        ColdStores,
+        Manifest,
+        RehydrateResult,
+        TierGate,
+        TierPlan,
+        TierResult,
+        fallback_reader,
+        local_body_bytes,
+        plan_all,
+        recover,
+        rehydrate_run,
+        resolve_endpoint,
+        resolve_target,
+        tier_run,
+        tier_runs,
+        verify_checks,
+    )
+
+
+def __getattr__(name: str) -> Any:
+    """A name of :data:`_LOADED_ON_USE`, its module imported now (and the name kept here after)."""
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_MODULE_OF))
+
 
 __all__ = [
     "EVENT_TYPES", "STATES", "BlobStore", "BodyLocation", "Branch", "BranchOpened", "BranchReduced", "Dropped",

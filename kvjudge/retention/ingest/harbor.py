@@ -221,8 +221,8 @@ def parse_harbor(obj: Any, context: ParseContext) -> ParsedRun:
         need(bool(session), subpath(main_path, "session_id"), "missing (a lone trajectory is named by its session)")
         run_id, task, trial = f"{agent}/{session}", None, session
     run = context.new_run(run_id, "harbor", agent=agent, grading_open=result is None)
-    steps, copied = _steps(parts)
-    prompt = next((text for kind, text, _ in steps if kind == "user"), None)
+    branch = run.branch("main")
+    prompt, copied = _transitions(run, branch, parts)
     last_metrics = parts[-1][1].get("final_metrics") if isinstance(parts[-1][1].get("final_metrics"), dict) else {}
     version = result.agent_version if result else atif_agent.get("version")
     metadata = scalars({
@@ -233,19 +233,9 @@ def parse_harbor(obj: Any, context: ParseContext) -> ParsedRun:
         "trial_finished": False if unfinished is not None else None,
         "cost": last_metrics.get("total_cost_usd"), "prompt_tokens": last_metrics.get("total_prompt_tokens"),
         "completion_tokens": last_metrics.get("total_completion_tokens")})
+    # Known only once every step is read (the prompt is the first user step's text, the copied steps are counted):
+    # RunStarted goes first all the same.
     run.start(task_id=task, prompt=prompt, metadata=metadata, trial=trial)
-    branch = run.branch("main")
-    prompted = False
-    for kind, text, step in steps:
-        if kind == "user" and not prompted:
-            prompted = True
-            run.step(branch, "user", text=with_marker(text or "", prompt, TASK_MARKER))
-        elif kind == "agent":
-            _agent_step(run, branch, text, step)
-        else:
-            run.step(branch, kind, text=text)
-            for name_out, output in step.get("outputs", ()):
-                run.step(branch, "tool", output=(name_out, output, None))
     if result is not None:
         run.events.extend(settle_events(run.run_id, True, result.grade))
     return run
@@ -286,73 +276,96 @@ def _check_header(part: dict[str, Any], path: JsonPath) -> None:
     need(len(steps) > 0, subpath(path, "steps"), "must not be empty")
 
 
-def _steps(parts: list[tuple[JsonPath, dict[str, Any]]]) -> tuple[list[tuple[str, str | None, dict[str, Any]]], int]:
-    """Every step of every part, checked, as (source, text, details); copied context left out (and counted)."""
-    out: list[tuple[str, str | None, dict[str, Any]]] = []
+def _transitions(run: ParsedRun, branch: str, parts: list[tuple[JsonPath, dict[str, Any]]]) -> tuple[str | None, int]:
+    """Every step of every part, checked and turned into its transitions in one pass; copied context checked, left
+    out and counted. Returns the task prompt (the first user step's text) and how many steps were copied."""
+    prompt: str | None = None
+    prompted = False
     copied = 0
     for base, part in parts:
         previous = 0
         for index, step in enumerate(part["steps"]):
-            where = subpath(base, "steps", index)
-            need(isinstance(step, dict), where, "must be an object")
-            step_id = step.get("step_id")
-            need(isinstance(step_id, int) and not isinstance(step_id, bool) and step_id >= 1, subpath(where, "step_id"),
-                 "must be a whole number from 1")
-            need(step_id > previous, subpath(where, "step_id"),
-                 f"step {step_id} comes after step {previous}: steps out of order")
-            previous = step_id
-            source = step.get("source")
-            need(source in _SOURCES, subpath(where, "source"), f"must be one of {', '.join(_SOURCES)}")
-            text = content_text(step.get("message"), subpath(where, "message"))
-            details = _details(step, where)
+            source, text = _checked_step(step, base, index, previous)
+            previous = step["step_id"]
+            calls, outputs = _calls_and_outputs(step, base, index)
             if step.get("is_copied_context") is True:
                 copied += 1
-                continue
-            out.append((source, text, details))
-    return out, copied
+            elif source == "agent":
+                _agent_step(run, branch, step, text, calls, outputs)
+            elif source == "user" and not prompted:
+                prompted, prompt = True, text
+                run.step(branch, "user", text=with_marker(text or "", prompt, TASK_MARKER))
+            else:
+                run.step(branch, source, text=text)
+                for name, output in outputs:
+                    run.step(branch, "tool", output=(name, output, None))
+    return prompt, copied
 
 
-def _details(step: dict[str, Any], where: JsonPath) -> dict[str, Any]:
-    """A step's tool calls, observation results (each matched to its call), reasoning and usage."""
-    calls: list[tuple[str, str, Any]] = []
-    for index, call in enumerate(step.get("tool_calls") or []):
-        at = subpath(where, "tool_calls", index)
+def _checked_step(step: Any, base: JsonPath, index: int, previous: int) -> tuple[str, str | None]:
+    """A step's source and text, checked: an object whose ``step_id`` (a whole number from 1) follows
+    ``previous``. JSON paths are built only for an error (most steps are fine)."""
+    if not isinstance(step, dict):
+        raise DocumentError(subpath(base, "steps", index), "must be an object")
+    step_id = step.get("step_id")
+    if type(step_id) is not int or step_id < 1:  # type(), not isinstance: a boolean is not a step id
+        raise DocumentError(subpath(base, "steps", index, "step_id"), "must be a whole number from 1")
+    if step_id <= previous:
+        raise DocumentError(subpath(base, "steps", index, "step_id"),
+                            f"step {step_id} comes after step {previous}: steps out of order")
+    source = step.get("source")
+    if source not in _SOURCES:
+        raise DocumentError(subpath(base, "steps", index, "source"), f"must be one of {', '.join(_SOURCES)}")
+    message = step.get("message")
+    text = message if message is None or type(message) is str else \
+        content_text(message, subpath(base, "steps", index, "message"))
+    return source, text
+
+
+def _calls_and_outputs(step: dict[str, Any], base: JsonPath,
+                       index: int) -> tuple[list[tuple[str, Any]], list[tuple[str | None, str]]]:
+    """A step's tool calls (function name, arguments) and observation results (the function of the call each
+    names, or None; its text), each result matched to a call of its own step."""
+    calls: list[tuple[str, Any]] = []
+    names: dict[str, str] = {}
+    for number, call in enumerate(step.get("tool_calls") or ()):
+        at = subpath(base, "steps", index, "tool_calls", number)
         need(isinstance(call, dict), at, "must be an object")
         call_id = get_field(call, "tool_call_id", at, str, "a string")
         function = get_field(call, "function_name", at, str, "a string")
-        calls.append((call_id, function, call.get("arguments")))
-    names = {call_id: function for call_id, function, _ in calls}
+        calls.append((function, call.get("arguments")))
+        names[call_id] = function
     outputs: list[tuple[str | None, str]] = []
     observation = step.get("observation")
     if observation is not None:
-        need(isinstance(observation, dict), subpath(where, "observation"), "must be an object")
-        results = get_field(observation, "results", subpath(where, "observation"), list, "a list")
-        for index, result in enumerate(results):
-            at = subpath(where, "observation", "results", index)
-            need(isinstance(result, dict), at, "must be an object")
+        where = subpath(base, "steps", index, "observation")
+        need(isinstance(observation, dict), where, "must be an object")
+        for number, result in enumerate(get_field(observation, "results", where, list, "a list")):
+            if not isinstance(result, dict):
+                raise DocumentError(subpath(where, "results", number), "must be an object")
             source_call = result.get("source_call_id")
-            if source_call is not None:
-                need(source_call in names, subpath(at, "source_call_id"),
-                     f"names tool call {source_call!r}, which is not among this step's tool_calls")
-            outputs.append((names.get(source_call) if source_call else None,
-                            content_text(result.get("content"), subpath(at, "content")) or ""))
-    reasoning = step.get("reasoning_content")
-    metrics = step.get("metrics")
-    return {"calls": calls, "outputs": outputs, "reasoning": reasoning if isinstance(reasoning, str) else None,
-            "usage": usage_of(metrics)}
+            if source_call is not None and source_call not in names:
+                raise DocumentError(subpath(where, "results", number, "source_call_id"),
+                                    f"names tool call {source_call!r}, which is not among this step's tool_calls")
+            content = result.get("content")
+            if not (content is None or type(content) is str):
+                content = content_text(content, subpath(where, "results", number, "content"))
+            outputs.append((names.get(source_call) if source_call else None, content or ""))
+    return calls, outputs
 
 
-def _agent_step(run: ParsedRun, branch: str, text: str | None, step: dict[str, Any]) -> None:
+def _agent_step(run: ParsedRun, branch: str, step: dict[str, Any], text: str | None, calls: list[tuple[str, Any]],
+                outputs: list[tuple[str | None, str]]) -> None:
     """One agent step → an assistant transition per tool call (reasoning and message on the first, with the
     step's usage), then a tool transition per observation result."""
-    if step["reasoning"]:
-        text = f"{step['reasoning']}\n\n{text}" if text else step["reasoning"]
-    calls = step["calls"]
-    for index in range(max(1, len(calls))):
-        run.step(branch, "assistant", text=text if index == 0 else None,
-                 call=(calls[index][1], calls[index][2]) if calls else None,
-                 usage=step["usage"] if index == 0 else None)
-    for name, output in step["outputs"]:
+    reasoning = step.get("reasoning_content")
+    if isinstance(reasoning, str) and reasoning:
+        text = f"{reasoning}\n\n{text}" if text else reasoning
+    usage = usage_of(step.get("metrics"))
+    run.step(branch, "assistant", text=text, call=calls[0] if calls else None, usage=usage)
+    for call in calls[1:]:
+        run.step(branch, "assistant", call=call)
+    for name, output in outputs:
         run.step(branch, "tool", output=(name, output, None))
 
 

@@ -155,12 +155,20 @@ class ParsedRun:
 
     def start(self, *, task_id: str | None, prompt: str | None, metadata: dict[str, Any] | None = None,
               trial: str | None = None) -> None:
-        """The RunStarted event (first). ``trial`` names which of several runs of one agent on one task this is."""
+        """The RunStarted event, first in the events and its prompt first in the bodies, whenever it is called (a
+        parser that learns the prompt or the metadata only from the last step calls it then). ``trial`` names which
+        of several runs of one agent on one task this is."""
         self.task_id = task_id
         self.trial = trial
-        self.events.append(ev.RunStarted(run=self.run_id, tenant=self.tenant, task_id=task_id,
-                                         task_prompt_ref=self.body_ref(prompt), agent=self.agent,
-                                         metadata=metadata or None, trial=trial))
+        earlier = self.bodies
+        if earlier:
+            self.bodies = {}
+        started = ev.RunStarted(run=self.run_id, tenant=self.tenant, task_id=task_id,
+                                task_prompt_ref=self.body_ref(prompt), agent=self.agent,
+                                metadata=metadata or None, trial=trial)
+        if earlier:
+            self.bodies.update(earlier)  # a ref already met keeps the prompt's place
+        self.events.insert(0, started)
 
     def branch(self, branch_id: str, status: str = "live", parent: str | None = None,
                fork_at: int | None = None) -> str:

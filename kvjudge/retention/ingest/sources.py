@@ -54,6 +54,9 @@ class Source:
     #: Earlier files of the same run, oldest first, read with it (OpenHands: the earlier model calls of one
     #: instance, whose usage the run's assistant turns carry).
     series: tuple[Path, ...] = ()
+    #: The files a Harbor source is read from, found once by the walk: a trial's ``result.json`` (or
+    #: ``config.json``) and ``agent/trajectory*.json``, or an ATIF trajectory and its continuations.
+    parts: tuple[Path, ...] = ()
 
     @property
     def name(self) -> str:
@@ -91,9 +94,9 @@ def collect_sources(paths: Iterable[str | os.PathLike[str]]) -> tuple[list[Sourc
                 here = Path(root)
                 if harbor.is_trial_dir(here) or harbor.is_unfinished_trial_dir(here):
                     dirs.clear()  # a trial is read as one source; nothing under it is a run file of its own
-                    taken = _is_read_trial(here)
-                    found += _add(sources, seen, _trial(here)) if taken else 0
-                    ignored += _files_under(here) - (len(_trial_parts(here)) if taken else 0)
+                    trial = _trial(here) if _is_read_trial(here) else None
+                    found += _add(sources, seen, trial) if trial is not None else 0
+                    ignored += _files_under(here) - (len(trial.parts) if trial is not None else 0)
                     continue
                 dirs.sort()
                 if _COMPLETIONS_DIR in dirs and any(name in files for name in ("output.jsonl", "output.jsonl.gz")):
@@ -164,13 +167,14 @@ def _file(path: Path) -> Source:
             return _trial(trial)
         main = path.parent / "trajectory.json"
         parts = harbor.trajectory_files(path.parent) if main.is_file() else [path]
-        return Source(path=parts[0], size=sum(p.stat().st_size for p in parts), kind=HARBOR)
+        return Source(path=parts[0], size=sum(p.stat().st_size for p in parts), kind=HARBOR, parts=tuple(parts))
     kind = EVAL if path.name.endswith(inspect_reader.EVAL_SUFFIX) else FILE
     return Source(path=path, size=path.stat().st_size, kind=kind)
 
 
 def _trial(folder: Path) -> Source:
-    return Source(path=folder, size=sum(p.stat().st_size for p in _trial_parts(folder)), kind=HARBOR)
+    parts = _trial_parts(folder)
+    return Source(path=folder, size=sum(p.stat().st_size for p in parts), kind=HARBOR, parts=tuple(parts))
 
 
 def _trial_parts(folder: Path) -> list[Path]:
@@ -199,15 +203,14 @@ def _add(sources: list[Source], seen: set[Path], source: Source) -> int:
 
 
 def harbor_parts(source: Source) -> dict[str, bytes]:
-    """The files of a Harbor source, by name: ``result.json`` and ``agent/trajectory*.json`` of a trial, or an
-    ATIF trajectory and its continuations."""
+    """The files of a Harbor source (:attr:`Source.parts`, as the walk found them), by name: ``result.json`` and
+    ``agent/trajectory*.json`` of a trial, or an ATIF trajectory and its continuations."""
     if source.path.is_dir():
-        head, *trajectories = _trial_parts(source.path)
+        head, *trajectories = source.parts
         parts = {head.name: head.read_bytes()}
         parts.update({f"{harbor.AGENT_DIR}/{p.name}": p.read_bytes() for p in trajectories})
         return parts
-    files = harbor.trajectory_files(source.path.parent) if source.path.name == "trajectory.json" else [source.path]
-    return {p.name: p.read_bytes() for p in files}
+    return {p.name: p.read_bytes() for p in source.parts}
 
 
 @dataclass
