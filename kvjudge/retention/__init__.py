@@ -10,6 +10,9 @@ Public API (ARCHITECTURE.md says which layers use it)::
     from kvjudge.retention import open_cold_store, tier_run, rehydrate_run   # tiering (kvjudge.retention.tiering)
 """
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from kvjudge.retention.blobs import ref_of
 from kvjudge.retention.cold import ColdStore, LocalDirColdStore, S3ColdStore, open_cold_store
 from kvjudge.retention.events import (
@@ -33,8 +36,6 @@ from kvjudge.retention.events import (
 from kvjudge.retention.evidence import Evidence, Visibility, find_evidence, measure
 from kvjudge.retention.extract import diff_extract, head_tail_extract
 from kvjudge.retention.faults import fault_point
-from kvjudge.retention.ingest import IngestReport, ingest_paths
-from kvjudge.retention.late_grades import GradeReport, attach_grades
 from kvjudge.retention.lifecycle import STATES, is_reducible
 from kvjudge.retention.reduce import (
     ReductionPlan,
@@ -75,6 +76,23 @@ from kvjudge.retention.tiering import (
     verify_checks,
 )
 from kvjudge.retention.verify import Violation, VerifyReport, verify
+
+if TYPE_CHECKING:
+    from kvjudge.retention.ingest import IngestReport, ingest_paths
+    from kvjudge.retention.late_grades import GradeReport, attach_grades
+
+# Getting runs in, and grades after: loaded when first asked for, so a command that only reads the store (a listing,
+# eval, rank) does not import every harness's parser.
+_ON_FIRST_USE = {"IngestReport": "kvjudge.retention.ingest", "ingest_paths": "kvjudge.retention.ingest",
+                 "GradeReport": "kvjudge.retention.late_grades", "attach_grades": "kvjudge.retention.late_grades"}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _ON_FIRST_USE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_ON_FIRST_USE[name]), name)
+    globals()[name] = value
+    return value
 
 __all__ = [
     "EVENT_TYPES", "STATES", "BlobStore", "BodyLocation", "Branch", "BranchOpened", "BranchReduced", "Dropped",
