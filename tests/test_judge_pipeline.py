@@ -204,7 +204,7 @@ def test_the_baselines_inputs_are_kept_so_scoring_cached_verdicts_decodes_no_run
 def _cache_keys(store: Store) -> set[str]:
     """The verdict and order cache's keys (not the facts kept of runs: what their views derive from)."""
     with sqlite3.connect(store.path) as db:
-        return {row[0] for row in db.execute("SELECT key FROM judgments") if not row[0].startswith(RUN_FACTS_KEY_PREFIX)}
+        return {key for (key,) in db.execute("SELECT key FROM judgments") if not key.startswith(RUN_FACTS_KEY_PREFIX)}
 
 
 # ------------------------------------------------------------------------------- views from body counts
