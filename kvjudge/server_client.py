@@ -149,37 +149,51 @@ class ServerClient:
         self.timeout_s = float(timeout_s)
         self.retry = retry
         self.requests_sent = 0  # every try, retries included
-        import httpx  # here, not above: a command that talks to no server (a listing) never pays for its import
-
-        self._http = httpx.Client(base_url=self.url, transport=transport,
-                                  timeout=httpx.Timeout(self.timeout_s, connect=min(self.timeout_s, CONNECT_TIMEOUT_S)))
-        # Tokenize requests (one per text counted) go over a lean keep-alive connection per thread, once the route
-        # is found, where nothing stands between: plain http, no proxy, no transport of a test's.
-        self._lean = _LeanPost(self.url) if transport is None and _direct(self.url) else None
+        self._transport = transport
+        self._http: httpx.Client | None = None  # made on first use (its import and set-up take a tenth of a second)
+        self._http_lock = threading.Lock()
+        # Where nothing stands between (plain http, no proxy, no transport of a test's), the identification requests
+        # and tokenize requests (one per text counted, once the route is found) go over a lean keep-alive connection
+        # per thread: a command whose verdicts are all cached never loads httpx.
+        self._lean = _LeanHTTP(self.url) if transport is None and _direct(self.url) else None
         self._tokenize_route: str | None = None
         self._token_offset: int | None = None
         self._model_id: str | None = None
         self._kind: str | None = None  # the server family, once identify has found it
 
     # -- transport -------------------------------------------------------------------------------------------
-    def _once(self, method: str, path: str, body: dict[str, Any] | None, timeout_s: float | None) -> Any:
-        import httpx  # loaded by __init__ already
+    def _client(self) -> httpx.Client:
+        """The httpx client, made on first use (from several threads: once)."""
+        with self._http_lock:
+            if self._http is None:
+                import httpx  # here, not above: a command that talks to no server (a listing) never pays for it
 
-        if self._lean is not None and method == "POST" and path == self._tokenize_route:
+                self._http = httpx.Client(base_url=self.url, transport=self._transport, timeout=httpx.Timeout(
+                    self.timeout_s, connect=min(self.timeout_s, CONNECT_TIMEOUT_S)))
+            return self._http
+
+    def _once(self, method: str, path: str, body: dict[str, Any] | None, timeout_s: float | None) -> Any:
+        if self._lean is not None and (method == "GET" or path == self._tokenize_route):
             self.requests_sent += 1
-            status, content = self._lean.post(path, body, self.timeout_s if timeout_s is None else timeout_s)
+            status, content = self._lean.request(method, path, body,
+                                                 self.timeout_s if timeout_s is None else timeout_s)
             if status < 400:
                 try:
                     return json.loads(content)
                 except ValueError as exc:
                     raise ServerError(f"the server {self.url}{path} did not answer JSON ({exc}); is it an "
                                       f"OpenAI-compatible server?") from exc
+            import httpx  # a refusal is read as httpx's would be (rare: the import is paid only then)
+
             return self._answer(path, httpx.Response(status, content=content))
+        client = self._client()
+        import httpx  # loaded by _client already
+
         timeout = httpx.USE_CLIENT_DEFAULT if timeout_s is None else httpx.Timeout(
             timeout_s, connect=min(timeout_s, CONNECT_TIMEOUT_S))
         self.requests_sent += 1
         try:
-            response = self._http.request(method, path, json=body, timeout=timeout)
+            response = client.request(method, path, json=body, timeout=timeout)
         except httpx.ConnectTimeout as exc:
             raise ServerUnavailable(f"cannot reach the server {self.url} (connect timed out); is it running?",
                                     "connection") from exc
@@ -341,7 +355,8 @@ class ServerClient:
         return self.request("POST", "/v1/chat/completions", body, timeout_s=timeout_s)
 
     def close(self) -> None:
-        self._http.close()
+        if self._http is not None:
+            self._http.close()
         if self._lean is not None:
             self._lean.close()
 
@@ -353,11 +368,12 @@ def _direct(url: str) -> bool:
                                         or bool(urllib.request.proxy_bypass(parts.hostname or "")))
 
 
-class _LeanPost:
-    """JSON POSTs to one plain-http server over one keep-alive HTTP/1.1 connection per thread (``http.client``):
-    a fraction of the client-side work of an httpx request, for requests sent by the thousand. A connection the
-    server closed while idle is opened again once, at once; every other failure is a ServerUnavailable as
-    httpx's would be (``connection``, or ``timeout`` for an answer that did not come in time)."""
+class _LeanHTTP:
+    """GETs and JSON POSTs to one plain-http server over one keep-alive HTTP/1.1 connection per thread
+    (``http.client``): a fraction of the client-side work of an httpx request (and no httpx to import), for requests
+    sent by the thousand and a command's few identification requests. A connection the server closed while idle is
+    opened again once, at once; every other failure is a ServerUnavailable as httpx's would be (``connection``, or
+    ``timeout`` for an answer that did not come in time)."""
 
     def __init__(self, url: str) -> None:
         parts = urllib.parse.urlsplit(url)
@@ -367,10 +383,10 @@ class _LeanPost:
         self._lock = threading.Lock()
         self._open: list[http.client.HTTPConnection] = []
 
-    def post(self, path: str, body: dict[str, Any] | None, timeout_s: float) -> tuple[int, bytes]:
-        """``(status, content)`` of one POST of ``body`` as JSON to ``path``."""
-        data = json.dumps(body).encode("utf-8")
-        headers = {"Content-Type": "application/json"}
+    def request(self, method: str, path: str, body: dict[str, Any] | None, timeout_s: float) -> tuple[int, bytes]:
+        """``(status, content)`` of one request to ``path`` (a POST sends ``body`` as JSON)."""
+        data = None if method == "GET" else json.dumps(body).encode("utf-8")
+        headers = {"Accept": "application/json"} if data is None else {"Content-Type": "application/json"}
         for reused in (True, False):
             conn: http.client.HTTPConnection | None = getattr(self._local, "conn", None)
             if conn is None:
@@ -387,7 +403,7 @@ class _LeanPost:
             assert conn.sock is not None
             conn.sock.settimeout(timeout_s)
             try:
-                conn.request("POST", path, data, headers)
+                conn.request(method, path, data, headers)
                 response = conn.getresponse()
                 content = response.read()
             except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError) as exc:

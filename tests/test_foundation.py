@@ -84,6 +84,23 @@ def test_a_listing_loads_no_judge_server_client_or_renderer(tmp_path: Path) -> N
     assert result.stdout.split(maxsplit=2) == ["0", "2", "[]\n"], result.stderr
 
 
+def test_the_judging_commands_load_no_harness_parser() -> None:
+    # eval and rank read runs already stored: getting runs in (every harness's parser) and grades after are not
+    # imported with them.
+    heavy = ("kvjudge.retention.ingest", "kvjudge.retention.late_grades")
+    result = subprocess.run(
+        [sys.executable, "-c", "import sys; from kvjudge.cli import build_parser\n"
+         "build_parser('eval'); build_parser('rank')\n"
+         f"print(sorted(m for m in sys.modules if m.startswith({heavy!r})))"], capture_output=True, text=True)
+    assert result.stdout == "[]\n", result.stderr
+    # Asked for by name, they are there.
+    from kvjudge.retention import attach_grades, ingest_paths
+    from kvjudge.retention.ingest import ingest_paths as ingest_paths_itself
+    from kvjudge.retention.late_grades import attach_grades as attach_grades_itself
+
+    assert ingest_paths is ingest_paths_itself and attach_grades is attach_grades_itself
+
+
 def test_a_command_module_that_does_not_import_fails_the_cli_loudly(tmp_path: Path,
                                                                     monkeypatch: pytest.MonkeyPatch,
                                                                     capsys: pytest.CaptureFixture[str]) -> None:

@@ -18,6 +18,8 @@ from kvjudge.judge import Judge, LlamaBackend, Prompt, ServerPool, judge_batch, 
 from kvjudge.judge.evaluate import evaluate
 from kvjudge.judge.pack import pair_bases, pack_pair
 from kvjudge.judge.pairing import same_task_pairs
+from kvjudge.judge.runfacts import RUN_FACTS_KEY_PREFIX, RunFacts
+from kvjudge.judge.verdict import view_sources
 from kvjudge.retention import Store
 from kvjudge.retention.reduce import reduce_run
 from kvjudge.retention.state import TIERED
@@ -64,15 +66,15 @@ def test_the_runs_read_to_select_the_pairs_are_the_ones_judged_and_scored(store:
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     judge_batch(Judge(_pool(sim.url)), store, PAIRS)  # every verdict cached
     selection = same_task_pairs(store.iter_runs())
-    assert selection.pairs == PAIRS and set(selection.states) == {run for pair in PAIRS for run in pair}
+    assert selection.pairs == PAIRS and set(selection.runs) == {run for pair in PAIRS for run in pair}
     reads: list[str] = []
     real_run = store.run
     monkeypatch.setattr(store, "run", lambda run_id: reads.append(run_id) or real_run(run_id))
-    verdicts = judge_batch(Judge(_pool(sim.url)), store, selection.pairs, states=selection.states)
-    result = evaluate(store, verdicts, selection.states)
+    verdicts = judge_batch(Judge(_pool(sim.url)), store, selection.pairs, states=selection.runs)
+    result = evaluate(store, verdicts, selection.runs)
     assert all(v.cached for v in verdicts) and result["pairs"] == len(PAIRS) and reads == []
     evaluate(store, verdicts)  # without them, each run is read (once)
-    assert sorted(reads) == sorted(selection.states)
+    assert sorted(reads) == sorted(selection.runs)
 
 # ------------------------------------------------------------------------------------- cached verdicts
 def test_a_cached_verdict_is_found_without_rendering_or_counting(store: Store, sim: SimJudgeServer,
@@ -96,6 +98,53 @@ def test_a_cached_verdict_is_found_without_rendering_or_counting(store: Store, s
     wide = judge_batch(Judge(_pool(sim.url), margin=0.45), store, PAIRS)
     assert [v.outcome for v in wide] == ["tie"] * 3 and [v.p_a for v in wide] == [v.p_a for v in first]
     assert reads == []
+
+
+def test_a_batch_whose_verdicts_are_cached_decodes_no_run_once_their_sources_are_kept(
+        store: Store, sim: SimJudgeServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    first = judge_batch(Judge(_pool(sim.url)), store, PAIRS)  # judged: each run's view source kept as well
+    reads: list[str] = []
+    real_run = store.run
+    monkeypatch.setattr(store, "run", lambda run_id: reads.append(run_id) or real_run(run_id))
+    again = judge_batch(Judge(_pool(sim.url)), store, PAIRS)
+    assert all(v.cached for v in again) and [_essence(v) for v in again] == [_essence(v) for v in first]
+    assert reads == []
+
+
+def test_a_view_source_is_kept_per_state_and_per_what_the_views_show(store: Store) -> None:
+    runs = [run for pair in PAIRS for run in pair]
+    folded: list[str] = []
+
+    def state(run_id: str) -> Any:
+        folded.append(run_id)
+        return store.run(run_id)
+
+    hidden = view_sources(store, runs, state)
+    assert hidden == {run: view_source(store.run(run)) for run in runs} and folded == runs
+    folded.clear()
+    assert view_sources(store, runs, state) == hidden and folded == []  # kept: no run decoded
+    # What the views show is part of what is kept: grades shown, every source derived again.
+    shown = view_sources(store, runs, state, show_grades=True)
+    assert shown == {run: view_source(store.run(run), show_grades=True) for run in runs} and folded == runs
+    # A run changed by an event has a new state: its source is derived again (here the same: lifecycle is no
+    # part of a view), the others' are not.
+    folded.clear()
+    store.mark(runs[0], "archived")
+    assert view_sources(store, runs, state) == hidden and folded == [runs[0]]
+
+
+def test_a_fact_that_needs_more_than_the_state_is_never_kept(store: Store) -> None:
+    run = PAIRS[0][0]
+    computed: list[str] = []
+
+    def length(folded: Any) -> tuple[int, bool]:
+        computed.append(folded.id)
+        return len(folded.branches), False  # as a view missing a body: it depends on more than the state
+
+    facts = RunFacts("branches", length, code="test")
+    expected = {run: len(store.run(run).branches)}
+    assert facts.of(store, [run], store.run) == facts.of(store, [run], store.run) == expected
+    assert computed == [run, run]
 
 
 def test_every_field_of_a_folded_run_is_either_in_the_view_source_or_named_as_read_by_no_view() -> None:
@@ -140,9 +189,22 @@ def test_a_reduced_run_is_judged_again_and_a_failure_is_never_cached(store: Stor
     assert failed.outcome == "error" and not failed.cached and _cache_keys(store) == keys
 
 
+def test_the_baselines_inputs_are_kept_so_scoring_cached_verdicts_decodes_no_run(
+        store: Store, sim: SimJudgeServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    verdicts = judge_batch(Judge(_pool(sim.url)), store, PAIRS)
+    fresh = evaluate(store, verdicts, use_cache=False)
+    assert evaluate(store, verdicts) == fresh  # computed, and kept
+    listed = {row.id: row for row in store.listing()}  # the grades are all the truth needs
+    reads: list[str] = []
+    real_run = store.run
+    monkeypatch.setattr(store, "run", lambda run_id: reads.append(run_id) or real_run(run_id))
+    assert evaluate(store, verdicts, listed) == fresh and reads == []
+
+
 def _cache_keys(store: Store) -> set[str]:
+    """The verdict and order cache's keys (not the facts kept of runs: what their views derive from)."""
     with sqlite3.connect(store.path) as db:
-        return {row[0] for row in db.execute("SELECT key FROM judgments")}
+        return {key for (key,) in db.execute("SELECT key FROM judgments") if not key.startswith(RUN_FACTS_KEY_PREFIX)}
 
 
 # ------------------------------------------------------------------------------- views from body counts

@@ -24,6 +24,7 @@ from kvjudge.errors import ContextRefused, JudgeError, ServerUnavailable
 from kvjudge.judge import SCORED, Judge, ServerBackend, ServerPool, judge_batch
 from kvjudge.judge.prompt import RAW, TemplateText
 from kvjudge.judge.servers import top_logprobs
+from kvjudge.judge.runfacts import RUN_FACTS_KEY_PREFIX
 from kvjudge.judge.verdict import VERDICT_KEY_PREFIX
 from kvjudge.retention import Store
 from kvjudge.server_client import RetryPolicy, ServerClient
@@ -210,8 +211,9 @@ def test_when_every_server_fails_the_pair_is_an_error_never_a_score(servers: lis
 
 
 def _judgment_keys(path: Path) -> set[str]:
+    """The order and verdict caches' keys (not the facts kept of the runs: what their views derive from)."""
     with sqlite3.connect(path) as db:
-        return {row[0] for row in db.execute("SELECT key FROM judgments")}
+        return {key for (key,) in db.execute("SELECT key FROM judgments") if not key.startswith(RUN_FACTS_KEY_PREFIX)}
 
 
 def test_a_pool_survives_a_server_killed_mid_batch(servers: list[LlamaServer], default_model: Path,

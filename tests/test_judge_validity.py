@@ -79,7 +79,7 @@ def test_baselines_and_a_judge_that_does_not_beat_them(tmp_path: Path) -> None:
         verdicts = [make_verdict("t1-good", "t1-bad", "inconsistent", 0.9, 0.1),
                     make_verdict("t2-bad", "t2-good", "a", 0.7, 0.7)]
         result = evaluate(store, verdicts)
-        first = baseline_decisions("always_first", pairs, store.run, len)
+        first = baseline_decisions("always_first", pairs, {})
     assert [d.outcome for d in first] == ["a", "a"]
     assert result["graded_pairs"] == 2 and result["equal_grades"] == 0
     base = result["baselines"]

@@ -14,6 +14,8 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import subprocess
+import sys
 from typing import Any
 
 import httpx
@@ -23,6 +25,7 @@ from kvjudge.errors import ContextRefused
 from kvjudge.judge import PromptOverflow, ServerBackend, TemplateText
 from kvjudge.judge.servers import VLLM_MAX_LOGPROBS
 from kvjudge.server_client import ServerClient, context_refusal
+from kvjudge.testing.sim_judge import AnswerKey, Settings, SimJudgeServer
 
 URL = "http://vllm-box:8000"
 MODEL = "Qwen/Qwen2.5-Coder-0.5B-Instruct"
@@ -161,3 +164,14 @@ def test_each_server_familys_context_refusal_is_a_measured_overflow() -> None:
     assert python is not None and (python.n_ctx, python.prompt_tokens) == (512, 1102)
     # Any other refusal is not an overflow.
     assert context_refusal("Requested sample logprobs of 21, which is greater than max allowed: 20", {}) is None
+
+
+def test_a_plain_http_server_is_identified_without_loading_httpx() -> None:
+    # A command whose verdicts are all cached only identifies its server: it should not pay for httpx.
+    code = ("import sys\nfrom kvjudge.server_client import ServerClient\nclient = ServerClient(sys.argv[1])\n"
+            "info = client.identify()\nclient.close()\nprint(info.kind, info.model_id, 'httpx' in sys.modules)")
+    with SimJudgeServer(AnswerKey([]), Settings()) as server:
+        done = subprocess.run([sys.executable, "-c", code, server.url], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.split() == ["vllm", server.model, "False"]
+        assert dict(server.requests) == {"/v1/models": 1, "/version": 1}

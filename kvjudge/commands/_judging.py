@@ -15,6 +15,7 @@ from kvjudge.errors import UsageError
 from kvjudge.judge import DEFAULT_MARGIN, TEMPLATE_CHOICES, Judge, Verdict, judge_batch
 from kvjudge.judge.pairing import DEFAULT_POLICY, POLICIES, PairSelection, describe_pairs, same_task_pairs
 from kvjudge.retention import Store
+from kvjudge.retention.state import RunState
 from kvjudge.target import JudgeTarget
 
 
@@ -82,12 +83,13 @@ def opened_judge(args: argparse.Namespace, target: JudgeTarget, *, template: str
         judge.backend.close()
 
 
-def judged(judge: Judge, store: Store, selection: PairSelection, description: str = "judging") -> list[Verdict]:
-    """:func:`~kvjudge.judge.judge_batch` of the selected pairs (their runs as read to select them), with a progress
-    bar on a terminal (a step per order)."""
+def judged(judge: Judge, store: Store, selection: PairSelection, description: str = "judging", *,
+           states: dict[str, RunState] | None = None) -> list[Verdict]:
+    """:func:`~kvjudge.judge.judge_batch` of the selected pairs, with a progress bar on a terminal (a step per
+    order). ``states``: folded runs already read, by id; the runs the batch folds are added to it."""
     with progress(description, len(selection.pairs) * 2) as advance:
         judge.planner.progress = lambda message: advance(0, description=message)
-        return judge_batch(judge, store, selection.pairs, on_call=advance, states=selection.states)
+        return judge_batch(judge, store, selection.pairs, on_call=advance, states=states)
 
 
 def _pairs_from_file(path: str) -> list[tuple[str, str]]:
@@ -115,7 +117,8 @@ def select_pairs(args: argparse.Namespace, store: Store, *, default_all: bool = 
     elif args.pairs is not None:
         pairs = _pairs_from_file(args.pairs)
     else:
-        selection = same_task_pairs(store.iter_runs(task=args.task), task=args.task, policy=args.trials, keep=keep)
+        # The listing is all pairing reads (nothing decoded); the judge folds a run only where it must.
+        selection = same_task_pairs(store.listing(task=args.task), task=args.task, policy=args.trials, keep=keep)
         pairs = selection.pairs
         if args.task is not None and not pairs:
             count = len(store.run_ids(task=args.task))

@@ -20,6 +20,7 @@ from kvjudge.commands._judging import add_judge_args, judged, opened_judge, sele
 from kvjudge.commands._output import emit, info, print_table, print_wrapped
 from kvjudge.judge.evaluate import BASELINES, EVIDENCE_SIDES, evaluate, plot_reliability
 from kvjudge.judge.evidence import summary_line
+from kvjudge.retention.state import RunState
 
 DEFAULT_PNG = "kvjudge-eval.png"
 
@@ -44,11 +45,12 @@ def _eval(args: argparse.Namespace) -> int:
     results: dict[str, dict[str, Any]] = {}
     with target.open_store() as store:
         selection = select_pairs(args, store, default_all=True)
+        states: dict[str, RunState] = {}  # the runs the judge folds, folded once for the baselines too
         for template in templates:
             with opened_judge(args, target, template=template) as judge:
                 label = judge.framing.name
-                verdicts = judged(judge, store, selection, f"judging ({label} framing)")
-                result = evaluate(store, verdicts, selection.states)
+                verdicts = judged(judge, store, selection, f"judging ({label} framing)", states=states)
+                result = evaluate(store, verdicts, {**selection.runs, **states}, use_cache=not args.no_cache)
                 result["manifest"] = judge.manifest()
                 result["window"] = None if judge.window is None else judge.window.to_json()
                 results[label] = result

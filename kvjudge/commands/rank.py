@@ -19,7 +19,7 @@ from kvjudge.commands._judging import add_judge_args, judged, opened_judge, sele
 from kvjudge.commands._output import emit, info, print_table, print_wrapped
 from kvjudge.errors import UsageError
 from kvjudge.judge.ranking import BOOTSTRAP, agent_of, plot_ranking, rank
-from kvjudge.retention.state import RunState
+from kvjudge.retention.store import RunListing
 
 DEFAULT_PNG = "kvjudge-rank.png"
 
@@ -59,11 +59,11 @@ def _rank(args: argparse.Namespace) -> int:
     target = target_from(args)
     with target.open_store() as store:
         agents: dict[str, str] = {}
-        states: Mapping[str, RunState] = {}  # the runs read to select the pairs
+        chosen: Mapping[str, RunListing] = {}  # the runs read to select the pairs
 
         def agent(run_id: str) -> str:
             if run_id not in agents:
-                agents[run_id] = agent_of(states[run_id] if run_id in states else store.run(run_id))
+                agents[run_id] = agent_of(chosen[run_id] if run_id in chosen else store.run(run_id))
             return agents[run_id]
 
         if args.verdicts is not None:
@@ -72,7 +72,7 @@ def _rank(args: argparse.Namespace) -> int:
             verdicts = _verdicts_from_file(args.verdicts)
         else:
             selection = select_pairs(args, store, default_all=True, keep=lambda a, b: agent_of(a) != agent_of(b))
-            states = selection.states
+            chosen = selection.runs
             with opened_judge(args, target) as judge:
                 verdicts = judged(judge, store, selection)
         ranking = rank(verdicts, agent, bootstrap=args.bootstrap)

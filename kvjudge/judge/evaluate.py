@@ -22,19 +22,19 @@ last test outcome its full view and the view judged show, and the pairs judged f
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from kvjudge.judge.evidence import batch
-from kvjudge.judge.render import body_resolver, render_view
+from kvjudge.judge.render import body_resolver, render_parts, render_view
+from kvjudge.judge.runfacts import RunFacts
 from kvjudge.judge.stillgrades import cohen_kappa
-from kvjudge.judge.verdict import SCORED, Verdict
-from kvjudge.retention.state import best_grade
+from kvjudge.judge.verdict import SCORED, VIEW_MODULES, Verdict, code_digest
+from kvjudge.retention.state import RunState, best_grade
 
 if TYPE_CHECKING:
     from kvjudge.retention import Store
-    from kvjudge.retention.state import RunState
     from kvjudge.retention.store import RunListing
 
 Z95 = 1.959963984540054
@@ -51,7 +51,7 @@ def grade_score(state: RunState | RunListing) -> float | None:
     return None if grade is None else float(grade["score"])
 
 
-def truth(state_a: RunState, state_b: RunState) -> str | None:
+def truth(state_a: RunState | RunListing, state_b: RunState | RunListing) -> str | None:
     """``"a"`` / ``"b"``: the run with the higher grade; ``"equal"``; None when either has no grade."""
     score_a, score_b = grade_score(state_a), grade_score(state_b)
     if score_a is None or score_b is None:
@@ -166,16 +166,30 @@ def view_length(store: Store, state: RunState) -> int:
     return len(render_view(state, body_resolver(state, store.text)))
 
 
-def baseline_decisions(name: str, pairs: Sequence[tuple[str, str]], run: Callable[[str], RunState],
-                       length: Callable[[RunState], int]) -> list[Decision]:
-    """A baseline's decisions on ``pairs`` (``run(id)`` gives a folded state, ``length(state)`` its length)."""
+def baseline_inputs(store: Store, run_ids: Iterable[str], state: Callable[[str], RunState], *,
+                    use_cache: bool = True) -> dict[str, dict[str, Any]]:
+    """What the baselines read of each run, by id: ``length`` (:func:`view_length`) and ``last_exit_code``
+    (:func:`last_exit_code`), kept under the digest of the run's state (:class:`~kvjudge.judge.runfacts.RunFacts`;
+    a view with a body that could not be read is not kept). ``state(run_id)``: the folded run, read only where its
+    inputs are not kept yet."""
+    def compute(folded: RunState) -> tuple[dict[str, Any], bool]:
+        parts = render_parts(folded, body_resolver(folded, store.text))
+        return {"length": len(parts.text), "last_exit_code": last_exit_code(folded)}, not parts.missing
+
+    facts = RunFacts("baseline_inputs", compute, code_digest((*VIEW_MODULES, __name__)))
+    return facts.of(store, run_ids, state, use_cache=use_cache)
+
+
+def baseline_decisions(name: str, pairs: Sequence[tuple[str, str]],
+                       inputs: Mapping[str, Mapping[str, Any]]) -> list[Decision]:
+    """A baseline's decisions on ``pairs`` (``inputs``: :func:`baseline_inputs` of their runs)."""
     if name == "always_first":
         return [Decision(a, b, "a", 1.0) for a, b in pairs]
     if name == "longer_run":
-        return [_decide(a, b, length(run(a)), length(run(b))) for a, b in pairs]
+        return [_decide(a, b, inputs[a]["length"], inputs[b]["length"]) for a, b in pairs]
     if name == "last_exit_zero":
         def ok(run_id: str) -> float:
-            return float(last_exit_code(run(run_id)) == 0)
+            return float(inputs[run_id]["last_exit_code"] == 0)
         return [_decide(a, b, ok(a), ok(b)) for a, b in pairs]
     raise ValueError(f"unknown baseline {name!r}")
 
@@ -200,28 +214,28 @@ def conclusion(judge: Mapping[str, Any], baselines: Mapping[str, Mapping[str, An
     return f"the judge beats every baseline: {score:.2f} (95 % interval from {low:.2f}) vs {name} {best:.2f}"
 
 
-def evaluate(store: Store, verdicts: Sequence[Verdict],
-             states: Mapping[str, RunState] | None = None) -> dict[str, Any]:
+def evaluate(store: Store, verdicts: Sequence[Verdict], states: Mapping[str, RunState | RunListing] | None = None,
+             *, use_cache: bool = True) -> dict[str, Any]:
     """The judge's figures and the baselines' on the pairs of ``verdicts`` (truth from the store's grades).
-    ``states``: folded runs already read, by id (the others are read from the store)."""
-    states = dict(states or {})
+    ``states``: runs already read, by id — folded runs, or listings (their grades are all the truth needs); the
+    others are read from the store. The baselines' inputs are kept in the store (``use_cache``: read and written;
+    see :func:`baseline_inputs`), so a run is folded only where they are not kept yet."""
+    read: dict[str, RunState | RunListing] = dict(states or {})
 
     def run(run_id: str) -> RunState:
-        if run_id not in states:
-            states[run_id] = store.run(run_id)
-        return states[run_id]
+        current = read.get(run_id)
+        if not isinstance(current, RunState):
+            current = read[run_id] = store.run(run_id)
+        return current
+
+    def graded(run_id: str) -> RunState | RunListing:
+        return read[run_id] if run_id in read else run(run_id)
 
     pairs = [(v.a, v.b) for v in verdicts]
-    truths = {(a, b): t for a, b in pairs if (t := truth(run(a), run(b))) is not None}
-    lengths: dict[str, int] = {}
-
-    def length(state: RunState) -> int:
-        if state.id not in lengths:
-            lengths[state.id] = view_length(store, state)
-        return lengths[state.id]
-
+    truths = {(a, b): t for a, b in pairs if (t := truth(graded(a), graded(b))) is not None}
+    inputs = baseline_inputs(store, (run_id for pair in pairs for run_id in pair), run, use_cache=use_cache)
     judge = metrics([Decision.of(v) for v in verdicts], truths)
-    baselines = {name: metrics(baseline_decisions(name, pairs, run, length), truths) for name in BASELINES}
+    baselines = {name: metrics(baseline_decisions(name, pairs, inputs), truths) for name in BASELINES}
     return {
         "pairs": len(pairs),
         "graded_pairs": sum(t in ("a", "b") for t in truths.values()),
@@ -236,12 +250,11 @@ def evaluate(store: Store, verdicts: Sequence[Verdict],
 
 def plot_reliability(results: Mapping[str, Mapping[str, Any]], path: Any) -> None:
     """PNG: mean p_a per bin against the share of pairs where run a was better, one line per judge setting."""
-    import matplotlib
+    # The figure alone, drawn by Agg: pyplot's state machine and backend loading cost a command a tenth of a second.
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 5))
+    fig = Figure(figsize=(6, 5))
+    ax = fig.subplots()
     ax.plot([0, 1], [0, 1], color="grey", linewidth=1, label="perfectly calibrated")
     for label, result in results.items():
         rows = [r for r in result["judge"]["reliability"] if r["pairs"]]
@@ -258,4 +271,3 @@ def plot_reliability(results: Mapping[str, Mapping[str, Any]], path: Any) -> Non
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)

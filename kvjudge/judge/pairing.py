@@ -21,12 +21,9 @@ import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kvjudge.judge.ranking import agent_of
-
-if TYPE_CHECKING:
-    from kvjudge.retention.state import RunState
 
 MATCHED, ALL = "matched", "all"
 POLICIES = (MATCHED, ALL)
@@ -38,14 +35,15 @@ _DIGITS = re.compile(r"(\d+)")
 class PairSelection:
     """The pairs chosen, and how: ``policy`` (``matched`` | ``all``, or ``named`` for pairs given by the user),
     ``tasks`` (tasks with at least one pair) and ``trials`` (trials per agent and task → how many tasks used that
-    many: the most runs any one agent has in the pairs of that task). ``states``: the folded runs read to choose the
-    pairs, by id, so judging and scoring them need not read them again (empty for pairs as named)."""
+    many: the most runs any one agent has in the pairs of that task). ``runs``: the runs read to choose the pairs, by
+    id, as they were given (folded runs, or listings), so judging and scoring them need not read them again (empty
+    for pairs as named)."""
 
     pairs: list[tuple[str, str]]
     policy: str
     tasks: int = 0
     trials: dict[int, int] = field(default_factory=dict)
-    states: Mapping[str, RunState] = field(default_factory=dict, repr=False, compare=False)
+    runs: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     def to_json(self) -> dict[str, Any]:
         return {"policy": self.policy, "pairs": len(self.pairs), "tasks": self.tasks,
@@ -69,7 +67,8 @@ def same_task_pairs(states: Iterable[Any], *, task: str | None = None, policy: s
                     keep: Callable[[Any, Any], bool] | None = None,
                     agent: Callable[[Any], str] = agent_of) -> PairSelection:
     """The pairs of runs on one task (``task``, else every task) under ``policy``, in run-id order within each
-    task; ``keep(state_a, state_b)`` filters them. ``states`` are folded runs (``store.iter_runs()``)."""
+    task; ``keep(state_a, state_b)`` filters them. ``states`` are folded runs (``store.iter_runs()``) or listings
+    (``store.listing()``: nothing decoded), anything with a run's ``id``, ``task_id``, ``trial`` and agent."""
     if policy not in POLICIES:
         raise ValueError(f"unknown pairing policy {policy!r}; use one of {', '.join(POLICIES)}")
     by_task: dict[str, list[Any]] = {}
@@ -88,7 +87,7 @@ def same_task_pairs(states: Iterable[Any], *, task: str | None = None, policy: s
                 pairs.append((a.id, b.id))
     states_by_id = {state.id: state for runs in by_task.values() for state in runs}
     return replace(describe_pairs(pairs, states_by_id.__getitem__, policy, agent),
-                   states={run_id: states_by_id[run_id] for pair in pairs for run_id in pair})
+                   runs={run_id: states_by_id[run_id] for pair in pairs for run_id in pair})
 
 
 def describe_pairs(pairs: Sequence[tuple[str, str]], state_of: Callable[[str], Any], policy: str,

@@ -43,7 +43,6 @@ from kvjudge.judge.pack import (
     pair_bases,
 )
 from kvjudge.judge.prompt import TEMPLATE_VERSION, Framing
-from kvjudge.judge.render import view_source
 from kvjudge.judge.verdict import (
     DEFAULT_MARGIN,
     ORDERS,
@@ -64,6 +63,7 @@ from kvjudge.judge.verdict import (
     verdict_from_record,
     verdict_key,
     verdict_record,
+    view_sources,
 )
 from kvjudge.judge.viewcount import ViewCounter
 from kvjudge.judge.window import Window, WindowPlanner
@@ -244,10 +244,14 @@ def judge_batch(judge: Judge, store: Store, pairs: Sequence[tuple[str, str]], *,
     side of a still-grades check. ``full`` starts from the original bodies wherever the store can still read them
     (the full side); ``bound`` "analytic" lets an in-process window grow to the analytic bound. ``on_call()`` hears
     of each order scored or read from a cache; ``on_verdict(index, verdict)`` of each verdict, in pair order.
-    ``states``: folded runs already read (``PairSelection.states``), by id; the others are read from the store.
+    ``states``: folded runs already read, by id (``PairSelection.runs`` of folded runs); the others are read from
+    the store, and added to a dict given (so a caller scoring the verdicts next reads no run twice).
     """
     batch = _Batch(judge, store, pairs, reduce_to, full, bound, on_call, on_verdict)
-    batch.states.update(states or {})
+    if isinstance(states, dict):
+        batch.states = states
+    else:
+        batch.states.update(states or {})
     return batch.run()
 
 
@@ -320,26 +324,25 @@ class _Batch:
 
     # -------------------------------------------------------------------- stage 1: verdicts already known
     def known(self) -> list[int]:
-        """Decide every pair whose verdict is cached; the indexes of the others."""
+        """Decide every pair whose verdict is cached; the indexes of the others. Each run's view source is kept
+        under its state's digest, and every pair's verdict looked up at once: once kept, no run is decoded."""
+        started = time.perf_counter()
         window = self.judge.window_cap(self.bound)
         slack = self.judge.backend.slack_tokens
-        sources: dict[str, str] = {}
-        show = {"show_grades": self.judge.show_grades, "show_verifier": self.judge.show_verifier}
+        sources = view_sources(self.store, (run_id for pair in self.pairs for run_id in pair), self.state,
+                               show_grades=self.judge.show_grades, show_verifier=self.judge.show_verifier)
+        keys = [verdict_key(self.settings, window=window, slack=slack, source_a=sources[a], source_b=sources[b],
+                            reduce_to=self.target((a, b)), full=self.full) for a, b in self.pairs]
+        records = self.store.get_judgments(keys)
+        share = (time.perf_counter() - started) / max(1, len(self.pairs))  # each pair's part of the look-up
         misses = []
-        for index, (a, b) in enumerate(self.pairs):
-            started = time.perf_counter()
-            for run_id in (a, b):
-                if run_id not in sources:
-                    sources[run_id] = view_source(self.state(run_id), **show)
-            key = verdict_key(self.settings, window=window, slack=slack, source_a=sources[a], source_b=sources[b],
-                              reduce_to=self.target((a, b)), full=self.full)
-            record = self.store.get_judgment(key)
+        for index, ((a, b), key) in enumerate(zip(self.pairs, keys)):
+            record = records.get(key)
             if record is None:
                 self.keys[index] = key
                 misses.append(index)
                 continue
-            verdict = verdict_from_record(record, a, b, margin=self.judge.margin,
-                                          seconds=time.perf_counter() - started)
+            verdict = verdict_from_record(record, a, b, margin=self.judge.margin, seconds=share)
             for _ in ORDERS:
                 self.called()
             self.decided(index, verdict)

@@ -27,16 +27,22 @@ import functools
 import hashlib
 import json
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvjudge.errors import JudgeError, UsageError
 from kvjudge.judge.evidence import RunEvidence, visibility_from_json
 from kvjudge.judge.labels import LabelScore, PromptOverflow
 from kvjudge.judge.pack import PackedView, RunTokens
 from kvjudge.judge.prompt import TEMPLATE_VERSION, Prompt
+from kvjudge.judge.render import view_source
+from kvjudge.judge.runfacts import RunFacts
 from kvjudge.settings import DEFAULT_MARGIN
+
+if TYPE_CHECKING:
+    from kvjudge.retention import Store
+    from kvjudge.retention.state import RunState
 
 OUTCOMES: tuple[str, ...] = ("a", "b", "tie", "inconsistent", "overflow", "error")
 # Outcomes that carry a score (p_a from both orders). Coverage counts these.
@@ -253,20 +259,26 @@ def conclude(sides: tuple[SideRecord, SideRecord], orders: Sequence[OrderScore],
 # ----------------------------------------------------------------------------------------- the verdict cache
 # The modules whose code decides what a view shows: a change to any of them is a change of the views a verdict
 # was read from, so it is part of the verdict cache's key.
-_VIEW_MODULES = ("kvjudge.judge.render", "kvjudge.judge.pack", "kvjudge.judge.prompt", "kvjudge.judge.viewcount",
+VIEW_MODULES = ("kvjudge.judge.render", "kvjudge.judge.pack", "kvjudge.judge.prompt", "kvjudge.judge.viewcount",
                  "kvjudge.retention.reduce", "kvjudge.retention.extract", "kvjudge.retention.worth",
                  "kvjudge.retention.evidence", "kvjudge.retention.state")
 
 
-@functools.cache
 def view_code() -> str:
     """sha256 of the source of the modules that derive views (or of their names and kvjudge's version, where the
     source cannot be read)."""
+    return code_digest(VIEW_MODULES)
+
+
+@functools.cache
+def code_digest(modules: tuple[str, ...]) -> str:
+    """sha256 of the source of ``modules`` (module names), in order (or of their names and kvjudge's version, where
+    the source cannot be read): what a cache key takes from the code that computed the entry."""
     import importlib
     from importlib import metadata
 
     digest = hashlib.sha256()
-    for name in _VIEW_MODULES:
+    for name in modules:
         module = sys.modules.get(name) or importlib.import_module(name)
         try:
             with open(module.__file__ or "", "rb") as source:
@@ -287,6 +299,16 @@ def verdict_key(settings: Mapping[str, Any], *, window: int, slack: int, source_
                        "views": [source_a, source_b], "code": view_code(), "reduce_to": reduce_to, "full": full},
                       sort_keys=True)
     return VERDICT_KEY_PREFIX + hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
+
+def view_sources(store: Store, run_ids: Iterable[str], state: Callable[[str], RunState], *,
+                 show_grades: bool = False, show_verifier: bool = False) -> dict[str, str]:
+    """What each run's views derive from (:func:`~kvjudge.judge.render.view_source`), by id, kept under the digest
+    of the run's state (:class:`~kvjudge.judge.runfacts.RunFacts`): once kept, a pair's verdict key is found without
+    decoding its runs. ``state(run_id)``: the folded run, read only where its source is not kept yet."""
+    shown = {"show_grades": show_grades, "show_verifier": show_verifier}
+    facts = RunFacts("view_source", lambda folded: (view_source(folded, **shown), True), view_code(), shown)
+    return facts.of(store, run_ids, state)
 
 
 def verdict_record(verdict: Verdict, sides: tuple[SideRecord, SideRecord]) -> dict[str, Any]:
@@ -324,6 +346,6 @@ class PackedPair:
 
 
 __all__ = ["DEFAULT_MARGIN", "ORDERS", "OUTCOMES", "SCORED", "SIDES", "VERDICT_KEY_PREFIX", "OrderPrompt",
-           "OrderScore", "PackedPair", "PairReduce", "SideRecord", "Verdict", "conclude", "decide",
+           "OrderScore", "PackedPair", "PairReduce", "SideRecord", "VIEW_MODULES", "Verdict", "code_digest", "conclude", "decide",
            "judge_settings", "judgment_key", "order_score", "text_sha256", "overflow_message", "score_from_payload",
-           "score_payload", "verdict_from_record", "verdict_key", "verdict_record", "view_code"]
+           "score_payload", "verdict_from_record", "verdict_key", "verdict_record", "view_code", "view_sources"]

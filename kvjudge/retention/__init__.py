@@ -33,7 +33,6 @@ from kvjudge.retention.events import (
     canonical_json,
 )
 from kvjudge.retention.faults import fault_point
-from kvjudge.retention.ingest import IngestReport, ingest_paths
 from kvjudge.retention.lifecycle import STATES, is_reducible
 from kvjudge.retention.state import BodyLocation, Branch, RunState, Transition, fold, fold_onto
 from kvjudge.retention.store import BlobStore, Explanation, RunListing, Store
@@ -42,11 +41,13 @@ from kvjudge.retention.verify import Violation, VerifyReport, verify
 
 # The modules below load on first use of one of their names (``from kvjudge.retention import tier_run``, or
 # ``import kvjudge.retention.tiering``), so that importing the store, the log or ingest loads no more than those
-# (tiering alone brings the HTTP and S3 clients): ``kvjudge ingest`` starts without them. Each name is its module's.
+# (tiering alone brings the HTTP and S3 clients; ingest, every harness's parser): ``kvjudge ingest`` starts without
+# tiering, and a command that only reads the store (a listing, eval, rank) without ingest. Each name is its module's.
 _LOADED_ON_USE = {
     "kvjudge.retention.cold": ("ColdStore", "LocalDirColdStore", "S3ColdStore", "open_cold_store"),
     "kvjudge.retention.evidence": ("Evidence", "Visibility", "find_evidence", "measure"),
     "kvjudge.retention.extract": ("diff_extract", "head_tail_extract"),
+    "kvjudge.retention.ingest": ("IngestReport", "ingest_paths"),
     "kvjudge.retention.late_grades": ("GradeReport", "attach_grades"),
     "kvjudge.retention.reduce": ("ReductionPlan", "ReductionResult", "RunInColdStorage", "RunsReduction", "StalePlan",
                                  "apply_plan", "plan_reduction", "reduce_run", "reduce_runs", "run_tokens",
@@ -62,6 +63,7 @@ if TYPE_CHECKING:
     from kvjudge.retention.cold import ColdStore, LocalDirColdStore, S3ColdStore, open_cold_store
     from kvjudge.retention.evidence import Evidence, Visibility, find_evidence, measure
     from kvjudge.retention.extract import diff_extract, head_tail_extract
+    from kvjudge.retention.ingest import IngestReport, ingest_paths
     from kvjudge.retention.late_grades import GradeReport, attach_grades
     from kvjudge.retention.reduce import (
         ReductionPlan,

@@ -44,6 +44,17 @@ class Caches(Projection):
         row = self._conn.execute("SELECT payload FROM judgments WHERE key = ?", (key,)).fetchone()
         return None if row is None else json.loads(row[0])
 
+    def get_judgments(self, keys: Iterable[str]) -> dict[str, dict[str, Any]]:
+        """The cached judgment payloads of ``keys`` that are cached, by key (a few queries for any number)."""
+        wanted = list(dict.fromkeys(keys))
+        found: dict[str, dict[str, Any]] = {}
+        for start in range(0, len(wanted), REFS_PER_QUERY):
+            chunk = wanted[start:start + REFS_PER_QUERY]
+            marks = ",".join("?" * len(chunk))
+            for key, payload in self._conn.execute(f"SELECT key, payload FROM judgments WHERE key IN ({marks})", chunk):
+                found[key] = json.loads(payload)
+        return found
+
     def put_judgment(self, key: str, payload: dict[str, Any]) -> None:
         """Cache a judgment payload under ``key`` (replaces an older one: a cache, not history)."""
         with self.transaction("put_judgment"):

@@ -9,8 +9,9 @@ are read in SQL without decoding a run.
 
 from __future__ import annotations
 
+import hashlib
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -156,6 +157,19 @@ class Projection(EventLog):
         if state is None:
             raise StoreError(f"no run {run_id!r} in the store {self.path}; list runs with `kvjudge runs`")
         return state
+
+    def state_digests(self, run_ids: Iterable[str]) -> dict[str, str]:
+        """sha256 of each run's folded state as stored (its canonical bytes), by id; runs the store lacks are
+        absent. Equal digests are equal states, and any event that changes a run changes its digest: what is
+        derived from a state alone may be kept under it (nothing is decoded here)."""
+        wanted = [run_id for run_id in dict.fromkeys(run_ids) if storable(run_id)]
+        digests: dict[str, str] = {}
+        for start in range(0, len(wanted), REFS_PER_QUERY):
+            chunk = wanted[start:start + REFS_PER_QUERY]
+            marks = ",".join("?" * len(chunk))
+            for run_id, raw in self._conn.execute(f"SELECT id, state_json FROM runs WHERE id IN ({marks})", chunk):
+                digests[run_id] = hashlib.sha256(raw).hexdigest()
+        return digests
 
     def has_run(self, run_id: str) -> bool:
         if not storable(run_id):
