@@ -198,12 +198,9 @@ class ServerClient:
             raise ServerUnavailable(f"cannot reach the server {self.url} (connect timed out); is it running?",
                                     "connection") from exc
         except httpx.TimeoutException as exc:
-            waited = self.timeout_s if timeout_s is None else timeout_s
-            raise ServerUnavailable(f"the server {self.url} did not answer {path} within {waited:.0f} s "
-                                    f"(raise --timeout for long prompts)", "timeout") from exc
+            raise _no_answer(self.url, path, self.timeout_s if timeout_s is None else timeout_s) from exc
         except httpx.TransportError as exc:
-            raise ServerUnavailable(f"cannot reach the server {self.url} ({type(exc).__name__}: {exc}); "
-                                    f"is it running?", "connection") from exc
+            raise _unreachable(self.url, exc) from exc
         return self._answer(path, response)
 
     def _answer(self, path: str, response: httpx.Response) -> Any:
@@ -361,6 +358,18 @@ class ServerClient:
             self._lean.close()
 
 
+def _unreachable(url: str, exc: Exception) -> ServerUnavailable:
+    """The error for a server that could not be reached (refused, reset, closed), whichever transport tried."""
+    return ServerUnavailable(f"cannot reach the server {url} ({type(exc).__name__}: {exc}); is it running?",
+                             "connection")
+
+
+def _no_answer(url: str, path: str, timeout_s: float) -> ServerUnavailable:
+    """The error for an answer that did not come within ``timeout_s``, whichever transport waited."""
+    return ServerUnavailable(f"the server {url} did not answer {path} within {timeout_s:.0f} s "
+                             f"(raise --timeout for long prompts)", "timeout")
+
+
 def _direct(url: str) -> bool:
     """True for a plain-http server reached without a proxy (httpx would honour the proxy settings)."""
     parts = urllib.parse.urlsplit(url)
@@ -395,8 +404,7 @@ class _LeanHTTP:
                 try:
                     conn.connect()
                 except OSError as exc:
-                    raise ServerUnavailable(f"cannot reach the server {self.url} ({type(exc).__name__}: {exc}); "
-                                            f"is it running?", "connection") from exc
+                    raise _unreachable(self.url, exc) from exc
                 self._local.conn = conn
                 with self._lock:
                     self._open.append(conn)
@@ -410,16 +418,13 @@ class _LeanHTTP:
                 self._drop(conn)
                 if reused:
                     continue  # the server closed the idle connection: once more, on a new one
-                raise ServerUnavailable(f"cannot reach the server {self.url} ({type(exc).__name__}: {exc}); "
-                                        f"is it running?", "connection") from exc
+                raise _unreachable(self.url, exc) from exc
             except socket.timeout as exc:
                 self._drop(conn)
-                raise ServerUnavailable(f"the server {self.url} did not answer {path} within {timeout_s:.0f} s "
-                                        f"(raise --timeout for long prompts)", "timeout") from exc
+                raise _no_answer(self.url, path, timeout_s) from exc
             except (OSError, http.client.HTTPException) as exc:
                 self._drop(conn)
-                raise ServerUnavailable(f"cannot reach the server {self.url} ({type(exc).__name__}: {exc}); "
-                                        f"is it running?", "connection") from exc
+                raise _unreachable(self.url, exc) from exc
             if response.will_close:
                 self._drop(conn)
             return response.status, content

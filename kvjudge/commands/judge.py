@@ -32,9 +32,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                  "analytic bound) and from the reduced runs; report agreement over pairs whose views "
                                  "differ")
         parser.add_argument("--reduce-to", type=int, metavar="N",
-                            help="with --still-grades: reduce each run's bodies to N tokens, as retention counts them (the "
-                                 "view adds its markup, so it comes out somewhat above N; default: the effective "
-                                 "ceiling, min(configured, max_context_tokens // 2))")
+                            help="with --still-grades: reduce each run's bodies to N tokens, as retention counts "
+                                 "them (the view adds its markup, so it comes out somewhat above N; default: the "
+                                 "effective ceiling, min(configured, max_context_tokens // 2))")
         add_judge_args(parser)
 
 
