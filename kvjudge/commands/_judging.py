@@ -16,6 +16,7 @@ from kvjudge.judge import DEFAULT_MARGIN, TEMPLATE_CHOICES, Judge, Verdict, judg
 from kvjudge.judge.pairing import DEFAULT_POLICY, POLICIES, PairSelection, describe_pairs, same_task_pairs
 from kvjudge.retention import Store
 from kvjudge.retention.state import RunState
+from kvjudge.settings import DEFAULT_PARALLEL, DEFAULT_TIMEOUT_S
 from kvjudge.target import JudgeTarget
 
 
@@ -41,9 +42,9 @@ def add_judge_args(parser: argparse.ArgumentParser, *, also_templates: tuple[str
                               "or [judge] server; a server without a `kvjudge probe --server` entry is probed on "
                               "first use)")
     parser.add_argument("--parallel", type=int, metavar="N",
-                        help="with servers: requests in flight per server (default: [judge] parallel or 2)")
+                        help=f"with servers: requests in flight per server (default: [judge] parallel or {DEFAULT_PARALLEL})")
     parser.add_argument("--timeout", type=float, metavar="S",
-                        help="with servers: seconds per request (default: [judge] timeout or 600)")
+                        help=f"with servers: seconds per request (default: [judge] timeout or {DEFAULT_TIMEOUT_S:g})")
     parser.add_argument("--tokenizer-model", metavar="PATH",
                         help="with --server: a local copy of the served GGUF, to count tokens without the server "
                              "(and read its chat template)")
