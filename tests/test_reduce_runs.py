@@ -10,7 +10,7 @@ import pytest
 from helpers import store_from_runs
 
 from kvjudge.errors import CapabilityMissing, RunStateError
-from kvjudge.retention import reduce_runs
+from kvjudge.retention import reduce_run, reduce_runs
 from kvjudge.testing.filler import filler
 from kvjudge.testing.native_runs import make_run
 from kvjudge.server_client import ServerClient, ServerTokenCounter
@@ -105,3 +105,38 @@ def test_a_dry_run_plans_every_run_and_writes_nothing(tmp_path: Path) -> None:
         assert seen == [("default-0", 0, 2), ("default-1", 1, 2)]
         assert all(r["dry_run"] and r["events"] > 0 for r in done.runs)
         assert not any(state.reduced for state in store.iter_runs())
+
+
+def _served_counter(server: SimJudgeServer) -> tuple[ParallelCounter, list[ServerClient]]:
+    clients = [ServerClient(server.url) for _ in range(2)]
+    model = clients[0].identify().model_id
+    members = [ServerTokenCounter(client, model) for client in clients]
+    for member in members:
+        member.count("")
+    return ParallelCounter(members, parallel=2), clients
+
+
+def test_a_run_changed_after_it_was_planned_ahead_is_planned_again_from_its_new_state(tmp_path: Path) -> None:
+    runs = _runs(3)
+
+    def first_cut(store):  # another process reduces default-1 a little while default-0 is being reduced
+        def on_run(run_id: str, done: int, total: int) -> None:
+            if run_id == "default-1":
+                reduce_run(store, run_id, 3000, LocalSimTokenizer())
+        return on_run
+
+    with store_from_runs(tmp_path / "local.sqlite", runs) as store:
+        local_plans = reduce_runs(store, None, lambda tenant: 1500, LocalSimTokenizer(), dry_run=True)
+        local = reduce_runs(store, None, lambda tenant: 1500, LocalSimTokenizer(), on_run=first_cut(store))
+    with SimJudgeServer(write_key(tmp_path / "key.json", [])) as server, \
+            store_from_runs(tmp_path / "served.sqlite", runs) as store:
+        counter, clients = _served_counter(server)
+        planned = reduce_runs(store, None, lambda tenant: 1500, counter, dry_run=True)
+        served = reduce_runs(store, None, lambda tenant: 1500, counter, on_run=first_cut(store))
+        counters = [event.counter for _, event in store.iter_events("default-1") if event.kind == "Reduced"]
+        for client in clients:
+            client.close()
+    assert _outcomes(planned) == _outcomes(local_plans) and _outcomes(served) == _outcomes(local)
+    # default-1 was planned ahead from its state before the other cut, then planned again from the state after it.
+    assert served.runs[1]["tokens_before"] < planned.runs[1]["tokens_before"]
+    assert served.runs[1]["fits"] and set(counters) == {"local:sim-judge", counter.name}

@@ -791,37 +791,71 @@ class _RememberedShortTexts:
         return [self.known[text] if text in self.known else fresh[text] for text in texts]
 
 
-class _CountingAhead:
-    """Counts the next run's uncounted bodies in a background thread while the current run is reduced: its writes
-    wait on the disk, the counting on the servers, so neither waits for the other. The texts are read here (the
-    store stays on its own thread); the counts are stored before that run is planned."""
+# A run whose bodies hold more text than this is only counted ahead, and planned in its turn (planning ahead holds
+# every body of the run in memory until its turn).
+_AHEAD_RUN_CHARS = 8 << 20
 
-    def __init__(self, store: Store, counter: BatchCounter) -> None:
-        self.store, self.counter = store, counter
-        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvjudge-count-ahead")
-        self.pending: Future[dict[str, int]] | None = None
+
+class _PlanningAhead:
+    """Counts and plans the next run in a background thread while the current run is written: the writes wait on
+    the disk, the counting on the servers, so neither waits for the other.
+
+    The store stays on its own thread: the run's state, stored counts and texts are read here, the background thread
+    counts the uncounted bodies (one batch) and plans from them (:func:`plan_reduction`, pure: the same plan as in
+    its turn). In its turn the counts are stored and the plan applied; :func:`apply_plan` refuses a plan whose run
+    changed meanwhile (StalePlan), which is then planned again in turn. A run in cold storage, or with more text than
+    ``_AHEAD_RUN_CHARS``, is only counted ahead; a run that cannot be planned ahead (not reducible now, a body
+    missing) is planned in its turn, where its error is raised as before."""
+
+    def __init__(self, store: Store, counter: BatchCounter, targets: Mapping[str, int]) -> None:
+        self.store, self.counter, self.targets = store, counter, targets
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvjudge-plan-ahead")
+        self.pending: Future[tuple[dict[str, int], ReductionPlan | None]] | None = None
 
     def start(self, run_id: str) -> None:
         state = self.store.run(run_id)
-        if in_cold_storage(state):
+        if in_cold_storage(state) or any(loc.status == TIERED for loc in state.bodies.values()):
             return
         known = self.store.cached_counts(state.bodies.keys(), self.counter.name)
-        texts: dict[str, str] = {}
-        for ref in view_refs(state):
-            if ref not in known and ref not in texts and (text := self.store.text(ref)) is not None:
-                texts[ref] = text
-        if texts:
-            self.pending = self.executor.submit(lambda: dict(zip(texts, self.counter.count_many(list(texts.values())))))
+        texts: dict[str, str | None] = {}
+        chars = 0
+        for ref in state.bodies:
+            texts[ref] = text = self.store.text(ref)
+            chars += len(text) if text is not None else 0
+        uncounted = {ref: text for ref in dict.fromkeys(view_refs(state))
+                     if ref not in known and (text := texts.get(ref)) is not None}
+        target = self.targets.get(state.tenant)
+        plan_too = chars <= _AHEAD_RUN_CHARS and state.is_reducible and target is not None
+        if not (uncounted or plan_too):
+            return
+        kept = texts if plan_too else {}  # held until the run's turn only when it is planned ahead
+        del texts
 
-    def settle(self) -> None:
-        """Store the counts of the run started last (a counting error is raised here, as if counted now)."""
-        if self.pending is not None:
-            pending, self.pending = self.pending, None
-            self.store.put_counts(self.counter.name, pending.result())
+        def job() -> tuple[dict[str, int], ReductionPlan | None]:
+            fresh = dict(zip(uncounted, self.counter.count_many(list(uncounted.values())))) if uncounted else {}
+            if not plan_too:
+                return fresh, None
+            assert target is not None
+            try:
+                plan = plan_reduction(state, kept.get, self.counter, target, counts={**known, **fresh})
+            except (IntegrityError, RunStateError, UsageError):
+                plan = None  # planned again in its turn, which raises or handles it as it always has
+            return fresh, plan
+
+        self.pending = self.executor.submit(job)
+
+    def settle(self) -> ReductionPlan | None:
+        """Store the counts of the run started last and return its plan (None: plan it in turn). A counting error is
+        raised here, as if counted now."""
+        if self.pending is None:
+            return None
+        pending, self.pending = self.pending, None
+        fresh, plan = pending.result()
+        self.store.put_counts(self.counter.name, fresh)
+        return plan
 
     def close(self) -> None:
         self.executor.shutdown(wait=True, cancel_futures=True)
-
 
 
 def reduce_runs(store: Store, run_ids: Sequence[str] | None, target_of: Callable[[str], int],
@@ -836,8 +870,9 @@ def reduce_runs(store: Store, run_ids: Sequence[str] | None, target_of: Callable
     are known. ``on_run(run_id, done, total)`` hears of each run as it starts.
 
     A counter that counts batches (a served tokenizer: :class:`~kvjudge.tokens.BatchCounter`) is asked as little
-    as it can be: each run's bodies in one batch, counted while the run before is being written; its cut markers
-    and each round of extracts in one batch; a short text's count remembered from run to run.
+    as it can be, and never waited for while there is writing to do: each run is counted (its bodies in one batch)
+    and planned (its cut markers and each round of extracts in one batch) in a background thread while the run before
+    is being written; a short text's count is remembered from run to run.
     """
     chosen = run_ids if run_ids is not None else store.run_ids(tenant)
     candidates = [store.run(run_id) for run_id in chosen]
@@ -851,10 +886,10 @@ def reduce_runs(store: Store, run_ids: Sequence[str] | None, target_of: Callable
     del candidates  # each run is read again as it is reduced (another process may have changed it meanwhile)
     if not isinstance(counter, TokenCounter):
         counter = counter()
-    ahead: _CountingAhead | None = None
+    ahead: _PlanningAhead | None = None
     if isinstance(counter, BatchCounter):  # a counter that asks servers: no round trip it can spare or overlap
-        ahead = _CountingAhead(store, counter)
         counter = _RememberedShortTexts(counter)
+        ahead = _PlanningAhead(store, counter, targets)
     try:
         outcomes, above = _reduce_each(store, reducible, targets, counter, ahead, dry_run, on_run)
     finally:
@@ -868,7 +903,7 @@ def reduce_runs(store: Store, run_ids: Sequence[str] | None, target_of: Callable
 
 
 def _reduce_each(store: Store, reducible: Sequence[str], targets: Mapping[str, int], counter: TokenCounter,
-                 ahead: _CountingAhead | None, dry_run: bool,
+                 ahead: _PlanningAhead | None, dry_run: bool,
                  on_run: RunFn | None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     outcomes: list[dict[str, Any]] = []
     above: list[dict[str, Any]] = []
@@ -877,18 +912,22 @@ def _reduce_each(store: Store, reducible: Sequence[str], targets: Mapping[str, i
     for done, run_id in enumerate(reducible):
         if on_run is not None:
             on_run(run_id, done, len(reducible))
+        planned = None
         if ahead is not None:
-            ahead.settle()
+            planned = ahead.settle()
             if done + 1 < len(reducible):
                 ahead.start(reducible[done + 1])
         state = store.run(run_id)
         target = targets[state.tenant]
         try:
             if dry_run:
-                plan = plan_stored(store, state, target, counter)
-                outcome = {**plan.to_dict(), "dry_run": True}
+                if planned is None or planned.base_digest != _state_digest(state):
+                    planned = plan_stored(store, state, target, counter)
+                plan, outcome = planned, {**planned.to_dict(), "dry_run": True}
             else:
-                result = reduce_run(store, run_id, target, counter)
+                result = _applied_ahead(store, planned) if planned is not None else None
+                if result is None:
+                    result = reduce_run(store, run_id, target, counter)
                 plan, outcome = result.plan, result.to_dict()
             if not plan.fits:
                 above.append({"run": run_id, "tokens": plan.tokens_after, "target": target,
@@ -901,6 +940,14 @@ def _reduce_each(store: Store, reducible: Sequence[str], targets: Mapping[str, i
         outcome["tenant"] = state.tenant
         outcomes.append(outcome)
     return outcomes, above
+
+
+def _applied_ahead(store: Store, plan: ReductionPlan) -> ReductionResult | None:
+    """``plan``, made ahead, applied; None when its run changed since (it is then planned again in its turn)."""
+    try:
+        return apply_plan(store, plan)
+    except StalePlan:
+        return None
 
 
 __all__ = ["ReductionPlan", "ReductionResult", "RunInColdStorage", "RunsReduction", "StalePlan", "apply_plan",
