@@ -4,6 +4,11 @@
 fastapi, uvicorn, sse-starlette, starlette-context, pydantic-settings) on a free port, waits until
 ``/v1/models`` answers, and stops it with SIGTERM (then SIGKILL). ``kill()`` is a SIGKILL mid-work: the crash a
 judge pool must survive. Contexts stay small (≤ 2048): servers on two shared cores are slow.
+
+``logprobs=False`` starts it with ``--logits_all false``: llama-cpp-python then computes the logits of the last
+prompt token only, and refuses any request for logprobs. By default (what logprobs need) it computes a row of logits
+over the whole vocabulary (262k for Gemma) for every prompt token. A server that only the probe asks (completions
+without logprobs, the tokenizer) needs no more.
 """
 
 from __future__ import annotations
@@ -39,10 +44,12 @@ def server_extras_missing() -> str | None:
 class LlamaServer:
     """One ``python -m llama_cpp.server`` serving ``model`` with ``n_ctx``; ``url`` once :meth:`start` returned."""
 
-    def __init__(self, model: Path, n_ctx: int, log_dir: Path | None = None, threads: int | None = None) -> None:
+    def __init__(self, model: Path, n_ctx: int, log_dir: Path | None = None, threads: int | None = None,
+                 logprobs: bool = True) -> None:
         self.model = Path(model)
         self.n_ctx = n_ctx
         self.threads = threads
+        self.logprobs = logprobs
         self.log_dir = Path(log_dir or tempfile.mkdtemp(prefix="kvjudge-llama-server-"))
         self.process: subprocess.Popen[bytes] | None = None
         self.url = ""
@@ -58,6 +65,8 @@ class LlamaServer:
                    "--port", str(port), "--n_ctx", str(self.n_ctx)]
         if self.threads is not None:
             command += ["--n_threads", str(self.threads), "--n_threads_batch", str(self.threads)]
+        if not self.logprobs:
+            command += ["--logits_all", "false"]
         self.log_dir.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:
             # Unbuffered: the access log reaches the file as each request is answered (see ``answered``).

@@ -1,8 +1,9 @@
 """`kvjudge probe --server` against a real llama-cpp-python server, and the commands that read its entry.
 
 The server runs the default model with a 512-token context, so certification (one prompt of ~500 tokens) stays
-short on two shared cores. llama-cpp-python's server does not report its context size: the probe learns it from
-the server's refusal of a longer prompt.
+short on two shared cores, and without logprobs: the probe asks for none, so the server computes the last prompt
+token's logits only. llama-cpp-python's server does not report its context size: the probe learns it from the
+server's refusal of a longer prompt.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ def server(default_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
     missing = server_extras_missing()
     if missing:
         pytest.fail(missing)
-    with LlamaServer(default_model, SERVED_N_CTX, tmp_path_factory.mktemp("served")) as started:
+    with LlamaServer(default_model, SERVED_N_CTX, tmp_path_factory.mktemp("served"), logprobs=False) as started:
         yield started
 
 

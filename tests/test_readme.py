@@ -1,4 +1,5 @@
-"""The README's Python API example runs as written (on the fast default model, with two small sample runs)."""
+"""The README's Python API example runs as written (on the fast default model, two small runs and the memory
+budget of a small context: what it does does not depend on their sizes)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from kvjudge.demo import sample_runs_path
+from kvjudge.probe import memory_needed
+from kvjudge.probe.cache import default_cache_path
+from kvjudge.testing.jsonl import write_jsonl
+from kvjudge.testing.native_runs import make_run
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 
@@ -19,21 +23,40 @@ def _python_example() -> str:
     return blocks[0]
 
 
+# The example's memory budget, and the context the test gives the default model instead: the example's 960 MiB would
+# have it certify a 3840-token context (the bundled judge model gets 3328 from it), its probe's longest step; the
+# judged pair of two small runs needs a window of 512 tokens, well inside a 1024-token context's safe_context.
+EXAMPLE_BUDGET = '"probe.memory_budget": "960MiB"'
+TEST_CONTEXT = 1024
+
+
 @pytest.mark.model
 def test_readme_python_example_runs(tmp_path: Path, default_model: Path, monkeypatch: pytest.MonkeyPatch,
                                     capsys: pytest.CaptureFixture[str]) -> None:
-    lines = [line for line in sample_runs_path().read_text().splitlines()
-             if json.loads(line)["id"] in ("slug-1", "slug-2")]
-    (tmp_path / "runs.jsonl").write_text("\n".join(lines) + "\n")
+    # Finished, not yet graded (the example grades them), as the sample runs are.
+    runs = [make_run("fixed", ["collected 12 items\n12 passed"], passed=True, lifecycle=("running",)),
+            make_run("broken", ["collected 12 items\nFAILED test_quote"], passed=False, final="1 failed, 11 passed",
+                     lifecycle=("running",))]
+    for run in runs:
+        run["task"]["id"] = "fix-csv"
+    write_jsonl(tmp_path / "runs.jsonl", runs)
     monkeypatch.chdir(tmp_path)
-    # The example uses the bundled judge model; the default model runs the same code three times faster.
+    # The example uses the bundled judge model; the default model runs the same code faster, under the budget its
+    # probe certifies TEST_CONTEXT tokens with.
     import kvjudge.models
 
     monkeypatch.setattr(kvjudge.models, "judge_model_path", lambda fetch=True: default_model)
-    exec(compile(_python_example(), str(README), "exec"), {"__name__": "readme_example"})
+    example = _python_example()
+    assert example.count(EXAMPLE_BUDGET) == 1, "the example names its memory budget as this test expects"
+    budget = memory_needed(default_model, TEST_CONTEXT)
+    example = example.replace(EXAMPLE_BUDGET, f'"probe.memory_budget": {budget}')
+    exec(compile(example, str(README), "exec"), {"__name__": "readme_example"})
     outcome, p_a = capsys.readouterr().out.split()
     assert outcome in ("a", "b", "tie", "inconsistent")
     assert 0.0 <= float(p_a) <= 1.0
+    # The probe ran on the context chosen here: the example certified it and judged within its safe_context.
+    [entry] = json.loads(default_cache_path().read_text())["entries"].values()
+    assert entry["certified"] and entry["max_context_tokens"] == TEST_CONTEXT
 
 
 def _section(heading: str) -> str:
