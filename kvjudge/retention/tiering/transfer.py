@@ -219,7 +219,8 @@ def _check_object(cold: ColdStore, remote: RemoteObject, rehash: bool) -> str | 
     if rehash:
         for entry in remote.entries:
             try:
-                fetch_body(cold, entry)
+                if fetch_body(cold, entry) is None:
+                    return f"{name} is missing"
             except IntegrityError:
                 return f"{short(entry.ref)} in {remote.key} does not re-hash to its ref"
     return None
