@@ -6,7 +6,8 @@ Every step is durable before the next starts (remote commit acknowledged before 
    :class:`TierGate`, only runs within their token ceiling (reduce first), unless the gate says ``unreduced``;
 2. ``TierStarted{target, endpoint, manifest_ref}`` is appended — the log now says a move is under way, and to
    where (the manifest is rebuilt from the log whenever needed, see :mod:`.manifest`); whether to move is
-   decided inside that transaction, on the committed state;
+   decided inside that transaction, on the committed state; its commit does not wait for the disk (``Tiered``'s
+   does, and syncs it too);
 3. every local body of the run is uploaded, in packs (keys derived from the move: a retry rewrites identical
    bytes; a move logged before packs finishes with one content-addressed blob per body), then the manifest, last
    and conditionally — its presence is the remote's commit (a local directory syncs the packs' directories
@@ -190,7 +191,12 @@ def tier_runs(store: Store, run_ids: Sequence[str], cold: ColdStore, *,
                 if gate is not None:
                     count_ahead(store, state, gate.counter)  # tokenizing is slow: never under the write lock
                 started: _Started | TierResult | None = None
-                with WRITES, store.transaction("tier_start"):
+                # TierStarted is not waited for on disk (one sync less per run, on the thread that starts every
+                # move, while the uploads keep the disk busy). Lost at a power cut it takes nothing with it: nothing
+                # is deleted before Tiered, whose durable commit syncs the log up to it first (the log is written in
+                # order); what the move wrote remotely is what a new move of the same log writes again, under the
+                # same keys — the events before it were durable, so the same last LSN means the same manifest.
+                with WRITES, store.transaction("tier_start", durable=False):
                     current = store.run(run_id)  # the committed state, under the write lock
                     check_eligible(current)
                     if not in_cold_storage(current):
