@@ -12,9 +12,10 @@ tier of a fresh copy of the store):
   tiering's writes: the bytes and their names survive a crash); S3: ``put_object`` with the same number of
   threads tiering uses, no checksum;
 - **tier**: every run moved as ``kvjudge tier --all`` moves them (``tier_runs``: one run's uploads overlap the
-  finishing of the one before) — each body streamed from the store in chunks, hashed as it is written
-  (locally temp + fsync + rename, then the rename's directory synced by the same writer, and the parents of
-  the directories the move created once each before its manifest; SHA-256 checksummed PUTs on S3), manifest, read-back check, ``Tiered`` event, local delete;
+  finishing of the runs before, several at once) — each run's bodies written into packs of up to 8 MiB, each body
+  streamed from the store in chunks and hashed as it is written (locally one temp file per pack + fsync + rename,
+  the packs' directory and the parents of the directories the move created synced once before its manifest;
+  one SHA-256 checksummed PUT per pack on S3), manifest, read-back check, ``Tiered`` event, local delete;
 - **recovery**: a fresh copy of the store is tiered by a child ``kvjudge tier --all --unreduced`` that is
   SIGKILLed half way (a third of a run's move time into the move of the run after the first half); then the
   time to finish the crashed move (``recover``) and the time to converge (recover + tier the rest), checked

@@ -22,6 +22,7 @@ from kvjudge.retention.cold import (
     blob_key,
     manifest_key,
     open_cold_store,
+    pack_key,
 )
 
 
@@ -59,6 +60,58 @@ def test_tampered_blob_is_never_returned(cold: ColdStore) -> None:
         cold.get_blob(ref)
 
 
+def test_pack_round_trip_and_ranged_reads(cold: ColdStore) -> None:
+    """A pack is its bodies end to end; each is read back by its offset and length and checked against its ref."""
+    bodies = [b"first body", b"", bytes(range(256)) * 1000, "héllo\n".encode()]
+    key = pack_key("run/1", 7, 0)
+    assert key == "packs/run%2F1/000000000007-0000.pack"
+    assert cold.stat_object(key) is None and cold.get_range(ref_of(bodies[0]), key, 0, len(bodies[0])) is None
+    # One body in chunks (streamed from the store), the others whole; a retry writes the same bytes.
+    parts = [(ref_of(body), [body[start:start + 999] for start in range(0, len(body), 999)] if len(body) > 999
+              else body) for body in bodies]
+    cold.put_pack(key, parts)
+    cold.put_pack(key, parts)
+    info = cold.stat_object(key)
+    assert info is not None and info.size == sum(map(len, bodies)) and info.key == key
+    offset = 0
+    for body in bodies:
+        assert cold.get_range(ref_of(body), key, offset, len(body)) == body
+        offset += len(body)
+    with pytest.raises(IntegrityError, match="does not hash to"):  # the range of another body
+        cold.get_range(ref_of(bodies[0]), key, 1, len(bodies[0]))
+    with pytest.raises(IntegrityError, match="does not hash to"):  # past the end: a pack cut short
+        cold.get_range(ref_of(bodies[3]), key, offset, len(bodies[3]))
+
+
+def test_a_pack_with_a_body_that_is_not_its_ref_is_never_stored(cold: ColdStore) -> None:
+    key = pack_key("run-1", 8, 0)
+    good, bad = b"a good body", b"a bad body"
+    with pytest.raises(IntegrityError, match="do not hash to it; nothing was stored"):
+        cold.put_pack(key, [(ref_of(good), good), (ref_of(b"something else"), bad), (ref_of(good), good)])
+    assert cold.stat_object(key) is None
+    if isinstance(cold, LocalDirColdStore):
+        assert list(cold.root.rglob(".tmp-*")) == []  # the refused write left nothing behind
+
+
+def test_a_moves_packs_share_one_directory_sync_before_its_manifest(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pack's writer syncs no directory itself: the packs of a move share ``packs/<run>/``, synced once by the
+    flush every manifest write runs first (with the parents of the directories created), then the manifest's."""
+    synced: list[Path] = []
+    real_fsync_dir = LocalDirColdStore._fsync_dir
+    monkeypatch.setattr(LocalDirColdStore, "_fsync_dir",
+                        staticmethod(lambda directory: (synced.append(directory), real_fsync_dir(directory))))
+    store = LocalDirColdStore(tmp_path)
+    for index in range(3):
+        body = f"body {index}".encode()
+        store.put_pack(pack_key("r", 1, index), [(ref_of(body), body)])
+    assert synced == []
+    store.put_manifest(manifest_key("r", 1), b"{}")
+    pack_dir, manifest_dir = tmp_path / "packs" / "r", tmp_path / "manifests" / "r"
+    assert sorted(synced[:-1]) == sorted([pack_dir, tmp_path / "packs", tmp_path, tmp_path / "manifests"])
+    assert synced[-1] == manifest_dir
+
+
 def test_manifest_is_conditional(cold: ColdStore) -> None:
     key = manifest_key("run/1 ü", 42)
     assert key == "manifests/run%2F1%20%C3%BC/000000000042.json"
@@ -78,6 +131,7 @@ def test_every_run_id_is_one_bounded_path_segment() -> None:
     assert manifest_key(".", 7) == "manifests/%2E/000000000007.json"
     assert manifest_key("..", 7) == "manifests/%2E%2E/000000000007.json"
     assert manifest_key("run-1.2", 7) == "manifests/run-1.2/000000000007.json"  # ordinary ids keep their key
+    assert pack_key("..", 7, 3) == "packs/%2E%2E/000000000007-0003.pack"
     long_a, long_b = "x" * 300, "x" * 299 + "y"
     segments = {manifest_key(run, 7).split("/")[1] for run in (long_a, long_b)}
     assert len(segments) == 2 and all(len(segment) <= 160 and "/" not in segment for segment in segments)

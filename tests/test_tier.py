@@ -17,12 +17,16 @@ from tier_support import (
     big_output,
     cold_for,
     make_store,
+    moved,
     read_remote,
+    remote_body,
     remote_keys,
     remove,
     tamper,
+    tamper_body,
     target,  # noqa: F401 (fixture)
     texts,
+    tier_the_old_way,
     tiered_refs,
     tiering_run,
 )
@@ -30,7 +34,8 @@ from tier_support import (
 from kvjudge.errors import ColdStoreError, IntegrityError, RunStateError, StoreError
 from kvjudge.retention import Store
 from kvjudge.retention.blobs import ref_of
-from kvjudge.retention.cold import LocalDirColdStore, blob_key
+from kvjudge.retention.blobs import short
+from kvjudge.retention.cold import LocalDirColdStore, blob_key, pack_key
 from kvjudge.retention.tiering import (
     ColdStores,
     Manifest,
@@ -41,6 +46,7 @@ from kvjudge.retention.tiering import (
     tier_run,
     verify_checks,
 )
+from kvjudge.retention.tiering.manifest import LOOSE_FORMAT, MANIFEST_FORMAT, PACK_BYTES, ManifestEntry
 from kvjudge.retention.verify import verify
 from kvjudge.tokens import CharsPerToken
 
@@ -68,13 +74,19 @@ def test_tier_read_through_rehydrate_and_idempotent(tmp_path: Path, target: str)
         gone = [ref for ref in local_refs if store.blobs.get(ref) is None]
         assert sorted(gone) == sorted(set(local_refs) - shared)
         assert all(store.blobs.get(ref) is not None for ref in shared)
-        # The remote holds exactly one object per ref, plus one manifest naming them all.
+        # The remote holds the move's packs, plus one manifest naming every body's pack and offset; each pack is
+        # its bodies end to end, in the manifest's order.
         keys = remote_keys(cold)
-        assert sorted(k for k in keys if k.startswith("objects/")) == sorted(blob_key(r) for r in local_refs)
         manifests = [k for k in keys if k.startswith("manifests/")]
         assert len(manifests) == 1
         manifest = Manifest.from_bytes(read_remote(cold, manifests[0]))
         assert manifest.refs == local_refs and manifest.run == "run-a"
+        assert manifest.format == MANIFEST_FORMAT and manifest == moved(store, "run-a")
+        packs = [k for k in keys if not k.startswith("manifests/")]
+        assert packs == sorted({entry.pack for entry in manifest.entries})
+        assert all(key.startswith("packs/run-a/") for key in packs)
+        for remote in manifest.objects:
+            assert read_remote(cold, remote.key) == b"".join(before[e.ref].encode() for e in remote.entries)
         assert store.run("run-a").tier["manifest_ref"] == ref_of(read_remote(cold, manifests[0]))
 
         # Without the cold reader a tiered body is simply not here; with it, every text reads as before.
@@ -99,15 +111,75 @@ def test_tier_read_through_rehydrate_and_idempotent(tmp_path: Path, target: str)
         assert remote_keys(cold) == keys
         assert verify_all(store) == []
 
-        # Tier again after rehydrating: a second manifest (longer log), still one object per ref.
+        # Tier again after rehydrating: a second manifest (longer log) and packs of its own; the first move's stay.
         third = tier_run(store, "run-a", cold)
         assert third.status == "tiered"
         keys_after = remote_keys(cold)
-        assert [k for k in keys_after if k.startswith("objects/")] == [k for k in keys if k.startswith("objects/")]
+        second = {entry.pack for entry in moved(store, "run-a").entries}
+        assert second.isdisjoint(packs)
+        assert [k for k in keys_after if not k.startswith("manifests/")] == sorted(second | set(packs))
         assert len([k for k in keys_after if k.startswith("manifests/")]) == 2
         assert verify_all(store) == []
         # The fold is still a pure function of the log.
         assert store.refold("run-a").canonical_bytes() == store.projected_bytes("run-a")
+
+
+def test_a_move_made_before_packs_still_reads_verifies_and_rehydrates(tmp_path: Path, target: str) -> None:
+    """A cold store tiered before packs (one content-addressed blob per body, a format-1 manifest) stays what it
+    was: read through, verified and re-hashed (a flipped blob caught), left alone by `tier`, rehydrated; the run
+    tiered again goes into packs."""
+    path = make_store(tmp_path / "store.sqlite")
+    cold = cold_for(target)
+    with Store.open(path) as store:
+        before = texts(store, "run-a")
+        raw = tier_the_old_way(store, "run-a", cold)
+        old = moved(store, "run-a")  # the log rebuilds the old manifest, byte for byte
+        assert old.format == LOOSE_FORMAT and old.to_bytes() == raw and old.objects[0].key == blob_key(old.refs[0])
+        keys = remote_keys(cold)
+        assert [k for k in keys if not k.startswith("manifests/")] == sorted(blob_key(ref) for ref in before)
+        assert verify_all(store, rehash=True) == []
+        assert all(store.blobs.get(ref) is None for ref in before if ref not in store.run("run-b").refs())
+        store.fallback = fallback_reader(None, store)
+        assert texts(store, "run-a") == before
+
+        big = max(before, key=lambda ref: len(before[ref] or ""))
+        original = read_remote(cold, blob_key(big))
+        tamper(cold, blob_key(big), original[:-1] + bytes([original[-1] ^ 1]))
+        assert any(f"{short(big)} in {blob_key(big)} does not re-hash" in m for m in verify_all(store, rehash=True))
+        with pytest.raises(IntegrityError, match="does not hash to"):
+            store.text(big)
+        tamper(cold, blob_key(big), original)
+
+        assert tier_run(store, "run-a", cold).status == "already_tiered" and remote_keys(cold) == keys
+        assert rehydrate_run(store, "run-a", ColdStores()).status == "rehydrated"
+        store.fallback = None
+        assert texts(store, "run-a") == before and tiered_refs(store, "run-a") == []
+        assert tier_run(store, "run-a", cold).status == "tiered"
+        new = moved(store, "run-a")
+        assert new.format == MANIFEST_FORMAT and all(k in remote_keys(cold) for k in (o.key for o in new.objects))
+        assert verify_all(store, rehash=True) == []
+        store.fallback = fallback_reader(None, store)
+        assert texts(store, "run-a") == before
+
+
+def test_packs_are_cut_by_size_and_the_manifest_says_where_each_body_is() -> None:
+    """Format 2 cuts a move's bodies, in ref order, into packs of up to PACK_BYTES (a larger body alone); each body's
+    pack and offset are in the manifest, which reads back as written; format 1 names no location."""
+    mib = 1024 * 1024
+    sizes = [5 * mib, 3 * mib, 1, 20 * mib, 0, 2 * mib]
+    loose = Manifest(run="r", tenant="t", first_lsn=1, last_lsn=9, target="file:///c", format=LOOSE_FORMAT,
+                     entries=tuple(ManifestEntry(f"sha256:{index:064x}", f"{index:064x}", size)
+                                   for index, size in enumerate(sizes)))
+    packed = loose.in_format(MANIFEST_FORMAT)
+    assert [(e.pack, e.offset) for e in packed.entries] == [
+        (pack_key("r", 9, 0), 0), (pack_key("r", 9, 0), 5 * mib), (pack_key("r", 9, 1), 0),
+        (pack_key("r", 9, 2), 0), (pack_key("r", 9, 3), 0), (pack_key("r", 9, 3), 0)]
+    assert PACK_BYTES == 8 * mib and [o.size for o in packed.objects] == [8 * mib, 1, 20 * mib, 2 * mib]
+    assert Manifest.from_bytes(packed.to_bytes()) == packed
+    assert Manifest.from_bytes(loose.to_bytes()) == loose and b'"pack"' not in loose.to_bytes()
+    assert [o.key for o in loose.objects] == [blob_key(e.ref) for e in loose.entries]
+    with pytest.raises(IntegrityError, match="not readable"):
+        Manifest.from_bytes(packed.to_bytes().replace(b"manifest/2", b"manifest/9"))
 
 
 def test_run_in_wrong_state_is_refused(tmp_path: Path, target: str) -> None:
@@ -161,28 +233,34 @@ def test_tampered_remote_bytes_are_caught(tmp_path: Path, target: str) -> None:
     cold = cold_for(target)
     with Store.open(path) as store:
         tier_run(store, "run-a", cold)
-        big = max(tiered_refs(store, "run-a"), key=lambda r: len(read_remote(cold, blob_key(r))))
-        original = read_remote(cold, blob_key(big))
+        entry = max(moved(store, "run-a").entries, key=lambda e: e.size)
+        big = entry.ref
+        original = remote_body(cold, entry)
+        pack = read_remote(cold, entry.key)
+        assert len(pack) > len(original)  # other bodies share its pack: it is read by its range
         assert verify_all(store, rehash=True) == []
 
         # Same size, one byte flipped: only a re-hash (--verify-remote) can see it.
-        tamper(cold, blob_key(big), original[:-1] + bytes([original[-1] ^ 1]))
-        assert any("does not re-hash" in m for m in verify_all(store, rehash=True))
+        tamper_body(cold, entry, original[:-1] + bytes([original[-1] ^ 1]))
+        assert any(f"{short(big)} in {entry.key} does not re-hash" in m for m in verify_all(store, rehash=True))
         store.fallback = fallback_reader(None, store)
         with pytest.raises(IntegrityError, match="does not hash to"):
             store.text(big)
 
         # Truncated: a plain verify (sizes) sees it too.
-        tamper(cold, blob_key(big), original[:100])
-        assert any("has 100 bytes, not" in m for m in verify_all(store))
+        tamper(cold, entry.key, pack[:100])
+        assert any(f"{entry.key} has 100 bytes, not {len(pack)}" in m for m in verify_all(store))
+        with pytest.raises(IntegrityError, match="does not hash to"):
+            store.text(big)
 
         # Gone: named as missing.
-        remove(cold, blob_key(big))
-        assert any("is missing" in m for m in verify_all(store))
+        remove(cold, entry.key)
+        assert any(f"{entry.key} is missing" in m for m in verify_all(store))
 
         # Put back as it was: clean again.
-        tamper(cold, blob_key(big), original)
+        tamper(cold, entry.key, pack)
         assert verify_all(store, rehash=True) == []
+        assert store.text(big) == original.decode()
 
 
 def test_tier_cli_json_and_usage(tmp_path: Path, target: str, ceiling_args: list[str]) -> None:
@@ -226,9 +304,11 @@ def test_hostile_run_ids_tier_inside_the_cold_store(tmp_path: Path) -> None:
     done = run_kvjudge("tier", "--all", "--to", cold_url, "--unreduced", "--store", str(path), "--json")
     assert done.returncode == 0, done.stderr
     assert sorted(r["run"] for r in json.loads(done.stdout)["runs"]) == sorted(hostile)
-    assert sorted(p.name for p in (tmp_path / "cold").iterdir()) == ["manifests", "objects"]
+    assert sorted(p.name for p in (tmp_path / "cold").iterdir()) == ["manifests", "packs"]
     assert sorted(p.parent.parent.name for p in (tmp_path / "cold" / "manifests").glob("*/*.json")) == \
         ["manifests"] * len(hostile)
+    assert len({p.parent for p in (tmp_path / "cold" / "packs").glob("*/*.pack")}) == len(hostile)
+    assert [p for p in (tmp_path / "cold").rglob("*") if p.is_file() and p.suffix not in (".json", ".pack")] == []
     checked = run_kvjudge("verify", "--verify-remote", "--store", str(path), "--json")
     assert checked.returncode == 0, checked.stderr
     assert json.loads(checked.stdout)["ok"] is True
@@ -289,7 +369,7 @@ def test_a_corrupt_local_body_is_never_uploaded(tmp_path: Path) -> None:
         with pytest.raises(IntegrityError, match="does not hash to its ref; nothing was tiered"):
             tier_run(store, "run-a", cold)
         assert "Tiered" not in event_kinds(store, "run-a")
-        assert blob_key(victim) not in remote_keys(cold)
+        assert remote_keys(cold) == []  # not its pack, nor any other object
         assert all(store.blobs.get(ref) is not None for ref in store.run("run-a").refs())  # nothing deleted
 
 
@@ -334,7 +414,8 @@ def test_endpoint_url_flag_reaches_s3_without_the_environment(tmp_path: Path, s3
     assert json.loads(moved.stdout)["runs"][0]["status"] == "tiered"
     keys = [item["Key"] for item in seaweed.client().list_objects_v2(Bucket=s3_bucket).get("Contents", [])]
     assert any(key.startswith("t/manifests/run-a/") for key in keys)
-    assert sum(key.startswith("t/objects/") for key in keys) == len(before)
+    assert any(key.startswith("t/packs/run-a/") for key in keys)
+    assert not any(key.startswith("t/objects/") for key in keys)
     checked = run_kvjudge("verify", "run-a", "--verify-remote", *flags)
     assert checked.returncode == 0 and json.loads(checked.stdout)["ok"] is True, checked.stdout + checked.stderr
     back = run_kvjudge("rehydrate", "run-a", *flags)
@@ -356,8 +437,8 @@ def test_bodies_larger_than_a_chunk_arrive_whole(tmp_path: Path, target: str) ->
         assert sizes == {"run-a": 3 * CHUNK_BYTES + 17, "run-b": 2 * CHUNK_BYTES}
         for run in before:
             assert tier_run(store, run, cold).status == "tiered"
-            assert all(read_remote(cold, blob_key(ref)) == text.encode() for ref, text in before[run].items()
-                       if text is not None)
+            assert all(remote_body(cold, moved(store, run).entry(ref)) == text.encode()
+                       for ref, text in before[run].items() if text is not None)
         store.fallback = fallback_reader(None, store)
         assert {run: texts(store, run) for run in before} == before
         assert verify_all(store, rehash=True) == []

@@ -17,8 +17,10 @@ from tier_support import GRADED, big_output, make_store, texts, tiered_refs
 from kvjudge.retention import Store
 from kvjudge.retention import events as ev
 from kvjudge.retention.blobs import ref_of
-from kvjudge.retention.cold import S3ColdStore, blob_key, manifest_key
+from kvjudge.retention.cold import S3ColdStore, manifest_key
 from kvjudge.retention.events import canonical_json
+from kvjudge.retention.tiering.manifest import logged_manifest
+from kvjudge.retention.tiering.transfer import fetch_body
 
 pytestmark = pytest.mark.s3
 
@@ -158,6 +160,7 @@ def test_an_endpoint_override_must_hold_the_recorded_manifest(tmp_path: Path, se
         key = f"cold/{recorded_manifest_key(store, 'run-a')}"
         manifest_ref = store.run("run-a").tier["manifest_ref"]
         moved = tiered_refs(store, "run-a")
+        objects = [remote.key for remote in logged_manifest(store, "run-a", manifest_ref).objects]
     recorded = seaweed.client().get_object(Bucket=bucket, Key=key)["Body"].read()
     assert ref_of(recorded) == manifest_ref
 
@@ -173,8 +176,8 @@ def test_an_endpoint_override_must_hold_the_recorded_manifest(tmp_path: Path, se
     for contents in (None, other_manifest):
         if contents is not None:
             second_seaweed.client().put_object(Bucket=bucket, Key=key, Body=contents)
-            for ref in moved:  # and objects under the run's keys, which must never be read
-                second_seaweed.client().put_object(Bucket=bucket, Key=f"cold/{blob_key(ref)}", Body=b"not the body")
+            for key_ in objects:  # and objects under the run's keys, which must never be read
+                second_seaweed.client().put_object(Bucket=bucket, Key=f"cold/{key_}", Body=b"not the body")
         override = ("--endpoint-url", second_seaweed.endpoint)
         for command in (("show", "run-a"), ("rehydrate", "run-a"), ("verify",), ("verify", "--verify-remote")):
             refused = kvjudge(*command, *override, *store_args, env=env)
@@ -223,7 +226,9 @@ def test_recovery_finishes_at_the_recorded_endpoint(tmp_path: Path, seaweed: Sea
     assert (result["status"], result["recovered"], result["endpoint"]) == ("tiered", "upload", seaweed.endpoint)
     with Store.open(path) as store:
         assert event_kinds(store, "run-a")[-2:] == ["TierStarted", "Tiered"]
-        assert all(cold.get_blob(ref) is not None for ref in tiered_refs(store, "run-a"))
+        manifest = logged_manifest(store, "run-a", store.run("run-a").tier["manifest_ref"])
+        assert all(fetch_body(cold, entry) is not None for entry in manifest.entries)
+        assert manifest.refs == tiered_refs(store, "run-a")
         assert ref_of(cold.get_manifest(key) or b"") == store.run("run-a").tier["manifest_ref"]
     checked = kvjudge("verify", "--verify-remote", "--store", str(path), "--json", env=env)
     assert checked.returncode == 0 and json.loads(checked.stdout)["ok"], checked.stdout + checked.stderr

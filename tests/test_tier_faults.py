@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 from helpers import event_kinds, kvjudge, local_cold_url
 from seaweed import s3_bucket, seaweed  # noqa: F401 (fixtures)
-from tier_support import cold_for, make_store, remote_keys, texts, tiered_refs
+from tier_support import cold_for, make_store, moved, read_remote, remote_keys, texts, tier_the_old_way, tiered_refs
 
 from kvjudge.retention import Store
-from kvjudge.retention.cold import blob_key
 from kvjudge.retention.tiering import REHYDRATE_POINTS, TIER_POINTS, ColdStores, fallback_reader, verify_checks
+from kvjudge.retention.tiering.manifest import LOOSE_FORMAT
 from kvjudge.retention.verify import verify
 
 #: The S3 variant runs the points where the remote matters most (keeps the SeaweedFS part short).
@@ -23,7 +23,8 @@ S3_POINTS = ("tier.blob_response_lost", "tier.manifest_response_lost", "tier.aft
 
 
 def assert_converged(path: Path, target: str, before: dict[str, str | None]) -> None:
-    """One move in the log, one object per ref remotely (no partial files), bodies gone here, verify clean."""
+    """One move in the log, its objects remotely — the packs its manifest names, or for a move logged before packs
+    one blob per ref — and nothing else (no partial files), bodies gone here, verify clean."""
     cold = cold_for(target)
     with Store.open(path) as store:
         kinds = event_kinds(store, "run-a")
@@ -31,8 +32,11 @@ def assert_converged(path: Path, target: str, before: dict[str, str | None]) -> 
         refs = tiered_refs(store, "run-a")
         assert refs == sorted(before)
         keys = remote_keys(cold)
-        assert [k for k in keys if not k.startswith("manifests/")] == sorted(blob_key(r) for r in refs)
+        manifest = moved(store, "run-a")
+        assert [k for k in keys if not k.startswith("manifests/")] == sorted(o.key for o in manifest.objects)
         assert len([k for k in keys if k.startswith("manifests/")]) == 1
+        for remote in manifest.objects:  # each object is its bodies end to end, nothing torn
+            assert read_remote(cold, remote.key) == b"".join((before[e.ref] or "").encode() for e in remote.entries)
         shared = set(refs) & set(store.run("run-b").refs())
         assert [r for r in refs if store.blobs.has_body(r)] == sorted(shared)
         checks = verify_checks(store, ColdStores(), rehash=True)
@@ -101,8 +105,9 @@ def test_kill_at_each_point_s3(tmp_path: Path, point: str, s3_bucket: str,  # no
 def test_recovery_repairs_a_remote_that_lost_an_object(tmp_path: Path, ceiling_args: list[str]) -> None:
     """The manifest made it but a body was lost remotely before Tiered: recovery rewrites it, then commits."""
     path, target, before = crash_a_local_move(tmp_path, "tier.manifest_response_lost", ceiling_args)
-    lost = sorted(before)[0]
-    (tmp_path / "cold" / blob_key(lost)).unlink()
+    with Store.open(path) as store:
+        lost = moved(store, "run-a").objects[0].key
+    (tmp_path / "cold" / lost).unlink()
     rerun = tier(path, target, ceiling_args, "--json")
     assert rerun.returncode == 0, rerun.stderr
     assert json.loads(rerun.stdout)["runs"][0]["recovered"] == "upload"
@@ -133,6 +138,31 @@ def test_verify_recovers_a_crashed_move(tmp_path: Path, ceiling_args: list[str])
     assert_converged(path, target, before)
 
 
+@pytest.mark.parametrize("point", ["tier.blob_response_lost", "tier.after_blobs", "tier.manifest_response_lost",
+                                   "tiered.txn", "tier.after_tiered"])
+def test_a_move_made_before_packs_recovers_in_its_own_layout(tmp_path: Path, point: str,
+                                                             ceiling_args: list[str]) -> None:
+    """A move logged before packs whose process died after some of its blobs: `tier` finishes it as its manifest
+    says (one content-addressed blob per body, the format-1 manifest) — killed again at a fault point, then run
+    once more — and it converges, read back, verified."""
+    target = local_cold_url(tmp_path)
+    path = make_store(tmp_path / "store.sqlite")
+    with Store.open(path) as store:
+        before = texts(store, "run-a")
+        tier_the_old_way(store, "run-a", cold_for(target), crash_after=2)
+    assert_nothing_lost(path, before)
+    crashed = tier(path, target, ceiling_args, faults=point)
+    assert crashed.returncode == -signal.SIGKILL, (crashed.returncode, crashed.stderr)
+    assert_nothing_lost(path, before)
+    rerun = tier(path, target, ceiling_args, "--json")
+    assert rerun.returncode == 0, rerun.stderr
+    assert_converged(path, target, before)
+    with Store.open(path) as store:
+        manifest = moved(store, "run-a")
+        assert manifest.format == LOOSE_FORMAT
+        assert not any(key.startswith("packs/") for key in remote_keys(cold_for(target)))
+
+
 @pytest.mark.parametrize("point", REHYDRATE_POINTS)
 def test_kill_rehydrate_then_rerun(tmp_path: Path, point: str, ceiling_args: list[str]) -> None:
     target = local_cold_url(tmp_path)
@@ -161,9 +191,12 @@ def test_verify_remote_re_hashes_what_a_crashed_move_left_before_it_commits(tmp_
     would have let the only good copy go."""
     path, target, before = crash_a_local_move(tmp_path, "tier.after_verify", ceiling_args)
     flipped = max(before, key=lambda ref: len(before[ref] or ""))
-    remote = tmp_path / "cold" / blob_key(flipped)
+    with Store.open(path) as store:
+        entry = moved(store, "run-a").entry(flipped)
+    assert entry is not None
+    remote = tmp_path / "cold" / entry.key
     body = remote.read_bytes()
-    remote.write_bytes(bytes([body[0] ^ 1]) + body[1:])
+    remote.write_bytes(body[:entry.offset] + bytes([body[entry.offset] ^ 1]) + body[entry.offset + 1:])
     extra = ["--to", target, *ceiling_args] if command[0] == "tier" else []
     rerun = kvjudge(*command, *extra, "--store", str(path), "--verify-remote", "--json")
     assert rerun.returncode == 0, rerun.stdout + rerun.stderr

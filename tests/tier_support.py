@@ -11,7 +11,11 @@ from seaweed import SeaweedServer
 
 from kvjudge.retention import Store
 from kvjudge.retention.cold import ColdStore, LocalDirColdStore, S3ColdStore, open_cold_store
-from kvjudge.retention.state import TIERED
+from kvjudge.retention import events as ev
+from kvjudge.retention.blobs import ref_of
+from kvjudge.retention.events import canonical_json
+from kvjudge.retention.state import LOCAL, TIERED
+from kvjudge.retention.tiering.manifest import Manifest, ManifestEntry, logged_manifest
 
 GRADED = ["running", "grading", "graded"]
 
@@ -87,6 +91,53 @@ def remove(cold: ColdStore, key: str) -> None:
         cold._client.delete_object(Bucket=cold.bucket, Key=cold._key(key))
 
 
+def moved(store: Store, run_id: str) -> Manifest:
+    """The manifest of ``run_id``'s latest move, as the log rebuilds it (where each body went)."""
+    return logged_manifest(store, run_id, store.run(run_id).tier["manifest_ref"])
+
+
+def tier_the_old_way(store: Store, run_id: str, cold: ColdStore, *, crash_after: int | None = None) -> bytes:
+    """Move ``run_id`` as kvjudge did before packs, written out here as that code wrote it: ``TierStarted`` naming
+    a ``kvjudge-tier-manifest/1`` (no locations), one content-addressed blob per body, the manifest, ``Tiered``, the
+    local delete. ``crash_after`` stops after that many blobs (its process killed mid-move). Returns the manifest."""
+    state = store.run(run_id)
+    first_lsn, last_lsn = store.event_range(run_id)
+    refs = sorted(ref for ref, loc in state.bodies.items() if loc.status == LOCAL)
+    bodies = {ref: store.blobs.get(ref) or b"" for ref in refs}
+    raw = canonical_json({
+        "format": "kvjudge-tier-manifest/1", "run": run_id, "tenant": state.tenant,
+        "events": {"first_lsn": first_lsn, "last_lsn": last_lsn}, "target": cold.url,
+        "blobs": [{"ref": ref, "sha256": ref.removeprefix("sha256:"), "size": len(bodies[ref])} for ref in refs],
+    }).encode("utf-8")
+    with store.transaction("tier_start"):
+        store.append(run_id, ev.TierStarted(run=run_id, target=cold.url, manifest_ref=ref_of(raw),
+                                            endpoint=cold.endpoint_url))
+    for index, ref in enumerate(refs):
+        if index == crash_after:
+            return raw
+        cold.put_blob(ref, bodies[ref])
+    cold.put_manifest(Manifest.from_bytes(raw).key, raw)
+    with store.transaction("tiered"):
+        store.append(run_id, ev.Tiered(run=run_id, target=cold.url, manifest_ref=ref_of(raw), refs=refs,
+                                       endpoint=cold.endpoint_url))
+    store.release_bodies(store.tiered_bodies_here(run_id), label="tier_delete", scrub=False, durable=False)
+    return raw
+
+
+def remote_body(cold: ColdStore, entry: ManifestEntry) -> bytes:
+    """The bytes the cold store holds where ``entry`` says its body is (no check against the ref)."""
+    data = read_remote(cold, entry.key)
+    return data if entry.pack is None else data[entry.offset:entry.offset + entry.size]
+
+
+def tamper_body(cold: ColdStore, entry: ManifestEntry, body: bytes) -> None:
+    """Replace the bytes of ``entry``'s body in its object behind kvjudge's back (the object's size changes with
+    ``body``'s)."""
+    data = read_remote(cold, entry.key)
+    end = entry.offset + entry.size
+    tamper(cold, entry.key, body if entry.pack is None else data[:entry.offset] + body + data[end:])
+
+
 def read_remote(cold: ColdStore, key: str) -> bytes:
     if isinstance(cold, LocalDirColdStore):
         return (cold.root / key).read_bytes()
@@ -109,5 +160,6 @@ def cold_for(target_url: str) -> ColdStore:
     return open_cold_store(target_url)
 
 
-__all__ = ["GRADED", "SeaweedServer", "big_output", "cold_for", "make_store", "read_remote", "remote_keys", "remove",
-           "tamper", "target", "texts", "tiered_refs", "tiering_run"]
+__all__ = ["GRADED", "SeaweedServer", "big_output", "cold_for", "make_store", "moved", "read_remote", "remote_body",
+           "remote_keys", "remove", "tamper", "tamper_body", "target", "texts", "tier_the_old_way", "tiered_refs",
+           "tiering_run"]

@@ -1,9 +1,13 @@
 """Cold stores: where tiered bodies live once their run has left the local store.
 
-A cold store holds two kinds of objects:
+A cold store holds three kinds of objects:
 
-- **blobs**, content-addressed: the key is derived from the ref (``sha256:<hex>``), so writing a blob
-  twice writes identical bytes under the same key — a retry can never make a second, different copy;
+- **packs**, many bodies each (what a move writes today): the concatenation of a move's bodies in the order its
+  manifest lists them, under a key derived from the move (:func:`pack_key`), so writing a pack twice writes
+  identical bytes under the same key; a body is read back by its offset and length, and checked against its ref;
+- **blobs**, one body each, content-addressed: the key is derived from the ref (``sha256:<hex>``), so writing a
+  blob twice writes identical bytes under the same key — the layout of moves made before packs (still read, and
+  still written to finish such a move after a crash);
 - **manifests**, one per tiering of a run: written last, conditionally (never overwritten with other
   bytes), so their presence is the remote's commit of the whole move.
 
@@ -75,6 +79,12 @@ def manifest_key(run_id: str, last_lsn: int) -> str:
     return f"manifests/{_run_segment(run_id)}/{last_lsn:012d}.json"
 
 
+def pack_key(run_id: str, last_lsn: int, index: int) -> str:
+    """The object key of pack ``index`` of the move of ``run_id`` covering the log up to ``last_lsn``: beside its
+    manifest's key (one directory per run), so one move's packs share a directory."""
+    return f"packs/{_run_segment(run_id)}/{last_lsn:012d}-{index:04d}.pack"
+
+
 @dataclass(frozen=True)
 class ObjectInfo:
     """What the cold store says about an object without reading its bytes.
@@ -117,15 +127,28 @@ class ColdStore(Protocol):
         (IntegrityError otherwise, and nothing is stored: a cold store never holds bytes that are not their ref):
         complete or absent after a crash, durable once :meth:`flush` (or :meth:`put_manifest`) returned."""
 
+    def put_pack(self, key: str, bodies: Iterable[tuple[str, BlobBody]]) -> None:
+        """Store the concatenation of ``bodies`` (``(ref, body)`` in order) under ``key``, provided each body hashes
+        to its ref (IntegrityError otherwise, and nothing is stored): complete or absent after a crash, durable
+        once :meth:`flush` (or :meth:`put_manifest`) returned."""
+
     def flush(self) -> None:
-        """Make every blob put (or found by :meth:`stat_blob`) so far durable."""
+        """Make every object put (or found by :meth:`stat_object`) so far durable."""
+
+    def stat_object(self, key: str) -> ObjectInfo | None:
+        """Size (and the store's own checksum when it keeps one) of the object at ``key``, None when absent. An
+        object found is made durable by the next :meth:`flush` like one put (another process may have written it
+        unsynced)."""
 
     def stat_blob(self, ref: str) -> ObjectInfo | None:
-        """Size (and the store's own checksum when it keeps one) of a blob, None when absent. A blob found is
-        made durable by the next :meth:`flush` like one put (another process may have written it unsynced)."""
+        """:meth:`stat_object` of the blob of ``ref``."""
 
     def get_blob(self, ref: str) -> bytes | None:
         """The blob's bytes, checked against the ref (IntegrityError on mismatch), None when absent."""
+
+    def get_range(self, ref: str, key: str, offset: int, size: int) -> bytes | None:
+        """The ``size`` bytes at ``offset`` of the object at ``key`` (a body in a pack), checked against ``ref``
+        (IntegrityError on mismatch, a short object included), None when the object is absent."""
 
     def put_manifest(self, key: str, data: bytes) -> ManifestWrite:
         """Create the manifest at ``key`` unless it exists; if it does, it must hold exactly ``data``.
@@ -167,7 +190,7 @@ def _checked(ref: str, body: bytes, where: str) -> bytes:
 
 
 class LocalDirColdStore:
-    """A directory as cold store: content-addressed files, each written crash-safely.
+    """A directory as cold store: packs, content-addressed blobs and manifests, each file written crash-safely.
 
     Every object is written to a temporary name in its final directory (a blob hashed as it is written, and
     renamed only when it hashes to its ref), fsynced, then renamed into place — so after a crash an object is
@@ -180,7 +203,9 @@ class LocalDirColdStore:
     its flush, may have left its entry unsynced) and the directory of a blob found by :meth:`stat_blob` that this
     store did not write. Only those directories are synced, never the whole file system: what other processes
     write there costs a move nothing. Manifests are linked into place with ``os.link`` (fails if the name
-    exists), the local equivalent of S3's ``If-None-Match: *``, and their directory is synced at once.
+    exists), the local equivalent of S3's ``If-None-Match: *``, and their directory is synced at once. A pack's
+    writer leaves the sync of its rename's directory to :meth:`flush` too: a move's packs share one directory
+    (``packs/<run>/``), synced once before its manifest.
     """
 
     def __init__(self, root: str | os.PathLike[str], *, create: bool = False) -> None:
@@ -190,13 +215,16 @@ class LocalDirColdStore:
         self._create = create
         self._host = socket.gethostname().replace("-", "_")
         # Several writer threads share one store: directories known to exist, those of them whose entry in their
-        # parent may not be durable yet, directories awaiting a sync, and the blobs this store renamed into place
-        # and whose directory it synced.
+        # parent may not be durable yet, directories awaiting a sync, and the objects this store renamed into place
+        # (their directory synced, or awaiting the next flush).
         self._lock = threading.Lock()
+        # One flush at a time: a flush that finds nothing pending must not return while another's syncs (which may
+        # cover this caller's objects) are still under way.
+        self._flush_lock = threading.Lock()
         self._known_dirs: set[Path] = set()
         self._unvouched_dirs: set[Path] = set()
         self._unsynced: set[Path] = set()
-        self._written_blobs: set[Path] = set()
+        self._written: set[Path] = set()
 
     def __repr__(self) -> str:
         return f"LocalDirColdStore({str(self.root)!r})"
@@ -248,24 +276,25 @@ class LocalDirColdStore:
                 self._unvouched_dirs.add(step)
         return created
 
-    def _write_temp(self, final: Path, chunks: Iterable[bytes], ref: str | None = None) -> Path:
-        """Write ``chunks`` to a fresh temp file beside ``final`` (its directory exists) and fsync it; with
-        ``ref``, hashed on the way (each chunk while it is in cache) and kept only when it hashes to ``ref``.
-        Removed on any failure."""
+    def _write_temp(self, final: Path, parts: Iterable[tuple[str | None, BlobBody]]) -> Path:
+        """Write ``parts`` one after the other to a fresh temp file beside ``final`` (its directory exists) and
+        fsync it; a part with a ref is hashed on the way (each chunk while it is in cache) and the file kept only
+        when every such part hashes to its ref. Removed on any failure."""
         # The writer's host and pid are in the name, so a later run can tell a dead writer's leftovers.
         temp = final.parent / f".tmp-{final.name}-{self._host}-{os.getpid()}-{secrets.token_hex(6)}"
-        digest = hashlib.sha256() if ref is not None else None
         try:
             fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             try:
-                for chunk in chunks:
-                    if digest is not None:
-                        digest.update(chunk)
-                    view = memoryview(chunk)
-                    while view:
-                        view = view[os.write(fd, view):]
-                if digest is not None and ref is not None and digest.hexdigest() != ref_hex(ref):
-                    raise _not_the_ref(ref, self.url)
+                for ref, body in parts:
+                    digest = hashlib.sha256() if ref is not None else None
+                    for chunk in _chunks(body):
+                        if digest is not None:
+                            digest.update(chunk)
+                        view = memoryview(chunk)
+                        while view:
+                            view = view[os.write(fd, view):]
+                    if digest is not None and ref is not None and digest.hexdigest() != ref_hex(ref):
+                        raise _not_the_ref(ref, self.url)
                 os.fsync(fd)
             finally:
                 os.close(fd)
@@ -287,7 +316,7 @@ class LocalDirColdStore:
     def put_blob(self, ref: str, body: BlobBody) -> None:
         final = self._path(blob_key(ref))
         created = self._make_dirs(final.parent)
-        temp = self._write_temp(final, _chunks(body), ref)
+        temp = self._write_temp(final, [(ref, body)])
         try:
             # Content-addressed: replacing an existing object writes the same bytes (or repairs a bad copy).
             os.replace(temp, final)
@@ -305,9 +334,29 @@ class LocalDirColdStore:
             raise ColdStoreError(f"cannot sync {final.parent} in the cold store: {exc.strerror}") from exc
         with self._lock:
             self._unsynced.update(directory.parent for directory in created)
-            self._written_blobs.add(final)
+            self._written.add(final)
+
+    def put_pack(self, key: str, bodies: Iterable[tuple[str, BlobBody]]) -> None:
+        final = self._path(key)
+        created = self._make_dirs(final.parent)
+        temp = self._write_temp(final, bodies)
+        try:
+            # Derived from its move: a retry writes the same bytes (or repairs a bad copy).
+            os.replace(temp, final)
+        except OSError as exc:
+            temp.unlink(missing_ok=True)
+            raise ColdStoreError(f"cannot store {final} in the cold store: {exc.strerror}") from exc
+        # The rename's directory (shared by the move's packs) and the new directories' parents: at the next flush.
+        with self._lock:
+            self._unsynced.add(final.parent)
+            self._unsynced.update(directory.parent for directory in created)
+            self._written.add(final)
 
     def flush(self) -> None:
+        with self._flush_lock:
+            self._flush()
+
+    def _flush(self) -> None:
         with self._lock:
             pending, self._unsynced = self._unsynced, set()
             # Entries that existed before these syncs start are durable once they are done.
@@ -329,7 +378,9 @@ class LocalDirColdStore:
             self._unvouched_dirs -= covered
 
     def stat_blob(self, ref: str) -> ObjectInfo | None:
-        key = blob_key(ref)
+        return self.stat_object(blob_key(ref))
+
+    def stat_object(self, key: str) -> ObjectInfo | None:
         path = self._path(key)
         try:
             size = path.stat().st_size
@@ -342,7 +393,7 @@ class LocalDirColdStore:
         # renamed it into a directory not synced yet. A move that counts on it syncs that directory before its
         # manifest.
         with self._lock:
-            if path not in self._written_blobs:
+            if path not in self._written:
                 self._unsynced.add(path.parent)
         return ObjectInfo(key=key, size=size, sha256=None)
 
@@ -359,13 +410,25 @@ class LocalDirColdStore:
         body = self._read(key)
         return None if body is None else _checked(ref, body, str(self._path(key)))
 
+    def get_range(self, ref: str, key: str, offset: int, size: int) -> bytes | None:
+        path = self._path(key)
+        try:
+            with open(path, "rb") as handle:
+                handle.seek(offset)
+                body = handle.read(size)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise ColdStoreError(f"cannot read {path}: {exc.strerror}") from exc
+        return _checked(ref, body, f"{path} at offset {offset}")
+
     def put_manifest(self, key: str, data: bytes) -> ManifestWrite:
         final = self._path(key)
         new_dirs = self._make_dirs(final.parent)
         with self._lock:
             self._unsynced.update(directory.parent for directory in new_dirs)
         self.flush()  # the blobs (and new directories) first: a manifest is never durable without them
-        temp = self._write_temp(final, (data,))
+        temp = self._write_temp(final, [(None, data)])
         try:
             try:
                 os.link(temp, final)  # atomic create-if-absent: never replaces an existing manifest
@@ -518,14 +581,38 @@ class S3ColdStore:
         if echoed is not None and echoed != checksum:
             raise ColdStoreError(f"{self._where()} acknowledged {ref} with checksum {echoed}; refusing to trust it")
 
+    def put_pack(self, key: str, bodies: Iterable[tuple[str, BlobBody]]) -> None:
+        chunks: list[bytes] = []
+        pack = hashlib.sha256()
+        for ref, body in bodies:
+            digest = hashlib.sha256()
+            for chunk in _chunks(body):
+                digest.update(chunk)
+                pack.update(chunk)
+                chunks.append(chunk)
+            if digest.hexdigest() != ref_hex(ref):
+                raise _not_the_ref(ref, self.url)
+        # The whole pack's SHA-256 as its checksum: the server refuses bytes that are not the ones hashed here.
+        checksum = base64.b64encode(pack.digest()).decode()
+        try:
+            response = self._client.put_object(Bucket=self.bucket, Key=self._key(key), Body=b"".join(chunks),
+                                               ChecksumSHA256=checksum)
+        except self._errors() as exc:
+            raise self._fail(exc, f"upload {key} to") from exc
+        echoed = response.get("ChecksumSHA256")
+        if echoed is not None and echoed != checksum:
+            raise ColdStoreError(f"{self._where()} acknowledged {key} with checksum {echoed}; refusing to trust it")
+
     def stat_blob(self, ref: str) -> ObjectInfo | None:
-        key = blob_key(ref)
+        return self.stat_object(blob_key(ref))
+
+    def stat_object(self, key: str) -> ObjectInfo | None:
         try:
             head = self._client.head_object(Bucket=self.bucket, Key=self._key(key), ChecksumMode="ENABLED")
         except self._errors() as exc:
             if self._status(exc) == 404:
                 return None
-            raise self._fail(exc, f"stat {ref} in") from exc
+            raise self._fail(exc, f"stat {key} in") from exc
         checksum = head.get("ChecksumSHA256")
         digest = base64.b64decode(checksum).hex() if checksum and "-" not in checksum else None
         return ObjectInfo(key=key, size=int(head["ContentLength"]), sha256=digest)
@@ -542,6 +629,22 @@ class S3ColdStore:
     def get_blob(self, ref: str) -> bytes | None:
         body = self._get(blob_key(ref), ref)
         return None if body is None else _checked(ref, body, f"{self.url}/{blob_key(ref)}")
+
+    def get_range(self, ref: str, key: str, offset: int, size: int) -> bytes | None:
+        where = f"{self.url}/{key} at offset {offset}"
+        if size == 0:  # no byte range names nothing: the object need only exist
+            return None if self.stat_object(key) is None else _checked(ref, b"", where)
+        try:
+            response = self._client.get_object(Bucket=self.bucket, Key=self._key(key),
+                                               Range=f"bytes={offset}-{offset + size - 1}")
+            body = response["Body"].read()
+        except self._errors() as exc:
+            if self._status(exc) == 404:
+                return None
+            if self._status(exc) == 416:  # the object ends before the range starts: it was cut
+                return _checked(ref, b"", where)
+            raise self._fail(exc, f"read {ref} from") from exc
+        return _checked(ref, body, where)
 
     def flush(self) -> None:
         pass  # every acknowledged PUT is durable already

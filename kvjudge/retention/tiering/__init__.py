@@ -3,8 +3,9 @@
 One module per job:
 
 - :mod:`.targets` — the target URL and S3 endpoint a command resolves, and the cold stores it opens;
-- :mod:`.manifest` — what one move carried, rebuilt from the log (never stored locally);
-- :mod:`.transfer` — parallel uploads, each read back and checked;
+- :mod:`.manifest` — what one move carried and where each body went (its pack and offset), rebuilt from the log
+  (never stored locally);
+- :mod:`.transfer` — parallel uploads of packs, each checked right after; a body read back from its pack;
 - :mod:`.move` — the move as events (``TierStarted`` → upload → manifest → ``Tiered`` → local delete) and its
   recovery after a crash;
 - :mod:`.reader` — the store's fallback reader for tiered bodies;
@@ -15,7 +16,7 @@ One module per job:
 """
 
 from kvjudge.retention.tiering.checks import tier_check, verify_checks, verify_tiered_run
-from kvjudge.retention.tiering.manifest import Manifest, ManifestEntry
+from kvjudge.retention.tiering.manifest import Manifest, ManifestEntry, RemoteObject
 from kvjudge.retention.tiering.move import (
     TIER_POINTS,
     TierGate,
@@ -33,12 +34,12 @@ from kvjudge.retention.tiering.reader import ColdReader, fallback_reader
 from kvjudge.retention.tiering.rehydrate import REHYDRATE_POINTS, RehydrateResult, rehydrate_run
 from kvjudge.retention.tiering.requested import TierOutcome, TierProgress, tier_requested
 from kvjudge.retention.tiering.targets import ColdStores, default_target, resolve_endpoint, resolve_target
-from kvjudge.retention.tiering.transfer import check_remote
+from kvjudge.retention.tiering.transfer import check_remote, fetch_body
 
 __all__ = [
     "REHYDRATE_POINTS", "TIER_POINTS", "ColdReader", "ColdStores", "Manifest", "ManifestEntry", "RehydrateResult",
-    "TierGate", "TierOutcome", "TierPlan", "TierProgress", "TierResult", "check_remote", "default_target",
-    "fallback_reader", "local_body_bytes", "pending_runs", "plan_all", "recover", "recover_run", "rehydrate_run",
-    "resolve_endpoint", "resolve_target", "tier_check", "tier_requested", "tier_run", "tier_runs", "verify_checks",
-    "verify_tiered_run",
+    "RemoteObject", "TierGate", "TierOutcome", "TierPlan", "TierProgress", "TierResult", "check_remote",
+    "default_target", "fallback_reader", "fetch_body", "local_body_bytes", "pending_runs", "plan_all", "recover",
+    "recover_run", "rehydrate_run", "resolve_endpoint", "resolve_target", "tier_check", "tier_requested", "tier_run",
+    "tier_runs", "verify_checks", "verify_tiered_run",
 ]

@@ -7,13 +7,15 @@ from kvjudge.retention.blobs import short
 from kvjudge.retention.cold import ColdStore
 from kvjudge.retention.state import TIERED
 from kvjudge.retention.store import Store
+from kvjudge.retention.tiering.manifest import ManifestEntry
 from kvjudge.retention.tiering.targets import ColdStores, Notice
+from kvjudge.retention.tiering.transfer import fetch_body
 from kvjudge.settings import RetentionSettings
 
 
 class ColdReader:
     """The store's fallback reader: the bytes of a tiered ref, fetched from the target and endpoint its move
-    recorded (:meth:`ColdStores.for_move`).
+    recorded (:meth:`ColdStores.for_move`), where that move's manifest says it lives (a pack's range, or its blob).
 
     Every fetched body is checked against its ref by the cold store; a store that is down raises
     ColdStoreError (the reader never turns "unreachable" into "absent").
@@ -26,17 +28,22 @@ class ColdReader:
 
     def __call__(self, ref: str) -> bytes | None:
         colds: dict[int, ColdStore] = {}
+        entries: dict[int, list[ManifestEntry]] = {}
         for run_id, loc in self._store.explain(ref).locations:
             if loc.status == TIERED and loc.manifest_ref:
                 cold = self._stores.for_move(self._store, run_id, loc.manifest_ref)
                 colds.setdefault(id(cold), cold)
+                entry = self._stores.manifest(self._store, run_id, loc.manifest_ref).entry(ref)
+                if entry is not None:
+                    entries.setdefault(id(cold), []).append(entry)
         for key, cold in colds.items():
             if key not in self._checked:  # once per store: "down" must not read as "object missing"
                 cold.check()
                 self._checked.add(key)
-            body = cold.get_blob(ref)
-            if body is not None:
-                return body
+            for entry in entries.get(key, []):  # where each move that carried it put it
+                body = fetch_body(cold, entry)
+                if body is not None:
+                    return body
         if colds:
             first = next(iter(colds.values()))
             raise ColdStoreError(f"{short(ref)} is tiered to {first.url} but the cold store does not have it; "

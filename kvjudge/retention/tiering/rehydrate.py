@@ -13,7 +13,7 @@ from kvjudge.retention.state import TIERED, BodyLocation
 from kvjudge.retention.store import Store
 from kvjudge.retention.tiering.move import recover_run
 from kvjudge.retention.tiering.targets import ColdStores
-from kvjudge.retention.tiering.transfer import MAX_IN_FLIGHT_BYTES, ProgressFn
+from kvjudge.retention.tiering.transfer import MAX_IN_FLIGHT_BYTES, ProgressFn, fetch_body
 
 REHYDRATE_POINTS = ("rehydrate.after_bodies", "rehydrated.txn")
 
@@ -84,7 +84,11 @@ def _fetch(store: Store, stores: ColdStores, run_id: str, location: BodyLocation
     if location.target is None or location.manifest_ref is None:
         raise IntegrityError(f"{short(location.ref)} is tiered but the log names no target; the store is damaged")
     cold = stores.for_move(store, run_id, location.manifest_ref)
-    body = cold.get_blob(location.ref)
+    entry = stores.manifest(store, run_id, location.manifest_ref).entry(location.ref)
+    if entry is None:
+        raise IntegrityError(f"{short(location.ref)} is tiered but its move's manifest does not name it; "
+                             "run `kvjudge verify`")
+    body = fetch_body(cold, entry)
     if body is None:
         raise ColdStoreError(f"{short(location.ref)} is missing from {cold.url}; it cannot be rehydrated — "
                              "run `kvjudge verify --verify-remote`")

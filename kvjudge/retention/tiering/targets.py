@@ -19,7 +19,7 @@ from kvjudge.errors import ColdStoreError
 from kvjudge.retention.blobs import ref_of, short
 from kvjudge.retention.cold import ColdStore, open_cold_store
 from kvjudge.retention.store import Store
-from kvjudge.retention.tiering.manifest import logged_manifest, started_event
+from kvjudge.retention.tiering.manifest import Manifest, logged_manifest, started_event
 from kvjudge.settings import RetentionSettings, data_dir
 
 Notice = Callable[[str], None]
@@ -45,7 +45,8 @@ def _is_s3(target: str) -> bool:
 
 
 class ColdStores:
-    """Opens cold stores once each (an S3 client is not free): for new moves, and for reading recorded ones.
+    """Opens cold stores once each (an S3 client is not free): for new moves, and for reading recorded ones; and
+    rebuilds each recorded move's manifest once (:meth:`manifest`).
 
     ``endpoint_url`` is where new moves go (None: boto3's own resolution). ``override`` is an explicit
     ``--endpoint-url``: a recorded move at another endpoint is read from it only after its manifest checks out
@@ -63,6 +64,7 @@ class ColdStores:
         self._noticed = False
         self._open: dict[tuple[str, str | None], ColdStore] = {}
         self._moves: dict[tuple[str, str], ColdStore] = {}
+        self._manifests: dict[tuple[str, str], Manifest] = {}
 
     @classmethod
     def from_settings(cls, retention: RetentionSettings, endpoint_url: str | None = None, *,
@@ -105,6 +107,14 @@ class ColdStores:
             self._check_moved(store, run_id, manifest_ref, cold, recorded)
         self._moves[(run_id, manifest_ref)] = cold
         return cold
+
+    def manifest(self, store: Store, run_id: str, manifest_ref: str) -> Manifest:
+        """The manifest of a recorded move of ``run_id`` (rebuilt from the log once per command): where each of its
+        bodies lives in the cold store."""
+        manifest = self._manifests.get((run_id, manifest_ref))
+        if manifest is None:
+            manifest = self._manifests[(run_id, manifest_ref)] = logged_manifest(store, run_id, manifest_ref)
+        return manifest
 
     def _unrecorded(self, run_id: str, target: str) -> ColdStore:
         """A move logged before endpoints were recorded: today's resolution, said once."""

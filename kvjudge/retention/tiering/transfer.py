@@ -1,9 +1,10 @@
 """Moving bytes to a cold store and checking what it holds: parallel uploads, each read back right after.
 
-A few worker threads each take one body at a time: stream it from the store to the cold store in chunks
-(each worker with a read-only connection of its own, so reading is as parallel as writing), the cold store
-hashing each chunk as it writes it and keeping the object only when it hashes to its ref, then read the object
-back. The caller only hands out entries, at most two per worker ahead.
+A few worker threads each take one object at a time — a pack of a move's bodies (or, finishing a move made
+before packs, one body's blob): stream its bodies from the store to the cold store in chunks (each worker with a
+read-only connection of its own, so reading is as parallel as writing), the cold store hashing each chunk as it
+writes it and keeping the object only when every body hashes to its ref, then check the object is there. The
+caller only hands out objects, at most two per worker ahead.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from kvjudge.retention.blobs import ref_of, short
 from kvjudge.retention.cold import ColdStore
 from kvjudge.retention.faults import fault_point
 from kvjudge.retention.store import Blob, BodyReaders, Store
-from kvjudge.retention.tiering.manifest import Manifest, ManifestEntry
+from kvjudge.retention.tiering.manifest import Manifest, ManifestEntry, RemoteObject
 
 # Objects in flight at once. Network stores hide latency with more; so does a local disk, whose writes wait
 # on fsync (ext4 batches concurrent fsyncs into one journal commit: 8 beat 4 and 2 here).
@@ -56,14 +57,15 @@ class Batch:
     def __init__(self, run_id: str) -> None:
         self.run = run_id
         self.sent = 0
-        self._futures: list[concurrent.futures.Future[tuple[bool, str | None]]] = []
+        self._futures: list[concurrent.futures.Future[tuple[int, str | None]]] = []
 
-    def add(self, future: concurrent.futures.Future[tuple[bool, str | None]]) -> None:
+    def add(self, future: concurrent.futures.Future[tuple[int, str | None]]) -> None:
         self._futures.append(future)
 
     def wait(self) -> list[str]:
         """Wait for every upload of the move; the problems the read-backs found (:attr:`sent` counts the bodies
-        written). Re-raises the first failure (ColdStoreError, IntegrityError, BodyVanished)."""
+        written, those of a pack included). Re-raises the first failure (ColdStoreError, IntegrityError,
+        BodyVanished)."""
         problems: list[str] = []
         for index, future in enumerate(concurrent.futures.as_completed(self._futures)):
             sent, problem = future.result()
@@ -99,20 +101,20 @@ class Uploader:
         self._pool.shutdown(wait=True, cancel_futures=kind is not None)
         self._readers.close()
 
-    def send(self, batch: Batch, entry: ManifestEntry, *, skip_present: bool = False) -> None:
-        """Upload the body of ``entry`` as part of ``batch`` (with ``skip_present``, not when the remote holds it
-        already with the right size and checksum: recovery). Blocks while two per worker wait; raises the
-        failure of any upload that failed meanwhile."""
+    def send(self, batch: Batch, remote: RemoteObject, *, skip_present: bool = False) -> None:
+        """Upload ``remote`` (a pack, or one body's blob) as part of ``batch`` (with ``skip_present``, not when the
+        remote holds it already with the right size and checksum: recovery). Blocks while two per worker wait;
+        raises the failure of any upload that failed meanwhile."""
         self._slots.acquire()
         if self._failure is not None:
             self._slots.release()
             raise self._failure
-        future = self._pool.submit(_move_one, self._cold, self._readers, batch.run, entry, self._rehash,
+        future = self._pool.submit(_move_one, self._cold, self._readers, batch.run, remote, self._rehash,
                                    skip_present)
-        future.add_done_callback(lambda done: self._finished(done, entry.size))
+        future.add_done_callback(lambda done: self._finished(done, remote.size))
         batch.add(future)
 
-    def _finished(self, future: concurrent.futures.Future[tuple[bool, str | None]], size: int) -> None:
+    def _finished(self, future: concurrent.futures.Future[tuple[int, str | None]], size: int) -> None:
         self._slots.release()
         if future.cancelled():
             return
@@ -134,58 +136,93 @@ def upload_and_check(store: Store, manifest: Manifest, cold: ColdStore, *, skip_
     batch = Batch(manifest.run)
     try:
         with Uploader(cold, store.path, rehash=rehash, progress=progress) as uploader:
-            for entry in manifest.entries:
-                uploader.send(batch, entry, skip_present=skip_present)
+            for remote in manifest.objects:
+                uploader.send(batch, remote, skip_present=skip_present)
             problems = batch.wait()  # counts what was sent: read batch.sent only after it
             return batch.sent, problems
     except BodyVanished as exc:
         raise vanished(store, manifest, exc) from exc
 
 
-def _move_one(cold: ColdStore, readers: BodyReaders, run_id: str, entry: ManifestEntry, rehash: bool,
-              skip_present: bool) -> tuple[bool, str | None]:
-    """On a worker thread: read the body of ``entry``, check it is the ref, upload it, read the object back.
+def _move_one(cold: ColdStore, readers: BodyReaders, run_id: str, remote: RemoteObject, rehash: bool,
+              skip_present: bool) -> tuple[int, str | None]:
+    """On a worker thread: read the bodies of ``remote``, check each is its ref, upload them, check the object.
 
-    Returns whether it was sent, and what the read-back found wrong (None: nothing).
+    Returns how many bodies were sent, and what the read-back found wrong (None: nothing).
     """
-    if skip_present:
-        info = cold.stat_blob(entry.ref)
-        if info is not None and info.size == entry.size and info.sha256 in (None, entry.sha256):
-            # Already there (a crashed attempt uploaded it): that stat was the check, unless asked to re-hash.
-            return False, _check_entry(cold, entry, rehash) if rehash else None
-    body = readers.open(entry.ref)
+    if skip_present and _present(cold, remote):
+        # Already there (a crashed attempt uploaded it): that stat was the check, unless asked to re-hash.
+        return 0, _check_object(cold, remote, rehash) if rehash else None
+    current = remote.entries[0].ref  # the body being written: the one a refusal is about
+
+    def bodies() -> Iterator[tuple[str, Iterator[bytes]]]:
+        nonlocal current
+        for entry in remote.entries:
+            current = entry.ref
+            yield entry.ref, _streamed(readers, run_id, entry.ref)
+
+    # The cold store never keeps bytes that are not the ref: a corrupt local body must not become the only copy.
+    try:
+        if remote.packed:
+            cold.put_pack(remote.key, bodies())
+        else:
+            cold.put_blob(*next(bodies()))
+    except BodyVanished:
+        raise
+    except IntegrityError as exc:
+        raise IntegrityError(f"run {run_id}: the local body of {short(current)} does not hash to its ref; "
+                             "nothing was tiered — run `kvjudge verify`") from exc
+    return len(remote.entries), _check_object(cold, remote, rehash)
+
+
+def _streamed(readers: BodyReaders, run_id: str, ref: str) -> Iterator[bytes]:
+    """The body of ``ref`` in chunks, opened only when its first chunk is asked for (a pack's bodies one by one)."""
+    body = readers.open(ref)
     if body is None:
-        raise BodyVanished(f"run {run_id}: {short(entry.ref)} vanished locally during its move; "
-                           "run `kvjudge verify`")
+        raise BodyVanished(f"run {run_id}: {short(ref)} vanished locally during its move; run `kvjudge verify`")
     with body:
-        try:
-            # The cold store never keeps bytes that are not the ref: a corrupt local body must not become the
-            # only copy.
-            cold.put_blob(entry.ref, _chunks(body))
-        except IntegrityError as exc:
-            raise IntegrityError(f"run {run_id}: the local body of {short(entry.ref)} does not hash to its ref; "
-                                 "nothing was tiered — run `kvjudge verify`") from exc
-    return True, _check_entry(cold, entry, rehash)
+        yield from _chunks(body)
 
 
 def _chunks(body: Blob) -> Iterator[bytes]:
     return iter(functools.partial(body.read, CHUNK_BYTES), b"")
 
 
-def _check_entry(cold: ColdStore, entry: ManifestEntry, rehash: bool) -> str | None:
-    """What is wrong with the remote copy of ``entry`` (None: present, right size and checksum)."""
-    info = cold.stat_blob(entry.ref)
+def _present(cold: ColdStore, remote: RemoteObject) -> bool:
+    """The remote holds ``remote`` with the right size (and, for a blob, the store's own checksum where it keeps
+    one)."""
+    info = cold.stat_object(remote.key)
+    if info is None or info.size != remote.size:
+        return False
+    return remote.packed or info.sha256 in (None, remote.entries[0].sha256)
+
+
+def fetch_body(cold: ColdStore, entry: ManifestEntry) -> bytes | None:
+    """The body of ``entry`` from where its move put it (in a pack, or its own blob), checked against its ref
+    (IntegrityError when the remote bytes are not the ref); None when the object is absent."""
+    if entry.pack is None:
+        return cold.get_blob(entry.ref)
+    return cold.get_range(entry.ref, entry.pack, entry.offset, entry.size)
+
+
+def _check_object(cold: ColdStore, remote: RemoteObject, rehash: bool) -> str | None:
+    """What is wrong with the remote copy of ``remote`` (None: present, right size and checksum; with ``rehash``
+    every body in it re-hashes to its ref)."""
+    name = remote.key if remote.packed else short(remote.entries[0].ref)
+    info = cold.stat_object(remote.key)
     if info is None:
-        return f"{short(entry.ref)} is missing"
-    if info.size != entry.size:
-        return f"{short(entry.ref)} has {info.size} bytes, not {entry.size}"
-    if info.sha256 is not None and info.sha256 != entry.sha256:
-        return f"{short(entry.ref)} has checksum {info.sha256[:12]}…"
+        return f"{name} is missing"
+    if info.size != remote.size:
+        return f"{name} has {info.size} bytes, not {remote.size}"
+    if not remote.packed and info.sha256 is not None and info.sha256 != remote.entries[0].sha256:
+        return f"{name} has checksum {info.sha256[:12]}…"
     if rehash:
-        try:
-            cold.get_blob(entry.ref)
-        except IntegrityError:
-            return f"{short(entry.ref)} does not re-hash to its ref"
+        for entry in remote.entries:
+            try:
+                if fetch_body(cold, entry) is None:
+                    return f"{name} is missing"
+            except IntegrityError:
+                return f"{short(entry.ref)} in {remote.key} does not re-hash to its ref"
     return None
 
 
@@ -198,13 +235,13 @@ def check_remote(cold: ColdStore, manifest: Manifest, raw: bytes | None = None, 
                  ) -> list[str]:
     """Problems with what ``cold`` holds for ``manifest`` (empty: all there, right sizes and checksums).
 
-    Checks the manifest's bytes (when ``raw`` is given), every blob's size, the store's own SHA-256 where
-    it keeps one, and with ``rehash`` downloads and re-hashes every blob.
+    Checks the manifest's bytes (when ``raw`` is given), every pack's (or blob's) size, a blob's SHA-256 where the
+    store keeps one, and with ``rehash`` downloads and re-hashes every body.
     """
     problems = check_manifest(cold, manifest, raw) if raw is not None else []
     # One round trip per object: a few in flight at once (a HEAD is mostly latency).
     with concurrent.futures.ThreadPoolExecutor(max_workers=WORKERS,
                                                thread_name_prefix="kvjudge-check") as pool:
-        problems.extend(problem for problem in pool.map(lambda e: _check_entry(cold, e, rehash), manifest.entries)
+        problems.extend(problem for problem in pool.map(lambda o: _check_object(cold, o, rehash), manifest.objects)
                         if problem is not None)
     return problems
