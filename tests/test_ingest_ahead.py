@@ -8,6 +8,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import pickle
 import signal
 import sys
 import time
@@ -150,6 +151,26 @@ def test_an_error_in_the_child_is_raised_here_and_nothing_is_written(store: Stor
     monkeypatch.setattr(importer, "parse_document", failing)
     with pytest.raises(LookupError, match="a parser's own bug"):
         store.ingest([tmp_path / "runs"], skip_bad=True)  # not a refused file: --skip-bad does not pass over it
+    assert store.run_ids() == []
+    assert len(children) == 1 and reaped(children[0])
+
+
+def test_a_run_that_does_not_pickle_is_raised_here_and_nothing_is_written(store: Store, tmp_path: Path,
+                                                                         children: list[int],
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("1", "2", "3"):
+        write_jsonl(tmp_path / "runs" / f"{name}.jsonl", [make_run(f"r{name}", ["x"])])
+    real = importer.parse_document
+
+    def unpicklable(document: Any, *args: Any) -> Any:
+        run = real(document, *args)
+        if document.source.path.name == "2.jsonl":
+            run.note = lambda: None  # a local function: pickle refuses it
+        return run
+
+    monkeypatch.setattr(importer, "parse_document", unpicklable)
+    with pytest.raises((pickle.PicklingError, AttributeError), match="pickle"):
+        store.ingest([tmp_path / "runs"])
     assert store.run_ids() == []
     assert len(children) == 1 and reaped(children[0])
 

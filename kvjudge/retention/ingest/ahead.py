@@ -73,7 +73,7 @@ class ParseAhead:
     def _receive(self) -> tuple[int, Any]:
         try:
             kind, value = pickle.load(self._reader)
-        except EOFError:
+        except (EOFError, pickle.UnpicklingError):  # the pipe closed, at a message's end or within one
             raise KvjudgeError(f"the process that parses files ahead of the writes ended unexpectedly "
                                f"({self._ended()}); nothing of the open batch was written — run the same command "
                                f"again") from None
@@ -166,5 +166,6 @@ def _child(sources: Sequence[SourceT], parse_file: Callable[[SourceT], Iterable[
 
 
 def _send(out: Any, kind: int, value: Any) -> None:
-    pickle.dump((kind, value), out, protocol=pickle.HIGHEST_PROTOCOL)
+    # Pickled whole before a byte is written: what fails to pickle leaves no half message in the pipe.
+    out.write(pickle.dumps((kind, value), protocol=pickle.HIGHEST_PROTOCOL))
     out.flush()  # each message as soon as it is whole: the parent may be waiting for it
