@@ -10,16 +10,18 @@ import json
 import os
 import pickle
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import sql, start_kvjudge
+from helpers import sql
 
 from kvjudge.errors import IngestError, KvjudgeError
 from kvjudge.retention import Store
+from kvjudge.retention.faults import FAULTS_ENV
 from kvjudge.retention.ingest import ahead, importer
 from kvjudge.testing.jsonl import write_jsonl
 from kvjudge.testing.native_runs import make_run
@@ -56,7 +58,9 @@ def rows(store: Store) -> dict[str, list[tuple[Any, ...]]]:
 
 @pytest.fixture
 def children(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The pids of the children the imports of a test fork to parse ahead."""
+    """The pids of the children the imports of a test fork to parse ahead (a core is taken to be spare for them,
+    whatever the load of the machine running the tests)."""
+    monkeypatch.setattr(ahead, "spare_core", lambda: True)
     pids: list[int] = []
     real = importer.parse_ahead
 
@@ -103,6 +107,24 @@ def test_one_small_file_is_parsed_here(store: Store, tmp_path: Path, children: l
     write_jsonl(tmp_path / "one.jsonl", [make_run("a", ["x"])])
     assert store.ingest([tmp_path / "one.jsonl"]).imported == ["a"]
     assert children == []
+
+
+def test_no_child_is_forked_where_no_core_is_spare(store: Store, tmp_path: Path, children: list[int],
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ahead, "spare_core", lambda: False)
+    write_input(tmp_path / "runs", trajectories=3)
+    assert len(store.ingest([tmp_path / "runs"]).imported) == 8
+    assert children == []
+
+
+def test_a_core_is_spare_only_below_a_load_of_all_cpus_but_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    for load, spare in ((0.2, True), (1.0, True), (1.3, False), (9.0, False)):
+        monkeypatch.setattr(os, "getloadavg", lambda load=load: (load, load, load))
+        assert ahead.spare_core() is spare, load
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    assert ahead.spare_core() is False  # one CPU: the child would only take turns with the importer
 
 
 def write_with_a_bad_line(root: Path) -> Path:
@@ -196,34 +218,48 @@ def test_a_child_killed_midway_stops_the_import_with_one_line(store: Store, tmp_
     assert len(children) == 1 and reaped(children[0])
 
 
+# The importer in a process of its own, a core taken to be spare: its child notes its pid in a file first.
+IMPORTER = """
+import os, sys
+from kvjudge.cli import main
+from kvjudge.retention.ingest import ahead
+ahead.spare_core = lambda: True
+child = ahead._child
+def noted(*args):
+    with open(sys.argv[3], "w") as handle:
+        handle.write(str(os.getpid()))
+    child(*args)
+ahead._child = noted
+raise SystemExit(main(["ingest", sys.argv[1], "--store", sys.argv[2], "--json"]))
+"""
+
+
 def test_the_child_ends_when_the_import_is_killed(tmp_path: Path) -> None:
     # More than the pipe holds, so the child is still parsing (or waiting to hand over) when the importer dies at
     # its first COMMIT.
     root = tmp_path / "runs"
     for index in range(3 * importer.BATCH_RUNS):
         write_jsonl(root / f"{index:03d}.jsonl", [make_run(f"r{index:03d}", [f"output {index} " * 4_000])])
-    store_path = tmp_path / "killed.sqlite"
-    process = start_kvjudge("ingest", str(root), "--store", str(store_path), "--json", faults="ingest.txn")
+    store_path, pid_file = tmp_path / "killed.sqlite", tmp_path / "child.pid"
+    process = subprocess.Popen([sys.executable, "-c", IMPORTER, str(root), str(store_path), str(pid_file)],
+                               env={**os.environ, FAULTS_ENV: "ingest.txn"}, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE)
     process.communicate(timeout=300)  # returns once the importer is gone: the child holds none of its output
     assert process.returncode == -signal.SIGKILL
+    child = int(pid_file.read_text())
     deadline = time.monotonic() + 60
-    while (left := [pid for pid in _pids_naming(str(store_path))]) and time.monotonic() < deadline:
+    while _running(child) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert left == []
+    assert not _running(child)
     with Store.open(store_path) as store:
         assert store.run_ids() == []
 
 
-def _pids_naming(argument: str) -> list[int]:
-    """Processes whose command line holds ``argument`` (the child has the importer's)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                cmdline = (entry / "cmdline").read_bytes().split(b"\0")
-                state = next(line for line in (entry / "status").read_text().splitlines() if line.startswith("State:"))
-            except (OSError, StopIteration):
-                continue
-            if argument.encode() in cmdline and "zombie" not in state:
-                found.append(int(entry.name))
-    return found
+def _running(pid: int) -> bool:
+    """``pid`` is a process that has not ended (its parent gone, init reaps it when it does)."""
+    try:
+        state = next(line for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                     if line.startswith("State:"))
+    except (OSError, StopIteration):
+        return False
+    return "zombie" not in state

@@ -2,7 +2,8 @@
 
 - Files are read in order, one document at a time (memory stays bounded by the largest document); each document
   is decoded once, its format detected from the decoded value, and parsed — on Linux, for an import of more than
-  one small file, by a child process one file ahead of the writes (:mod:`.ahead`), which writes nothing. Held-out grades from ``--results``
+  one small file where a core is idle, by a child process ahead of the writes (:mod:`.ahead`), which writes
+  nothing. Held-out grades from ``--results``
   are joined as each run is parsed; its content hash is compared with the store and the rest of the import.
 - A file's runs are written in one savepoint of the open batch transaction, committed after the file that
   brings it to :data:`BATCH_RUNS` runs or :data:`BATCH_BYTES` of bodies (fault point ``ingest.txn`` before each
@@ -297,8 +298,8 @@ class _Importer:
     @contextlib.contextmanager
     def _parser(self, sources: list[Source]) -> Iterator[Callable[[int, Source], Iterator[tuple[str, ParsedRun]]]]:
         """``parsed(index, source)``: the documents of ``sources[index]`` parsed, as (where, run), in order — by a
-        child process parsing ahead (:mod:`.ahead`) when the import is more than one small file and the platform
-        forks one, else here as they are read."""
+        child process parsing ahead (:mod:`.ahead`) when the import is more than one small file and a core is idle
+        for it, else here as they are read."""
         ahead = parse_ahead(sources, self._parsed_ahead) \
             if len(sources) > 1 or sum(source.size for source in sources) >= AHEAD_MIN_BYTES else None
         if ahead is None:
