@@ -2,13 +2,14 @@
 writes the runs of the files before them — the parse on one core, the writes on another.
 
 The child is forked on Linux where a core is idle for it (:func:`spare_core`); elsewhere :func:`parse_ahead` gives
-None and the importer parses in its own process. It runs the importer's own per-file function on each source in turn and streams what it yields over a
-pipe, one document at a time, so it holds no more than the pipe's buffer and the document in hand: the importer
+None and the importer parses in its own process. The child runs the importer's own per-file function on each source
+in turn and streams what it yields over a pipe, one document at a time, so it holds no more than the pipe's buffer
+and the document in hand: the importer
 consumes the same items in the same order as if it had parsed them itself, and an :class:`IngestError` of a file
 reaches it at the same point of that file. The child never touches the store (it writes nothing, and ends with
 ``os._exit``, running no finalizer of the parent's objects), and each file is still read once, by the child.
 
-If the importer stops — a refused file, an error, a kill — the child is killed with it: closing the pipe breaks its
+If the import stops — a refused file, an error, a kill — the child ends with it: closing the pipe breaks its
 next write, and :meth:`ParseAhead.close` kills and reaps it.
 """
 
@@ -24,7 +25,6 @@ from typing import Any, TypeVar
 
 from kvjudge.errors import IngestError, KvjudgeError
 
-Item = TypeVar("Item")
 SourceT = TypeVar("SourceT")
 
 #: The pipe's buffer (Linux's default is 64 KiB): room for the child to run a few small files ahead of the writes,

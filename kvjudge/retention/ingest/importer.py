@@ -3,8 +3,8 @@
 - Files are read in order, one document at a time (memory stays bounded by the largest document); each document
   is decoded once, its format detected from the decoded value, and parsed — on Linux, for an import of more than
   one small file where a core is idle, by a child process ahead of the writes (:mod:`.ahead`), which writes
-  nothing. Held-out grades from ``--results``
-  are joined as each run is parsed; its content hash is compared with the store and the rest of the import.
+  nothing. Held-out grades from ``--results`` are joined as each run is parsed; its content hash is compared with
+  the store and the rest of the import.
 - A file's runs are written in one savepoint of the open batch transaction, committed after the file that
   brings it to :data:`BATCH_RUNS` runs or :data:`BATCH_BYTES` of bodies (fault point ``ingest.txn`` before each
   COMMIT, ``ingest.committed`` after it): a file is stored whole or not at all, whatever moment a kill comes.
