@@ -64,6 +64,25 @@ def cli_json_ok(capsys: pytest.CaptureFixture[str], *argv: str) -> Any:
     return json.loads(out)
 
 
+class CallLog:
+    """Notes kept in a file, one line each, so that a note made in a child this process forks (the child that
+    parses an import ahead of its writes) is read here like one made here."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def note(self, text: str) -> None:
+        with self.path.open("a") as handle:
+            handle.write(text + "\n")
+
+    def lines(self) -> list[str]:
+        """The notes, in the order they were made."""
+        return self.path.read_text().splitlines() if self.path.exists() else []
+
+    def clear(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+
 def free_ports(count: int = 1) -> list[int]:
     """``count`` TCP ports free on 127.0.0.1 right now."""
     sockets = []

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import cli_json, kvjudge, sql, store_snapshot
+from helpers import CallLog, cli_json, kvjudge, sql, store_snapshot
 
 from kvjudge.errors import IngestError
 from kvjudge.retention import Store
@@ -450,16 +450,17 @@ def test_the_content_hash_is_recorded_and_covers_every_event(store: Store, tmp_p
 def test_each_document_is_parsed_once(store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from kvjudge.retention.ingest import importer
 
-    parsed: list[str] = []
+    parsed = CallLog(tmp_path / "parsed.log")  # the parse runs in the child that parses ahead
     real = importer.parse_document
     monkeypatch.setattr(importer, "parse_document",
-                        lambda document, *args: parsed.append(document.where) or real(document, *args))
-    write_jsonl(tmp_path / "a.jsonl", [make_run("a1", ["x"]), make_run("a2", ["y"])])
-    write_jsonl(tmp_path / "b.jsonl", [make_run("b1", ["z"])])
-    assert store.ingest([tmp_path]).imported == ["a1", "a2", "b1"]
-    assert sorted(parsed) == [f"{tmp_path / 'a.jsonl'}:1", f"{tmp_path / 'a.jsonl'}:2", f"{tmp_path / 'b.jsonl'}:1"]
+                        lambda document, *args: parsed.note(document.where) or real(document, *args))
+    runs = tmp_path / "runs"
+    write_jsonl(runs / "a.jsonl", [make_run("a1", ["x"]), make_run("a2", ["y"])])
+    write_jsonl(runs / "b.jsonl", [make_run("b1", ["z"])])
+    assert store.ingest([runs]).imported == ["a1", "a2", "b1"]
+    assert parsed.lines() == [f"{runs / 'a.jsonl'}:1", f"{runs / 'a.jsonl'}:2", f"{runs / 'b.jsonl'}:1"]
     parsed.clear()
-    assert store.ingest([tmp_path]).already_present == ["a1", "a2", "b1"] and len(parsed) == 3
+    assert store.ingest([runs]).already_present == ["a1", "a2", "b1"] and len(parsed.lines()) == 3
 
 
 def test_a_file_is_imported_whole_or_not_at_all(store: Store, tmp_path: Path) -> None:

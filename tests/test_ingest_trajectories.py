@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers import cli_json_ok, kvjudge, sql
+from helpers import CallLog, cli_json_ok, kvjudge, sql
 
 from kvjudge.cli import main
 from kvjudge.errors import IngestError
@@ -442,26 +442,29 @@ def test_results_read_ahead_only_when_a_file_must_be_bound_by_its_name(store: St
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     from kvjudge.retention.ingest import importer
 
-    parses: list[bool] = []  # one entry per document parsed: whether its bodies were hashed
+    # One note per document parsed: whether its bodies were hashed (the parse runs in the child that parses ahead).
+    parses = CallLog(tmp_path / "parses.log")
     real = importer.parse_document
-    monkeypatch.setattr(importer, "parse_document",
-                        lambda document, fmt, context: parses.append(context.hashing) or real(document, fmt, context))
+    monkeypatch.setattr(importer, "parse_document", lambda document, fmt, context:
+                        parses.note(str(context.hashing)) or real(document, fmt, context))
     two_agents(tmp_path / "runs", ["a__a-1", "b__b-2"])
     named = summary(tmp_path / "eval1.json", ["a__a-1"], ["b__b-2"])
     report = store.ingest([tmp_path / "runs" / "openai__gpt-4o"], results=[f"openai/gpt-4o={named}"])
-    assert report.states == {"graded": 2} and parses == [True, True]  # AGENT= given: each file parsed once
+    assert report.states == {"graded": 2} and parses.lines() == ["True", "True"]  # AGENT= given: each parsed once
     parses.clear()
     by_name = summary(tmp_path / "anthropic__claude-3-5.eval1.json", ["a__a-1"], ["b__b-2"])
     report = store.ingest([tmp_path / "runs" / "anthropic__claude-3-5"], results=[str(by_name)])
     assert report.results[0]["agent_from"] == "file name" and report.states == {"graded": 2}
-    assert parses == [False, False, True, True]  # bound by its name: whose runs they are is read first
+    # Bound by its name: whose runs they are is read first.
+    assert parses.lines() == ["False", "False", "True", "True"]
 
 
 def test_each_trajectory_file_is_opened_once(store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     two_agents(tmp_path / "runs", ["a__a-1", "b__b-2"])
-    opened: list[Path] = []
+    opened = CallLog(tmp_path / "opened.log")  # the files are read by the child that parses ahead
     real = Path.open
-    monkeypatch.setattr(Path, "open", lambda path, *args, **kwargs: opened.append(path) or real(path, *args, **kwargs))
+    monkeypatch.setattr(Path, "open", lambda path, *args, **kwargs:
+                        (path != opened.path and opened.note(str(path))) or real(path, *args, **kwargs))
     assert len(store.ingest([tmp_path / "runs"]).imported) == 4
     files = sorted((tmp_path / "runs").rglob("*.traj.json"))
-    assert len(files) == 4 and sorted(opened) == files
+    assert len(files) == 4 and sorted(opened.lines()) == [str(path) for path in files]

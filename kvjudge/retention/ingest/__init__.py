@@ -11,8 +11,8 @@ One module per job: :mod:`.sources` (files, directories, ``.gz``, documents), on
 (:mod:`.native`, :mod:`.openai`, :mod:`.mini_swe_agent`, :mod:`.swe_agent`, :mod:`.harbor`,
 :mod:`.inspect_log`), the readers of inspect's logs (:mod:`.inspect_reader`, over :mod:`.archive` for ``.eval``
 zips and :mod:`.json_stream` for ``.json`` logs), :mod:`.results` (SWE-bench reports, Harbor results, inspect
-scores), :mod:`.model` (the ParsedRun every parser builds) and :mod:`.importer` (each file read once, written
-whole in batches).
+scores), :mod:`.model` (the ParsedRun every parser builds), :mod:`.importer` (each file read once, written
+whole in batches) and :mod:`.ahead` (a child process parsing the files ahead of the writes).
 """
 
 from kvjudge.retention.ingest.archive import Archive

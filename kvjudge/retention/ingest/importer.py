@@ -1,8 +1,10 @@
 """One import: each file read and parsed once, its runs written together.
 
 - Files are read in order, one document at a time (memory stays bounded by the largest document); each document
-  is decoded once, its format detected from the decoded value, and parsed. Held-out grades from ``--results``
-  are joined as each run is parsed; its content hash is compared with the store and the rest of the import.
+  is decoded once, its format detected from the decoded value, and parsed — on Linux, for an import of more than
+  one small file where a core is idle, by a child process ahead of the writes (:mod:`.ahead`), which writes
+  nothing. Held-out grades from ``--results`` are joined as each run is parsed; its content hash is compared with
+  the store and the rest of the import.
 - A file's runs are written in one savepoint of the open batch transaction, committed after the file that
   brings it to :data:`BATCH_RUNS` runs or :data:`BATCH_BYTES` of bodies (fault point ``ingest.txn`` before each
   COMMIT, ``ingest.committed`` after it): a file is stored whole or not at all, whatever moment a kill comes.
@@ -23,12 +25,13 @@ from __future__ import annotations
 import contextlib
 import itertools
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from kvjudge.errors import IngestError
 from kvjudge.retention import events as ev
+from kvjudge.retention.ingest.ahead import parse_ahead
 from kvjudge.retention.ingest.harbor import finished_since, is_harbor, parse_harbor
 from kvjudge.retention.ingest.inspect_log import is_inspect_sample, parse_inspect_sample
 from kvjudge.retention.ingest.mini_swe_agent import is_mini_swe_agent, parse_mini_swe_agent
@@ -53,6 +56,9 @@ BATCH_BYTES = 8 << 20
 #: SQLite's 2 MiB wrote each page of a full batch to the WAL up to twice and read index pages back: 20 % more
 #: CPU in SQL, 3x the reads; a larger cache saved nothing more (measured on 40 KB and 0.2 MB runs).
 IMPORT_PAGE_CACHE_MIB = 16
+#: An import of one file is parsed ahead (:mod:`.ahead`) from this size on (a JSONL file, an inspect log: many
+#: documents); one small file is one run, with no write to overlap its parse.
+AHEAD_MIN_BYTES = 1 << 20
 
 #: ``progress(files_done, description)`` — the CLI's progress bar advance: each file counts twice (checked,
 #: then written); the description says files, MB and runs.
@@ -244,11 +250,11 @@ class _Importer:
         self._total_bytes = sum(source.size for source in sources)
         if self.results.needs_agents():
             sources = self._bind_results(sources)
-        with self.store.page_cache(IMPORT_PAGE_CACHE_MIB):
+        with self.store.page_cache(IMPORT_PAGE_CACHE_MIB), self._parser(sources) as parsed:
             try:
                 done = 0
                 for number, source in enumerate(sources, start=1):
-                    self._import_file(source)
+                    self._import_file(source, parsed(number - 1, source))
                     done += source.size
                     self._advance(1, f"importing {number}/{len(sources)} files, {self._mb(done)}, "
                                      f"{len(self.report.imported)} runs")
@@ -288,9 +294,36 @@ class _Importer:
             raise IngestError(ambiguous[0] + more + "; nothing was imported")
         return kept
 
+    # ------------------------------------------------------------------ parsing
+    @contextlib.contextmanager
+    def _parser(self, sources: list[Source]) -> Iterator[Callable[[int, Source], Iterator[tuple[str, ParsedRun]]]]:
+        """``parsed(index, source)``: the documents of ``sources[index]`` parsed, as (where, run), in order — by a
+        child process parsing ahead (:mod:`.ahead`) when the import is more than one small file and a core is idle
+        for it, else here as they are read."""
+        ahead = parse_ahead(sources, self._parsed_ahead) \
+            if len(sources) > 1 or sum(source.size for source in sources) >= AHEAD_MIN_BYTES else None
+        if ahead is None:
+            yield lambda _, source: self._parsed(source)
+            return
+        with ahead:
+            yield lambda index, _: ahead.file(index)
+
+    def _parsed(self, source: Source) -> Iterator[tuple[str, ParsedRun]]:
+        """Each document of ``source``, read once and parsed: (where, run); IngestError where one is refused."""
+        for document in iter_documents(source):
+            yield document.where, parse_document(document, self.fmt, self.context(source))
+
+    def _parsed_ahead(self, source: Source) -> Iterator[tuple[str, ParsedRun]]:
+        """:meth:`_parsed`, each event's canonical JSON made as well (in the child: it travels with the event, and
+        the content hash and the log's rows reuse it)."""
+        for where, run in self._parsed(source):
+            for event in run.events:
+                event.to_json()
+            yield where, run
+
     # ------------------------------------------------------------------ one file
-    def _import_file(self, source: Source) -> None:
-        """Every run of ``source``, parsed once and written: the whole file, or none of it.
+    def _import_file(self, source: Source, parsed: Iterator[tuple[str, ParsedRun]]) -> None:
+        """Every run of ``source`` (``parsed``: its documents, parsed) written: the whole file, or none of it.
 
         A file's first run to write waits until the next one is checked: a file that brings only one (most do)
         is written without a savepoint, since everything that can refuse it comes before its write. Only a
@@ -301,8 +334,8 @@ class _Importer:
         try:
             with contextlib.ExitStack() as savepoint:
                 first: ParsedRun | None = None  # the file's first run to write, until a second one comes
-                for document in iter_documents(source):
-                    run = self._checked_run(document, source, outcome)
+                for where, parsed_run in parsed:
+                    run = self._checked_run(where, parsed_run, outcome)
                     if run is None:
                         continue
                     if first is None and not outcome.imported:
@@ -332,19 +365,17 @@ class _Importer:
         self.seen.update(outcome.seen)
         self._batch.add(len(outcome.imported), outcome.body_bytes)
 
-    def _checked_run(self, document: Document, source: Source, outcome: _FileOutcome) -> ParsedRun | None:
-        """``document`` parsed and checked against the store and the import so far: the run to write, or None
-        when it is here already with the same content; IngestError when it is refused."""
-        run = parse_document(document, self.fmt, self.context(source))
+    def _checked_run(self, where: str, run: ParsedRun, outcome: _FileOutcome) -> ParsedRun | None:
+        """``run`` (parsed from the document at ``where``) checked against the store and the import so far: the run
+        to write, or None when it is here already with the same content; IngestError when it is refused."""
         if self.trial is not None and run.trial != self.trial:
             own = f"names its own trial {run.trial!r}" if run.trial is not None else "is named by its file alone"
-            raise IngestError(f"{document.where}: --trial labels mini-swe-agent, SWE-agent and OpenHands runs (their "
+            raise IngestError(f"{where}: --trial labels mini-swe-agent, SWE-agent and OpenHands runs (their "
                               f"files name no trial); this {run.fmt} run {own}")
         if run.grading_open and run.agent:
             self.agents.add(run.agent)
         grade = self.results.grade_for(run.agent, run.task_id, run.run_id, run.trial) if run.grading_open else None
         digest = run.settle(grade)
-        where = document.where
         earlier = outcome.seen.get(run.run_id) or self.seen.get(run.run_id)
         outcome.runs.append(run.run_id)
         if earlier is not None:
