@@ -117,9 +117,9 @@ def test_no_child_is_forked_where_no_core_is_spare(store: Store, tmp_path: Path,
     assert children == []
 
 
-def test_a_core_is_spare_only_below_a_load_of_all_cpus_but_one(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_core_is_spare_only_below_a_load_of_all_cpus_but_half_of_one(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
-    for load, spare in ((0.2, True), (1.0, True), (1.3, False), (9.0, False)):
+    for load, spare in ((0.2, True), (1.0, True), (1.4, True), (1.5, False), (9.0, False)):
         monkeypatch.setattr(os, "getloadavg", lambda load=load: (load, load, load))
         assert ahead.spare_core() is spare, load
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})

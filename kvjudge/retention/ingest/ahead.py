@@ -114,7 +114,9 @@ class ParseAhead:
 
 def spare_core() -> bool:
     """True when a core is idle for the child: this process may run on two CPUs or more, and the machine's 1-minute
-    load average leaves one of them free.
+    load average leaves at least half of one of them free (below ``cpus - 0.5``). The load average lags: it still
+    counts the work this command's caller did just before (a benchmark's own set-up left it near 1.0 on an
+    otherwise idle 2-core machine), so "a whole core free" would turn the child away exactly where it pays.
 
     On a busy machine the child only shares the time the importer would have had (Linux's scheduler shares it by
     session, not by process), and handing each parsed run over costs about a tenth more CPU than parsing it in
@@ -125,7 +127,7 @@ def spare_core() -> bool:
         load = os.getloadavg()[0]
     except (AttributeError, OSError):
         return False
-    return cpus >= 2 and load <= cpus - 1
+    return cpus >= 2 and load < cpus - 0.5
 
 
 def parse_ahead(sources: Sequence[SourceT], parse_file: Callable[[SourceT], Iterable[Any]]) -> ParseAhead | None:
