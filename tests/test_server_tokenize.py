@@ -7,6 +7,7 @@ and how many connections were opened to it; the client under test is kvjudge's o
 from __future__ import annotations
 
 import json
+import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -114,4 +115,52 @@ def test_refusals_over_the_counting_connection_are_the_errors_they_always_were(s
     server.status, server.message = 400, "the request is malformed"
     with pytest.raises(ServerError, match="the request is malformed"):
         client.count("a b")
+    client.close()
+
+
+class Canned(threading.Thread):
+    """A raw socket server that reads one request per connection and answers it with the next canned bytes as
+    they are, then closes: the framings HTTP/1.1 allows besides a plain Content-Length, written out by hand."""
+
+    def __init__(self, answers: list[bytes]) -> None:
+        super().__init__(daemon=True)
+        self.answers = answers
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+
+    def run(self) -> None:
+        for answer in self.answers:
+            conn, _ = self.listener.accept()
+            with conn:
+                request = b""
+                while b"\r\n\r\n" not in request:
+                    request += conn.recv(65536)
+                head, _, body = request.partition(b"\r\n\r\n")
+                length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                                  if line.lower().startswith(b"content-length")))
+                while len(body) < length:
+                    body += conn.recv(65536)
+                conn.sendall(answer)
+        self.listener.close()
+
+
+def _tokens(count: int) -> bytes:
+    return json.dumps({"count": count, "tokens": list(range(count))}).encode()
+
+
+def test_answers_framed_every_way_http_allows_are_read_whole() -> None:
+    three, five = _tokens(3), _tokens(5)
+    chunked = b"".join(b"%x\r\n%s\r\n" % (len(part), part) for part in (five[:7], five[7:])) + b"0\r\n\r\n"
+    server = Canned([
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n" + chunked,
+        b"HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n\r\n" + three,  # no length: to the connection's end
+        b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(five), five),
+        b"HTTP/1.1 200 OK\r\nContent-Length: 999\r\n\r\n" + three,  # cut short: the connection closes early
+    ])
+    server.start()
+    client = ServerClient(server.url, retry=RetryPolicy(attempts=1))
+    client._tokenize_route, client._kind, client._token_offset = "/tokenize", "vllm", 0  # no identification here
+    assert [client.count("a"), client.count("b"), client.count("c")] == [5, 3, 5]
+    with pytest.raises(ServerUnavailable, match="cannot reach the server"):
+        client.count("d")
     client.close()
