@@ -117,14 +117,58 @@ def test_no_child_is_forked_where_no_core_is_spare(store: Store, tmp_path: Path,
     assert children == []
 
 
-def test_a_core_is_spare_only_below_a_load_of_all_cpus_but_half_of_one(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
-    for load, spare in ((0.2, True), (1.0, True), (1.4, True), (1.5, False), (9.0, False)):
-        monkeypatch.setattr(os, "getloadavg", lambda load=load: (load, load, load))
-        assert ahead.spare_core() is spare, load
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
-    monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
-    assert ahead.spare_core() is False  # one CPU: the child would only take turns with the importer
+def stat_lines(ticks: dict[int, tuple[int, int]]) -> str:
+    """A /proc/stat of these CPUs: for each, (busy ticks, idle ticks), busy split over user, system, irq, softirq
+    and steal, idle over idle and iowait, and a guest count that the kernel includes in user (so it is not busy
+    twice)."""
+    lines = ["cpu  1 2 3 4 5 6 7 8 9 10"]  # the machine's total: not read (the process's affinity is per CPU)
+    for cpu, (busy, idle) in sorted(ticks.items()):
+        system, irq, softirq, steal = busy // 5, busy // 7, busy // 9, busy // 11
+        user = busy - system - irq - softirq - steal
+        lines.append(f"cpu{cpu} {user} 0 {system} {idle - idle // 4} {idle // 4} {irq} {softirq} {steal} "
+                     f"{user // 2} 0")
+    return "\n".join([*lines, "intr 1 2 3", "ctxt 99", ""])
+
+
+def test_a_core_is_spare_when_one_and_a_half_of_the_process_cpus_were_idle_over_the_sample(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    stat = tmp_path / "stat"
+    monkeypatch.setattr(ahead, "PROC_STAT", str(stat))
+    start = {0: (5_000, 9_000), 1: (7_000, 3_000), 2: (1_000, 1_000)}
+
+    def spare(cpus: set[int], idle_of_20_ticks: dict[int, int]) -> bool:
+        """spare_core() where, over the sample, each CPU counted 20 ticks, ``idle_of_20_ticks[cpu]`` of them idle."""
+        after = {cpu: (busy + 20 - idle_of_20_ticks[cpu], idle + idle_of_20_ticks[cpu])
+                 for cpu, (busy, idle) in start.items()}
+        stat.write_text(stat_lines(start))
+        monkeypatch.setattr(os, "sched_getaffinity", lambda pid: cpus)
+        # The sample's wait is when the CPUs' time moves on.
+        monkeypatch.setattr(ahead, "time", type("Clock", (), {"sleep": staticmethod(
+            lambda seconds: stat.write_text(stat_lines(after)))}))
+        return ahead.spare_core()
+
+    both = {0, 1}
+    assert spare(both, {0: 20, 1: 20, 2: 0}) is True  # idle, and a busy CPU the process may not use counts not
+    assert spare(both, {0: 20, 1: 10, 2: 20}) is True  # 1.5 idle: exactly enough
+    assert spare(both, {0: 20, 1: 8, 2: 20}) is False  # 1.4 idle
+    assert spare(both, {0: 20, 1: 0, 2: 20}) is False  # one core busy: the child would take the importer's time
+    assert spare({0, 1, 2}, {0: 10, 1: 10, 2: 10}) is True  # 1.5 of 3
+    assert spare({0}, {0: 20, 1: 20, 2: 20}) is False  # one CPU: the child would only take turns with the importer
+    monkeypatch.setattr(ahead, "PROC_STAT", str(tmp_path / "missing"))
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: both)
+    assert ahead.spare_core() is False  # nothing to measure: parse in this process
+
+
+def test_no_core_is_spare_while_every_cpu_runs_a_busy_loop() -> None:
+    """The real /proc/stat, on this machine: a busy loop on each CPU of this process leaves none idle."""
+    loops = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in os.sched_getaffinity(0)]
+    try:
+        time.sleep(0.3)  # every loop running
+        assert ahead.spare_core() is False
+    finally:
+        for loop in loops:
+            loop.kill()
+            loop.wait()
 
 
 def write_with_a_bad_line(root: Path) -> Path:

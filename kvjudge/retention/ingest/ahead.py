@@ -20,6 +20,7 @@ import os
 import pickle
 import signal
 import sys
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
@@ -112,22 +113,62 @@ class ParseAhead:
         self.close()
 
 
-def spare_core() -> bool:
-    """True when a core is idle for the child: this process may run on two CPUs or more, and the machine's 1-minute
-    load average leaves at least half of one of them free (below ``cpus - 0.5``). The load average lags: it still
-    counts the work this command's caller did just before (a benchmark's own set-up left it near 1.0 on an
-    otherwise idle 2-core machine), so "a whole core free" would turn the child away exactly where it pays.
+#: How long :func:`spare_core` watches the CPUs before an import: long enough for ~20 of the kernel's 100 Hz ticks
+#: a core, short beside any import that forks the child.
+IDLE_SAMPLE_S = 0.1
+
+#: The idle CPUs an import needs to fork the child: one for the importer, and half of one at least for the child.
+IDLE_CPUS_FOR_CHILD = 1.5
+
+
+def spare_core(sample_s: float = IDLE_SAMPLE_S) -> bool:
+    """True when a core is idle for the child: of the CPUs this process may run on (two or more), at least
+    :data:`IDLE_CPUS_FOR_CHILD` were idle over the last ``sample_s`` seconds (``/proc/stat``, read twice), while the
+    importer itself waited. A short sample, not the load average: the load average lags by a minute, and still
+    counts the work this command's caller did just before — a benchmark's own set-up left it above 1.5 on an
+    otherwise idle 2-core machine, and it turned the child away exactly where it pays.
 
     On a busy machine the child only shares the time the importer would have had (Linux's scheduler shares it by
     session, not by process), and handing each parsed run over costs about a tenth more CPU than parsing it in
     place: measured on 1,000 40 KB files at load 10-12 on 2 cores, the import took longer with the child in 10 of 10
-    interleaved runs."""
+    interleaved runs, and with one core kept busy by a loop it did not pay either."""
     try:
-        cpus = len(os.sched_getaffinity(0))
-        load = os.getloadavg()[0]
+        cpus = os.sched_getaffinity(0)
     except (AttributeError, OSError):
         return False
-    return cpus >= 2 and load < cpus - 0.5
+    if len(cpus) < 2:
+        return False
+    before = _cpu_ticks(cpus)
+    time.sleep(sample_s)
+    after = _cpu_ticks(cpus)
+    if before is None or after is None:
+        return False  # no /proc/stat to read: parse in this process, as where nothing is known
+    idle, total = after[0] - before[0], after[1] - before[1]
+    if total <= 0:
+        return False  # no tick counted (a clock that did not move): nothing measured
+    return len(cpus) * idle / total >= IDLE_CPUS_FOR_CHILD
+
+
+#: Where Linux keeps each CPU's time, in ticks, by what it was spent on.
+PROC_STAT = "/proc/stat"
+
+
+def _cpu_ticks(cpus: set[int]) -> tuple[int, int] | None:
+    """(idle ticks, all ticks) summed over ``cpus``, from their ``cpuN`` lines of :data:`PROC_STAT` (idle and
+    iowait are idle; user, nice, system, irq, softirq and steal are not); None where the file cannot be read."""
+    idle = total = 0
+    try:
+        with open(PROC_STAT, encoding="ascii") as stat:
+            for line in stat:
+                name, _, fields = line.partition(" ")
+                if not name.startswith("cpu") or not name[3:].isdigit() or int(name[3:]) not in cpus:
+                    continue
+                ticks = [int(field) for field in fields.split()[:8]]
+                idle += ticks[3] + ticks[4]
+                total += sum(ticks)
+    except (OSError, ValueError, IndexError):
+        return None
+    return idle, total
 
 
 def parse_ahead(sources: Sequence[SourceT], parse_file: Callable[[SourceT], Iterable[Any]]) -> ParseAhead | None:
