@@ -35,6 +35,8 @@ if TYPE_CHECKING:
     import httpx
 
 KINDS = ("llama.cpp", "llama-cpp-python", "vllm", "openai-compatible")
+#: Where each family tokenizes, in the order they are tried: llama-cpp-python's route, then llama.cpp's and vLLM's.
+TOKENIZE_ROUTES = ("/extras/tokenize", "/tokenize")
 
 # How each server family words a context-length refusal, and where it puts the numbers.
 _CONTEXT_PATTERNS = (
@@ -100,13 +102,13 @@ def normalize_url(url: str) -> str:
     return text
 
 
-def _detail(response: httpx.Response) -> tuple[str, dict[str, Any]]:
-    """The error message of a refusal (OpenAI's ``{"error": {"message": …}}``, FastAPI's ``detail``), and its
-    error object."""
+def _detail(content: bytes) -> tuple[str, dict[str, Any]]:
+    """The error message of a refusal's body (OpenAI's ``{"error": {"message": …}}``, FastAPI's ``detail``), and
+    its error object."""
     try:
-        body = response.json()
+        body = json.loads(content)
     except ValueError:
-        return response.text[:300].replace("\n", " "), {}
+        return content.decode("utf-8", "replace")[:300].replace("\n", " "), {}
     error = body.get("error") if isinstance(body, dict) else None
     if isinstance(error, dict):
         return str(error.get("message") or error), error
@@ -153,8 +155,9 @@ class ServerClient:
         self._http: httpx.Client | None = None  # made on first use (its import and set-up take a tenth of a second)
         self._http_lock = threading.Lock()
         # Where nothing stands between (plain http, no proxy, no transport of a test's), the identification requests
-        # and tokenize requests (one per text counted, once the route is found) go over a lean keep-alive connection
-        # per thread: a command whose verdicts are all cached never loads httpx.
+        # and tokenize requests (one per text counted; the search for the route, refusals included) go over a lean
+        # keep-alive connection per thread: a command that only identifies a server, counts with it or finds its
+        # verdicts cached never loads httpx (a tenth of a second to import, another to make its client).
         self._lean = _LeanHTTP(self.url) if transport is None and _direct(self.url) else None
         self._tokenize_route: str | None = None
         self._token_offset: int | None = None
@@ -173,19 +176,11 @@ class ServerClient:
             return self._http
 
     def _once(self, method: str, path: str, body: dict[str, Any] | None, timeout_s: float | None) -> Any:
-        if self._lean is not None and (method == "GET" or path == self._tokenize_route):
+        if self._lean is not None and (method == "GET" or path in TOKENIZE_ROUTES):
             self.requests_sent += 1
             status, content = self._lean.request(method, path, body,
                                                  self.timeout_s if timeout_s is None else timeout_s)
-            if status < 400:
-                try:
-                    return json.loads(content)
-                except ValueError as exc:
-                    raise ServerError(f"the server {self.url}{path} did not answer JSON ({exc}); is it an "
-                                      f"OpenAI-compatible server?") from exc
-            import httpx  # a refusal is read as httpx's would be (rare: the import is paid only then)
-
-            return self._answer(path, httpx.Response(status, content=content))
+            return self._answer(path, status, content)
         client = self._client()
         import httpx  # loaded by _client already
 
@@ -201,23 +196,22 @@ class ServerClient:
             raise _no_answer(self.url, path, self.timeout_s if timeout_s is None else timeout_s) from exc
         except httpx.TransportError as exc:
             raise _unreachable(self.url, exc) from exc
-        return self._answer(path, response)
+        return self._answer(path, response.status_code, response.content)
 
-    def _answer(self, path: str, response: httpx.Response) -> Any:
-        """The JSON of a server's answer, or the error its status says."""
-        if response.status_code == 429 or response.status_code >= 500:
-            message, _ = _detail(response)
-            raise ServerUnavailable(f"the server {self.url}{path} answered HTTP {response.status_code} ({message})",
-                                    f"http {response.status_code}")
-        if response.status_code >= 400:
-            message, error = _detail(response)
+    def _answer(self, path: str, status: int, content: bytes) -> Any:
+        """The JSON of a server's answer (``status``, ``content``), or the error its status says."""
+        if status == 429 or status >= 500:
+            message, _ = _detail(content)
+            raise ServerUnavailable(f"the server {self.url}{path} answered HTTP {status} ({message})",
+                                    f"http {status}")
+        if status >= 400:
+            message, error = _detail(content)
             refusal = context_refusal(message, error)
             if refusal is not None:
                 raise refusal
-            raise ServerError(f"the server {self.url}{path} refused the request: HTTP {response.status_code} "
-                              f"({message})")
+            raise ServerError(f"the server {self.url}{path} refused the request: HTTP {status} ({message})")
         try:
-            return response.json()
+            return json.loads(content)
         except ValueError as exc:
             raise ServerError(f"the server {self.url}{path} did not answer JSON ({exc}); is it an "
                               f"OpenAI-compatible server?") from exc
@@ -324,7 +318,7 @@ class ServerClient:
 
     def _tokens(self, text: str) -> list[Any]:
         """The server's token list for ``text``, as it answered it."""
-        routes = [self._tokenize_route] if self._tokenize_route else ["/extras/tokenize", "/tokenize"]
+        routes = [self._tokenize_route] if self._tokenize_route else list(TOKENIZE_ROUTES)
         last: ServerError | None = None
         for route in routes:
             try:

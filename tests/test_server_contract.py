@@ -25,7 +25,7 @@ from kvjudge.errors import ContextRefused
 from kvjudge.judge import PromptOverflow, ServerBackend, TemplateText
 from kvjudge.judge.servers import VLLM_MAX_LOGPROBS
 from kvjudge.server_client import ServerClient, context_refusal
-from kvjudge.testing.sim_judge import AnswerKey, Settings, SimJudgeServer
+from kvjudge.testing.sim_judge import AnswerKey, Settings, SimJudge, SimJudgeServer
 
 URL = "http://vllm-box:8000"
 MODEL = "Qwen/Qwen2.5-Coder-0.5B-Instruct"
@@ -166,12 +166,16 @@ def test_each_server_familys_context_refusal_is_a_measured_overflow() -> None:
     assert context_refusal("Requested sample logprobs of 21, which is greater than max allowed: 20", {}) is None
 
 
-def test_a_plain_http_server_is_identified_without_loading_httpx() -> None:
-    # A command whose verdicts are all cached only identifies its server: it should not pay for httpx.
+def test_a_plain_http_server_is_identified_and_counts_without_loading_httpx() -> None:
+    # A command whose verdicts are all cached only identifies its server, and a reduction only counts with it: neither
+    # should pay for httpx — the search for the tokenize route, whose first guess is refused, included.
     code = ("import sys\nfrom kvjudge.server_client import ServerClient\nclient = ServerClient(sys.argv[1])\n"
-            "info = client.identify()\nclient.close()\nprint(info.kind, info.model_id, 'httpx' in sys.modules)")
+            "info = client.identify()\ntokens = client.count('Hello there, judge.')\nclient.close()\n"
+            "print(info.kind, info.model_id, tokens, 'httpx' in sys.modules)")
     with SimJudgeServer(AnswerKey([]), Settings()) as server:
         done = subprocess.run([sys.executable, "-c", code, server.url], capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stderr
-        assert done.stdout.split() == ["vllm", server.model, "False"]
-        assert dict(server.requests) == {"/v1/models": 1, "/version": 1}
+        expected = len(SimJudge.tokens("Hello there, judge."))
+        assert expected > 0 and done.stdout.split() == ["vllm", server.model, str(expected), "False"]
+        # /extras/tokenize refused (404), then /tokenize for "" (the offset) and for the text.
+        assert dict(server.requests) == {"/v1/models": 1, "/version": 1, "/extras/tokenize": 1, "/tokenize": 2}
