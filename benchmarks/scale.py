@@ -191,6 +191,8 @@ def measure(n: int, work: Path, server: SimJudgeServer, args: argparse.Namespace
     local["same_reduction"] = local_runs == served_runs
     result["steps"]["reduce_local"] = local
     result["reduce_to_local"] = round(steps["reduce"]["wall_s"] / local["wall_s"], 2)
+    # kvjudge's own share, apart from the simulated judge's CPU, which shares this machine's cores with it.
+    result["reduce_cpu_to_local"] = round(steps["reduce"]["cpu_s"] / local["cpu_s"], 2)
     if not args.keep:
         shutil.rmtree(here, ignore_errors=True)
     return result

@@ -108,6 +108,16 @@ _KEY_SCHEMA: dict[str, Any] = {
 }
 # Tokens: a word (≤ 8 letters, with the space before it), a number (≤ 3 digits), punctuation (≤ 2), whitespace.
 _TOKEN = re.compile(r" ?[A-Za-z]{1,8}| ?[0-9]{1,3}| ?[^\sA-Za-z0-9]{1,2}|\s{1,8}")
+# Each token's id, once computed: a zero-latency judge answers /tokenize without a hash a token (a body of a few KB is
+# thousands of tokens, most of them seen before). Bounded by the regex: at most a few million short strings.
+_TOKEN_IDS: dict[str, int] = {}
+
+
+def _token_id(token: str) -> int:
+    _TOKEN_IDS[token] = token_id = zlib.crc32(token.encode("utf-8")) % 150_000 + 2
+    return token_id
+
+
 _RUN_BLOCK = re.compile(r"^<<<BEGIN RUN ([AB])>>>\n(.*?)\n<<<END RUN \1>>>$", re.MULTILINE | re.DOTALL)
 _COMMON_BLOCK = re.compile(r"^<<<BEGIN COMMON TEXT>>>\n(.*?)\n<<<END COMMON TEXT>>>$", re.MULTILINE | re.DOTALL)
 _COMMON_PIECE = re.compile(r"^\[common text (\d+)\]$", re.MULTILINE)
@@ -351,7 +361,9 @@ class SimJudge:
 
     @staticmethod
     def token_ids(text: str, *, bos: bool = False) -> list[int]:
-        ids = [zlib.crc32(token.encode("utf-8")) % 150_000 + 2 for token in _TOKEN.findall(text)]
+        """The ids of the text's tokens (each token's id is fixed by its text), BOS first when ``bos``."""
+        known = _TOKEN_IDS
+        ids = [known.get(token) or _token_id(token) for token in _TOKEN.findall(text)]
         return [BOS_ID, *ids] if bos else ids
 
     def prompt_tokens(self, prompt: str | list[Any]) -> int:
@@ -389,6 +401,9 @@ class _Handler(BaseHTTPRequestHandler):
     # Headers and body go out in two writes: with Nagle's algorithm on, the second waits for the client's
     # delayed ACK (~40 ms a request).
     disable_nagle_algorithm = True
+    # And both in one write where the answer fits this buffer (handle_one_request flushes it): one send a request,
+    # not two, for a judge meant to cost its caller nothing.
+    wbufsize = 1 << 16
     server: _Server
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
