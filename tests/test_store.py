@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import threading
 from pathlib import Path
 
 import pytest
@@ -45,6 +46,37 @@ def test_pragmas_wal_full_sync_and_schema_version(store: Store) -> None:
     assert store.schema_version() == SCHEMA_VERSION
     tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
     assert {"events", "blobs", "blob_tokens", "runs", "run_bodies", "judgments"} <= tables
+
+
+def test_a_process_writers_to_one_store_take_turns_on_its_lock(store: Store, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Connections to one store file (named two ways) in other threads: a write transaction waits for this one on
+    this process's lock of the file, not in SQLite (which polls a taken write lock with sleeps); a store in another
+    file does not wait."""
+    monkeypatch.chdir(tmp_path)
+    order: list[str] = []
+
+    def write(path: Path, name: str) -> None:
+        with Store.open(path) as other:
+            other._conn.execute("PRAGMA busy_timeout = 0")  # SQLite's own wait off: a taken write lock fails at once
+            try:
+                with other.transaction(name):
+                    order.append(f"{name} began")
+            except sqlite3.OperationalError as exc:
+                order.append(f"{name}: {exc}")
+
+    with store.transaction("first"):
+        order.append("first began")
+        elsewhere = threading.Thread(target=write, args=(tmp_path / "other.sqlite", "other store"))
+        elsewhere.start()
+        elsewhere.join(10)
+        same = threading.Thread(target=write, args=(Path("store.sqlite"), "same store"))  # relative: the same file
+        same.start()
+        same.join(0.5)
+        assert same.is_alive() and order == ["first began", "other store began"]  # waiting on the lock
+        order.append("first commits")
+    same.join(10)
+    assert order == ["first began", "other store began", "first commits", "same store began"]
 
 
 def test_events_refuse_update_and_delete(store: Store) -> None:

@@ -65,12 +65,6 @@ from kvjudge.tokens import TokenCounter
 #: Threads finishing moves at once (:class:`_Finisher`): a move's finishing is mostly waits on the disk.
 FINISHERS = 4
 
-#: The write transactions of this process's moves (the caller's ``TierStarted``, the finishers' ``Tiered`` and
-#: local deletes) queue on this lock, one at a time as SQLite would have them anyway: left to SQLite, a thread that
-#: meets its write lock taken polls for it with sleeps of up to 100 ms (256 MiB moved at 469 MB/s on average with
-#: the lock, 427 without: 6 rounds each, same load).
-WRITES = threading.Lock()
-
 #: Every fault point of tiering, in the order a move meets them (tests kill a real process at each).
 TIER_POINTS = (
     "tier_start.txn",               # inside the transaction that appends TierStarted
@@ -196,7 +190,7 @@ def tier_runs(store: Store, run_ids: Sequence[str], cold: ColdStore, *,
                 # is deleted before Tiered, whose durable commit syncs the log up to it first (the log is written in
                 # order); what the move wrote remotely is what a new move of the same log writes again, under the
                 # same keys — the events before it were durable, so the same last LSN means the same manifest.
-                with WRITES, store.transaction("tier_start", durable=False):
+                with store.transaction("tier_start", durable=False):
                     current = store.run(run_id)  # the committed state, under the write lock
                     check_eligible(current)
                     if not in_cold_storage(current):
@@ -412,7 +406,7 @@ def _commit_move(store: Store, manifest: Manifest, manifest_ref: str, cold: Cold
                              f"({problems[0]}{'' if len(problems) == 1 else f'; and {len(problems) - 1} more'}); "
                              "nothing was deleted locally — check the cold store and re-run `kvjudge tier`")
     fault_point("tier.after_verify")
-    with WRITES, store.transaction("tiered"):
+    with store.transaction("tiered"):
         current = store.run(manifest.run)
         tier = current.tier or {}
         finished_elsewhere = tier.get("status") == "tiered" and tier.get("manifest_ref") == manifest_ref
@@ -438,8 +432,7 @@ def _release(store: Store, run_id: str) -> int:
     # A tiered body lives on in the cold store: not a secret to scrub, and zeroing it would double the move's I/O.
     # Nor is the deletion waited for on disk: lost at a power cut, it leaves bodies the log says are tiered, which
     # recovery deletes (the Tiered event before it was).
-    with WRITES:
-        return len(store.release_bodies(tiered, label="tier_delete", scrub=False, durable=False))
+    return len(store.release_bodies(tiered, label="tier_delete", scrub=False, durable=False))
 
 
 def recover_run(store: Store, run_id: str, stores: ColdStores, *, verify_remote: bool = False,
