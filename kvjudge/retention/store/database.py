@@ -49,7 +49,6 @@ def _write_lock(path: Path) -> threading.RLock:
         return _WRITE_LOCKS.setdefault(key, threading.RLock())
 
 
-
 def default_store_path() -> Path:
     """Where a store lives when no path is given: ``data_dir()/store.sqlite``."""
     return data_dir() / STORE_FILENAME
