@@ -250,7 +250,7 @@ class JudgeTarget:
             from kvjudge.tokens import ModelTokenizer, make_counter
 
             spec = self.settings.retention.counter
-            if spec.partition(":")[0] != "model":
+            if not self._counts_with_judge_model():
                 self._counter = make_counter(spec)
             elif not self.served:
                 self._counter = ModelTokenizer(self.model_path)
@@ -258,12 +258,16 @@ class JudgeTarget:
                 self._counter = self._served_counter()
         return self._counter
 
+    def _counts_with_judge_model(self) -> bool:
+        """``[retention] counter`` names the judge model's own tokenizer (``model``), not a fixed counter."""
+        return self.settings.retention.counter.partition(":")[0] == "model"
+
     def counter_name(self) -> str:
         """The name :meth:`counter`'s counts are stored under, without building it where the name is known
         beforehand: the bundled judge model's is fixed by its published sha256, so a listing of stored counts never
         fetches the model to learn it."""
-        if self._counter is None and self._model_path is None and not self.served and not self.settings.judge.model \
-                and self.settings.retention.counter.partition(":")[0] == "model":
+        if self._counter is None and self._model_path is None and self._counts_with_judge_model() \
+                and not self.served and not self.settings.judge.model:
             from kvjudge import models
             from kvjudge.tokens import model_counter_name
 

@@ -398,12 +398,11 @@ def _bad_request(message: str, status: int = 400) -> _Refusal:
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive: the judge's client reuses its connections
-    # Headers and body go out in two writes: with Nagle's algorithm on, the second waits for the client's
-    # delayed ACK (~40 ms a request).
-    disable_nagle_algorithm = True
-    # And both in one write where the answer fits this buffer (handle_one_request flushes it): one send a request,
-    # not two, for a judge meant to cost its caller nothing.
+    # Headers and body go out in one write where the answer fits this buffer (handle_one_request flushes it): one
+    # send a request, for a judge meant to cost its caller nothing. A larger answer is a second write, which with
+    # Nagle's algorithm on would wait for the client's delayed ACK (~40 ms).
     wbufsize = 1 << 16
+    disable_nagle_algorithm = True
     server: _Server
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name

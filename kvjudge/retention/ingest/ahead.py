@@ -113,8 +113,8 @@ class ParseAhead:
         self.close()
 
 
-#: How long :func:`spare_core` watches the CPUs before an import: long enough for ~20 of the kernel's 100 Hz ticks
-#: a core, short beside any import that forks the child.
+#: How long :func:`spare_core` watches the CPUs before an import: about 10 of the kernel's 100 Hz ticks a core (a
+#: tenth of a core's resolution), short beside any import that forks the child.
 IDLE_SAMPLE_S = 0.1
 
 #: The idle CPUs an import needs to fork the child: one for the importer, and half of one at least for the child.
