@@ -51,8 +51,12 @@ def emit(args: argparse.Namespace, payload: Any, human: Callable[[], None] | Non
 
 
 def info(message: str) -> None:
-    """A status line on stderr (keeps stdout clean for --json); run text in it is shown visibly."""
-    print(visible(message), file=sys.stderr, flush=True)
+    """A status line on stderr (keeps stdout clean for --json); run text in it is shown visibly. On a terminal it
+    wraps at the terminal's width; elsewhere (a log, a pipe) it stays one line, for grep."""
+    if sys.stderr.isatty():
+        print_wrapped(visible(message), stream=sys.stderr)
+    else:
+        print(visible(message), file=sys.stderr, flush=True)
 
 
 @contextlib.contextmanager

@@ -236,7 +236,9 @@ def _write_wrapped(stream: Any, text: str, width: int, indent: str = "", bold: b
     stream.write((_BOLD + wrapped + _RESET if bold else wrapped) + "\n")
 
 
-def print_wrapped(text: str, indent: str = "") -> None:
-    """A sentence on stdout, wrapped at :func:`text_width` (80 in a pipe), every line after ``indent`` and the
-    lines after the first two spaces further in; a word longer than a line is never broken."""
-    _write_wrapped(sys.stdout, text, text_width(sys.stdout), indent)
+def print_wrapped(text: str, indent: str = "", stream: Any = None) -> None:
+    """A sentence on ``stream`` (stdout by default), wrapped at :func:`text_width` (80 in a pipe), every line after
+    ``indent`` and the lines after the first two spaces further in; a word longer than a line is never broken."""
+    stream = sys.stdout if stream is None else stream
+    _write_wrapped(stream, text, text_width(stream), indent)
+    stream.flush()
