@@ -327,8 +327,8 @@ def test_judging_commands_fit_against_a_served_judge(served_store: tuple[str, st
     assert re.search(r"^judge \((chat|raw)\) +3 +1\.00", out, flags=re.M), out
     if width is None or width >= 200:
         assert_fits(out, width, "accuracy, decisive [95 %]", "pos. consistency", "label mass", "inconsistent")
-    ranking = run_json("rank", "--png", str(tmp_path / "r.png"), *common, capsys=capsys)
-    out, _ = run_human(width, "rank", "--png", str(tmp_path / "r.png"), *common, capsys=capsys,
+    ranking = run_json("rank", "--png", str(tmp_path / "r.png"), "--bootstrap", "20", *common, capsys=capsys)
+    out, _ = run_human(width, "rank", "--png", str(tmp_path / "r.png"), "--bootstrap", "20", *common, capsys=capsys,
                        monkeypatch=monkeypatch)
     assert_fits(out, width, "95 % interval", *(agent["agent"] for agent in ranking["agents"]))
     out, _ = run_human(width, "judge", a, b, *common, capsys=capsys, monkeypatch=monkeypatch)
