@@ -271,6 +271,10 @@ def test_key_values_fit_with_no_placeholder_headers(capabilities: dict[int, Path
     assert_fits(out, width, probed["model"]["sha256"][:16], "- (not certified)",
                 *(device["name"] for device in probed["devices"]),
                 f"weights {probed['footprint_at_max']['weights'] / 2**20:.2f} MiB")
+    refreshed = run_json("cache", "refresh", capsys=capsys)["refreshed"]  # the probe's entry, just written
+    out, _ = run_human(width, "cache", "refresh", capsys=capsys, monkeypatch=monkeypatch)
+    assert refreshed and all(entry["result"] == "estimated" for entry in refreshed)
+    assert_fits(out, width, *(entry["fingerprint"][:12] for entry in refreshed), "estimated", "fingerprint")
     # A path too long to sit beside its name goes whole onto the next line.
     where = Path("m" * (72 - len(models.JUDGE_MODEL_FILENAME) - 1))
     monkeypatch.chdir(tmp_path)
