@@ -141,13 +141,6 @@ def store_path(tmp_path: Path) -> Path:
     return path
 
 
-@pytest.fixture
-def chars_config(tmp_path: Path) -> str:
-    config = tmp_path / "chars.toml"
-    config.write_text('[retention]\ncounter = "chars"\n')
-    return str(config)
-
-
 # ------------------------------------------------------------------------------------------- `kvjudge runs`
 AGENTS = ["mini-swe-agent-gpt4o", "openhands-codeact-4o", "swe-agent-claude-4s1", "terminus-2-gpt-5-min"]
 TASKS = [f"django__django-{1100 + n}" for n in range(30)]
@@ -224,6 +217,7 @@ def test_colour_only_on_a_terminal(many_runs: tuple[Path, Path, list[str]]) -> N
 def test_store_commands_fit(store_path: Path, ceiling_args: list[str], tmp_path: Path, width: int | None,
                             capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     store = ["--store", str(store_path)]
+    # runs takes the config (chars counting), not --capabilities.
     out, _ = run_human(width, "runs", *store, *ceiling_args[2:], capsys=capsys, monkeypatch=monkeypatch)
     assert_fits(out, width, *LONG_IDS)
     assert len(out.splitlines()) == 2 + len(LONG_IDS)

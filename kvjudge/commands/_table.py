@@ -226,7 +226,7 @@ def print_fields(fields: Sequence[Sequence[Any]], title: str | None = None) -> N
             lines = render(None, [(name, value)], Layout((0, 1), (names, room or max(_widest_line(value), 1)), ()))
         else:
             lines = [name] + [" " * 2 * GAP + line for line in _wrap(value, width - 2 * GAP)]  # type: ignore[operator]
-        stream.write("".join(line + "\n" for line in lines))
+        stream.write("".join(line.rstrip() + "\n" for line in lines))
     stream.flush()
 
 

@@ -75,7 +75,8 @@ def _probe(args: argparse.Namespace) -> int:
     it in child processes → max_ok_input and safe_context. Results go to the capability cache. With --server:
     identify the model an OpenAI-compatible server serves and certify it with real requests instead. Without
     --model or --server it probes the judge the settings name (each of [judge] servers / server, else [judge]
-    model), else the bundled default model; a line on stderr says which."""
+    model), else the bundled default model; a line on stderr says which (--json: a pool's servers as
+    {"servers": [...]})."""
     if args.timeout is not None and args.timeout <= 0:
         raise UsageError(f"--timeout must be positive, got {args.timeout}")
     settings = settings_from(args)
