@@ -39,7 +39,7 @@ from typing import Any
 
 from kvjudge.judge.render import Body, body_resolver, escape, render_view
 from kvjudge.models import judge_model_path
-from kvjudge.retention import Store
+from kvjudge.retention import Store, ingest_paths
 from kvjudge.retention.blobs import short
 from kvjudge.retention.evidence import measure
 from kvjudge.retention.extract import _cut_head, _cut_tail
@@ -139,9 +139,9 @@ def marker_tokens(view: str, count: CountFn, memo: dict[str, int]) -> tuple[int,
 
 
 def measure_run(store: Store, run_id: str, counter: TokenCounter, memo: dict[str, int]) -> dict[str, Any]:
-    state = store.run(run_id)
+    state = store.runs.run(run_id)
     transitions = sum(len(b.transitions) for b in state.branches)
-    counts = {ref: counter.count(store.text(ref) or "") for ref in state.bodies}
+    counts = {ref: counter.count(store.blobs.text(ref) or "") for ref in state.bodies}
     tokens = sum(counts[ref] for ref in view_refs(state))
     row: dict[str, Any] = {"run": run_id, "transitions": transitions, "tokens": tokens, "ceilings": {}}
     for ceiling in CEILINGS:
@@ -233,7 +233,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="kvjudge-evidence-") as scratch:
         paths = generate(Path(scratch), args.runs, args.seed)
         with Store.open(Path(scratch) / "store.sqlite") as store:
-            run_ids = [run for path in paths for run in store.ingest_file(path)]
+            run_ids = [run for path in paths for run in ingest_paths(store, [path]).runs]
             rows = [measure_run(store, run_id, counter, memo) for run_id in run_ids]
     summary = summarise(rows)
     result = {"benchmark": "evidence_retention", "counter": counter.name, "runs": len(rows),

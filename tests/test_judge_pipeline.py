@@ -129,7 +129,7 @@ def test_a_view_source_is_kept_per_state_and_per_what_the_views_show(store: Stor
     # A run changed by an event has a new state: its source is derived again (here the same: lifecycle is no
     # part of a view), the others' are not.
     folded.clear()
-    store.mark(runs[0], "archived")
+    store.events.mark(runs[0], "archived")
     assert view_sources(store, runs, state) == hidden and folded == [runs[0]]
 
 

@@ -181,16 +181,16 @@ def exercise(root: Path, data: bytes, repair: bool, tokenizer: ModelTokenizer) -
         assert texts and not any(_SURROGATE.search(text) for text in texts)
     with Store.open(store_path) as store:
         for run in ids:
-            state = store.run(run)
+            state = store.runs.run(run)
             views = [render_view(state, body_resolver(state, store.text))]
             if state.is_reducible:
                 reduce_run(store, run, 48, tokenizer)
-                state = store.run(run)
+                state = store.runs.run(run)
                 views.append(render_view(state, body_resolver(state, store.text)))
             for view in views:
                 assert_delimiters_hold(view, views[0])
                 assert tokenizer.count("".join(RAW.segments(view, view))) > 0
-            assert store.refold(run).canonical_bytes() == store.projected_bytes(run)
+            assert store.runs.refold(run).canonical_bytes() == store.runs.projected_bytes(run)
         report = verify(store)
         assert report.ok, report.violations
 

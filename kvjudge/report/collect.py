@@ -148,7 +148,7 @@ def reductions(store: Store, state: RunState) -> tuple[Reduction, ...]:
     """What reduction removed from the run, in log order, one row per Reduced / BranchReduced / Dropped."""
     places = _where(state)
     found = []
-    for _lsn, event in store.iter_events(state.id):
+    for _lsn, event in store.events.iter_events(state.id):
         if isinstance(event, ev.Reduced):
             found.append(Reduction("Reduced", ", ".join(places.get(event.original, ["(no transition)"])),
                                    event.tokens_before, event.tokens_after, event.counter))
@@ -174,7 +174,7 @@ def build_report(store: Store, judge: Judge, verdicts: Sequence[Verdict], *,
     ``effective``, ``winner``), or ``ceiling_note`` saying why none is known; ``pairing``: how the pairs were
     chosen (one line, as ``eval`` prints it).
     """
-    states = {run_id: store.run(run_id) for v in verdicts for run_id in (v.a, v.b)}
+    states = {run_id: store.runs.run(run_id) for v in verdicts for run_id in (v.a, v.b)}
     agents = {run_id: agent_of(state) for run_id, state in states.items()}
     evaluation = evaluate(store, verdicts)
     evaluation["manifest"] = judge.manifest()
@@ -233,5 +233,5 @@ def _tier_status(state: RunState) -> str | None:
 
 def with_tier_status(report: Report, store: Store) -> Report:
     """``report`` with each run's tier status as ``store`` says now (a report built before its runs were moved)."""
-    runs = tuple(dataclasses.replace(run, tiered=_tier_status(store.run(run.id))) for run in report.runs)
+    runs = tuple(dataclasses.replace(run, tiered=_tier_status(store.runs.run(run.id))) for run in report.runs)
     return dataclasses.replace(report, runs=runs)

@@ -4,7 +4,7 @@ Public API (ARCHITECTURE.md says which layers use it)::
 
     from kvjudge.retention import Store, fold, RunState, plan_reduction, apply_plan, verify
     from kvjudge.retention import reduce_runs, RunsReduction             # `kvjudge reduce`: a selection of runs
-    from kvjudge.retention import ingest_paths, IngestReport          # getting runs in (or store.ingest)
+    from kvjudge.retention import ingest_paths, IngestReport          # getting runs in: ingest_paths(store, paths)
     from kvjudge.retention import attach_grades, GradeReport          # grades that arrive after the import
     from kvjudge.retention import find_evidence, measure              # a run's decisive evidence, and a view's share
     from kvjudge.retention import open_cold_store, tier_run, rehydrate_run   # tiering (kvjudge.retention.tiering)

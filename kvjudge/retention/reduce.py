@@ -568,9 +568,9 @@ def _check_applicable(store: Store, plan: ReductionPlan, *, unchanged_only: bool
     """Raise unless ``plan`` applies to the run's committed state; ``unchanged_only``: only check that the run is
     still the state it was planned from. The stored state's bytes are hashed as they are (they are its canonical
     bytes, as written); parsed and hashed again only when they differ."""
-    raw = store.projected_bytes(plan.run_id)
+    raw = store.runs.projected_bytes(plan.run_id)
     if raw is None:
-        store.run(plan.run_id)  # raises: no such run
+        store.runs.run(plan.run_id)  # raises: no such run
     assert raw is not None
     unchanged = hashlib.sha256(raw).hexdigest() == plan.base_digest
     if unchanged and unchanged_only:
@@ -602,14 +602,14 @@ def apply_plan(store: Store, plan: ReductionPlan) -> ReductionResult:
             for text in plan.blobs.values():
                 store.blobs.put(text.encode("utf-8"))
                 put += 1
-            store.put_counts(plan.counter, plan.new_counts)
+            store.caches.put_counts(plan.counter, plan.new_counts)
         if plan.blobs:
             fault_point("after_put_summary")
     appended = 0
     if plan.events:
         with store.transaction("commit_reduction"):
             _check_applicable(store, plan)
-            appended = len(store.append_many(plan.run_id, list(plan.events), label="commit_reduction"))
+            appended = len(store.events.append_many(plan.run_id, list(plan.events), label="commit_reduction"))
         fault_point("after_commit_reduction")
     # The run's statuses as just committed (a later change by another process can only reduce, drop or tier more).
     deleted = finish_deletions(store, plan.run_id, plan.state_after)
@@ -619,19 +619,19 @@ def apply_plan(store: Store, plan: ReductionPlan) -> ReductionResult:
 def finish_deletions(store: Store, run_id: str, state: RunState | None = None) -> int:
     """Delete every local body the run's log says is reduced or dropped (and no other run reads). Idempotent.
     ``state``: the run's state when the caller has just read or committed it (else it is read here)."""
-    state = state if state is not None else store.run(run_id)
+    state = state if state is not None else store.runs.run(run_id)
     pending = [ref for ref, loc in state.bodies.items()
                if loc.status in (REDUCED, DROPPED) and store.blobs.has_body(ref)]
     if not pending:
         return 0
-    deleted = store.release_bodies(pending, label="delete_body", durable=False)
+    deleted = store.blobs.release(pending, label="delete_body", durable=False)
     fault_point("after_delete_body")
     return len(deleted)
 
 
 def store_counter_view(store: Store, state: RunState, counter: TokenCounter) -> dict[str, int]:
     """Stored counts of every ref ``state`` names (so planning recounts nothing already counted)."""
-    return store.cached_counts(state.bodies.keys(), counter.name)
+    return store.caches.cached_counts(state.bodies.keys(), counter.name)
 
 
 def plan_stored(store: Store, state: RunState, target_tokens: int, counter: TokenCounter) -> ReductionPlan:
@@ -660,14 +660,14 @@ def reduce_run(store: Store, run_id: str, target_tokens: int, counter: TokenCoun
     finished first all the same.
     """
     for _ in range(attempts):
-        state = store.run(run_id)
+        state = store.runs.run(run_id)
         try:
             plan = plan_stored(store, state, target_tokens, counter)
         except RunInColdStorage:
             finish_deletions(store, run_id)
             raise
         except IntegrityError:
-            if _state_digest(store.run(run_id)) != _state_digest(state):
+            if _state_digest(store.runs.run(run_id)) != _state_digest(state):
                 continue  # a body went with another process's reduction while this one read it: plan again
             raise
         try:
@@ -688,7 +688,7 @@ def run_tokens(store: Store, state: RunState, counter: TokenCounter) -> int:
 def stored_tokens(store: Store, state: RunState, counter_name: str) -> int | None:
     """Tokens of visible text in ``state`` from the counts the store already has under ``counter_name``; None
     when a body it shows was never counted (nothing is read or counted here: it costs one query)."""
-    known = store.cached_counts(state.bodies.keys(), counter_name)
+    known = store.caches.cached_counts(state.bodies.keys(), counter_name)
     if not known:  # never counted (the common case before a reduction): no need to work out what a reader sees
         return None
     refs = view_refs(state)
@@ -705,14 +705,14 @@ def count_ahead(store: Store, state: RunState, counter: TokenCounter) -> None:
 
 
 def _count_view(store: Store, state: RunState, counter: TokenCounter, *, missing_ok: bool) -> int | None:
-    known = store.cached_counts(state.bodies.keys(), counter.name)
+    known = store.caches.cached_counts(state.bodies.keys(), counter.name)
     refs = view_refs(state)
     texts: dict[str, str] = {}
     missing = False
     for ref in refs:
         if ref in known or ref in texts:
             continue
-        text = store.text(ref)
+        text = store.blobs.text(ref)
         if text is None:
             if missing_ok:
                 missing = True
@@ -726,7 +726,7 @@ def _count_view(store: Store, state: RunState, counter: TokenCounter, *, missing
         texts[ref] = text
     # One batch: a counter that asks servers has every body of the run in flight at once.
     fresh = dict(zip(texts, count_texts(counter, list(texts.values()))))
-    store.put_counts(counter.name, fresh)
+    store.caches.put_counts(counter.name, fresh)
     if missing:
         return None
     return sum(known.get(ref, fresh.get(ref, 0)) for ref in refs)
@@ -813,14 +813,14 @@ class _PlanningAhead:
         self.pending: Future[tuple[dict[str, int], ReductionPlan | None]] | None = None
 
     def start(self, run_id: str) -> None:
-        state = self.store.run(run_id)
+        state = self.store.runs.run(run_id)
         if in_cold_storage(state) or any(loc.status == TIERED for loc in state.bodies.values()):
             return
-        known = self.store.cached_counts(state.bodies.keys(), self.counter.name)
+        known = self.store.caches.cached_counts(state.bodies.keys(), self.counter.name)
         texts: dict[str, str | None] = {}
         chars = 0
         for ref in state.bodies:
-            texts[ref] = text = self.store.text(ref)
+            texts[ref] = text = self.store.blobs.text(ref)
             chars += len(text) if text is not None else 0
         uncounted = {ref: text for ref in dict.fromkeys(view_refs(state))
                      if ref not in known and (text := texts.get(ref)) is not None}
@@ -851,7 +851,7 @@ class _PlanningAhead:
             return None
         pending, self.pending = self.pending, None
         fresh, plan = pending.result()
-        self.store.put_counts(self.counter.name, fresh)
+        self.store.caches.put_counts(self.counter.name, fresh)
         return plan
 
     def close(self) -> None:
@@ -874,8 +874,8 @@ def reduce_runs(store: Store, run_ids: Sequence[str] | None, target_of: Callable
     and planned (its cut markers and each round of extracts in one batch) in a background thread while the run before
     is being written; a short text's count is remembered from run to run.
     """
-    chosen = run_ids if run_ids is not None else store.run_ids(tenant)
-    candidates = [store.run(run_id) for run_id in chosen]
+    chosen = run_ids if run_ids is not None else store.runs.run_ids(tenant)
+    candidates = [store.runs.run(run_id) for run_id in chosen]
     refused = [state for state in candidates if not state.is_reducible]
     if run_ids is not None and refused:
         state = refused[0]
@@ -917,7 +917,7 @@ def _reduce_each(store: Store, reducible: Sequence[str], targets: Mapping[str, i
             planned = ahead.settle()
             if done + 1 < len(reducible):
                 ahead.start(reducible[done + 1])
-        state = store.run(run_id)
+        state = store.runs.run(run_id)
         target = targets[state.tenant]
         try:
             if dry_run:

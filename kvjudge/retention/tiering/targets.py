@@ -94,7 +94,7 @@ class ColdStores:
         cached = self._moves.get((run_id, manifest_ref))
         if cached is not None:
             return cached
-        started = started_event(store, run_id, manifest_ref)
+        started = started_event(store.events, run_id, manifest_ref)
         target, recorded = started.target, started.endpoint
         if not _is_s3(target):
             cold = self.at(target, None)
