@@ -145,15 +145,15 @@ def measure_run(store: Store, run_id: str, counter: TokenCounter, memo: dict[str
     tokens = sum(counts[ref] for ref in view_refs(state))
     row: dict[str, Any] = {"run": run_id, "transitions": transitions, "tokens": tokens, "ceilings": {}}
     for ceiling in CEILINGS:
-        summaries, old_fits = uniform_reduction(state, store.text, counts, counter.count, ceiling)
-        old_view = uniform_view(state, store.text, summaries)
+        summaries, old_fits = uniform_reduction(state, store.blobs.text, counts, counter.count, ceiling)
+        old_view = uniform_view(state, store.blobs.text, summaries)
         # As the judge derives a reduced view (kvjudge.judge.pack): plan, never store, render.
-        plan = plan_reduction(state, store.text, counter, ceiling, counts=counts)
+        plan = plan_reduction(state, store.blobs.text, counter, ceiling, counts=counts)
         reduced = plan.state_after
-        new_view = render_view(reduced, body_resolver(reduced, lambda ref: plan.text_of(ref, store.text)))
+        new_view = render_view(reduced, body_resolver(reduced, lambda ref: plan.text_of(ref, store.blobs.text)))
         result = {}
         for name, view, fits in (("uniform", old_view, old_fits), ("kvjudge", new_view, plan.fits)):
-            seen = measure(state, store.text, view, escape)
+            seen = measure(state, store.blobs.text, view, escape)
             markers, tokens_of_markers = marker_tokens(view, counter.count, memo)
             result[name] = {"fits": fits, "share": seen.share, "whole": seen.whole,
                             "outcome_visible": seen.outcome_visible, "markers": markers,

@@ -38,7 +38,8 @@ from kvjudge.models import judge_model_path
 from kvjudge.probe import RuntimeSettings, memory_needed
 from kvjudge.report import build_report, with_tier_status, write_report
 from kvjudge.retention import ingest_paths, verify
-from kvjudge.retention.reduce import reduce_run, run_tokens
+from kvjudge.retention.reduce_apply import reduce_run
+from kvjudge.retention.stored_tokens import run_tokens
 from kvjudge.retention.tiering import tier_run, verify_checks
 from kvjudge.settings import Settings
 from kvjudge.target import JudgeTarget

@@ -17,7 +17,7 @@ from helpers import store_from_runs
 from kvjudge.judge import Judge, LlamaBackend, Verdict, WindowPlanner, judge_batch
 from kvjudge.report import Report, build_report
 from kvjudge.retention import Store
-from kvjudge.retention.reduce import reduce_run
+from kvjudge.retention.reduce_apply import reduce_run
 from kvjudge.testing.filler import filler
 from kvjudge.testing.judgments import seed_judgments
 from kvjudge.testing.native_runs import make_run

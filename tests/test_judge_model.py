@@ -21,7 +21,7 @@ from kvjudge.judge.render import body_resolver, render_view
 from kvjudge.models import file_sha256
 from kvjudge.retention import Store
 from kvjudge.retention.ingest import ingest_paths
-from kvjudge.retention.reduce import reduce_run
+from kvjudge.retention.reduce_apply import reduce_run
 from kvjudge.testing.filler import filler
 from kvjudge.testing.jsonl import write_jsonl
 from kvjudge.testing.native_runs import make_run

@@ -21,7 +21,7 @@ from kvjudge.judge.pairing import same_task_pairs
 from kvjudge.judge.runfacts import RUN_FACTS_KEY_PREFIX, RunFacts
 from kvjudge.judge.verdict import view_sources
 from kvjudge.retention import Store
-from kvjudge.retention.reduce import reduce_run
+from kvjudge.retention.reduce_apply import reduce_run
 from kvjudge.retention.state import TIERED
 from kvjudge.server_client import RetryPolicy
 from kvjudge.testing.graded_runs import swe_run

@@ -103,7 +103,7 @@ def test_late_grades_attach_once_and_conflicts_need_replace(tmp_path: Path,
         # What the judge reads of each run: neither the late grade nor the SWE-bench row OpenHands kept.
         for run_id in hashes:
             state = opened.runs.run(run_id)
-            view = render_view(state, body_resolver(state, opened.text))
+            view = render_view(state, body_resolver(state, opened.blobs.text))
             assert state.task_id in view and "swe-bench" not in view and "resolved" not in view
             assert "GOLD_PATCH_MARKER" not in view and "test_gold_marker" not in view
     listed = cli_json_ok(capsys, "runs", "--state", "graded", "--agent", f"CodeActAgent/{MODEL}", *common,

@@ -24,7 +24,9 @@ from kvjudge.errors import RunStateError
 from kvjudge.retention import Store
 from kvjudge.retention.events import REDUCTION_KINDS, Reduced
 from kvjudge.retention.faults import REDUCTION_POINTS
-from kvjudge.retention.reduce import plan_reduction, reduce_run, resolve, run_tokens, view_refs
+from kvjudge.retention.reduce import plan_reduction, resolve, view_refs
+from kvjudge.retention.reduce_apply import reduce_run
+from kvjudge.retention.stored_tokens import run_tokens
 from kvjudge.retention.state import LOCAL, RunState
 from kvjudge.retention.verify import verify
 from kvjudge.testing.filler import filler
@@ -100,13 +102,13 @@ def test_step1_transitions_intact_only_reduction_events_added(tmp_path: Path) ->
 
 def test_step2_reduced_episode_still_grades(tmp_path: Path) -> None:
     with store_from_runs(tmp_path / "store.sqlite", [big_run("good"), big_run("bad", passed=False)]) as store:
-        full = {r: grade(store.runs.run(r), store.text) for r in ("good", "bad")}
+        full = {r: grade(store.runs.run(r), store.blobs.text) for r in ("good", "bad")}
         assert full == {"good": 1.0, "bad": 0.0}
         for run_id in ("good", "bad"):
             reduce_run(store, run_id, 1500, CHARS)
             reduced = store.runs.run(run_id)
             assert reduced.reduced
-            score = grade(reduced, store.text)
+            score = grade(reduced, store.blobs.text)
             assert isinstance(score, float) and score == full[run_id]
 
 
@@ -299,7 +301,7 @@ def test_step9_a_run_in_grading_is_refused(tmp_path: Path, capabilities: dict[in
     with store_from_runs(tmp_path / "store.sqlite", runs) as store:
         events_before = len(list(store.events.iter_events("g")))
         with pytest.raises(RunStateError, match="run g is grading"):
-            plan_reduction(store.runs.run("g"), store.text, CHARS, 100)
+            plan_reduction(store.runs.run("g"), store.blobs.text, CHARS, 100)
         with pytest.raises(RunStateError):
             reduce_run(store, "g", 100, CHARS)
     common = ["--store", str(tmp_path / "store.sqlite"), "--config", str(config),
@@ -321,10 +323,10 @@ def test_loss_order_bodies_then_dead_branches_then_dropped(tmp_path: Path) -> No
     with store_from_runs(tmp_path / "store.sqlite", [big_run()]) as store:
         state = store.runs.run("r1")
         total = run_tokens(store, state, CHARS)
-        mild = plan_reduction(state, store.text, CHARS, total - 500, counts={})
+        mild = plan_reduction(state, store.blobs.text, CHARS, total - 500, counts={})
         assert mild.steps == {"bodies_reduced": mild.steps["bodies_reduced"], "branches_reduced": 0, "dropped": 0}
         assert mild.steps["bodies_reduced"] >= 1 and mild.fits
-        harsh = plan_reduction(state, store.text, CHARS, 60)
+        harsh = plan_reduction(state, store.blobs.text, CHARS, 60)
         kinds = [event.kind for event in harsh.events]
         # Fixed order: every Reduced before any BranchReduced, every BranchReduced before any Dropped.
         assert kinds == sorted(kinds, key=["Reduced", "BranchReduced", "Dropped"].index)
@@ -342,13 +344,13 @@ def test_planning_is_pure_and_gives_a_view(tmp_path: Path) -> None:
     with store_from_runs(tmp_path / "store.sqlite", [big_run()]) as store:
         lsns = sql(store).execute("SELECT MAX(lsn) FROM events").fetchone()[0]
         blobs = sql(store).execute("SELECT COUNT(*) FROM blobs").fetchone()[0]
-        plan = plan_reduction(store.runs.run("r1"), store.text, CHARS, 900)
-        again = plan_reduction(store.runs.run("r1"), store.text, CHARS, 900)
+        plan = plan_reduction(store.runs.run("r1"), store.blobs.text, CHARS, 900)
+        again = plan_reduction(store.runs.run("r1"), store.blobs.text, CHARS, 900)
         assert plan.events == again.events and dict(plan.blobs) == dict(again.blobs)  # deterministic
         assert sql(store).execute("SELECT MAX(lsn) FROM events").fetchone()[0] == lsns
         assert sql(store).execute("SELECT COUNT(*) FROM blobs").fetchone()[0] == blobs
         view = plan.state_after
-        text = [plan.text_of(ref, store.text) for ref in view_refs(view)]
+        text = [plan.text_of(ref, store.blobs.text) for ref in view_refs(view)]
         assert all(t is not None for t in text)
         assert sum(CHARS.count(t) for t in text) == plan.tokens_after <= 900
 
@@ -511,9 +513,9 @@ def test_extracts_counted_from_their_originals_token_ends_plan_the_same_reductio
     counter = RecordingTokenizer(request.getfixturevalue(which))
     with store_from_runs(tmp_path / "store.sqlite", [big_run(scale=3)]) as store:
         state = store.runs.run("r1")
-        spliced = plan_reduction(state, store.text, counter, 2000)
+        spliced = plan_reduction(state, store.blobs.text, counter, 2000)
         asked, counted[:] = list(counted), []
-        whole = plan_reduction(state, store.text, PlainCounter(counter), 2000)
+        whole = plan_reduction(state, store.blobs.text, PlainCounter(counter), 2000)
     assert spliced.steps["bodies_reduced"] > 0 and spliced.fits
     # Step 1's extracts that keep text beside their marker.
     kept = [spliced.blobs[event.summary] for event in spliced.events

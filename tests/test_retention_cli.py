@@ -12,7 +12,8 @@ import pytest
 from helpers import cli_json, sql
 from kvjudge.cli import main
 from kvjudge.retention import Store
-from kvjudge.retention.reduce import reduce_run, run_tokens
+from kvjudge.retention.reduce_apply import reduce_run
+from kvjudge.retention.stored_tokens import run_tokens
 from kvjudge.testing.filler import filler
 from kvjudge.testing.jsonl import write_jsonl
 from kvjudge.testing.native_runs import make_run

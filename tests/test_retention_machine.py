@@ -20,7 +20,8 @@ from kvjudge.retention import Store
 from kvjudge.retention.faults import REDUCTION_POINTS
 from kvjudge.retention.ingest import ingest_paths
 from kvjudge.retention.lifecycle import LEGAL_NEXT, STATES
-from kvjudge.retention.reduce import reduce_run, run_tokens
+from kvjudge.retention.reduce_apply import reduce_run
+from kvjudge.retention.stored_tokens import run_tokens
 from kvjudge.retention.state import LOCAL
 from kvjudge.retention.verify import verify
 from kvjudge.testing.filler import filler
@@ -122,7 +123,7 @@ class StoreMachine(RuleBasedStateMachine):
             return
         run_id = data.draw(st.sampled_from(candidates))
         fault = crashing_at(point)
-        with mock.patch("kvjudge.retention.reduce.fault_point", fault), \
+        with mock.patch("kvjudge.retention.reduce_apply.fault_point", fault), \
                 mock.patch("kvjudge.retention.store.database.fault_point", fault):
             try:
                 reduce_run(self.store, run_id, tokens, CHARS)

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from helpers import event_kinds, kvjudge, local_cold_url, start_kvjudge, store_from_runs
 
-import kvjudge.retention.reduce as reduce_module
+import kvjudge.retention.reduce_apply as reduce_module
 import kvjudge.retention.tiering.move as move_module
 from kvjudge.retention import (
     ColdReader,
@@ -32,7 +32,7 @@ from kvjudge.retention import (
     verify_checks,
 )
 from kvjudge.retention import events as ev
-from kvjudge.retention.reduce import run_tokens
+from kvjudge.retention.stored_tokens import run_tokens
 from kvjudge.testing.filler import filler
 from kvjudge.testing.native_runs import make_run
 from kvjudge.tokens import CharsPerToken
@@ -308,8 +308,8 @@ def test_a_second_reduce_plans_again_on_the_committed_state(setup: dict, monkeyp
 
     with Store.open(path) as store:
         # The other reduction commits (and deletes the originals) after this one read the run, mid-planning.
-        real_text = store.text
-        monkeypatch.setattr(store, "text", lambda ref: (once_elsewhere(), real_text(ref))[1])
+        real_text = store.blobs.text
+        monkeypatch.setattr(store.blobs, "text", lambda ref: (once_elsewhere(), real_text(ref))[1])
         once_elsewhere = once(reduce_elsewhere)
         result = reduce_run(store, "big-2", CEILING, CHARS)
         assert result.appended == 0 and result.plan.fits  # planned again: nothing left to do

@@ -23,7 +23,8 @@ from kvjudge.retention import (
     ref_of,
 )
 from kvjudge.retention import events as ev
-from kvjudge.retention.reduce import count_ahead, reduce_run, run_tokens, stored_tokens
+from kvjudge.retention.reduce_apply import reduce_run
+from kvjudge.retention.stored_tokens import count_ahead, run_tokens, stored_tokens
 from kvjudge.retention.state import RunState, agent_of
 from kvjudge.retention.store import SCHEMA_VERSION, RunListing, default_store_path
 from kvjudge.testing.filler import filler
@@ -335,7 +336,7 @@ def _listed_from_states(store: Store, counter: str) -> list[RunListing]:
             state=state.state, grades=state.grades, reduced=state.reduced, branches=len(state.branches),
             transitions=sum(len(b.transitions) for b in state.branches), bodies=len(state.bodies), bodies_gone=gone,
             bodies_tiered=sum(loc.status == "tiered" for loc in state.bodies.values()),
-            tokens=stored_tokens(store, state, counter)))
+            tokens=stored_tokens(store.caches, state, counter)))
     return listed
 
 

@@ -334,7 +334,8 @@ def test_default_target_comes_from_config(tmp_path: Path, capabilities: dict[int
 
 def test_a_reduced_run_tiers_with_its_summaries(tmp_path: Path) -> None:
     """Reduced, dropped and tiered bodies side by side: the log explains each, and the reduced view reads through."""
-    from kvjudge.retention.reduce import reduce_run, view_refs
+    from kvjudge.retention.reduce import view_refs
+    from kvjudge.retention.reduce_apply import reduce_run
     from kvjudge.tokens import CharsPerToken
 
     path = make_store(tmp_path / "store.sqlite")

@@ -25,7 +25,7 @@ from kvjudge.display import invisible_class, visible
 from kvjudge.judge.prompt import INSTRUCTIONS, RAW, closing, opening
 from kvjudge.judge.render import body_resolver, escape, render_view
 from kvjudge.retention import Store, verify
-from kvjudge.retention.reduce import reduce_run
+from kvjudge.retention.reduce_apply import reduce_run
 from kvjudge.tokens import ModelTokenizer
 
 # Pieces a hostile tool output is made of, beside arbitrary code points (surrogates included).
@@ -182,11 +182,11 @@ def exercise(root: Path, data: bytes, repair: bool, tokenizer: ModelTokenizer) -
     with Store.open(store_path) as store:
         for run in ids:
             state = store.runs.run(run)
-            views = [render_view(state, body_resolver(state, store.text))]
+            views = [render_view(state, body_resolver(state, store.blobs.text))]
             if state.is_reducible:
                 reduce_run(store, run, 48, tokenizer)
                 state = store.runs.run(run)
-                views.append(render_view(state, body_resolver(state, store.text)))
+                views.append(render_view(state, body_resolver(state, store.blobs.text)))
             for view in views:
                 assert_delimiters_hold(view, views[0])
                 assert tokenizer.count("".join(RAW.segments(view, view))) > 0

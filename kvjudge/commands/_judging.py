@@ -134,4 +134,4 @@ def select_pairs(args: argparse.Namespace, store: Store, *, default_all: bool = 
             raise UsageError(f"pair ({a}, {b}) names one run twice; a judge compares two runs")
         for run_id in (a, b):
             store.runs.run(run_id)  # an unknown run is an error before any model call (StoreError names it)
-    return describe_pairs(pairs, store.run, "named")
+    return describe_pairs(pairs, store.runs.run, "named")

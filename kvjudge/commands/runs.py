@@ -9,7 +9,7 @@ from kvjudge.commands._args import add_store_args, command, target_from
 from kvjudge.commands._output import emit, info, print_table, progress
 from kvjudge.errors import KvjudgeError
 from kvjudge.retention.lifecycle import STATES
-from kvjudge.retention.reduce import count_ahead
+from kvjudge.retention.stored_tokens import count_ahead
 from kvjudge.retention.state import best_grade
 from kvjudge.retention.store import RunListing, Store
 from kvjudge.target import JudgeTarget

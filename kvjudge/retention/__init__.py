@@ -49,9 +49,10 @@ _LOADED_ON_USE = {
     "kvjudge.retention.extract": ("diff_extract", "head_tail_extract"),
     "kvjudge.retention.ingest": ("IngestReport", "ingest_paths"),
     "kvjudge.retention.late_grades": ("GradeReport", "attach_grades"),
-    "kvjudge.retention.reduce": ("ReductionPlan", "ReductionResult", "RunInColdStorage", "RunsReduction", "StalePlan",
-                                 "apply_plan", "plan_reduction", "reduce_run", "reduce_runs", "run_tokens",
-                                 "stored_tokens", "view_refs"),
+    "kvjudge.retention.reduce": ("ReductionPlan", "plan_reduction", "view_refs"),
+    "kvjudge.retention.reduce_apply": ("ReductionResult", "RunInColdStorage", "StalePlan", "apply_plan", "reduce_run"),
+    "kvjudge.retention.reduce_runs": ("RunsReduction", "reduce_runs"),
+    "kvjudge.retention.stored_tokens": ("run_tokens", "stored_tokens"),
     "kvjudge.retention.tiering": ("REHYDRATE_POINTS", "TIER_POINTS", "ColdReader", "ColdStores", "Manifest",
                                   "RehydrateResult", "TierGate", "TierPlan", "TierResult", "fallback_reader",
                                   "local_body_bytes", "plan_all", "recover", "rehydrate_run", "resolve_endpoint",
@@ -65,20 +66,10 @@ if TYPE_CHECKING:
     from kvjudge.retention.extract import diff_extract, head_tail_extract
     from kvjudge.retention.ingest import IngestReport, ingest_paths
     from kvjudge.retention.late_grades import GradeReport, attach_grades
-    from kvjudge.retention.reduce import (
-        ReductionPlan,
-        ReductionResult,
-        RunInColdStorage,
-        RunsReduction,
-        StalePlan,
-        apply_plan,
-        plan_reduction,
-        reduce_run,
-        reduce_runs,
-        run_tokens,
-        stored_tokens,
-        view_refs,
-    )
+    from kvjudge.retention.reduce import ReductionPlan, plan_reduction, view_refs
+    from kvjudge.retention.reduce_apply import ReductionResult, RunInColdStorage, StalePlan, apply_plan, reduce_run
+    from kvjudge.retention.reduce_runs import RunsReduction, reduce_runs
+    from kvjudge.retention.stored_tokens import run_tokens, stored_tokens
     from kvjudge.retention.tiering import (
         REHYDRATE_POINTS,
         TIER_POINTS,

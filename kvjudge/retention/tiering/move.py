@@ -43,7 +43,8 @@ from kvjudge.retention.blobs import ref_of
 from kvjudge.retention.cold import ColdStore
 from kvjudge.retention.faults import fault_point
 from kvjudge.retention.lifecycle import REDUCIBLE, is_reducible
-from kvjudge.retention.reduce import count_ahead, in_cold_storage, run_tokens
+from kvjudge.retention.reduce_apply import in_cold_storage
+from kvjudge.retention.stored_tokens import count_ahead, run_tokens
 from kvjudge.retention.state import RunState
 from kvjudge.retention.store import Store
 from kvjudge.retention.tiering.manifest import Manifest, build_manifest, logged_manifest
