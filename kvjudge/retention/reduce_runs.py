@@ -9,7 +9,14 @@ from typing import Any
 from kvjudge.errors import RunStateError
 from kvjudge.retention.plan_ahead import PlanningAhead, RememberedShortTexts
 from kvjudge.retention.reduce import ReductionPlan, state_digest
-from kvjudge.retention.reduce_apply import ReductionResult, RunInColdStorage, StalePlan, apply_plan, plan_stored, reduce_run
+from kvjudge.retention.reduce_apply import (
+    ReductionResult,
+    RunInColdStorage,
+    StalePlan,
+    apply_plan,
+    plan_stored,
+    reduce_run,
+)
 from kvjudge.retention.store import Store
 from kvjudge.tokens import BatchCounter, TokenCounter
 
