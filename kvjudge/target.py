@@ -335,9 +335,9 @@ class JudgeTarget:
 
     def cold_target(self) -> str:
         """Where new moves go: ``[retention] cold`` (``--to``), else a ``cold`` directory in the data dir."""
-        from kvjudge.retention.tiering import resolve_target
+        from kvjudge.retention.tiering import resolve_cold_target
 
-        return resolve_target(self.settings.retention)
+        return resolve_cold_target(self.settings.retention)
 
     def open_store(self, path: str | Path | None = None, *, read_tiered: bool = True, create: bool = False) -> Store:
         """The store at ``path``, else ``[retention] store``, else ``<data dir>/store.sqlite``. With

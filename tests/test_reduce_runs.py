@@ -92,7 +92,7 @@ def test_a_run_still_grading_is_refused_by_name_and_listed_in_a_whole_selection(
         with pytest.raises(RunStateError, match="late-0 is grading"):
             reduce_runs(store, ["late-0"], lambda tenant: 1500, LocalSimTokenizer())
         done = reduce_runs(store, None, lambda tenant: 1500, LocalSimTokenizer())
-        assert [r["run"] for r in done.runs] == ["default-0"] and done.targets == {"default": 1500}
+        assert [r["run"] for r in done.runs] == ["default-0"] and done.token_targets == {"default": 1500}
         assert [item["run"] for item in done.refused] == ["late-0"]
         assert store.runs.run("default-0").reduced and not store.runs.run("late-0").reduced
 

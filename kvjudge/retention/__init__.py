@@ -56,7 +56,7 @@ _LOADED_ON_USE = {
     "kvjudge.retention.tiering": ("REHYDRATE_POINTS", "TIER_POINTS", "ColdReader", "ColdStores", "Manifest",
                                   "RehydrateResult", "TierGate", "TierPlan", "TierResult", "fallback_reader",
                                   "local_body_bytes", "plan_all", "recover", "rehydrate_run", "resolve_endpoint",
-                                  "resolve_target", "tier_run", "tier_runs", "verify_checks"),
+                                  "resolve_cold_target", "tier_run", "tier_runs", "verify_checks"),
 }
 _MODULE_OF = {name: module for module, names in _LOADED_ON_USE.items() for name in names}
 
@@ -86,7 +86,7 @@ if TYPE_CHECKING:
         recover,
         rehydrate_run,
         resolve_endpoint,
-        resolve_target,
+        resolve_cold_target,
         tier_run,
         tier_runs,
         verify_checks,
@@ -118,6 +118,6 @@ __all__ = [
     "plan_reduction", "reduce_run", "reduce_runs", "run_tokens", "stored_tokens", "verify", "view_refs",
     "REHYDRATE_POINTS", "TIER_POINTS", "ColdReader", "ColdStore", "ColdStores", "LocalDirColdStore", "Manifest",
     "RehydrateResult", "S3ColdStore", "TierGate", "TierPlan", "TierResult", "fallback_reader", "local_body_bytes",
-    "open_cold_store", "plan_all", "recover", "rehydrate_run", "resolve_endpoint", "resolve_target", "tier_run",
+    "open_cold_store", "plan_all", "recover", "rehydrate_run", "resolve_endpoint", "resolve_cold_target", "tier_run",
     "tier_runs", "verify_checks",
 ]

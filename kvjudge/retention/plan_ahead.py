@@ -55,8 +55,8 @@ class PlanningAhead:
     ``_AHEAD_RUN_CHARS``, is only counted ahead; a run that cannot be planned ahead (not reducible now, a body
     missing) is planned in its turn, where its error is raised as before."""
 
-    def __init__(self, store: Store, counter: BatchCounter, targets: Mapping[str, int]) -> None:
-        self.store, self.counter, self.targets = store, counter, targets
+    def __init__(self, store: Store, counter: BatchCounter, token_targets: Mapping[str, int]) -> None:
+        self.store, self.counter, self.token_targets = store, counter, token_targets
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvjudge-plan-ahead")
         self.pending: Future[tuple[dict[str, int], ReductionPlan | None]] | None = None
 
@@ -72,8 +72,8 @@ class PlanningAhead:
             chars += len(text) if text is not None else 0
         uncounted = {ref: text for ref in dict.fromkeys(view_refs(state))
                      if ref not in known and (text := texts.get(ref)) is not None}
-        target = self.targets.get(state.tenant)
-        plan_too = chars <= _AHEAD_RUN_CHARS and state.is_reducible and target is not None
+        token_target = self.token_targets.get(state.tenant)
+        plan_too = chars <= _AHEAD_RUN_CHARS and state.is_reducible and token_target is not None
         if not (uncounted or plan_too):
             return
         kept = texts if plan_too else {}  # held until the run's turn only when it is planned ahead
@@ -83,9 +83,9 @@ class PlanningAhead:
             fresh = dict(zip(uncounted, self.counter.count_many(list(uncounted.values())))) if uncounted else {}
             if not plan_too:
                 return fresh, None
-            assert target is not None
+            assert token_target is not None
             try:
-                plan = plan_reduction(state, kept.get, self.counter, target, counts={**known, **fresh})
+                plan = plan_reduction(state, kept.get, self.counter, token_target, counts={**known, **fresh})
             except (IntegrityError, RunStateError, UsageError):
                 plan = None  # planned again in its turn, which raises or handles it as it always has
             return fresh, plan

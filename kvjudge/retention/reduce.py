@@ -76,11 +76,11 @@ def view_tokens(state: RunState, counts: Mapping[str, int]) -> int:
 # ------------------------------------------------------------------------ the plan
 @dataclass(frozen=True)
 class ReductionPlan:
-    """What reducing one run to ``target_tokens`` takes. Pure data: nothing is written by planning."""
+    """What reducing one run to ``token_target`` takes. Pure data: nothing is written by planning."""
 
     run_id: str
     counter: str
-    target_tokens: int
+    token_target: int
     tokens_before: int
     tokens_after: int
     events: tuple[ev.Event, ...]
@@ -92,7 +92,7 @@ class ReductionPlan:
 
     @property
     def fits(self) -> bool:
-        return self.tokens_after <= self.target_tokens
+        return self.tokens_after <= self.token_target
 
     @property
     def noop(self) -> bool:
@@ -103,7 +103,7 @@ class ReductionPlan:
         return self.blobs[ref] if ref in self.blobs else fallback(ref)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"run": self.run_id, "counter": self.counter, "target_tokens": self.target_tokens,
+        return {"run": self.run_id, "counter": self.counter, "target_tokens": self.token_target,
                 "tokens_before": self.tokens_before, "tokens_after": self.tokens_after, "fits": self.fits,
                 "events": len(self.events), "steps": dict(self.steps)}
 
@@ -189,10 +189,10 @@ class _Planner:
         self.state = fold_onto(self.state, self.state.id, [(0, event) for event in batch])
 
 
-def plan_reduction(state: RunState, text_of: TextOf, count: TokenCounter | CountFn, target_tokens: int, *,
+def plan_reduction(state: RunState, text_of: TextOf, count: TokenCounter | CountFn, token_target: int, *,
                    counts: Mapping[str, int] | None = None, counter_name: str | None = None,
                    quoted_elsewhere: Mapping[str, int] | None = None) -> ReductionPlan:
-    """Plan the reduction of ``state`` to at most ``target_tokens`` tokens of visible text. Pure.
+    """Plan the reduction of ``state`` to at most ``token_target`` tokens of visible text. Pure.
 
     ``text_of(ref)`` returns a body's text (or None); ``count`` is a TokenCounter or ``text → int``;
     ``counts`` are already-known counts by ref under this counter (so no body is counted twice).
@@ -204,8 +204,8 @@ def plan_reduction(state: RunState, text_of: TextOf, count: TokenCounter | Count
     if not state.is_reducible:
         raise RunStateError(f"run {state.id} is {state.state}; only graded, ungraded or archived runs can be "
                             f"reduced (finish grading first: `kvjudge mark {state.id} graded|ungraded`)")
-    if not isinstance(target_tokens, int) or isinstance(target_tokens, bool) or target_tokens <= 0:
-        raise UsageError(f"the reduction target must be a positive number of tokens, got {target_tokens!r}")
+    if not isinstance(token_target, int) or isinstance(token_target, bool) or token_target <= 0:
+        raise UsageError(f"the reduction target must be a positive number of tokens, got {token_target!r}")
     ends_of: EndsFn | None = None
     if isinstance(count, TokenCounter):
         counter = count
@@ -224,14 +224,14 @@ def plan_reduction(state: RunState, text_of: TextOf, count: TokenCounter | Count
     planner = _Planner(state, text_of, count_fn, count_many, name, counts or {}, quoted_elsewhere or {}, ends_of)
     tokens_before = planner.tokens()
     steps = {"bodies_reduced": 0, "branches_reduced": 0, "dropped": 0}
-    if tokens_before > target_tokens:
-        steps["bodies_reduced"] = _reduce_bodies(planner, target_tokens)
-    if planner.tokens() > target_tokens:
-        steps["branches_reduced"] = _extract_dead_branches(planner, target_tokens)
-    if planner.tokens() > target_tokens:
-        steps["dropped"] = _drop_dead_text(planner, target_tokens)
+    if tokens_before > token_target:
+        steps["bodies_reduced"] = _reduce_bodies(planner, token_target)
+    if planner.tokens() > token_target:
+        steps["branches_reduced"] = _extract_dead_branches(planner, token_target)
+    if planner.tokens() > token_target:
+        steps["dropped"] = _drop_dead_text(planner, token_target)
     return ReductionPlan(
-        run_id=state.id, counter=name, target_tokens=target_tokens, tokens_before=tokens_before,
+        run_id=state.id, counter=name, token_target=token_target, tokens_before=tokens_before,
         tokens_after=planner.tokens(), events=tuple(planner.events), blobs=dict(planner.blobs),
         new_counts=dict(planner.new_counts), state_after=planner.state, base_digest=state_digest(state),
         steps=steps)
@@ -366,7 +366,7 @@ def _extract(shape: str, text: str, tokens: int, keep: int) -> tuple[str, HeadTa
     return (text, None) if cut is None else (cut.of(text), cut)
 
 
-def _reduce_bodies(planner: _Planner, target: int) -> int:
+def _reduce_bodies(planner: _Planner, token_target: int) -> int:
     """Step 1: cut bodies to extracts in the order of their worth (:mod:`kvjudge.retention.worth`): the cheapest
     to lose first, earlier before later, the run's decisive evidence last; the least cutting that fits wins."""
     step = _Step1(planner)
@@ -400,12 +400,12 @@ def _reduce_bodies(planner: _Planner, target: int) -> int:
     # The estimate counts each cut body as its keep plus its marker; real extracts differ a little. An overshoot
     # is taken from the earliest bodies of the last group cut (a few extracts made again, not all); failing that,
     # plan again for a budget smaller by the overshoot, until the extracts fit or everything is cut.
-    budget, deepest = target, (len(step.groups) - 1, 0)
+    budget, deepest = token_target, (len(step.groups) - 1, 0)
     for _ in range(_ROUNDS):
         level, cap = step.setting(budget)
         keeps = step.keeps(level, cap)
         step.prepare((shapes[ref], keep) for ref, keep in keeps.items())
-        over = total(keeps) - target
+        over = total(keeps) - token_target
         if over <= 0 or trimmed(level, keeps, over) <= 0 or (level, cap) == deepest:
             break
         budget -= max(1, over)
@@ -434,26 +434,26 @@ def _dead_branches_by_size(planner: _Planner) -> list[int]:
             if size > 0]
 
 
-def _dead_branches_while_over(planner: _Planner, target: int) -> Iterator[tuple[RunState, int, Branch]]:
+def _dead_branches_while_over(planner: _Planner, token_target: int) -> Iterator[tuple[RunState, int, Branch]]:
     """Each dead branch with text, largest first, with its index and the run as it stands, while the run is over
-    ``target`` (what steps 2 and 3 go through)."""
+    ``token_target`` (what steps 2 and 3 go through)."""
     for index in _dead_branches_by_size(planner):
-        if planner.tokens() <= target:
+        if planner.tokens() <= token_target:
             return
         state = planner.state
         yield state, index, state.branches[index]
 
 
-def _extract_dead_branches(planner: _Planner, target: int) -> int:
+def _extract_dead_branches(planner: _Planner, token_target: int) -> int:
     """Step 2: each dead branch (largest first) is read as one head-and-tail extract of its text."""
     done = 0
-    for state, index, branch in _dead_branches_while_over(planner, target):
+    for state, index, branch in _dead_branches_while_over(planner, token_target):
         if branch.summary_ref is not None:
             continue
         refs = branch_view(state, index)
         before = sum(planner.count(ref) for ref in refs)
         body = "\n".join(planner.text(ref) for ref in refs)
-        keep = max(0, min(before // 4, target // (2 * max(1, len(state.branches)))))
+        keep = max(0, min(before // 4, token_target // (2 * max(1, len(state.branches)))))
         text = head_tail_extract(body, tokens=before, keep_tokens=keep)
         summary_ref, after = planner.add_blob(text)
         if after >= before:
@@ -464,24 +464,24 @@ def _extract_dead_branches(planner: _Planner, target: int) -> int:
     return done
 
 
-def _drop_dead_text(planner: _Planner, target: int) -> int:
+def _drop_dead_text(planner: _Planner, token_target: int) -> int:
     """Step 3: drop the text of dead branches (largest first); refs a live reader still sees are kept.
 
     Passes repeat until one drops nothing: a ref two dead branches share (an extract can equal another body's)
     is kept while either still shows it, so it may only become droppable once the other has gone. Without the
     repeat, reducing the same run again to the same target would drop it then — not idempotent."""
     dropped = 0
-    while planner.tokens() > target:
-        dropped_now = _drop_dead_text_once(planner, target)
+    while planner.tokens() > token_target:
+        dropped_now = _drop_dead_text_once(planner, token_target)
         dropped += dropped_now
         if dropped_now == 0:
             break
     return dropped
 
 
-def _drop_dead_text_once(planner: _Planner, target: int) -> int:
+def _drop_dead_text_once(planner: _Planner, token_target: int) -> int:
     dropped = 0
-    for state, index, branch in _dead_branches_while_over(planner, target):
+    for state, index, branch in _dead_branches_while_over(planner, token_target):
         elsewhere: set[str] = set()
         if state.task_prompt_ref:
             elsewhere.add(state.task_prompt_ref)

@@ -42,14 +42,14 @@ class StalePlan(RunStateError):
 
 class RunInColdStorage(RunStateError):
     """The run's bodies are in cold storage (or on their way there): reduction reads local bodies only, so the
-    run must be rehydrated first. Carries the run's visible ``tokens`` and the ``target`` it is above."""
+    run must be rehydrated first. Carries the run's visible ``tokens`` and the ``token_target`` it is above."""
 
-    def __init__(self, state: RunState, tokens: int, target: int) -> None:
+    def __init__(self, state: RunState, tokens: int, token_target: int) -> None:
         tier = state.tier or {}
         where = "are in cold storage" if tier.get("status") == "tiered" else "are being moved to cold storage"
-        super().__init__(f"run {state.id}: {tokens} tokens, above the target {target}; its bodies {where} at "
+        super().__init__(f"run {state.id}: {tokens} tokens, above the target {token_target}; its bodies {where} at "
                          f"{tier.get('target')} — run `kvjudge rehydrate {state.id}`, then reduce it")
-        self.run_id, self.tokens, self.target = state.id, tokens, target
+        self.run_id, self.tokens, self.token_target = state.id, tokens, token_target
 
 
 def in_cold_storage(state: RunState) -> bool:
@@ -75,7 +75,7 @@ def _check_applicable(store: Store, plan: ReductionPlan, *, unchanged_only: bool
     if not unchanged:
         raise StalePlan(f"run {plan.run_id} changed since this reduction was planned; plan it again")
     if plan.events and in_cold_storage(state):
-        raise RunInColdStorage(state, plan.tokens_before, plan.target_tokens)
+        raise RunInColdStorage(state, plan.tokens_before, plan.token_target)
 
 
 def apply_plan(store: Store, plan: ReductionPlan) -> ReductionResult:
@@ -122,24 +122,24 @@ def finish_deletions(store: Store, run_id: str, state: RunState | None = None) -
     return len(deleted)
 
 
-def plan_stored(store: StoredTexts, state: RunState, target_tokens: int, counter: TokenCounter) -> ReductionPlan:
+def plan_stored(store: StoredTexts, state: RunState, token_target: int, counter: TokenCounter) -> ReductionPlan:
     """:func:`plan_reduction` of a stored run (its texts, its stored counts).
 
     A run in cold storage is never planned from its cold bodies: RunInColdStorage when it is above
-    ``target_tokens`` (counted from stored counts, reading through the store's fallback only for bodies never
+    ``token_target`` (counted from stored counts, reading through the store's fallback only for bodies never
     counted), else the no-op plan.
     """
     if in_cold_storage(state):
         tokens = run_tokens(store, state, counter)
-        if tokens > target_tokens:
-            raise RunInColdStorage(state, tokens, target_tokens)
+        if tokens > token_target:
+            raise RunInColdStorage(state, tokens, token_target)
     if isinstance(counter, BatchCounter):  # the run's bodies counted in one batch, not one request each
         count_ahead(store, state, counter)
     counts = store.caches.cached_counts(state.bodies.keys(), counter.name)  # planning recounts nothing counted
-    return plan_reduction(state, store.blobs.text, counter, target_tokens, counts=counts)
+    return plan_reduction(state, store.blobs.text, counter, token_target, counts=counts)
 
 
-def reduce_run(store: Store, run_id: str, target_tokens: int, counter: TokenCounter, *,
+def reduce_run(store: Store, run_id: str, token_target: int, counter: TokenCounter, *,
                attempts: int = 5) -> ReductionResult:
     """Plan and apply the reduction of one run (a no-op when it already fits; resumes a crashed one).
 
@@ -151,7 +151,7 @@ def reduce_run(store: Store, run_id: str, target_tokens: int, counter: TokenCoun
     for _ in range(attempts):
         state = store.runs.run(run_id)
         try:
-            plan = plan_stored(store, state, target_tokens, counter)
+            plan = plan_stored(store, state, token_target, counter)
         except RunInColdStorage:
             finish_deletions(store, run_id)
             raise

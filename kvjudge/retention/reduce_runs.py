@@ -29,7 +29,7 @@ def left_above(plan: ReductionPlan) -> str:
     """Why a planned run stays above its target: only the loss steps that were taken are named."""
     taken = [f"{plan.steps.get(key, 0)} {label}" for key, label in _STEPS if plan.steps.get(key, 0)]
     how = f"after every loss step ({', '.join(taken)})" if taken else "and no loss step could shrink it"
-    return (f"run {plan.run_id}: {plan.tokens_after} tokens remain above the target {plan.target_tokens} {how}; "
+    return (f"run {plan.run_id}: {plan.tokens_after} tokens remain above the target {plan.token_target} {how}; "
             "kept: transitions, live-branch markers")
 
 
@@ -45,7 +45,7 @@ class RunsReduction:
 
     counter: str
     dry_run: bool
-    targets: Mapping[str, int]
+    token_targets: Mapping[str, int]
     runs: tuple[dict[str, Any], ...]
     above: tuple[dict[str, Any], ...]
     refused: tuple[dict[str, str], ...]
@@ -54,13 +54,13 @@ class RunsReduction:
 RunFn = Callable[[str, int, int], None]
 
 
-def reduce_runs(store: Store, run_ids: Sequence[str] | None, target_of: Callable[[str], int],
+def reduce_runs(store: Store, run_ids: Sequence[str] | None, token_target_of: Callable[[str], int],
                 counter: TokenCounter | Callable[[], TokenCounter], *, tenant: str | None = None,
                 dry_run: bool = False, on_run: RunFn | None = None) -> RunsReduction:
     """Reduce the runs named (None: every run of the store, or of ``tenant``) to their tenant's target.
 
-    ``target_of(tenant)`` is the tenant's target in tokens; every tenant's is asked for before anything is counted
-    or written (a ceiling without a probe figure raises there). A named run whose grading has not terminated is
+    ``token_target_of(tenant)`` is the tenant's token target; every tenant's is asked for before anything is
+    counted or written (a ceiling without a probe figure raises there). A named run whose grading has not terminated is
     refused (RunStateError); in a whole selection such runs are listed in ``refused``. With ``dry_run`` each run
     is planned and nothing is written. ``counter`` may be a function that builds it: it is called once the targets
     are known. ``on_run(run_id, done, total)`` hears of each run as it starts.
@@ -78,27 +78,28 @@ def reduce_runs(store: Store, run_ids: Sequence[str] | None, target_of: Callable
         raise RunStateError(f"run {state.id} is {state.state}; only graded, ungraded or archived runs can be "
                             f"reduced (finish grading first: `kvjudge mark {state.id} graded|ungraded`)")
     reducible = [state.id for state in candidates if state.is_reducible]
-    targets = {name: target_of(name) for name in sorted({state.tenant for state in candidates if state.is_reducible})}
+    tenants = sorted({state.tenant for state in candidates if state.is_reducible})
+    token_targets = {name: token_target_of(name) for name in tenants}
     del candidates  # each run is read again as it is reduced (another process may have changed it meanwhile)
     if not isinstance(counter, TokenCounter):
         counter = counter()
     ahead: PlanningAhead | None = None
     if isinstance(counter, BatchCounter):  # a counter that asks servers: no round trip it can spare or overlap
         counter = RememberedShortTexts(counter)
-        ahead = PlanningAhead(store, counter, targets)
+        ahead = PlanningAhead(store, counter, token_targets)
     try:
-        outcomes, above = _reduce_each(store, reducible, targets, counter, ahead, dry_run, on_run)
+        outcomes, above = _reduce_each(store, reducible, token_targets, counter, ahead, dry_run, on_run)
     finally:
         if ahead is not None:
             ahead.close()
-    return RunsReduction(counter=counter.name, dry_run=dry_run, targets=targets, runs=tuple(outcomes),
+    return RunsReduction(counter=counter.name, dry_run=dry_run, token_targets=token_targets, runs=tuple(outcomes),
                          above=tuple(above),
                          refused=tuple({"run": state.id, "state": state.state,
                                         "reason": "grading has not terminated (only graded, ungraded, archived reduce)"}
                                        for state in refused))
 
 
-def _reduce_each(store: Store, reducible: Sequence[str], targets: Mapping[str, int], counter: TokenCounter,
+def _reduce_each(store: Store, reducible: Sequence[str], token_targets: Mapping[str, int], counter: TokenCounter,
                  ahead: PlanningAhead | None, dry_run: bool,
                  on_run: RunFn | None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     outcomes: list[dict[str, Any]] = []
@@ -114,24 +115,24 @@ def _reduce_each(store: Store, reducible: Sequence[str], targets: Mapping[str, i
             if done + 1 < len(reducible):
                 ahead.start(reducible[done + 1])
         state = store.runs.run(run_id)
-        target = targets[state.tenant]
+        token_target = token_targets[state.tenant]
         try:
             if dry_run:
                 if planned is None or planned.base_digest != state_digest(state):
-                    planned = plan_stored(store, state, target, counter)
+                    planned = plan_stored(store, state, token_target, counter)
                 plan, outcome = planned, {**planned.to_dict(), "dry_run": True}
             else:
                 result = _applied_ahead(store, planned) if planned is not None else None
                 if result is None:
-                    result = reduce_run(store, run_id, target, counter)
+                    result = reduce_run(store, run_id, token_target, counter)
                 plan, outcome = result.plan, result.to_dict()
             if not plan.fits:
-                above.append({"run": run_id, "tokens": plan.tokens_after, "target": target,
+                above.append({"run": run_id, "tokens": plan.tokens_after, "target": token_target,
                               "reason": left_above(plan), "fix": None})
         except RunInColdStorage as exc:
-            outcome = {"run": run_id, "counter": counter.name, "target_tokens": target, "tokens_before": exc.tokens,
-                       "tokens_after": exc.tokens, "fits": False, "events": 0, "in_cold_storage": True}
-            above.append({"run": run_id, "tokens": exc.tokens, "target": target, "reason": str(exc),
+            outcome = {"run": run_id, "counter": counter.name, "target_tokens": token_target,
+                       "tokens_before": exc.tokens, "tokens_after": exc.tokens, "fits": False, "events": 0, "in_cold_storage": True}
+            above.append({"run": run_id, "tokens": exc.tokens, "target": token_target, "reason": str(exc),
                           "fix": f"kvjudge rehydrate {run_id}"})
         outcome["tenant"] = state.tenant
         outcomes.append(outcome)

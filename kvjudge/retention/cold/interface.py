@@ -50,7 +50,7 @@ class ColdStore(Protocol):
     unreachable or refuses; none of them ever deletes a stored object.
     """
 
-    url: str
+    url: ColdTarget
     endpoint_url: str | None
 
     def check(self) -> None:
