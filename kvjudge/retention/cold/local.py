@@ -14,15 +14,8 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from kvjudge.errors import ColdStoreError
-from kvjudge.retention.cold.interface import (
-    BlobBody,
-    ManifestWrite,
-    ObjectInfo,
-    checked,
-    chunks,
-    compare_manifest,
-    not_the_ref,
-)
+from kvjudge.retention.cold.interface import (BlobBody, ManifestWrite, ObjectInfo, checked, chunks, compare_manifest,
+                                              not_the_ref)
 from kvjudge.retention.cold.keys import blob_key, ref_hex
 
 

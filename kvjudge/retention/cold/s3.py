@@ -9,15 +9,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from kvjudge.errors import ColdStoreError, UsageError
-from kvjudge.retention.cold.interface import (
-    BlobBody,
-    ManifestWrite,
-    ObjectInfo,
-    checked,
-    chunks,
-    compare_manifest,
-    not_the_ref,
-)
+from kvjudge.retention.cold.interface import (BlobBody, ManifestWrite, ObjectInfo, checked, chunks, compare_manifest,
+                                              not_the_ref)
 from kvjudge.retention.cold.keys import blob_key, ref_hex
 
 
