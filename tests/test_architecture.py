@@ -3,7 +3,8 @@ packages before it.
 
 ``tokens, server_client ← probe ← budget ← retention ← judge ← target ← report ← demo / commands ← cli ← testing``,
 with the foundation modules (errors, settings, file writes, the bundled models, terminal display, the llama-cpp-python
-adapter) usable by all. Every import counts, including the ones inside functions.
+adapter) usable by all. Every import counts, including the ones inside functions. Module by module, inside every
+subpackage too: no import cycle, and no module takes a name from a package that holds it. SQL stays in the store.
 """
 
 from __future__ import annotations
