@@ -78,7 +78,7 @@ class SqliteBlobStore:
             raise IntegrityError(f"body does not hash to {short(expected_ref)} (it hashes to {short(ref)}); "
                                  f"the import is corrupt — re-export it")
         with self._transaction(label):
-            self.put_hashed([(ref, bytes(body))])
+            self._put_hashed([(ref, bytes(body))])
         return ref
 
     def put_hashed(self, items: Iterable[tuple[str, bytes]]) -> int:
