@@ -100,7 +100,8 @@ class ColdStore(Protocol):
         """
 
 
-def chunks(body: BlobBody) -> Iterable[bytes]:
+def body_chunks(body: BlobBody) -> Iterable[bytes]:
+    """A body handed over whole or in chunks, as its chunks."""
     return (body,) if isinstance(body, bytes | bytearray | memoryview) else body
 
 

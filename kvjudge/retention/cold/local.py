@@ -14,8 +14,8 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from kvjudge.errors import ColdStoreError
-from kvjudge.retention.cold.interface import (BlobBody, ManifestWrite, ObjectInfo, checked, chunks, compare_manifest,
-                                              not_the_ref)
+from kvjudge.retention.cold.interface import (BlobBody, ManifestWrite, ObjectInfo, body_chunks, checked,
+                                              compare_manifest, not_the_ref)
 from kvjudge.retention.cold.keys import blob_key, ref_hex
 
 
@@ -117,7 +117,7 @@ class LocalDirColdStore:
             try:
                 for ref, body in parts:
                     digest = hashlib.sha256() if ref is not None else None
-                    for chunk in chunks(body):
+                    for chunk in body_chunks(body):
                         if digest is not None:
                             digest.update(chunk)
                         view = memoryview(chunk)

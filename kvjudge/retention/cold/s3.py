@@ -9,8 +9,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from kvjudge.errors import ColdStoreError, UsageError
-from kvjudge.retention.cold.interface import (BlobBody, ManifestWrite, ObjectInfo, checked, chunks, compare_manifest,
-                                              not_the_ref)
+from kvjudge.retention.cold.interface import (BlobBody, ManifestWrite, ObjectInfo, body_chunks, checked,
+                                              compare_manifest, not_the_ref)
 from kvjudge.retention.cold.keys import blob_key, ref_hex
 
 
@@ -87,7 +87,7 @@ class S3ColdStore:
             raise self._fail(exc, "reach") from exc
 
     def put_blob(self, ref: str, body: BlobBody) -> None:
-        data = b"".join(chunks(body))
+        data = b"".join(body_chunks(body))
         digest = hashlib.sha256(data).digest()
         if digest.hex() != ref_hex(ref):
             raise not_the_ref(ref, self.url)
@@ -108,7 +108,7 @@ class S3ColdStore:
         pack = hashlib.sha256()
         for ref, body in bodies:
             digest = hashlib.sha256()
-            for chunk in chunks(body):
+            for chunk in body_chunks(body):
                 digest.update(chunk)
                 pack.update(chunk)
                 chunks.append(chunk)
