@@ -132,8 +132,9 @@ def _import_cycles(graph: dict[str, set[str]]) -> set[frozenset[str]]:
             if module in reach[module]}
 
 
-# The import cycles kvjudge has today: one, through an import inside a function. The count may go down, never up.
-KNOWN_IMPORT_CYCLES = {frozenset({"retention.ingest.openhands", "retention.ingest.results"})}
+# The import cycles kvjudge has today (the last, ingest/openhands.py ↔ ingest/results.py, went with
+# ingest/swebench.py). The count may go down, never up.
+KNOWN_IMPORT_CYCLES: set[frozenset[str]] = set()
 
 
 def test_import_cycles_never_grow() -> None:

@@ -218,6 +218,6 @@ def _input_counted(usage: Any) -> Any:
 
 
 FORMAT = Format(
-    name=NAME, summary="Claude Code sessions (<session>.jsonl: messages threaded by parentUuid, subagent "
-                       "sidechains)",
+    name=NAME, summary="Claude Code sessions (`<session>.jsonl`: messages threaded by `parentUuid`, "
+                       "subagent sidechains)",
     recognises_record=is_session_record, parse=parse_claude_code)

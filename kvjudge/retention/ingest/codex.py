@@ -199,5 +199,5 @@ def _output(output: Any) -> tuple[str, int | None]:
 
 
 FORMAT = Format(
-    name=NAME, summary="Codex CLI rollouts (rollout-*.jsonl: {timestamp, type, payload} lines)",
+    name=NAME, summary="Codex CLI rollouts (`rollout-*.jsonl`: `{timestamp, type, payload}` lines)",
     recognises_record=is_rollout_record, parse=parse_codex)

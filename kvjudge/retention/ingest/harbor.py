@@ -427,6 +427,6 @@ def read_trial_result(path: Path) -> TrialResult:
 
 
 FORMAT = Format(
-    name="harbor", summary="Harbor trials (result.json beside agent/) and ATIF trajectories (*trajectory.json, "
-                           "their continuations and subagent trajectories)",
+    name="harbor", summary="Harbor trials (`result.json` beside `agent/`) and ATIF trajectories "
+                           "(`[<stem>.]trajectory.json`, its continuations and subagents' trajectories)",
     recognises=is_harbor, parse=lambda obj, context, document: parse_harbor(obj, context))

@@ -301,6 +301,6 @@ def _first_line(text: Any) -> str | None:
 
 
 FORMAT = Format(
-    name="inspect", summary="inspect_ai eval logs (*.eval, .json), each sample and epoch a run",
+    name="inspect", summary="inspect_ai eval logs (`*.eval`, `.json`), each sample of each epoch and eval a run",
     recognises=is_inspect_sample, parse=lambda obj, context, document: parse_inspect_sample(obj, context),
     files=("*.eval",))

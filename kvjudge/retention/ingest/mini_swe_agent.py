@@ -249,6 +249,6 @@ def _observation(message: dict[str, Any], where: JsonPath) -> tuple[str, int | N
 
 
 FORMAT = Format(
-    name="mini-swe-agent", summary="mini-swe-agent trajectories (*.traj.json, mini-swe-agent-1 and -1.1)",
+    name="mini-swe-agent", summary="mini-swe-agent trajectories (`*.traj.json`, mini-swe-agent-1 and -1.1)",
     recognises=is_mini_swe_agent, parse=lambda obj, context, document: parse_mini_swe_agent(obj, context),
     trial_label=True)

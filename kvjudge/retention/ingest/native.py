@@ -114,6 +114,6 @@ def parse_native(obj: Any, context: ParseContext | None = None) -> ParsedRun:
 
 FORMAT = Format(
     name="native", summary="kvjudge's own runs, one JSON object per run (JSONL), checked against "
-                           "kvjudge/schemas/run.schema.json",
+                           "`kvjudge/schemas/run.schema.json`",
     recognises=lambda obj: "branches" in obj or ("id" in obj and "messages" not in obj),
     parse=lambda obj, context, document: parse_native(obj, context))

@@ -71,6 +71,6 @@ def parse_tool_calls(calls: Any, path: JsonPath, call_names: dict[str, str] | No
 
 
 FORMAT = Format(
-    name="openai", summary="OpenAI chat lines (messages, tool_calls), each a run landing ungraded",
+    name="openai", summary="OpenAI chat lines (`messages`, `tool_calls`), each a run landing ungraded",
     recognises=lambda obj: "messages" in obj,
     parse=lambda obj, context, document: parse_openai(obj, context, document.text))

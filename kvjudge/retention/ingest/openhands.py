@@ -451,6 +451,6 @@ def _mocked_calls(text: str) -> tuple[str | None, list[tuple[str, Any]]]:
 
 
 FORMAT = Format(
-    name=NAME, summary="OpenHands evaluation output.jsonl (2024 and later) and llm_completions logs",
+    name=NAME, summary="OpenHands evaluation `output.jsonl` (2024 and later) and `llm_completions` logs",
     recognises=is_openhands, parse=parse_openhands, files=("output.jsonl",),
     companions=(METADATA, PATCHES, Companion("config.json", "the evaluation's settings")), trial_label=True)

@@ -118,7 +118,7 @@ def unknown_message() -> str:
 def help_text() -> str:
     """``--format``'s help: every choice with its one line."""
     return "format of every document (default: auto, detected per document): " + "; ".join(
-        f"{fmt.name}: {fmt.summary}" for fmt in formats())
+        f"{fmt.name}: {fmt.summary.replace('`', '')}" for fmt in formats())
 
 
 def docs_section() -> str:

@@ -213,6 +213,6 @@ def _steps(run: ParsedRun, branch: str, steps: list[Any], path: str) -> None:
 
 
 FORMAT = Format(
-    name="swe-agent", summary="SWE-agent trajectories (*.traj, 0.7 and 1.x; a history alone too)",
+    name="swe-agent", summary="SWE-agent trajectories (`*.traj`, 0.7 and 1.x; a `history` alone too)",
     recognises=is_swe_agent, parse=parse_swe_agent, files=("*.traj",), companions=PREDICTIONS + SETTINGS,
     trial_label=True)
