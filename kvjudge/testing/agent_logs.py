@@ -158,7 +158,8 @@ def atif_directory(folder: Path, stem: str, *, answer: str = ANSWER) -> list[Pat
     main = atif("sess-1", [
         {"step_id": 1, "source": "user", "message": PROMPT},
         {"step_id": 2, "source": "agent", "message": "Reading.", "reasoning_content": "Start with the file.",
-         "tool_calls": [{"tool_call_id": "c1", "function_name": "bash_command", "arguments": {"keystrokes": "cat app.py\n"}}],
+         "tool_calls": [{"tool_call_id": "c1", "function_name": "bash_command",
+                         "arguments": {"keystrokes": "cat app.py\n"}}],
          "observation": {"results": [{"source_call_id": "c1", "content": "print('helo')"},
                                      {"subagent_trajectory_ref": [{"session_id": "sess-1-summary",
                                                                    "trajectory_path": summary_name}]}]},

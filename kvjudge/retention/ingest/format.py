@@ -10,8 +10,7 @@ would write one in its own package::
     def parse(obj, context, document):
         run = context.new_run(f"lab-agent/{obj['task']}", "lab", agent="lab-agent", grading_open=True)
         run.start(task_id=obj["task"], prompt=obj["prompt"])
-        branch = run.branch("main")
-        run.step(branch, "assistant", text=obj["answer"])
+        run.step(run.branch("main"), "assistant", text=obj["answer"])
         return run
 
     FORMAT = Format(name="lab", summary="our lab's one-line runs", recognises=lambda obj: "lab_run" in obj,
