@@ -341,3 +341,31 @@ def test_a_file_no_format_reads_is_refused_in_one_line_and_nothing_prints_a_trac
         done = kvjudge("ingest", str(tmp_path / name), "--store", str(tmp_path / "s.sqlite"))
         assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr
         assert done.stderr.strip().count("\n") == 0 and name in done.stderr, done.stderr
+
+
+def test_a_swe_agent_1x_run_keeps_its_predictions_above_the_instances(store: Store, tmp_path: Path) -> None:
+    run = tmp_path / "default__gpt-4o"
+    folder = run / "dev__greeter-1"
+    folder.mkdir(parents=True)
+    trajectory = logs.swe_agent_history_only("dev__greeter-1")
+    trajectory["history"] = trajectory["history"][:4]  # ends on an observation: the trajectory submitted nothing
+    (folder / "dev__greeter-1.traj").write_text(json.dumps(trajectory))
+    (run / "preds.json").write_text(json.dumps({"dev__greeter-1": {
+        "model_name_or_path": "gpt-4o", "instance_id": "dev__greeter-1", "model_patch": logs.PATCH}}))
+    named = store.ingest([folder / "dev__greeter-1.traj"])  # named directly: the predictions one folder up
+    assert named.imported == ["gpt-4o/dev__greeter-1"]
+    assert store.run("gpt-4o/dev__greeter-1").metadata["submission_from"] == "preds.json"
+    assert evidence_texts(store, "gpt-4o/dev__greeter-1")["submission"] == logs.PATCH
+    walked = store.ingest([run])
+    assert walked.already_present == ["gpt-4o/dev__greeter-1"] and walked.companion_files == [str(run / "preds.json")]
+
+
+def test_an_openhands_v1_evaluation_line_reads_its_history_of_events(store: Store, tmp_path: Path) -> None:
+    line = {"instance_id": "dev__greeter-1", "instance": {"problem_statement": logs.PROMPT},
+            "metadata": {"agent_class": "CodeActAgent", "llm_config": {"model": "openai/gpt-5"}},
+            "history": logs.openhands_v1_events(), "test_result": {"git_patch": logs.PATCH}}
+    run_id = store.ingest([write_jsonl(tmp_path / "output.jsonl", [line])]).imported[0]
+    assert run_id == "CodeActAgent/openai/gpt-5/dev__greeter-1"
+    steps = store.run(run_id).branches[0].transitions
+    assert [t.role for t in steps] == ["system", "user", "assistant", "tool", "tool", "assistant", "assistant"]
+    assert evidence_texts(store, run_id)["submission"] == logs.PATCH  # the git patch, after the finish call

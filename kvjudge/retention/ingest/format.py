@@ -23,11 +23,13 @@ from __future__ import annotations
 
 import fnmatch
 import functools
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kvjudge.errors import IngestError
 from kvjudge.retention.ingest.model import ParseContext, ParsedRun
 
 #: ``parse(obj, context, document)``: one decoded document → ParsedRun; DocumentError naming the JSON path.
@@ -81,3 +83,18 @@ def companion_data(document: Any, companion: Companion) -> Any:
 @functools.lru_cache(maxsize=16)
 def _read_once(read: Callable[[Path], Any], path: Path, mtime_ns: int, size: int) -> Any:
     return read(path)
+
+
+def json_object_reader(what: str) -> Callable[[Path], dict[str, Any]]:
+    """A companion reader for a file holding one JSON object (``what`` it is, for the error): the object, or an
+    IngestError naming the file."""
+    def read(path: Path) -> dict[str, Any]:
+        try:
+            data = json.loads(path.read_bytes())
+        except (OSError, ValueError) as exc:
+            raise IngestError(f"{path}: not readable JSON ({exc}); is it a complete {path.name}?") from None
+        if not isinstance(data, dict):
+            raise IngestError(f"{path}: must be a JSON object ({what})")
+        return data
+
+    return read

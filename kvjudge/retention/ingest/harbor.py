@@ -220,15 +220,16 @@ def parse_harbor(obj: Any, context: ParseContext) -> ParsedRun:
         result = None
     else:
         names = sorted((key for key in obj if is_trajectory_name(key) and not is_subagent_name(key)),
-                       key=continuation_index)
-        need(bool(names), "$", "no trajectory.json in this trial")
+                       key=continuation_index) or sorted(key for key in obj if is_trajectory_name(key))[:1]
+        need(bool(names), "$", "no trajectory.json in this trial")  # (a subagent's file alone is read as its own)
         need(continuation_index(names[0]) == 0, ("$", names[0]),
              "a continuation without its trajectory.json (the run's first part)")
         parts = []
         for name in names:
             need(isinstance(obj[name], dict), ("$", name), "an ATIF trajectory must be a JSON object")
             parts.append((("$", name), obj[name]))
-        for name in sorted(key for key in obj if is_trajectory_name(key) and is_subagent_name(key)):
+        for name in sorted(key for key in obj if is_trajectory_name(key) and is_subagent_name(key)
+                           and key not in names):
             need(isinstance(obj[name], dict), ("$", name), "an ATIF trajectory must be a JSON object")
             subagents.append((("$", name), obj[name]))
         result = read_result(obj[RESULT], ("$", RESULT)) if RESULT in obj else None

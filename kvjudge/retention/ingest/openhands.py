@@ -37,13 +37,10 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-from kvjudge.errors import IngestError
 from kvjudge.retention.ingest import openhands_v1
-from kvjudge.retention.ingest.format import Companion, Format, companion_data
-
+from kvjudge.retention.ingest.format import Companion, Format, companion_data, json_object_reader
 from kvjudge.retention.ingest.model import DocumentError, JsonPath, ParseContext, ParsedRun, as_object, content_text
 from kvjudge.retention.ingest.model import dig, get_field, need, scalars, settle_events, subpath, usage_of, with_marker
 from kvjudge.retention.ingest.openai import parse_tool_calls
@@ -91,19 +88,8 @@ def _instance_id(obj: dict[str, Any]) -> Any:
     return obj["instance_id"] if "instance_id" in obj else dig(obj, "instance", "instance_id")
 
 
-def read_metadata(path: Path) -> dict[str, Any]:
-    """An evaluation directory's ``metadata.json`` (EvalMetadata: ``agent_class``, ``llm_config.model``, …)."""
-    try:
-        data = json.loads(path.read_bytes())
-    except (OSError, ValueError) as exc:
-        raise IngestError(f"{path}: not readable JSON ({exc}); is it a complete metadata.json?") from None
-    if not isinstance(data, dict):
-        raise IngestError(f"{path}: must be a JSON object (OpenHands' evaluation metadata)")
-    return data
-
-
 METADATA = Companion("metadata.json", "the evaluation's agent class and model, for lines that name none",
-                     read_metadata)
+                     json_object_reader("OpenHands' evaluation metadata: agent_class, llm_config.model, …"))
 PATCHES = Companion("patch.jsonl", "the final patch of each instance, for lines without test_result.git_patch",
                     read_predictions)
 

@@ -23,12 +23,9 @@ metadata, their summaries not imported as turns.
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
-from kvjudge.errors import IngestError
-from kvjudge.retention.ingest.format import Companion, Format, companion_data
+from kvjudge.retention.ingest.format import Companion, Format, companion_data, json_object_reader
 from kvjudge.retention.ingest.model import DocumentError, JsonPath, ParseContext, ParsedRun, content_text, dig
 from kvjudge.retention.ingest.model import need, scalars, subpath, task_from_prompt, with_marker
 
@@ -47,18 +44,8 @@ def is_event(record: dict[str, Any]) -> bool:
     return record.get("kind") in _EVENT_KINDS and "source" in record
 
 
-def read_base_state(path: Path) -> dict[str, Any]:
-    """A conversation's ``base_state.json`` (its agent, with ``agent.llm.model``)."""
-    try:
-        data = json.loads(path.read_bytes())
-    except (OSError, ValueError) as exc:
-        raise IngestError(f"{path}: not readable JSON ({exc}); is it a complete base_state.json?") from None
-    if not isinstance(data, dict):
-        raise IngestError(f"{path}: must be a JSON object (an OpenHands conversation's state)")
-    return data
-
-
-BASE_STATE = Companion("base_state.json", "the conversation's agent and model", read_base_state)
+BASE_STATE = Companion("base_state.json", "the conversation's agent and model",
+                       json_object_reader("an OpenHands conversation's state, with agent.llm.model"))
 
 
 def parse_openhands_v1(obj: Any, context: ParseContext, document: Any = None) -> ParsedRun:

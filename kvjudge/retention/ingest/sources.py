@@ -198,15 +198,20 @@ def _holds_runs_of(folder: Path, fmt: Any) -> bool:
 
 
 def _companions_beside(path: Path) -> list[Path]:
-    """The companions of a file named directly: those beside it, and above it up to three folders."""
+    """The companions of a file named directly: those beside it, and one folder up those of its format (by its
+    name: a SWE-agent 1.x run keeps ``preds.json`` above its instances' folders). Each parser reads only its own."""
     found = []
-    for folder in [path.parent, *list(path.parent.parents)[:3]]:
+    for folder in (path.parent, path.parent.parent):
         try:
             names = sorted(os.listdir(folder))
         except OSError:
             continue
-        found += [folder / name for name in names if registry.companion(name) is not None
-                  and (folder / name).is_file()]
+        for name in names:
+            known = registry.companion(_base(name))
+            if known is None or not (folder / name).is_file():
+                continue
+            if folder == path.parent or any(fnmatch.fnmatchcase(_base(path.name), p) for p in known[0].files):
+                found.append(folder / name)
     return found
 
 
