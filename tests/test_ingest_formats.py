@@ -12,8 +12,12 @@ import os
 import re
 from pathlib import Path
 
+from typing import Any
+
 import pytest
 from helpers import cli_json_ok, kvjudge
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from kvjudge.cli import main
 from kvjudge.errors import IngestError
@@ -369,3 +373,63 @@ def test_an_openhands_v1_evaluation_line_reads_its_history_of_events(store: Stor
     steps = store.run(run_id).branches[0].transitions
     assert [t.role for t in steps] == ["system", "user", "assistant", "tool", "tool", "assistant", "assistant"]
     assert evidence_texts(store, run_id)["submission"] == logs.PATCH  # the git patch, after the finish call
+
+
+# ------------------------------------------------------------------------------------------ hostile documents
+def _fixtures(root: Path) -> list[Path]:
+    """One file of each new format, whole (sessions) or as lines the importer decodes."""
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "traj").mkdir()
+    (root / "traj" / "x.traj").write_text(json.dumps(logs.swe_agent_history_only("x")))
+    return [logs.claude_code_session(root / "c.jsonl"), logs.codex_rollout(root / "rollout-1.jsonl"),
+            write_jsonl(root / "v1.jsonl", logs.openhands_v1_events()),
+            write_jsonl(root / "output.jsonl", [logs.openhands_2024_line("x", resolved=True)]),
+            logs.atif_directory(root / "atif", "t")[0], root / "traj" / "x.traj"]
+
+
+JSON_VALUES = st.recursive(st.none() | st.booleans() | st.integers(-3, 3) | st.text(max_size=5),
+                           lambda inner: st.lists(inner, max_size=2) | st.dictionaries(st.text(max_size=3), inner,
+                                                                                        max_size=2), max_leaves=4)
+
+
+def _places(value: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    """Every path to a value inside ``value`` (objects by key, arrays by index)."""
+    found = [path]
+    children = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, child in children:
+        found += _places(child, (*path, key))
+    return found
+
+
+def _replaced(value: Any, path: tuple[Any, ...], new: Any) -> Any:
+    if not path:
+        return new
+    head, *rest = path
+    copy = dict(value) if isinstance(value, dict) else list(value)
+    copy[head] = _replaced(value[head], tuple(rest), new)
+    return copy
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(which=st.integers(0, 5), where=st.integers(0, 10_000), new=JSON_VALUES)
+def test_a_hostile_value_anywhere_in_a_new_format_is_a_run_or_one_error(tmp_path_factory: pytest.TempPathFactory,
+                                                                         which: int, where: int, new: Any) -> None:
+    root = tmp_path_factory.mktemp("hostile")
+    path = _fixtures(root / "in")[which]
+    if path.name.endswith(".jsonl"):
+        lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        places = _places(lines)[1:]
+        lines = _replaced(lines, places[where % len(places)], new)
+        path.write_text("".join(json.dumps(line) + "\n" for line in lines) if isinstance(lines, list) else "")
+    else:
+        document = json.loads(path.read_text())
+        places = _places(document)
+        path.write_text(json.dumps(_replaced(document, places[where % len(places)], new)))
+    with Store.open(root / "store.sqlite") as store:
+        try:
+            report = store.ingest([path])
+        except IngestError as exc:
+            assert "\n" not in str(exc)
+            assert store.run_ids() == []
+        else:
+            assert report.imported and all(store.run(run_id).agent for run_id in report.imported)

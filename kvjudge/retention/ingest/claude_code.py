@@ -79,15 +79,20 @@ def parse_claude_code(obj: Any, context: ParseContext, document: Any = None) -> 
         writer.add(branch, index, record)
         places[record["uuid"]] = run.transitions(branch)
     if dead:
-        forked = run.branch("abandoned", "dead", parent=branch, fork_at=places.get(dead[0][1].get("parentUuid"), 0))
+        forked = run.branch("abandoned", "dead", parent=branch, fork_at=places.get(_parent(dead[0][1]) or "", 0))
         for index, record in dead:
             writer.add(forked, index, record)
     for number, chain in enumerate(sidechains, start=1):
-        fork_at = places.get(chain[0][1].get("parentUuid"), run.transitions(branch))
+        fork_at = places.get(_parent(chain[0][1]) or "", run.transitions(branch))
         sub = run.branch(f"subagent-{number}", "dead", parent=branch, fork_at=min(fork_at, run.transitions(branch)))
         for index, record in chain:
             writer.add(sub, index, record)
     return run
+
+
+def _parent(record: dict[str, Any]) -> str | None:
+    parent = record.get("parentUuid")
+    return parent if isinstance(parent, str) else None
 
 
 def _threads(messages: list[tuple[int, dict[str, Any]]]) -> tuple[list[Any], list[Any], list[list[Any]]]:
@@ -195,7 +200,8 @@ class _Writer:
                 output = block.get("content")
                 text = output if output is None or isinstance(output, str) else \
                     content_text(output, (*where, number, "content"))
-                name = self.names.get(block.get("tool_use_id"), "tool")
+                call = block.get("tool_use_id")
+                name = self.names.get(call, "tool") if isinstance(call, str) else "tool"
                 self.run.step(branch, "tool", output=(name, text or "", 1 if block.get("is_error") is True else None))
             else:
                 texts.append(content_text([block], (*where, number)) or "")

@@ -40,7 +40,8 @@ _EXIT_CODE = re.compile(r"\AExit code: (-?\d+)")
 
 def is_rollout_record(record: dict[str, Any]) -> bool:
     """A rollout line: ``{timestamp, type, payload}`` with one of the rollout's line types."""
-    return record.get("type") in _LINE_TYPES and "payload" in record and "timestamp" in record
+    kind = record.get("type")
+    return isinstance(kind, str) and kind in _LINE_TYPES and "payload" in record and "timestamp" in record
 
 
 def parse_codex(obj: Any, context: ParseContext, document: Any = None) -> ParsedRun:
@@ -123,15 +124,15 @@ class _Writer:
                 text = with_marker(text, self.prompt, TASK_MARKER)
             self.run.step(self.branch, role, text=text)
         elif kind == "reasoning":
-            summary = [part.get("text") for part in payload.get("summary") or () if isinstance(part, dict)
-                       and isinstance(part.get("text"), str)]
+            parts = payload.get("summary") if isinstance(payload.get("summary"), list) else []
+            summary = [part["text"] for part in parts if isinstance(part, dict) and isinstance(part.get("text"), str)]
             if summary:
                 self.run.step(self.branch, "assistant", text="\n\n".join(summary))
         elif kind in ("function_call", "custom_tool_call", "local_shell_call"):
             self._call(kind, payload, where)
         elif kind in ("function_call_output", "custom_tool_call_output"):
             text, exit_code = _output(payload.get("output"))
-            name = self.names.get(payload.get("call_id"), "tool")
+            name = self.names.get(_key(payload.get("call_id")), "tool")
             self.run.step(self.branch, "tool", output=(name, text, exit_code))
 
     def _call(self, kind: str, payload: dict[str, Any], where: Any) -> None:
@@ -155,6 +156,11 @@ class _Writer:
                 if event.usage is None:
                     self.run.events[position] = dataclasses.replace(event, usage=usage)
                 return
+
+
+def _key(value: Any) -> str | None:
+    """An id to look a call up by (None for anything but a string: a document may put any value there)."""
+    return value if isinstance(value, str) else None
 
 
 def _arguments(arguments: Any) -> Any:

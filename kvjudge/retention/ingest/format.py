@@ -75,7 +75,10 @@ def companion_data(document: Any, companion: Companion) -> Any:
     process, and read again only when the file changed."""
     for path in getattr(document.source, "companions", ()):
         if companion.read is not None and fnmatch.fnmatchcase(path.name, companion.pattern):
-            stat = path.stat()
+            try:
+                stat = path.stat()
+            except OSError as exc:
+                raise IngestError(f"{path}: cannot be read ({exc.strerror or exc})") from None
             return _read_once(companion.read, path, stat.st_mtime_ns, stat.st_size)
     return None
 

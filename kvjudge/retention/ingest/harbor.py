@@ -390,7 +390,7 @@ def _calls_and_outputs(step: dict[str, Any], base: JsonPath,
             if not isinstance(result, dict):
                 raise DocumentError(subpath(where, "results", number), "must be an object")
             source_call = result.get("source_call_id")
-            if source_call is not None and source_call not in names:
+            if source_call is not None and (not isinstance(source_call, str) or source_call not in names):
                 raise DocumentError(subpath(where, "results", number, "source_call_id"),
                                     f"names tool call {source_call!r}, which is not among this step's tool_calls")
             content = result.get("content")

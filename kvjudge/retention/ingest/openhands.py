@@ -259,10 +259,14 @@ class _History:
         usage = self.usage.pop(response_id, None) if isinstance(response_id, str) else None
         self.run.step(self.branch, "assistant", text=thought if isinstance(thought, str) and thought else None,
                       call=(name, _arguments(kind, args)), usage=usage)
-        if event.get("id") is not None:
+        if _is_id(event.get("id")):
             self.names[event["id"]] = name
         if isinstance(metadata.get("tool_call_id"), str):
             self.names[metadata["tool_call_id"]] = name
+
+    def _name(self, call: Any) -> str | None:
+        """The name of the call an id names (None: not an id, or no call of this run)."""
+        return self.names.get(call) if _is_id(call) else None
 
     def _observation(self, event: dict[str, Any], where: JsonPath) -> None:
         kind = get_field(event, "observation", where, str, "a string")
@@ -272,7 +276,7 @@ class _History:
         extras = get_field(event, "extras", where, dict, "an object", required=False) or {}
         metadata = as_object(event.get("tool_call_metadata"))
         name = (metadata.get("function_name") if isinstance(metadata.get("function_name"), str) else None) \
-            or self.names.get(metadata.get("tool_call_id")) or self.names.get(event.get("cause")) or kind
+            or self._name(metadata.get("tool_call_id")) or self._name(event.get("cause")) or kind
         exit_code = None
         if kind == "run":
             exit_code = dig(extras, "metadata", "exit_code")
@@ -281,6 +285,11 @@ class _History:
                 raise DocumentError(subpath(where, "extras", "metadata", "exit_code"), "must be an integer")
             exit_code = None if exit_code == -1 else exit_code  # -1: OpenHands saw no exit code
         self.run.step(self.branch, "tool", output=(name, content, exit_code))
+
+
+def _is_id(value: Any) -> bool:
+    """An event or tool call id: a string or a whole number (the document may put any value there)."""
+    return isinstance(value, str | int) and not isinstance(value, bool)
 
 
 def _text(args: dict[str, Any], key: str, where: JsonPath) -> str | None:

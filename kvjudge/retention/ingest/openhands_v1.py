@@ -41,7 +41,8 @@ _BOOKKEEPING = frozenset({"kind", "security_risk", "thought", "summary"})
 
 def is_event(record: dict[str, Any]) -> bool:
     """One V1 event: a known ``kind`` beside its ``source``."""
-    return record.get("kind") in _EVENT_KINDS and "source" in record
+    kind = record.get("kind")
+    return isinstance(kind, str) and kind in _EVENT_KINDS and "source" in record
 
 
 BASE_STATE = Companion("base_state.json", "the conversation's agent and model",
@@ -123,8 +124,8 @@ class EventWriter:
             self.condensations += 1
 
     def _action(self, event: dict[str, Any], where: JsonPath) -> None:
-        thought = "\n".join(t for part in event.get("thought") or () if isinstance(part, dict)
-                            and isinstance(t := part.get("text"), str))
+        parts = event.get("thought") if isinstance(event.get("thought"), list) else []
+        thought = "\n".join(t for part in parts if isinstance(part, dict) and isinstance(t := part.get("text"), str))
         reasoning = event.get("reasoning_content") if isinstance(event.get("reasoning_content"), str) else ""
         text = "\n\n".join(t for t in (reasoning, thought) if t) or None
         action = event.get("action") if isinstance(event.get("action"), dict) else {}
