@@ -433,3 +433,35 @@ def test_a_hostile_value_anywhere_in_a_new_format_is_a_run_or_one_error(tmp_path
             assert store.run_ids() == []
         else:
             assert report.imported and all(store.run(run_id).agent for run_id in report.imported)
+
+
+def test_a_subagents_own_session_file_is_a_run_of_its_own(store: Store, tmp_path: Path) -> None:
+    base = {"sessionId": "5f1c2a90-0b1e", "cwd": "/home/dev/greeter", "version": "2.0.30", "isSidechain": True,
+            "agentId": "a1b2c3"}
+    write_jsonl(tmp_path / "agent-a1b2c3.jsonl", [
+        {**base, "type": "user", "uuid": "s1", "parentUuid": None, "message": {"role": "user", "content": "Run tests"}},
+        {**base, "type": "assistant", "uuid": "s2", "parentUuid": "s1", "message": {
+            "role": "assistant", "model": "claude-haiku-4-5", "content": [{"type": "text", "text": "1 failed"}]}}])
+    run_id = store.ingest([tmp_path]).imported[0]
+    state = store.run(run_id)
+    assert (state.agent, state.task_id, state.trial) == (
+        "claude-code@claude-haiku-4-5", prompt_task("Run tests", "greeter"), "5f1c2a90-0b1e-a1b2c3")
+    assert state.metadata["subagent_of"] == "5f1c2a90-0b1e" and len(state.branches) == 1
+    assert evidence_texts(store, run_id)["final_message"] == "1 failed"
+
+
+def test_an_older_codex_rollout_of_bare_items_is_read(store: Store, tmp_path: Path) -> None:
+    path = write_jsonl(tmp_path / "rollout-2025-05-01-abc.jsonl", [
+        {"id": "abc-1", "timestamp": "2025-05-01T10:00:00Z", "instructions": None, "git": {}},
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": logs.PROMPT}]},
+        {"record_type": "state"},
+        {"type": "function_call", "name": "shell", "call_id": "c1", "arguments": '{"command": ["cat", "app.py"]}'},
+        {"type": "function_call_output", "call_id": "c1", "output": '{"output": "x", "metadata": {"exit_code": 2}}'},
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": logs.ANSWER}]}])
+    run_id = store.ingest([path]).imported[0]
+    state = store.run(run_id)
+    assert (state.agent, state.task_id, state.trial) == ("codex", prompt_task(logs.PROMPT, "session"), "abc-1")
+    steps = state.branches[0].transitions
+    assert [(t.tool_call or {}).get("name") for t in steps] == [None, "shell", None, None]
+    assert steps[2].tool_output["exit_code"] == 2 and store.text(steps[1].tool_call["arguments_ref"]) == "cat app.py"
+    assert evidence_texts(store, run_id)["final_message"] == logs.ANSWER

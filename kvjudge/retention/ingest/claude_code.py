@@ -17,7 +17,9 @@ root by ``parentUuid`` (through compactions); messages off it (a reply regenerat
 and each subagent's sidechain a dead branch of its own, forking where its Task call was made. Each assistant
 block is a transition (thinking, then text, on the first; one per ``tool_use``, its usage on the first line of
 its message); each ``tool_result`` a tool transition (an error's exit code 1); the first prompt is the task prompt.
-Records are named ``$[i]``: the *i*-th non-blank line of the file, from 0.
+Records are named ``$[i]``: the *i*-th non-blank line of the file, from 0. A subagent's own file (newer versions
+write ``agent-<id>.jsonl``: every message a sidechain) is a run of its own, its thread the live branch, trial
+``<session>-<agentId>``, noted ``subagent_of`` the session.
 """
 
 from __future__ import annotations
@@ -57,6 +59,9 @@ def parse_claude_code(obj: Any, context: ParseContext, document: Any = None) -> 
             raise DocumentError(("$", index, "type"), "missing (every record has a type)")
     need(bool(messages), "$", "holds no messages (only the harness's bookkeeping)")
     main, dead, sidechains = _threads(messages)
+    agent_file = not main and len(sidechains) == 1  # a subagent's own file (agent-<id>.jsonl): its thread is the run
+    if agent_file:
+        main, sidechains = sidechains[0], []
     first = messages[0][1]
     session = first.get("sessionId")
     need(isinstance(session, str) and session != "", ("$", messages[0][0], "sessionId"), "must be a non-empty string")
@@ -66,9 +71,11 @@ def parse_claude_code(obj: Any, context: ParseContext, document: Any = None) -> 
     prompt = next((text for _, m in main if (text := _prompt_of(m)) is not None), None)
     cwd = first.get("cwd") if isinstance(first.get("cwd"), str) else None
     task = task_from_prompt(prompt, cwd) or session
-    run = context.new_run(f"{agent}/{task}/{session}", NAME, agent=agent, grading_open=True)
+    trial = f"{session}-{first['agentId']}" if agent_file and isinstance(first.get("agentId"), str) else session
+    run = context.new_run(f"{agent}/{task}/{trial}", NAME, agent=agent, grading_open=True)
     version = first.get("version")
-    run.start(task_id=task, prompt=prompt, trial=session, metadata=scalars({
+    run.start(task_id=task, prompt=prompt, trial=trial, metadata=scalars({
+        "subagent_of": session if agent_file else None,
         "format": NAME, "model": model, "cwd": cwd, "git_branch": first.get("gitBranch"),
         "harness": f"Claude Code {version}" if isinstance(version, str) else "Claude Code",
         "subagents": len(sidechains) or None, "abandoned_messages": len(dead) or None}))

@@ -16,7 +16,9 @@ Mapping: a rollout is a run. Agent ``codex@<model>`` (the first turn's model); t
 ``<environment_context>`` or ``<user_instructions>``) and the ``cwd``; run id ``<agent>/<task>/<session>``.
 Response items become transitions (reasoning summaries as assistant text, a shell call's command as its
 arguments, an output's exit code kept); each ``token_count`` is the usage of the assistant transition before it;
-the UI's events repeat the response items and are not imported.
+the UI's events repeat the response items and are not imported. Older rollouts (before the ``{timestamp, type,
+payload}`` lines) open with the session itself, ``{id, timestamp, instructions}``, and hold the response items
+bare, beside ``{"record_type": "state"}`` lines: read the same way (they name no model: agent ``codex``).
 """
 
 from __future__ import annotations
@@ -39,14 +41,33 @@ _EXIT_CODE = re.compile(r"\AExit code: (-?\d+)")
 
 
 def is_rollout_record(record: dict[str, Any]) -> bool:
-    """A rollout line: ``{timestamp, type, payload}`` with one of the rollout's line types."""
+    """A rollout line: ``{timestamp, type, payload}`` with one of the rollout's line types, or the session line
+    older rollouts open with (``{id, timestamp, instructions}``, response items after it unwrapped)."""
     kind = record.get("type")
+    if "type" not in record and {"id", "timestamp", "instructions"} <= record.keys():
+        return True
     return isinstance(kind, str) and kind in _LINE_TYPES and "payload" in record and "timestamp" in record
+
+
+def _wrapped(lines: list[Any]) -> list[Any]:
+    """An older rollout (its first line the session itself, then bare response items and ``record_type`` state
+    lines) as the lines a rollout writes now."""
+    first = lines[0]
+    if not (isinstance(first, dict) and "type" not in first and "payload" not in first):
+        return lines
+    wrapped: list[Any] = [{"timestamp": first.get("timestamp"), "type": "session_meta", "payload": first}]
+    for line in lines[1:]:
+        if isinstance(line, dict) and "record_type" in line:
+            wrapped.append({"type": "state", "payload": {}})  # the harness's state: nothing of the run
+        else:
+            wrapped.append({"timestamp": None, "type": "response_item", "payload": line})
+    return wrapped
 
 
 def parse_codex(obj: Any, context: ParseContext, document: Any = None) -> ParsedRun:
     """A rollout's lines (a list) → ParsedRun (DocumentError naming ``$[i]``, the *i*-th non-blank line)."""
     need(isinstance(obj, list) and bool(obj), "$", "a Codex rollout is a JSONL file of {timestamp, type, payload}")
+    obj = _wrapped(obj)
     meta: dict[str, Any] = {}
     model = None
     items: list[tuple[int, dict[str, Any]]] = []
