@@ -465,3 +465,13 @@ def test_an_older_codex_rollout_of_bare_items_is_read(store: Store, tmp_path: Pa
     assert [(t.tool_call or {}).get("name") for t in steps] == [None, "shell", None, None]
     assert steps[2].tool_output["exit_code"] == 2 and store.text(steps[1].tool_call["arguments_ref"]) == "cat app.py"
     assert evidence_texts(store, run_id)["final_message"] == logs.ANSWER
+
+
+def test_a_session_format_named_with_format_reads_the_file_as_one_session(store: Store, tmp_path: Path) -> None:
+    path = logs.codex_rollout(tmp_path / "r.jsonl")
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join([json.dumps({"timestamp": "t", "type": "other", "payload": {}}), *lines]) + "\n")
+    with pytest.raises(IngestError, match=r"r\.jsonl:1: \$: is none of the formats"):
+        store.ingest([path])  # its first line is no rollout line: detection reads the lines one by one
+    run_id = store.ingest([path], fmt="codex").imported[0]  # named: the file is one rollout
+    assert store.run(run_id).trial == "0199a1b2-c3d4"

@@ -41,6 +41,8 @@ def is_session_record(record: dict[str, Any]) -> bool:
     kind = record.get("type")
     if kind in _MESSAGES:
         return "sessionId" in record and "uuid" in record and "message" in record
+    if kind in ("system", "queue-operation"):  # a session may open with the harness's own line
+        return "sessionId" in record
     return (kind == "summary" and "leafUuid" in record) or (kind == "file-history-snapshot" and "messageId" in record)
 
 

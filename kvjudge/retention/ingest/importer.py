@@ -260,7 +260,7 @@ class _Importer:
         for number, source in enumerate(sources, start=1):
             try:
                 found = [parse_document(document, self.fmt, self.context(source, hashing=False))
-                         for document in iter_documents(source)]
+                         for document in self._documents(source)]
             except IngestError as exc:
                 self._bad(source, exc)
                 continue
@@ -292,8 +292,13 @@ class _Importer:
 
     def _parsed(self, source: Source) -> Iterator[tuple[str, ParsedRun]]:
         """Each document of ``source``, read once and parsed: (where, run); IngestError where one is refused."""
-        for document in iter_documents(source):
+        for document in self._documents(source):
             yield document.where, parse_document(document, self.fmt, self.context(source))
+
+    def _documents(self, source: Source) -> Iterator[Document]:
+        """The documents of ``source``; a JSONL file is one session when ``--format`` names a session format."""
+        forced = registry.get(self.fmt)
+        return iter_documents(source, records=forced is not None and forced.recognises_record is not None)
 
     def _parsed_ahead(self, source: Source) -> Iterator[tuple[str, ParsedRun]]:
         """:meth:`_parsed`, each event's canonical JSON made as well (in the child: it travels with the event, and

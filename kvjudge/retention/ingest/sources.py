@@ -388,8 +388,9 @@ def decode_json(raw: bytes, where: str, *, line: int | None = None, repair_text:
         raise IngestError(f"{where}: not valid JSON for kvjudge ({str(exc).split(';')[0]})") from None
 
 
-def iter_documents(source: Source) -> Iterator[Document]:
-    """The documents of ``source`` in order, read as a stream (JSONL line by line; a log sample by sample)."""
+def iter_documents(source: Source, *, records: bool = False) -> Iterator[Document]:
+    """The documents of ``source`` in order, read as a stream (JSONL line by line; a log sample by sample).
+    ``records``: a JSONL file is one document of records (``--format`` named a session format)."""
     try:
         if source.kind == HARBOR:
             yield Document(source, None, b"", parts=harbor_parts(source))
@@ -416,7 +417,7 @@ def iter_documents(source: Source) -> Iterator[Document]:
                     continue
                 if not first:
                     first = line
-                    if _is_session(first):  # one run in every line: the file is one document
+                    if records or _is_session(first):  # one run in every line: the file is one document
                         yield Document(source, None, first + handle.read(), records=True)
                         return
                 yield Document(source, number, line)
