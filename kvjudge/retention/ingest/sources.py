@@ -86,6 +86,7 @@ class Walk:
     ignored: int = 0  # files read neither as runs nor as companions
     companions_used: list[str] = field(default_factory=list)
     companions_passed: list[str] = field(default_factory=list)
+    side: list[str] = field(default_factory=list)  # OpenHands' side files (results, predictions, attempts)
     others: list[str] = field(default_factory=list)  # the files no format reads (the first few named in a note)
 
     def notes(self) -> list[str]:
@@ -93,6 +94,8 @@ class Walk:
         notes = []
         for files, what in ((self.companions_used, "read beside the runs (companions)"),
                             (self.companions_passed, "passed over (the harness's settings, not runs)"),
+                            (self.side, "passed over (OpenHands' evaluation results — give them with --results —, "
+                                        "predictions and attempts: not the runs)"),
                             (self.others, "passed over (no format kvjudge reads)")):
             if files:
                 named = ", ".join(files[:_NAMED]) + (f" and {len(files) - _NAMED} more" if len(files) > _NAMED else "")
@@ -174,7 +177,7 @@ def _walk_folder(found: Walk, seen: set[Path], here: Path, files: list[str],
             runs.append(name)
         else:
             found.ignored += 1
-            found.others.append(str(here / name))
+            (found.side if _SIDE_FILES.search(name) else found.others).append(str(here / name))
     inherited[here] = tuple(companions)
     for name in runs:
         added += _add(found.sources, seen, _with_companions(_file(here / name), companions))
