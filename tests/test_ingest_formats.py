@@ -475,3 +475,21 @@ def test_a_session_format_named_with_format_reads_the_file_as_one_session(store:
         store.ingest([path])  # its first line is no rollout line: detection reads the lines one by one
     run_id = store.ingest([path], fmt="codex").imported[0]  # named: the file is one rollout
     assert store.run(run_id).trial == "0199a1b2-c3d4"
+
+
+def test_an_openhands_v1_conversation_persisted_event_by_event_is_one_run(store: Store, tmp_path: Path) -> None:
+    conversation = tmp_path / "conversations" / "conv-9"
+    (conversation / "events").mkdir(parents=True)
+    for number, event in enumerate(logs.openhands_v1_events()):
+        (conversation / "events" / f"event-{number:05d}-{event['id']}.json").write_text(json.dumps(event, indent=2))
+    (conversation / "base_state.json").write_text(json.dumps({"agent": {"llm": {"model": "openai/gpt-5"}}}))
+    report = store.ingest([tmp_path / "conversations"])
+    run_id = f"openhands@openai/gpt-5/{prompt_task(logs.PROMPT, 'session')}/conv-9"
+    assert report.imported == [run_id] and report.companion_files == [str(conversation / "base_state.json")]
+    state = store.run(run_id)
+    assert state.trial == "conv-9" and [t.role for t in state.branches[0].transitions][:3] == [
+        "system", "user", "assistant"]
+    assert evidence_texts(store, run_id)["submission"] == logs.ANSWER
+    (conversation / "events" / "event-00003-ev-3.json").write_text('{"kind": "ObservationEvent", ')  # cut short
+    with pytest.raises(IngestError, match=r"events/event-00003-ev-3\.json: not valid JSON"):
+        store.ingest([tmp_path / "conversations"])

@@ -55,7 +55,7 @@ class Format:
     JSONL whose every line is one event, or a JSON array of events), is asked of the first record: a JSONL file
     whose first line it claims is read as one document. ``files`` are the names a directory walk reads for the
     format beside ``*.jsonl``, ``*.json`` and trajectories; ``companions`` the files beside them it uses or
-    passes over. ``trial_label``: its files name no trial, so ``--trial`` labels them.
+    passes over; ``marks`` other names that show a folder holds its runs. ``trial_label``: its files name no trial, so ``--trial`` labels them.
     """
 
     name: str
@@ -66,6 +66,9 @@ class Format:
     files: tuple[str, ...] = ()
     companions: tuple[Companion, ...] = ()
     trial_label: bool = False
+    #: Names beside ``files`` that show a folder holds the format's runs (its companions then go with them) though
+    #: a walk does not read them one by one (OpenHands V1's ``event-<n>-<id>.json``: a folder of them is one run).
+    marks: tuple[str, ...] = ()
 
 
 def companion_data(document: Any, companion: Companion) -> Any:

@@ -1,5 +1,6 @@
 """OpenHands V1 conversations (the software-agent SDK): typed events, as an event stream (JSONL, one event per
-line) or a saved trajectory (one JSON array of events); also the ``history`` of a V1 evaluation's output.jsonl.
+line), a saved trajectory (one JSON array of events) or an ``events/`` folder; also the ``history`` of a V1
+evaluation's output.jsonl.
 
 Shape, as the SDK serialises its events (``openhands.sdk.event``): every event has ``kind``, ``id``,
 ``timestamp`` and ``source`` (``agent``, ``user``, ``environment``). ``SystemPromptEvent{system_prompt{text},
@@ -12,7 +13,8 @@ tool_name, tool_call_id}``; ``AgentErrorEvent{tool_name, tool_call_id, error}``;
 ``CondensationSummaryEvent{summary}``; ``CondensationRequest``, ``PauseEvent`` and
 ``ConversationStateUpdateEvent`` are the controller's own.
 
-Mapping: a conversation is a run. Agent ``openhands@<model>`` (the model of ``base_state.json`` beside the events,
+A conversation persisted event by event (``<conversation>/events/event-<n>-<id>.json``) is read as one run, its
+events in order. Mapping: a conversation is a run. Agent ``openhands@<model>`` (the model of ``base_state.json`` beside the events,
 ``agent.llm.model``, when there is one); trial the file's stem (the conversation); task
 :func:`~.model.task_from_prompt` of the first user message; run id ``<agent>/<task>/<conversation>``. Each action
 an assistant transition (its thought and reasoning as text, the call with its arguments: a command for a terminal
@@ -68,8 +70,11 @@ def parse_openhands_v1(obj: Any, context: ParseContext, document: Any = None) ->
 
 
 def _stem(document: Any) -> str | None:
+    """The conversation a file names: its stem, or for an ``events/`` folder the folder above it."""
     if document is None:
         return None
+    if document.source.path.name == "events" and document.source.path.is_dir():
+        return document.source.path.parent.name or None
     name = document.source.name
     for suffix in (".jsonl", ".json"):
         if name.endswith(suffix):
@@ -173,4 +178,5 @@ def _arguments(action: dict[str, Any], event: dict[str, Any]) -> Any:
 
 FORMAT = Format(
     name=NAME, summary="OpenHands V1 event streams (JSONL) and saved trajectories (a JSON list of typed events)",
-    recognises_record=is_event, parse=parse_openhands_v1, files=("*.jsonl",), companions=(BASE_STATE,))
+    recognises_record=is_event, parse=parse_openhands_v1, files=("*.jsonl",), companions=(BASE_STATE,),
+    marks=("event-*.json",))

@@ -38,7 +38,10 @@ _WHOLE_SUFFIXES = (".traj.json", ".traj", ".json")  # one JSON document per file
 _READ_ERRORS = (OSError, EOFError, zlib.error)
 #: Source kinds: a plain file, a Harbor trial (a trial directory, or an ATIF trajectory with its continuations),
 #: an inspect ``.eval`` archive.
-FILE, HARBOR, EVAL = "file", "harbor", "eval"
+FILE, HARBOR, EVAL, EVENTS = "file", "harbor", "eval", "events"
+#: An OpenHands V1 conversation persisted event by event: ``<conversation>/events/event-<n>-<id>.json``.
+_EVENTS_DIR = "events"
+_EVENT_FILE = re.compile(r"^event-(\d+)(?:-[^/]*)?\.json$")
 #: OpenHands' files beside its output.jsonl that hold no runs (a directory walk passes over them).
 _SIDE_FILES = re.compile(r"(\.swebench_eval\.jsonl|\.swebench\.jsonl|\.critic_attempt_\d+\.jsonl"
                          r"|^maximum_retries_exceeded\.jsonl)(\.gz)?$")
@@ -167,6 +170,10 @@ def _walk_folder(found: Walk, seen: set[Path], here: Path, files: list[str],
     are kept for them, the rest counted. Returns how many sources it added."""
     runs = []
     companions: list[Path] = list(inherited.get(here.parent, ()))
+    events = _events_source(here, files, companions + _companions_beside(here))
+    if events is not None:  # one run: the conversation's events, one per file
+        found.ignored += len(files) - len(events.parts)
+        return _add(found.sources, seen, events)
     added = 0
     for name in files:
         known = registry.companion(_base(name))
@@ -184,6 +191,18 @@ def _walk_folder(found: Walk, seen: set[Path], here: Path, files: list[str],
     return added
 
 
+def _events_source(folder: Path, files: list[str], companions: list[Path]) -> Source | None:
+    """An OpenHands V1 ``events/`` folder (``event-<n>-<id>.json`` files) as one source, its events in order."""
+    if folder.name != _EVENTS_DIR:
+        return None
+    parts = sorted((folder / name for name in files if _EVENT_FILE.match(name)),
+                   key=lambda path: (int(_EVENT_FILE.match(path.name).group(1)), path.name))  # type: ignore[union-attr]
+    if not parts:
+        return None
+    return Source(path=folder, size=sum(p.stat().st_size for p in parts), kind=EVENTS, parts=tuple(parts),
+                  companions=tuple(dict.fromkeys(companions)))
+
+
 def _is_walked_run(here: Path, name: str) -> bool:
     return _is_run_file(name) or is_completions_log(here / name) \
         or (harbor.is_trajectory_name(name) and harbor.is_atif_file(here / name)) \
@@ -192,10 +211,11 @@ def _is_walked_run(here: Path, name: str) -> bool:
 
 def _holds_runs_of(folder: Path, fmt: Any) -> bool:
     """Whether ``folder`` (or a folder under it) holds a file named as ``fmt``'s run files are."""
-    if not fmt.files:
+    patterns = (*fmt.files, *fmt.marks)
+    if not patterns:
         return False
     for _, _, files in os.walk(folder):
-        if any(fnmatch.fnmatchcase(_base(name), pattern) for name in files for pattern in fmt.files):
+        if any(fnmatch.fnmatchcase(_base(name), pattern) for name in files for pattern in patterns):
             return True
     return False
 
@@ -352,6 +372,9 @@ class Document:
         With ``repair_text``, bytes that are not UTF-8 pass as lone surrogates, for
         :func:`~kvjudge.retention.text_check.parse_checked` to store as U+FFFD.
         """
+        if self.records and self.parts is not None:
+            return [decode_json(part, f"{self.source.path}/{name}", repair_text=repair_text)
+                    for name, part in self.parts.items()]
         if self.records:
             return [decode_json(line, f"{self.source.path}:{number}", line=number, repair_text=repair_text)
                     for number, line in enumerate(self.raw.split(b"\n"), start=1) if line.strip()]
@@ -397,6 +420,10 @@ def iter_documents(source: Source, *, records: bool = False) -> Iterator[Documen
     try:
         if source.kind == HARBOR:
             yield Document(source, None, b"", parts=harbor_parts(source))
+            return
+        if source.kind == EVENTS:  # the events in order, decoded into the list a saved trajectory is
+            yield Document(source, None, b"", parts={path.name: path.read_bytes() for path in source.parts},
+                           records=True)
             return
         if source.kind == EVAL:
             for member, parts in inspect_reader.eval_samples(source.path):
