@@ -344,7 +344,7 @@ class _Importer:
                                      f"empty file): nothing imported from it")
         for run_id, state, repaired in outcome.imported:
             if repaired:
-                self.report.repaired[run_id] = [dict(note) for note in self.store.run(run_id).text_repairs]
+                self.report.repaired[run_id] = [dict(note) for note in self.store.runs.run(run_id).text_repairs]
             self.report.imported.append(run_id)
             self.report.states[state] += 1
         self.report.already_present.extend(outcome.present)
@@ -379,7 +379,7 @@ class _Importer:
         stored = stored_content_hash(self.store, run.run_id, len(run.events))
         if stored is not None:
             if stored != digest:
-                if not finished_since(self.store.run(run.run_id).metadata, run):
+                if not finished_since(self.store.runs.run(run.run_id).metadata, run):
                     raise _conflict(where, run.run_id, stored, digest)
                 outcome.finished_since.append(run.run_id)  # kept as imported: its result comes with `grade`
             outcome.present.append(run.run_id)
@@ -387,7 +387,7 @@ class _Importer:
         return run
 
     def _write_run(self, run: ParsedRun, outcome: _FileOutcome) -> None:
-        outcome.stored_bytes += self.store.write_parsed(run)
+        outcome.stored_bytes += write_parsed(self.store, run)
         outcome.body_bytes += run.body_bytes
         outcome.imported.append((run.run_id, _final_state(run),
                                  any(isinstance(event, ev.TextRepaired) for event in run.events)))
@@ -428,18 +428,26 @@ def _conflict(where: str, run_id: str, stored: str, new: str) -> IngestError:
                        f"--tenant are part of it (grades that came later: kvjudge grade RUN --results FILE)")
 
 
+def write_parsed(store: Store, run: ParsedRun) -> int:
+    """Settle a parsed run's content hash, then write its bodies and events in one transaction; the bytes of
+    bodies stored (the others were stored already)."""
+    if run.content_hash is None:
+        run.settle(None)
+    return store.write_run(run.run_id, run.bodies.items(), run.events)
+
+
 def stored_content_hash(store: Store, run_id: str, n_events: int) -> str | None:
     """The content hash of ``run_id`` as imported, or None when the store has no such run.
 
     Runs imported since content hashes exist carry theirs in RunStarted. For an older run it is computed over
     its first ``n_events`` logged events — the length of the run it is compared with.
     """
-    if not store.has_run(run_id):
+    if not store.runs.has_run(run_id):
         return None
-    first = next(iter(store.iter_events(run_id)))[1]
+    first = next(iter(store.events.iter_events(run_id)))[1]
     if isinstance(first, ev.RunStarted) and first.content_hash:
         return first.content_hash
-    return ev.content_hash(event for _, event in itertools.islice(store.iter_events(run_id), n_events))
+    return ev.content_hash(event for _, event in itertools.islice(store.events.iter_events(run_id), n_events))
 
 
 def ingest_sources(store: Store, sources: list[Source], *, ignored_files: int = 0, walked: Walk | None = None,
