@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from kvjudge.commands._args import JUDGE_CHOICE, jsonl_objects, records_settings
+from kvjudge.commands._args import JUDGE_CHOICE, add_api_key_args, jsonl_objects, records_settings
 from kvjudge.commands._output import info, progress
 from kvjudge.errors import UsageError
 from kvjudge.judge import DEFAULT_MARGIN, TEMPLATE_CHOICES, Judge, Verdict, judge_batch
@@ -68,6 +68,7 @@ def add_judge_args(parser: argparse.ArgumentParser, *, also_templates: tuple[str
     parser.add_argument("--no-cache", action="store_true", help="do not read or write cached judgments")
     records_settings(parser, *JUDGE_CHOICE, "parallel", "timeout", "tokenizer_model", "threads", "margin",
                      *(() if also_templates else ("template",)))
+    add_api_key_args(parser)
 
 
 @contextlib.contextmanager
