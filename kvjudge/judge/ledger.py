@@ -90,6 +90,14 @@ class Ledger:
                 "retries": self.retries, "call_seconds": round(self.seconds, 3),
                 "cached_share": None if self.cached_share is None else round(self.cached_share, 4)}
 
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Ledger:
+        """The ledger :meth:`to_json` wrote."""
+        return cls(calls=data["calls"], prompt_tokens=data["prompt_tokens"],
+                   cached_tokens=data["cached_prompt_tokens"], cached_calls=data["cached_reported_calls"],
+                   completion_tokens=data["completion_tokens"], retries=data["retries"],
+                   seconds=data["call_seconds"])
+
     def line(self) -> str:
         """One line for a command's summary."""
         if self.cached_tokens is None:
