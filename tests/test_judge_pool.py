@@ -172,12 +172,15 @@ def test_a_503_while_the_replicas_restart_is_retried_within_the_policy(graded, s
     replicas = _replicas(start, key, 2)
     router = start.enter_context(VllmRouter([r.url for r in replicas], "consistent_hash", log_dir=tmp_path))
     judge, store = _pool_judge(router.url, store_path, retry=RetryPolicy(attempts=8, backoff_s=0.3))
-    for replica in replicas:
-        replica.unavailable = True
-    restarted = threading.Timer(1.5, lambda: [setattr(r, "unavailable", False) for r in replicas])
-    restarted.start()
+    restarted = threading.Timer(2.0, lambda: [r.refuse() for r in replicas])
+
+    def restarting(_calls: int, _cached: int) -> None:  # from just before the first call, for two seconds
+        for replica in replicas:
+            replica.refuse("/v1/completions")
+        restarted.start()
+
     with store:
-        verdicts = judge_batch(judge, store, _pairs()[:4])
+        verdicts = judge_batch(judge, store, _pairs()[:4], on_plan=restarting)
     judge.backend.close()
     assert all(v.scored for v in verdicts)
     ledger = judge.backend.ledger
@@ -232,3 +235,26 @@ def test_a_key_is_sent_from_the_named_variable_and_written_nowhere(graded, start
         assert done.returncode != 0 and len(lines) == 1, done.stderr
         assert ("KVJ_POOL_KEY" in lines[0]) if variable else ("api_key_env" in lines[0])
         assert "sk-wrong" not in done.stderr + done.stdout and "HTTP 401" in lines[0]
+
+
+def test_ctrl_c_mid_run_leaves_every_finished_verdict_cached(graded, start) -> None:
+    store_path, key = graded
+    replicas = _replicas(start, key, 2)
+    judge, store = _pool_judge(replicas[0].url, store_path)
+    finished: list[int] = []
+
+    def interrupt(index: int, _verdict: object) -> None:
+        finished.append(index)
+        if index == 4:
+            raise KeyboardInterrupt
+
+    with store:
+        with pytest.raises(KeyboardInterrupt):
+            judge_batch(judge, store, _pairs(), on_verdict=interrupt)
+        judge.backend.close()
+        rerun = Judge(open_servers([replicas[0].url], n_ctx=8192))
+        verdicts = judge_batch(rerun, store, _pairs())
+        rerun.backend.close()
+    assert finished == [0, 1, 2, 3, 4]
+    assert all(verdicts[i].cached for i in finished)  # the five reported before Ctrl-C, and any decided after
+    assert rerun.backend.ledger.calls == 2 * sum(not v.cached for v in verdicts) < 2 * PAIRS

@@ -13,7 +13,7 @@ it. The answer says so in ``usage.prompt_tokens_details.cached_tokens`` (what ``
 a ledger's totals must equal. A test runs several replicas, alone or behind a router::
 
     with SimReplica(key, Settings(), ReplicaSettings(capacity_tokens=200_000, api_key="k")) as replica:
-        replica.url, replica.usage, replica.unavailable = True, replica.restart()
+        replica.url, replica.usage, replica.refuse("/v1/completions"), replica.kill()
 """
 
 from __future__ import annotations
@@ -133,7 +133,7 @@ class _ReplicaServer(_Server):
         super().__init__(address, judge)
         self.api = _ReplicaApi(judge, replica, usage, sessions)
         self.replica = replica
-        self.unavailable = False
+        self.refusing: frozenset[str] = frozenset()  # paths answered 503 ("*": all but /health)
         self.connections: set[socket.socket] = set()
         self.connections_lock = threading.Lock()
 
@@ -165,7 +165,7 @@ class _ReplicaHandler(_Handler):
         path = self.path.split("?", 1)[0]
         if path != "/health":
             key = self.server.replica.api_key
-            if self.server.unavailable:
+            if path in self.server.refusing or "*" in self.server.refusing:
                 self._raw_body()
                 self._send(503, {"object": "error", "message": "the replica is restarting", "code": 503})
                 return
@@ -185,7 +185,8 @@ class _ReplicaHandler(_Handler):
 @dataclass
 class SimReplica(SimJudgeServer):
     """One replica in a background thread: ``url`` once started; :meth:`stop` then :meth:`start` again restarts it
-    on the same port with an empty cache. ``unavailable``: answer 503 to everything but ``/health``."""
+    on the same port with an empty cache; :meth:`kill` cuts its connections as a crash does; :meth:`refuse` answers
+    503 while it "restarts"."""
 
     replica: ReplicaSettings = field(default_factory=ReplicaSettings)
     _usage: Counter[str] = field(init=False, default_factory=Counter, repr=False)
@@ -219,14 +220,11 @@ class SimReplica(SimJudgeServer):
         too: a replica stopped mid-run keeps what it answered before)."""
         return self._usage
 
-    @property
-    def unavailable(self) -> bool:
-        return isinstance(self._server, _ReplicaServer) and self._server.unavailable
-
-    @unavailable.setter
-    def unavailable(self, value: bool) -> None:
+    def refuse(self, *paths: str) -> None:
+        """Answer 503 to requests for ``paths`` (``"*"``: everything but ``/health``, as a replica restarting behind
+        a router that still finds it healthy); none given: answer everything again."""
         if isinstance(self._server, _ReplicaServer):
-            self._server.unavailable = value
+            self._server.refusing = frozenset(paths)
 
 
 def replicas(key: AnswerKey, count: int, settings: Settings = Settings(),
