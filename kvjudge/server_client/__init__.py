@@ -5,7 +5,9 @@ One module per job: :mod:`~kvjudge.server_client.client` (the requests, retries,
 :mod:`~kvjudge.server_client.identify` (who a server is), :mod:`~kvjudge.server_client.failures` and
 :mod:`~kvjudge.server_client.refusals` (what a failed exchange means), :mod:`~kvjudge.server_client.auth` (the API
 key from an environment variable), :mod:`~kvjudge.server_client.usage` (what an answer says it cost, cached prompt
-tokens included) and :mod:`~kvjudge.server_client.lean` (the lean transport for plain-http servers).
+tokens included), :mod:`~kvjudge.server_client.transport` (the transport interface, and httpx behind it) and
+:mod:`~kvjudge.server_client.lean` (the lean transport for plain-http servers, kept because it saves a tenth of a
+full ``eval``'s wall time: ``benchmarks/http_client.py``).
 """
 
 from kvjudge.server_client.auth import Credentials, credentials_from

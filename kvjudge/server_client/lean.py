@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from kvjudge.server_client.failures import CONNECT_TIMEOUT_S, no_answer, unreachable
+from kvjudge.server_client.transport import Request, Response
 
 
 class _Connection:
@@ -101,6 +102,13 @@ class LeanHTTP:
         self._local = threading.local()
         self._lock = threading.Lock()
         self._open: list[_Connection] = []
+
+    def handle(self, request: Request) -> Response:
+        """One request (the :class:`~kvjudge.server_client.transport.Transport` interface)."""
+        if request.headers:
+            raise ValueError("the lean transport sends only its own headers")
+        status, content = self.request(request.method, request.path, request.body, request.timeout_s)
+        return Response(status, content)
 
     def request(self, method: str, path: str, body: dict[str, Any] | None, timeout_s: float) -> tuple[int, bytes]:
         """``(status, content)`` of one request to ``path`` (a POST sends ``body`` as JSON)."""
