@@ -204,6 +204,12 @@ class SimReplica(SimJudgeServer):
         self._thread.start()
         return self
 
+    def clear_cache(self) -> None:
+        """Forget every cached block (as a restart does)."""
+        server = self._server
+        if isinstance(server, _ReplicaServer) and server.api.cache is not None:
+            server.api.cache.clear()
+
     def kill(self) -> None:
         """Stop as a crash does: no new connection, and every open one cut mid-request (a stopped server's
         kept-alive connections would go on answering)."""
