@@ -42,14 +42,9 @@ class Ledger:
 
     def add(self, cost: CallCost) -> None:
         """Count one answered call."""
-        self.calls += 1
-        self.prompt_tokens += cost.prompt_tokens
-        self.completion_tokens += cost.completion_tokens
-        self.retries += cost.retries
-        self.seconds += cost.seconds
-        if cost.cached_tokens is not None:
-            self.cached_tokens = (self.cached_tokens or 0) + cost.cached_tokens
-            self.cached_calls += 1
+        reported = cost.cached_tokens is not None
+        self.merge(Ledger(1, cost.prompt_tokens, cost.cached_tokens, int(reported), cost.completion_tokens,
+                          cost.retries, cost.seconds))
 
     def failed_try(self, seconds: float = 0.0) -> None:
         """Count a try that failed (the call is counted once, by :meth:`add`, when some server answers it)."""
