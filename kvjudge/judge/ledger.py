@@ -98,9 +98,9 @@ class Ledger:
         if self.cached_tokens is None:
             cached = "cached prompt tokens not reported"
         elif self.cached_share is not None:
-            cached = f"{self.cached_tokens:,} from the prefix cache ({self.cached_share:.0%})"
+            cached = f"{self.cached_tokens:,} from the prefix cache, {self.cached_share:.1%}"
         else:
-            cached = f"{self.cached_tokens:,} from the prefix cache (reported by {self.cached_calls} calls)"
+            cached = f"{self.cached_tokens:,} from the prefix cache, reported by {self.cached_calls} calls"
         return (f"cost: {self.calls:,} calls, {self.prompt_tokens:,} prompt tokens ({cached}), "
                 f"{self.completion_tokens:,} completion tokens, {self.retries} retries, {self.seconds:.1f} s of calls")
 
