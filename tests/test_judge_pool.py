@@ -9,6 +9,7 @@ own, reporting ``cached_tokens`` as vLLM does, and adding up what it answered (t
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 from collections import Counter
@@ -82,8 +83,6 @@ def test_a_direct_pool_reports_what_the_replicas_served_from_their_prefix_caches
     args = [a for r in replicas for a in ("--server", r.url)]
     done = kvjudge("eval", *args, "--store", str(store), "--png", str(tmp_path / "e.png"), "--json")
     assert done.returncode == 0, done.stderr
-    import json
-
     cost = json.loads(done.stdout)["templates"]["raw"]["cost"]
     # The ledger's totals are the replicas' own usage figures, exactly.
     assert _ledger(cost) == _total(replicas, before)

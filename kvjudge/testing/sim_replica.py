@@ -35,7 +35,6 @@ from kvjudge.testing.sim_judge import (
     _Api,
     _chat_text,
     _Handler,
-    _Refusal,
     _Server,
     Settings,
 )
