@@ -82,6 +82,11 @@ class ServerUnavailable(ServerError):
         self.reason = reason
 
 
+class AuthRefused(KvjudgeError):
+    """A server refused the request's credentials (HTTP 401 or 403): a setting to fix, never retried, never a
+    verdict. The message names the environment variable the key was read from, never the key."""
+
+
 class ContextRefused(ServerError):
     """The server refused a prompt as longer than its context: a measured overflow.
 

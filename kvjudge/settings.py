@@ -16,7 +16,8 @@ Sections (every key optional)::
     [retention.tenants.NAME]  ceiling = N
     [judge]               model = "path.gguf", server = "http://host:port" | servers = ["http://…", …],
                           tokenizer_model = "path.gguf", parallel = 2, timeout = 600, margin = 0.05,
-                          template = "auto" | "chat" | "raw", threads = N
+                          template = "auto" | "chat" | "raw", threads = N,
+                          api_key_env = "NAME" (the environment variable holding the servers' API key)
 
 Locations are environment settings, not file settings: the capability cache and the assembled models live in
 the user cache dir (``KVJUDGE_CACHE_DIR``), the store in the user data dir (``KVJUDGE_DATA_DIR``).
@@ -28,6 +29,7 @@ import dataclasses
 import difflib
 import math
 import os
+import re
 import tomllib
 import types
 import typing
@@ -147,6 +149,9 @@ class JudgeSettings:
     template: str = field(default="auto", metadata=_limit(lambda v: v in ("auto", "chat", "raw"),
                                                           'one of "auto", "chat", "raw"'))
     threads: int | None = field(default=None, metadata=_limit(_positive, "a positive number"))
+    # The NAME of the environment variable that holds the servers' API key: the key itself is never a setting.
+    api_key_env: str | None = field(default=None, metadata=_limit(
+        lambda v: bool(re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", v)), "an environment variable name"))
 
     @property
     def server_urls(self) -> tuple[str, ...]:

@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from kvjudge.budget import CeilingBound
     from kvjudge.probe import CapabilityEntry, CapabilityLookup
     from kvjudge.retention.tiering import ColdStores
-    from kvjudge.server_client import ServerClient, ServerInfo
+    from kvjudge.server_client import Credentials, ServerClient, ServerInfo
     from kvjudge.tokens import TokenCounter
     from kvjudge.judge import Backend, Judge
     from kvjudge.judge.pipeline import VerdictFn
@@ -100,6 +100,15 @@ class JudgeTarget:
                    ceiling=ceiling, endpoint_url=endpoint_url, say=say)
 
     # ------------------------------------------------------------------------------------------ the judge
+    @property
+    def credentials(self) -> Credentials | None:
+        """The servers' API key, from the environment variable ``[judge] api_key_env`` names (None: none sent)."""
+        from kvjudge.server_client import credentials_from
+
+        if not hasattr(self, "_credentials"):
+            self._credentials = credentials_from(self.settings.judge.api_key_env) if self.servers else None
+        return self._credentials
+
     @property
     def servers(self) -> tuple[str, ...]:
         """The judge servers (a pool of one model); empty when the judge runs in-process."""
@@ -185,7 +194,8 @@ class JudgeTarget:
     def _served_entry(self, url: str) -> CapabilityEntry | None:
         from kvjudge.probe import lookup_served
 
-        found = lookup_served(url, cache_path=self.capabilities, staleness_days=self.settings.probe.staleness_days)
+        found = lookup_served(url, cache_path=self.capabilities, staleness_days=self.settings.probe.staleness_days,
+                              credentials=self.credentials)
         if found.entry is None:
             return self._probe_on_first_use(found.url, found.reason)
         if not found.verified and found.reason:
@@ -203,7 +213,7 @@ class JudgeTarget:
         self.say(f"no capability entry for the model served at {url}{why}: probing it now (at most "
                  f"{MAX_SERVED_TRIALS} requests; `kvjudge probe --server {url}` does this ahead of time)")
         try:
-            return probe_server(url, cache_path=self.capabilities,
+            return probe_server(url, cache_path=self.capabilities, credentials=self.credentials,
                                 staleness_days=self.settings.probe.staleness_days).entry
         except KvjudgeError as exc:
             self._missing[url] = (f"no probe figure for the model served at {url}{why} (its max_context_tokens), "
@@ -289,7 +299,7 @@ class JudgeTarget:
             return ModelTokenizer(entry.model_path, sha256=entry.model_sha256)
         counters: list[ServerTokenCounter] = []
         for url in self.servers:
-            client = ServerClient(url, timeout_s=self.settings.judge.timeout)
+            client = ServerClient(url, timeout_s=self.settings.judge.timeout, credentials=self.credentials)
             try:
                 info = client.identify()
             except ServerError as exc:  # an unreachable member counts nothing; the others do
@@ -377,7 +387,7 @@ class JudgeTarget:
                 self.servers, n_ctx=n_ctx, tokenizer_model=chosen.tokenizer_model, parallel=chosen.parallel,
                 timeout_s=chosen.timeout, cache_path=self.capabilities,
                 staleness_days=self.settings.probe.staleness_days,
-                on_drop=lambda url, why: self.say(f"judge server {url} dropped: {why}"))
+                on_drop=lambda url, why: self.say(f"judge server {url} dropped: {why}"), credentials=self.credentials)
         else:
             backend = LlamaBackend(model_path=self.model_path, n_threads=chosen.threads)
         try:

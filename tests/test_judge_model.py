@@ -72,6 +72,11 @@ def test_both_orders_run_with_prefix_reuse_and_a_manifest(backend: LlamaBackend,
     assert verdict.outcome in SCORED
     # The second call kept the instruction prefix's KV cache.
     assert verdict.orders[1].reused_tokens > 50 and backend.tokens_saved > saved
+    # The in-process KV reuse is counted as a server's prefix cache is: the verdict's ledger holds its two calls.
+    cost = verdict.cost
+    assert cost is not None and cost.calls == 2 and cost.cached_calls == 2
+    assert cost.cached_tokens == sum(o.reused_tokens for o in verdict.orders) == backend.tokens_saved - saved
+    assert cost.prompt_tokens == sum(o.prompt_tokens for o in verdict.orders) and cost.completion_tokens == 0
     manifest = verdict.manifest
     assert manifest["model_sha256"] == file_sha256(default_model)
     assert manifest["backend"] == "llama-cpp-python" and manifest["backend_version"]

@@ -24,7 +24,7 @@ import pytest
 from kvjudge.errors import ContextRefused
 from kvjudge.judge import PromptOverflow, ServerBackend, TemplateText
 from kvjudge.judge.servers import VLLM_MAX_LOGPROBS
-from kvjudge.server_client import ServerClient, context_refusal
+from kvjudge.server_client import ServerClient, Usage, context_refusal, usage_of
 from kvjudge.testing.sim_judge import AnswerKey, Settings, SimJudge, SimJudgeServer
 
 URL = "http://vllm-box:8000"
@@ -179,3 +179,17 @@ def test_a_plain_http_server_is_identified_and_counts_without_loading_httpx() ->
         assert expected > 0 and done.stdout.split() == ["vllm", server.model, str(expected), "False"]
         # /extras/tokenize refused (404), then /tokenize for "" (the offset) and for the text.
         assert dict(server.requests) == {"/v1/models": 1, "/version": 1, "/extras/tokenize": 1, "/tokenize": 2}
+
+
+def test_each_server_familys_cached_prompt_tokens_are_read_and_silence_is_not_reported() -> None:
+    # vLLM with --enable-prompt-tokens-details; without it, prompt_tokens_details is null.
+    vllm = {"usage": {"prompt_tokens": 1200, "completion_tokens": 1, "total_tokens": 1201,
+                      "prompt_tokens_details": {"cached_tokens": 1184}}}
+    assert usage_of(vllm) == Usage(1200, 1184, 1)
+    assert usage_of({"usage": {**vllm["usage"], "prompt_tokens_details": None}}) == Usage(1200, None, 1)
+    # llama.cpp's llama-server: timings.cache_n beside the usage.
+    llama_cpp = {"usage": {"prompt_tokens": 900, "completion_tokens": 1}, "timings": {"cache_n": 640, "prompt_n": 260}}
+    assert usage_of(llama_cpp) == Usage(900, 640, 1)
+    # llama-cpp-python's server says nothing of its cache: not reported, never 0.
+    assert usage_of({"usage": {"prompt_tokens": 50, "completion_tokens": 1, "total_tokens": 51}}) == Usage(50, None, 1)
+    assert usage_of({}) == Usage(None, None, None)

@@ -30,6 +30,7 @@ SETTING_FLAGS: dict[str, tuple[str, str]] = {
     "margin": ("judge.margin", "--margin"),
     "template": ("judge.template", "--template"),
     "threads": ("judge.threads", "--threads"),
+    "api_key_env": ("judge.api_key_env", "--api-key-env"),
     "memory_budget": ("probe.memory_budget", "--memory-budget"),
 }
 # --model and --server choose the judge: --server URL (repeatable) the pool, --model PATH the local GGUF (then no
@@ -60,6 +61,14 @@ def command(subparsers: argparse._SubParsersAction, name: str, run: Run, *, help
 def records_settings(parser: argparse.ArgumentParser, *dests: str) -> None:
     """Note that ``dests`` (options just added to ``parser``) set settings (see :data:`SETTING_FLAGS`)."""
     parser.set_defaults(settings_flags=(*(parser.get_default("settings_flags") or ()), *dests))
+
+
+def add_api_key_args(parser: argparse.ArgumentParser) -> None:
+    """``--api-key-env NAME`` (every command that talks to judge servers)."""
+    parser.add_argument("--api-key-env", metavar="NAME",
+                        help="the environment variable holding the judge servers' API key, sent as a bearer token "
+                             "(default: [judge] api_key_env; the key itself is never a flag or a setting)")
+    records_settings(parser, "api_key_env")
 
 
 def add_output_args(parser: argparse.ArgumentParser) -> None:
@@ -117,6 +126,7 @@ def add_ceiling_args(parser: argparse.ArgumentParser) -> None:
                         help="with --server: a local copy of the served GGUF, to count tokens without the server "
                              "(default: [judge] tokenizer_model)")
     records_settings(parser, *JUDGE_CHOICE, "tokenizer_model")
+    add_api_key_args(parser)
 
 
 # ------------------------------------------------------------------------------------- settings and target

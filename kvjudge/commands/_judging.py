@@ -9,10 +9,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from kvjudge.commands._args import JUDGE_CHOICE, jsonl_objects, records_settings
+from kvjudge.commands._args import JUDGE_CHOICE, add_api_key_args, jsonl_objects, records_settings
 from kvjudge.commands._output import info, progress
 from kvjudge.errors import UsageError
 from kvjudge.judge import DEFAULT_MARGIN, TEMPLATE_CHOICES, Judge, Verdict, judge_batch
+from kvjudge.judge.ledger import Ledger, plan_line
 from kvjudge.judge.pairing import DEFAULT_POLICY, POLICIES, PairSelection, describe_pairs, same_task_pairs
 from kvjudge.retention import Store
 from kvjudge.retention.state import RunState
@@ -68,6 +69,7 @@ def add_judge_args(parser: argparse.ArgumentParser, *, also_templates: tuple[str
     parser.add_argument("--no-cache", action="store_true", help="do not read or write cached judgments")
     records_settings(parser, *JUDGE_CHOICE, "parallel", "timeout", "tokenizer_model", "threads", "margin",
                      *(() if also_templates else ("template",)))
+    add_api_key_args(parser)
 
 
 @contextlib.contextmanager
@@ -90,7 +92,26 @@ def judged(judge: Judge, store: Store, selection: PairSelection, description: st
     order). ``states``: folded runs already read, by id; the runs the batch folds are added to it."""
     with progress(description, len(selection.pairs) * 2) as advance:
         judge.planner.progress = lambda message: advance(0, description=message)
-        return judge_batch(judge, store, selection.pairs, on_call=advance, states=states)
+        return judge_batch(judge, store, selection.pairs, on_call=advance, states=states, on_plan=announce(judge))
+
+
+def announce(judge: Judge) -> Callable[[int, int], None]:
+    """The ``on_plan`` of a judging command: before the first call, one line with the calls it is about to send,
+    the prompt tokens they may take at most, and the way out (nothing said when every verdict is cached)."""
+
+    def say(calls: int, cached: int) -> None:
+        if calls:
+            info(plan_line(calls, cached, judge.backend.n_ctx or judge.window_cap()))
+
+    return say
+
+
+def spent(*judges: Judge) -> Ledger:
+    """What the judges' backends spent, added up (a command's ledger)."""
+    total = Ledger()
+    for judge in judges:
+        total.merge(judge.backend.ledger)
+    return total
 
 
 def _pairs_from_file(path: str) -> list[tuple[str, str]]:

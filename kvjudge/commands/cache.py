@@ -7,7 +7,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from kvjudge.commands._args import command, settings_from
+from kvjudge.commands._args import add_api_key_args, command, settings_from
 from kvjudge.commands._output import Column, emit, format_mib, info, print_fields, print_table, progress
 from kvjudge.errors import KvjudgeError
 from kvjudge.probe import CapabilityCache, RuntimeSettings, probe, probe_server, served_status
@@ -17,7 +17,7 @@ from kvjudge.probe.core import current_components
 def register(subparsers: argparse._SubParsersAction) -> None:
     cache = subparsers.add_parser("cache", help="show, refresh or clear the capability cache")
     actions = cache.add_subparsers(dest="cache_action", metavar="ACTION", required=True)
-    shared = (_add_cache_arg,)
+    shared = (_add_cache_arg, add_api_key_args)
     with command(actions, "show", _cache_show, shared=shared,
                  help="list the cached capabilities (fresh, stale or mismatched)"):
         pass  # no options but the shared ones
@@ -34,9 +34,16 @@ def _add_cache_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cache", metavar="PATH", help="capability cache file (default: in the cache dir)")
 
 
-def _status(entry: Any) -> str:
+def _credentials(args: argparse.Namespace) -> Any:
+    """The servers' API key (``--api-key-env`` / ``[judge] api_key_env``), for the served entries checked."""
+    from kvjudge.server_client import credentials_from
+
+    return credentials_from(settings_from(args).judge.api_key_env)
+
+
+def _status(entry: Any, credentials: Any = None) -> str:
     if entry.served:
-        return served_status(entry)
+        return served_status(entry, credentials)
     if entry.stale:
         return "stale"
     try:
@@ -79,8 +86,9 @@ def _cache_show(args: argparse.Namespace) -> int:
     cache = _cache(args)
     entries = cache.entries()
     rows = []
+    credentials = _credentials(args) if any(e.served for e in entries) else None
     for entry in entries:
-        rows.append(entry.to_json() | {"stale": entry.stale, "status": _status(entry)})
+        rows.append(entry.to_json() | {"stale": entry.stale, "status": _status(entry, credentials)})
     payload = {"path": str(cache.path), "staleness_days": cache.staleness_days, "entries": rows}
 
     def human() -> None:
@@ -103,12 +111,13 @@ def _cache_show(args: argparse.Namespace) -> int:
 def _cache_refresh(args: argparse.Namespace) -> int:
     cache = _cache(args)
     results = []
+    credentials = _credentials(args) if any(e.served for e in cache.entries()) else None
     for entry in cache.entries():
-        status = _status(entry)
+        status = _status(entry, credentials)
         if args.stale_only and status == "fresh":
             continue
         if entry.served:
-            results.append(_refresh_served(cache, entry, status))
+            results.append(_refresh_served(cache, entry, status, credentials))
             continue
         if not Path(entry.model_path).is_file():
             results.append({"fingerprint": entry.fingerprint, "model_path": entry.model_path,
@@ -143,7 +152,7 @@ def _cache_refresh(args: argparse.Namespace) -> int:
     return 0
 
 
-def _refresh_served(cache: Any, entry: Any, status: str) -> dict[str, Any]:
+def _refresh_served(cache: Any, entry: Any, status: str, credentials: Any = None) -> dict[str, Any]:
     """Probe a served entry again through its URL (an unreachable server is skipped, its entry kept)."""
     url = entry.server["url"]
     row = {"fingerprint": entry.fingerprint, "model_path": entry.model_path, "label": _model_label(entry),
@@ -155,7 +164,7 @@ def _refresh_served(cache: Any, entry: Any, status: str) -> dict[str, Any]:
         with progress("certifying the served model", total=None) as advance:
             report = probe_server(url, certify=entry.certified or entry.method == "measured", cache_path=cache.path,
                                   refresh=True, progress=lambda message: advance(1, description=message),
-                                  staleness_days=cache.staleness_days)
+                                  staleness_days=cache.staleness_days, credentials=credentials)
     except KvjudgeError as exc:
         return row | {"result": f"failed: {exc}"}
     if report.entry.fingerprint != entry.fingerprint:

@@ -16,10 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from kvjudge.commands._args import READS_TIERED, command, target_from
-from kvjudge.commands._judging import add_judge_args, judged, opened_judge, select_pairs
+from kvjudge.commands._judging import add_judge_args, judged, opened_judge, select_pairs, spent
 from kvjudge.commands._output import emit, info, print_table, print_wrapped
 from kvjudge.judge.evaluate import BASELINES, EVIDENCE_SIDES, evaluate, plot_reliability
 from kvjudge.judge.evidence import summary_line
+from kvjudge.judge.ledger import Ledger
 from kvjudge.retention.state import RunState
 
 DEFAULT_PNG = "kvjudge-eval.png"
@@ -53,6 +54,7 @@ def _eval(args: argparse.Namespace) -> int:
                 result = evaluate(store, verdicts, {**selection.runs, **states}, use_cache=not args.no_cache)
                 result["manifest"] = judge.manifest()
                 result["window"] = None if judge.window is None else judge.window.to_json()
+                result["cost"] = spent(judge).to_json()
                 results[label] = result
     png = Path(args.png)
     plot_reliability(results, png)
@@ -93,3 +95,4 @@ def _print(results: dict[str, dict[str, Any]], pairing: str | None = None) -> No
                                          f"left out)")
         print_wrapped(result["conclusion"])
         print_wrapped(summary_line(result["evidence"], EVIDENCE_SIDES))
+        print_wrapped(Ledger.from_json(result["cost"]).line())

@@ -17,10 +17,11 @@ from collections.abc import Callable
 from typing import Any
 
 from kvjudge.commands._args import READS_TIERED, command, target_from
-from kvjudge.commands._judging import add_judge_args, opened_judge, select_pairs
+from kvjudge.commands._judging import add_judge_args, announce, opened_judge, select_pairs
 from kvjudge.commands._output import emit, print_fields, print_table, print_wrapped, progress
 from kvjudge.judge import Judge, StillGrades, Verdict, judge_batch, summarize_verdicts
 from kvjudge.judge.evidence import describe, summary_line
+from kvjudge.judge.ledger import Ledger
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -59,7 +60,8 @@ def _judge(args: argparse.Namespace) -> int:
                         tracker.verdict(index, verdict)
                         _emit_pair(args, verdict, None)  # each pair as soon as it and those before it are decided
 
-                    verdicts = judge_batch(judge, store, pairs, on_call=tracker.call, on_verdict=decided)
+                    verdicts = judge_batch(judge, store, pairs, on_call=tracker.call, on_verdict=decided,
+                                           on_plan=announce(judge))
             if args.still_grades:
                 for result in check.results:
                     _emit_pair(args, result.reduced, result)
@@ -80,7 +82,8 @@ def _run_figures(judge: Judge, tracker: _PairProgress, judged: int) -> dict[str,
     backend = judge.backend
     wall = time.monotonic() - tracker.started
     figures: dict[str, Any] = {"prefix_tokens_saved": backend.tokens_saved, "wall_seconds": round(wall, 3),
-                               "pairs_per_minute": round(judged / (wall / 60), 2) if wall > 0 else None}
+                               "pairs_per_minute": round(judged / (wall / 60), 2) if wall > 0 else None,
+                               "cost": backend.ledger.to_json()}
     if backend.servers:
         figures["servers"] = backend.stats()
     figures["window"] = None if judge.window is None else judge.window.to_json()
@@ -177,5 +180,6 @@ def _print_summary(summary: dict[str, Any], still: bool) -> None:
             rows.append(["servers dropped", ", ".join(pool["dropped"])])
         rows.append(["requests sent to another server", pool["resent"]])
     print_fields(rows, title="summary")
+    print_wrapped(Ledger.from_json(summary["cost"]).line())
     if still:
         print_wrapped(summary_line(summary["evidence"], ("full", "reduced")))

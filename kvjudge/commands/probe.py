@@ -5,11 +5,12 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from kvjudge.commands._args import command, records_settings, settings_from
+from kvjudge.commands._args import add_api_key_args, command, records_settings, settings_from
 from kvjudge.commands._output import emit, format_mib, info, print_fields, print_table, print_wrapped, progress
 from kvjudge.errors import UsageError
 from kvjudge.probe import RuntimeSettings, parse_size, probe, probe_server
 from kvjudge.probe.settings import KV_TYPE_NAMES
+from kvjudge.server_client import credentials_from
 from kvjudge.settings import Settings
 
 
@@ -55,6 +56,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         parser.add_argument("--timeout", type=float, metavar="S", help="seconds per certification trial (or request)")
         parser.add_argument("--cache", metavar="PATH", help="capability cache file (default: in the cache dir)")
         records_settings(parser, "memory_budget")
+        add_api_key_args(parser)
 
 
 def _runtime(args: argparse.Namespace) -> RuntimeSettings:
@@ -116,7 +118,8 @@ def _probe_server(args: argparse.Namespace, settings: Settings, urls: list[str])
         with progress("certifying the served model", total=None) as advance:
             report = probe_server(url, certify=not args.no_certify, cache_path=args.cache, refresh=args.refresh,
                                   progress=lambda message: advance(1, description=message), timeout_s=args.timeout,
-                                  staleness_days=settings.probe.staleness_days)
+                                  staleness_days=settings.probe.staleness_days,
+                                  credentials=credentials_from(settings.judge.api_key_env))
         payloads.append(report.as_dict())
 
     def human() -> None:

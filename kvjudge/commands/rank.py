@@ -15,9 +15,10 @@ from types import SimpleNamespace
 from typing import Any
 
 from kvjudge.commands._args import READS_TIERED, command, jsonl_objects, target_from
-from kvjudge.commands._judging import add_judge_args, judged, opened_judge, select_pairs
+from kvjudge.commands._judging import add_judge_args, judged, opened_judge, select_pairs, spent
 from kvjudge.commands._output import emit, info, print_table, print_wrapped
 from kvjudge.errors import UsageError
+from kvjudge.judge.ledger import Ledger
 from kvjudge.judge.ranking import BOOTSTRAP, agent_of, plot_ranking, rank
 from kvjudge.retention.store import RunListing
 
@@ -78,6 +79,7 @@ def _rank(args: argparse.Namespace) -> int:
         ranking = rank(verdicts, agent, bootstrap=args.bootstrap)
         if args.verdicts is None:
             ranking["pairing"] = selection.to_json()
+            ranking["cost"] = spent(judge).to_json()
     if ranking["agents"]:
         png = Path(args.png)
         plot_ranking(ranking, png)
@@ -88,6 +90,8 @@ def _rank(args: argparse.Namespace) -> int:
 
 
 def _print(ranking: dict[str, Any]) -> None:
+    if "cost" in ranking:
+        print_wrapped(Ledger.from_json(ranking["cost"]).line())
     if not ranking["agents"]:
         print_wrapped(ranking["note"])
         return

@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from kvjudge.commands._args import READS_TIERED, command, target_from
-from kvjudge.commands._judging import add_judge_args, judged, opened_judge, select_pairs
+from kvjudge.commands._judging import add_judge_args, judged, opened_judge, select_pairs, spent
 from kvjudge.commands._output import emit, print_wrapped
 from kvjudge.errors import UsageError
+from kvjudge.judge.ledger import Ledger
 from kvjudge.judge.ranking import BOOTSTRAP
 from kvjudge.report import build_report, check_output, write_report
 
@@ -59,13 +60,15 @@ def _report(args: argparse.Namespace) -> int:
     written = write_report(report, out)
     cached = sum(v.cached for v in verdicts)
     payload = {**written.to_json(), "pairing": selection.to_json(), "pairs": len(verdicts), "cached": cached,
-               "judged": len(verdicts) - cached, "conclusion": report.evaluation["conclusion"]}
+               "judged": len(verdicts) - cached, "conclusion": report.evaluation["conclusion"],
+               "cost": spent(judge).to_json()}
     emit(args, payload, lambda: _print(payload))
     return 0
 
 
 def _print(payload: dict[str, Any]) -> None:
     print_wrapped(payload["conclusion"])
+    print_wrapped(Ledger.from_json(payload["cost"]).line())
     print_wrapped(f"report: {payload['index']} ({payload['index_bytes'] / 1e3:.0f} kB)")
     print_wrapped(f"pairs: {payload['pair_dir']}/ ({payload['pair_pages']} pages, "
                   f"{payload['pair_bytes_total'] / 1e3:.0f} kB; {payload['cached']} of {payload['pairs']} verdicts "

@@ -22,6 +22,7 @@ from typing import Any, Protocol
 from kvjudge._llama import chat_template_inputs, last_logits, quiet_native_output, rewind
 from kvjudge.errors import JudgeError, ModelError
 from kvjudge.judge.labels import SPELLINGS, LabelScore, PromptOverflow, ResultFn, renormalise, score_in_turn
+from kvjudge.judge.ledger import CallCost, Ledger
 from kvjudge.judge.prompt import Framing, Prompt, TemplateText, choose_framing
 from kvjudge.tokens import model_counter_name, tokenize_exact
 
@@ -43,6 +44,8 @@ class Backend(Protocol):
     #: Calls answered, and prompt tokens whose KV cache was reused rather than evaluated (0 where unknown).
     calls: int
     tokens_saved: int
+    #: Every answered call's cost, as its answerer measured it (:mod:`kvjudge.judge.ledger`), added up.
+    ledger: Ledger
 
     @property
     def counter_name(self) -> str:
@@ -131,6 +134,7 @@ class LlamaBackend:
     slack_tokens: int = 0  # the prompt is tokenized segment by segment, exactly as counted
     window_fixed: bool = False
     certified: bool = False
+    ledger: Ledger = field(default_factory=Ledger)
     _vocab: Any = field(default=None, repr=False)
     _llama: Any = field(default=None, repr=False)
     _label_ids: dict[str, tuple[int, ...]] = field(default_factory=dict, repr=False)
@@ -266,11 +270,14 @@ class LlamaBackend:
 
     def stats(self) -> dict[str, Any]:
         return {"calls": self.calls, "tokens_evaluated": self.tokens_evaluated, "tokens_saved": self.tokens_saved,
-                "loads": self.loads}
+                "loads": self.loads, "ledger": self.ledger.to_json()}
 
     def score(self, segments: Sequence[str], shared: int = 0) -> LabelScore:
+        import time
+
         import numpy as np
 
+        started = time.perf_counter()
         if self._vocab is None:
             raise JudgeError("the judge backend is closed; open a new one")
         if self._llama is None or self.n_ctx is None:
@@ -305,7 +312,11 @@ class LlamaBackend:
         self.calls += 1
         self.tokens_evaluated += len(tokens) - keep
         self.tokens_saved += keep
-        return LabelScore(probs=probs, label_mass=mass, prompt_tokens=len(tokens), reused_tokens=keep)
+        # The KV reuse counted as a server counts its prefix cache: the prompt's tokens not evaluated again. Nothing
+        # is generated (the next token's distribution is read from the logits): no completion token.
+        cost = CallCost(len(tokens), keep, 0, 0, time.perf_counter() - started)
+        self.ledger.add(cost)
+        return LabelScore(probs=probs, label_mass=mass, prompt_tokens=len(tokens), reused_tokens=keep, cost=cost)
 
     def close(self) -> None:
         for model in (self._llama, self._vocab):

@@ -17,7 +17,8 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from kvjudge.errors import JudgeError
+from kvjudge.errors import AuthRefused, JudgeError
+from kvjudge.judge.ledger import CallCost
 from kvjudge.judge.prompt import Prompt
 
 # The answer labels and the spellings whose probabilities count for each.
@@ -43,6 +44,7 @@ class LabelScore:
     prompt_tokens: int
     reused_tokens: int = 0
     server: str | None = None  # the server that answered (server backends)
+    cost: CallCost | None = None  # what the call cost as its answerer measured it (None: read from a cache)
 
 
 def renormalise(raw: dict[str, float]) -> tuple[dict[str, float], float]:
@@ -73,6 +75,8 @@ def score_in_turn(score: Callable[[Sequence[str], int], LabelScore], groups: Ite
             except JudgeError as exc:
                 on_result(index, position, None, exc, None, time.perf_counter() - started)
                 continue
+            except AuthRefused:
+                raise  # the credentials are a setting to fix, the same for every call: the command stops
             except Exception as exc:  # noqa: BLE001 - a backend bug or a runtime crash is an outcome, never a score
                 failure = JudgeError(f"the judge backend failed ({type(exc).__name__}: {exc})")
                 on_result(index, position, None, failure, None, time.perf_counter() - started)

@@ -21,6 +21,7 @@ Cache writes are gathered and written a few dozen at a time in one transaction.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -31,6 +32,7 @@ from kvjudge.errors import JudgeError, UsageError
 from kvjudge.judge.backends import Backend
 from kvjudge.judge.evidence import RunEvidence
 from kvjudge.judge.labels import LabelScore, PromptOverflow
+from kvjudge.judge.ledger import Ledger
 from kvjudge.judge.pack import (
     ANSWER_TOKENS,
     BaseView,
@@ -73,6 +75,8 @@ if TYPE_CHECKING:
     from kvjudge.retention.state import RunState
 
 VerdictFn = Callable[[int, Verdict], None]
+# on_plan(calls at most, verdicts from the cache): said once the cache has been read, before any call is sent.
+PlanFn = Callable[[int, int], None]
 # Cache writes gathered before one transaction writes them.
 _WRITE_BATCH = 64
 
@@ -237,7 +241,8 @@ def judge_pair(store: Store, a: str, b: str, backend: Backend, *, margin: float 
 
 def judge_batch(judge: Judge, store: Store, pairs: Sequence[tuple[str, str]], *, reduce_to: PairReduce = None,
                 full: bool = False, bound: str = "certified", on_call: Callable[[], None] | None = None,
-                on_verdict: VerdictFn | None = None, states: Mapping[str, RunState] | None = None) -> list[Verdict]:
+                on_verdict: VerdictFn | None = None, states: Mapping[str, RunState] | None = None,
+                on_plan: PlanFn | None = None) -> list[Verdict]:
     """Judge ``pairs`` of ``store``, both orders each, in one window (the stages in the module docstring).
 
     ``reduce_to`` (tokens, or tokens per pair) judges views reduced that far (derived, never stored): the reduced
@@ -245,9 +250,12 @@ def judge_batch(judge: Judge, store: Store, pairs: Sequence[tuple[str, str]], *,
     (the full side); ``bound`` "analytic" lets an in-process window grow to the analytic bound. ``on_call()`` hears
     of each order scored or read from a cache; ``on_verdict(index, verdict)`` of each verdict, in pair order.
     ``states``: folded runs already read, by id (``PairSelection.runs`` of folded runs); the others are read from
-    the store, and added to a dict given (so a caller scoring the verdicts next reads no run twice).
+    the store, and added to a dict given (so a caller scoring the verdicts next reads no run twice). ``on_plan`` hears
+    how many calls at most are about to be sent and how many verdicts came from the cache, before the first call.
+    Interrupted (Ctrl-C), every verdict and order answered so far is written to the caches first.
     """
     batch = _Batch(judge, store, pairs, reduce_to, full, bound, on_call, on_verdict)
+    batch.on_plan = on_plan
     if isinstance(states, dict):
         batch.states = states
     else:
@@ -268,6 +276,7 @@ class _Pending:
     orders: list[OrderScore] = field(default_factory=list)
     waiting: int = 0
     failure: JudgeError | None = None
+    cost: Ledger = field(default_factory=Ledger)  # the calls this pair sent (an answer it only read costs nothing)
 
 
 class _Batch:
@@ -292,6 +301,7 @@ class _Batch:
         self.needed = 0
         self.manifest: dict[str, Any] = {}
         self.settings: dict[str, Any] = {}
+        self.on_plan: PlanFn | None = None
 
     def target(self, pair: tuple[str, str]) -> int | None:
         return self.reduce_to.get(pair) if isinstance(self.reduce_to, Mapping) else self.reduce_to
@@ -306,17 +316,22 @@ class _Batch:
         self.manifest = judge.manifest()
         self.settings = judge_settings(self.manifest)
         misses = self.known() if judge.use_cache else list(range(len(self.pairs)))
-        if misses:
-            if not judge.backend.window_fixed:
-                # An in-process window is sized to the pairs: every pair's views first, then the window.
-                for index in misses:
-                    self.fitted[index] = self.pair_views(index)
-                if self.needed:
-                    judge.open_window(self.needed, self.bound)
-            judge.backend.score_many(self.groups(misses), self.on_result)
-            if judge.backend.window_fixed and self.needed:
-                judge.open_window(self.needed, self.bound)  # a server's window: only what it says of the pairs
-        self.flush()
+        if self.on_plan is not None:
+            self.on_plan(len(misses) * len(ORDERS), len(self.pairs) - len(misses))
+        try:
+            if misses:
+                if not judge.backend.window_fixed:
+                    # An in-process window is sized to the pairs: every pair's views first, then the window.
+                    for index in misses:
+                        self.fitted[index] = self.pair_views(index)
+                    if self.needed:
+                        judge.open_window(self.needed, self.bound)
+                judge.backend.score_many(self.groups(misses), self.on_result)
+                if judge.backend.window_fixed and self.needed:
+                    judge.open_window(self.needed, self.bound)  # a server's window: only what it says of the pairs
+        finally:
+            # Also on Ctrl-C or a fatal error (a refused key): what was answered stays answered.
+            self.flush()
         missing = [index for index, verdict in enumerate(self.verdicts) if verdict is None]
         if missing:  # every call reports exactly once; anything else is a bug, never a silent gap
             raise JudgeError(f"internal: {len(missing)} pair(s) were never decided")
@@ -342,7 +357,8 @@ class _Batch:
                 self.keys[index] = key
                 misses.append(index)
                 continue
-            verdict = verdict_from_record(record, a, b, margin=self.judge.margin, seconds=share)
+            verdict = dataclasses.replace(verdict_from_record(record, a, b, margin=self.judge.margin, seconds=share),
+                                          cost=Ledger())  # read from the cache: no call
             for _ in ORDERS:
                 self.called()
             self.decided(index, verdict)
@@ -443,6 +459,8 @@ class _Batch:
         sender, prompts = self.sent[group]
         prompt = prompts[position]
         sender.seconds += seconds
+        if score is not None and score.cost is not None:
+            sender.cost.add(score.cost)
         if score is not None:
             self.answered[prompt.key] = score
             if self.judge.use_cache:
@@ -460,8 +478,9 @@ class _Batch:
 
     # ---------------------------------------------------------------------------------- stage 5: verdicts
     def conclude(self, pending: _Pending) -> None:
-        verdict = self.judge.conclude(pending.view_a, pending.view_b, pending.orders, pending.failure,
-                                      started=pending.started, seconds=pending.seconds)
+        verdict = dataclasses.replace(self.judge.conclude(pending.view_a, pending.view_b, pending.orders,
+                                                          pending.failure, started=pending.started,
+                                                          seconds=pending.seconds), cost=pending.cost)
         key = self.keys.get(pending.index)
         skeleton_overflow = verdict.outcome == "overflow" and not isinstance(pending.failure, PromptOverflow)
         if (key is not None and pending.complete and pending.failure is None

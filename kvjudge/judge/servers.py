@@ -18,6 +18,7 @@ keyed exactly as one server's.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
 import time
@@ -30,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvjudge._llama import chat_template_inputs
 from kvjudge.errors import (
+    AuthRefused,
     CapabilityMissing,
     ContextRefused,
     JudgeError,
@@ -37,6 +39,7 @@ from kvjudge.errors import (
     ServerUnavailable,
     UsageError,
 )
+from kvjudge.judge.affinity import affinity_key
 from kvjudge.judge.labels import (
     LABELS,
     SPELLINGS,
@@ -46,15 +49,20 @@ from kvjudge.judge.labels import (
     renormalise,
     score_in_turn,
 )
+from kvjudge.judge.ledger import CallCost, Ledger
 from kvjudge.judge.prompt import Framing, Prompt, TemplateText, choose_framing, user_message
 from kvjudge.settings import DEFAULT_PARALLEL, DEFAULT_TIMEOUT_S
 from kvjudge.server_client import (
+    Answer,
+    Credentials,
     RetryPolicy,
     ServerClient,
     ServerInfo,
     ServerTokenCounter,
     normalize_url,
+    usage_of,
 )
+from kvjudge.server_client.failures import retryable
 
 if TYPE_CHECKING:
     from kvjudge.tokens import ModelTokenizer
@@ -139,15 +147,18 @@ class ServerBackend:
     # across the segment boundaries counted separately): keep a little room.
     slack_tokens: int = 16
     calls: int = 0
-    tokens_saved: int = 0  # the server's own prompt cache may reuse KV; it does not tell us
+    tokens_saved: int = 0  # prompt tokens the server reported it served from its prefix cache (0: none reported)
     window_fixed: bool = True
+    credentials: Credentials | None = field(default=None, repr=False)
+    ledger: Ledger = field(default_factory=Ledger)
     tokenizer: ModelTokenizer | None = field(default=None, repr=False)
     client: ServerClient = field(default=None, repr=False)  # type: ignore[assignment]  # built from url when None
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def __post_init__(self) -> None:
         if self.client is None:
-            self.client = ServerClient(self.url, timeout_s=self.timeout_s, retry=self.retry)
+            self.client = ServerClient(self.url, timeout_s=self.timeout_s, retry=self.retry,
+                                       credentials=self.credentials)
         self.url = self.client.url
         if self.info is None:
             try:
@@ -231,19 +242,21 @@ class ServerBackend:
             raise JudgeError(f"the pairs need a {n_ctx}-token window but the judge window on {self.url} is "
                              f"{self.n_ctx}; pass a smaller --n-ctx")
 
-    def request_score(self, segments: Sequence[str]) -> LabelScore:
-        """One forced-choice call. Raises PromptOverflow on a context refusal, ServerUnavailable when the server
-        cannot be reached after its retries (the pool sends the call elsewhere), JudgeError otherwise."""
+    def request_score(self, segments: Sequence[str], affinity: str | None = None) -> LabelScore:
+        """One forced-choice call (``affinity``: the session key of its group). Raises PromptOverflow on a context
+        refusal, ServerUnavailable when the server cannot be reached after its retries (the pool sends the call
+        elsewhere), AuthRefused when it refuses the credentials, JudgeError otherwise."""
         assert self.info is not None
         try:
+            answer: Answer
             if any(isinstance(segment, TemplateText) for segment in segments):
                 # The chat framing: the server applies its own template to the user message.
                 message = user_message(segments)
                 answer = self.client.chat([{"role": "user", "content": message}], model=self.info.model_id,
-                                          top_logprobs=self.top_logprobs)
+                                          top_logprobs=self.top_logprobs, affinity=affinity)
             else:
                 answer = self.client.complete("".join(segments), model=self.info.model_id,
-                                              logprobs=self.top_logprobs)
+                                              logprobs=self.top_logprobs, affinity=affinity)
         except ContextRefused as exc:
             raise PromptOverflow(f"the judge server {self.url} refused the prompt as longer than its context "
                                  f"({exc})") from exc
@@ -251,13 +264,17 @@ class ServerBackend:
             raise
         except ServerError as exc:
             raise JudgeError(str(exc)) from exc
-        usage = answer.get("usage") if isinstance(answer, Mapping) else None
-        prompt_tokens = int(usage.get("prompt_tokens") or 0) if isinstance(usage, Mapping) else 0
+        usage = usage_of(answer)
+        prompt_tokens = usage.prompt_tokens or 0
         score = label_score(top_logprobs(answer), top_n=self.top_logprobs, prompt_tokens=prompt_tokens,
                             server=self.url)
+        cost = CallCost(prompt_tokens, usage.cached_tokens, usage.completion_tokens or 0, answer.tries - 1,
+                        answer.seconds)
         with self._lock:  # the pool calls from several threads
             self.calls += 1
-        return score
+            self.tokens_saved += usage.cached_tokens or 0
+            self.ledger.add(cost)
+        return dataclasses.replace(score, cost=cost, reused_tokens=usage.cached_tokens or 0)
 
     def score(self, segments: Sequence[str], shared: int = 0) -> LabelScore:
         try:
@@ -270,7 +287,8 @@ class ServerBackend:
         score_in_turn(self.score, groups, on_result)
 
     def stats(self) -> dict[str, Any]:
-        return {"servers": [self.url], "dropped": {}, "resent": 0, "calls": {self.url: self.calls}, "parallel": 1}
+        return {"servers": [self.url], "dropped": {}, "resent": 0, "calls": {self.url: self.calls}, "parallel": 1,
+                "ledger": self.ledger.to_json()}
 
     def close(self) -> None:
         self.client.close()
@@ -295,9 +313,10 @@ def local_tokenizer(info: ServerInfo, client: ServerClient, model_path: str | Pa
     return candidate if served[offset:] == candidate.tokenize(_TOKENIZER_CHECK) else None
 
 
-def _timed(call: Callable[[Sequence[str]], LabelScore], segments: Sequence[str]) -> tuple[LabelScore, float]:
+def _timed(call: Callable[[Sequence[str], str | None], LabelScore], segments: Sequence[str],
+           affinity: str | None) -> tuple[LabelScore, float]:
     started = time.perf_counter()
-    return call(segments), time.perf_counter() - started
+    return call(segments, affinity), time.perf_counter() - started
 
 
 @dataclass
@@ -308,6 +327,7 @@ class _Job:
     group: int
     position: int
     segments: Sequence[str]
+    affinity: str | None = None
     then: _Job | None = None
     prefer: str | None = None
     tried: set[str] = field(default_factory=set)
@@ -317,8 +337,9 @@ class _Job:
 def _chain(group: int, prompts: Sequence[Prompt]) -> _Job | None:
     """The group's prompts as jobs, each followed by the next."""
     first: _Job | None = None
+    key = affinity_key(prompts) if prompts else None
     for position in reversed(range(len(prompts))):
-        first = _Job(group, position, prompts[position].segments, then=first)
+        first = _Job(group, position, prompts[position].segments, key, then=first)
     return first
 
 
@@ -356,9 +377,9 @@ class ServerPool:
         self.parallel = parallel
         self.n_ctx = backends[0].n_ctx
         self.slack_tokens = backends[0].slack_tokens
-        self.tokens_saved = 0
         self.dropped: dict[str, str] = dict(dropped or {})
         self.resent = 0
+        self.failed_tries = Ledger()  # tries that failed on a server before another answered (no tokens)
         self._failures: dict[str, int] = {}  # calls in a row that failed transiently, per server
         self._lock = threading.Lock()
 
@@ -386,6 +407,19 @@ class ServerPool:
     @property
     def calls(self) -> int:
         return sum(b.calls for b in self.backends)
+
+    @property
+    def ledger(self) -> Ledger:
+        """Every answered call of the pool's servers, and the tries that failed before a server answered."""
+        total = Ledger()
+        for backend in self.backends:
+            total.merge(backend.ledger)
+        total.merge(self.failed_tries)
+        return total
+
+    @property
+    def tokens_saved(self) -> int:
+        return sum(b.tokens_saved for b in self.backends)
 
     def manifest(self) -> dict[str, Any]:
         return self.backends[0].manifest()
@@ -497,7 +531,7 @@ class ServerPool:
                     continue
                 ready.remove(job)
                 busy[backend.url] += 1
-                in_flight[executor.submit(_timed, backend.request_score, job.segments)] = (job, backend)
+                in_flight[executor.submit(_timed, backend.request_score, job.segments, job.affinity)] = (job, backend)
                 progress = True
 
     def _finish(self, job: _Job, score: LabelScore | None, failure: JudgeError | None, url: str | None,
@@ -512,9 +546,13 @@ class ServerPool:
                 ready: deque[_Job], on_result: ResultFn) -> None:
         try:
             score, seconds = future.result()
+        except AuthRefused:
+            raise  # the credentials: a setting to fix, for every call alike (the command stops with one line)
         except ServerUnavailable as exc:
             job.tried.add(backend.url)
             job.last_failure = str(exc)
+            for _ in range(backend.retry.attempts if retryable(exc) else 1):
+                self.failed_tries.failed_try()
             self._failures[backend.url] = self._failures.get(backend.url, 0) + 1
             if exc.reason == "connection":
                 self._drop(backend.url, str(exc))
@@ -546,7 +584,8 @@ class ServerPool:
     def stats(self) -> dict[str, Any]:
         """For the summary: the servers, those dropped and why, requests sent elsewhere, calls answered."""
         return {"servers": self.urls, "dropped": dict(self.dropped), "resent": self.resent,
-                "calls": {b.url: b.calls for b in self.backends}, "parallel": self.parallel}
+                "calls": {b.url: b.calls for b in self.backends}, "parallel": self.parallel,
+                "ledger": self.ledger.to_json()}
 
     def close(self) -> None:
         for backend in self.backends:
@@ -563,7 +602,7 @@ def _vouched_n_ctx(entry: Any) -> int | None:
 
 
 def _pool_n_ctx(infos: Sequence[ServerInfo], requested: int | None, cache_path: str | Path | None,
-                staleness_days: float | None) -> tuple[int, str]:
+                staleness_days: float | None, credentials: Credentials | None = None) -> tuple[int, str]:
     """The judge window on every server: the certified one from each server's capability entry (the smallest),
     or ``requested``, which may only lower it (and without an entry stays within the reported context)."""
     from kvjudge.probe import lookup_served
@@ -572,7 +611,8 @@ def _pool_n_ctx(infos: Sequence[ServerInfo], requested: int | None, cache_path: 
         raise JudgeError(f"--n-ctx {requested} is too small for a judge prompt; use at least 512")
     vouched: list[int] = []
     for info in infos:
-        found = lookup_served(info.url, cache_path=cache_path, staleness_days=staleness_days, identified=info)
+        found = lookup_served(info.url, cache_path=cache_path, staleness_days=staleness_days, identified=info,
+                              credentials=credentials)
         entry = found.entry
         window = _vouched_n_ctx(entry)
         if entry is not None and not entry.stale and window is not None:
@@ -599,7 +639,8 @@ def _pool_n_ctx(infos: Sequence[ServerInfo], requested: int | None, cache_path: 
 def open_servers(urls: Sequence[str], *, n_ctx: int | None = None, tokenizer_model: str | Path | None = None,
                  parallel: int = DEFAULT_PARALLEL, timeout_s: float = DEFAULT_TIMEOUT_S, top_logprobs: int = DEFAULT_TOP_LOGPROBS, retry: RetryPolicy | None = None,
                  cache_path: str | Path | None = None, staleness_days: float | None = None,
-                 on_drop: Callable[[str, str], None] | None = None) -> ServerPool:
+                 on_drop: Callable[[str, str], None] | None = None,
+                 credentials: Credentials | None = None) -> ServerPool:
     """A :class:`ServerPool` over ``urls``: each identified, checked to serve one model, windowed from the
     capability cache (``kvjudge probe --server``) or ``n_ctx``. A server unreachable now is dropped (``on_drop``
     hears of it); none reachable is an error."""
@@ -612,7 +653,7 @@ def open_servers(urls: Sequence[str], *, n_ctx: int | None = None, tokenizer_mod
     infos: list[ServerInfo] = []
     dropped: dict[str, str] = {}
     for url in urls:
-        client = ServerClient(url, timeout_s=timeout_s, retry=retry)
+        client = ServerClient(url, timeout_s=timeout_s, retry=retry, credentials=credentials)
         try:
             infos.append(client.identify())
         except ServerUnavailable as exc:
@@ -625,9 +666,10 @@ def open_servers(urls: Sequence[str], *, n_ctx: int | None = None, tokenizer_mod
             client.close()
     if not infos:
         raise JudgeError(f"no judge server is reachable ({'; '.join(dropped.values())})")
-    window, source = _pool_n_ctx(infos, n_ctx, cache_path, staleness_days)
+    window, source = _pool_n_ctx(infos, n_ctx, cache_path, staleness_days, credentials)
     backends = [ServerBackend(url=info.url, n_ctx=window, n_ctx_source=source, info=info,
-                              top_logprobs=top_logprobs, timeout_s=timeout_s, retry=retry) for info in infos]
+                              top_logprobs=top_logprobs, timeout_s=timeout_s, retry=retry, credentials=credentials)
+                for info in infos]
     first = backends[0]
     assert first.info is not None
     tokenizer = local_tokenizer(first.info, first.client, tokenizer_model)

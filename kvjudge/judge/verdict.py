@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 from kvjudge.errors import JudgeError, UsageError
 from kvjudge.judge.evidence import RunEvidence, visibility_from_json
 from kvjudge.judge.labels import LabelScore, PromptOverflow
+from kvjudge.judge.ledger import Ledger
 from kvjudge.judge.pack import PackedView, RunTokens
 from kvjudge.judge.prompt import TEMPLATE_VERSION, Prompt
 from kvjudge.judge.render import view_source
@@ -101,6 +102,7 @@ class Verdict:
     view_sha256: dict[str, str | None] = field(default_factory=dict)  # what each run's view was, by hash
     evidence: dict[str, RunEvidence] = field(default_factory=dict)  # each run's evidence, full view and judged
     common_tokens: int = 0  # the block of text both runs share, quoted once (0: none)
+    cost: Ledger | None = None  # the calls this verdict made, as their answerers measured them (None: not tracked)
 
     @property
     def scored(self) -> bool:
@@ -133,6 +135,7 @@ class Verdict:
             "common_tokens": self.common_tokens,
             "evidence": {run: e.to_json() for run, e in self.evidence.items()},
             "evidence_hidden": self.evidence_hidden,
+            "cost": None if self.cost is None else self.cost.to_json(),
         }
 
 

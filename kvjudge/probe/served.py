@@ -29,7 +29,7 @@ from kvjudge.errors import ContextRefused, KvjudgeError, ProbeError, ServerError
 from kvjudge.probe.cache import CapabilityCache, CapabilityEntry, utc_now
 from kvjudge.probe.certify import PROMPT_RESERVE, default_timeout, safe_context_for
 from kvjudge.probe.core import fingerprint_of
-from kvjudge.server_client import RetryPolicy, ServerClient, ServerInfo, normalize_url
+from kvjudge.server_client import Credentials, RetryPolicy, ServerClient, ServerInfo, normalize_url
 
 MAX_SERVED_TRIALS = 3
 # When a server names no context size: a prompt longer than any context it could serve (it is refused before
@@ -250,8 +250,9 @@ def _fresh_entry(info: ServerInfo, served: _Served, max_ok: int | None, certifie
                 "n_ctx_source": served.source})
 
 
-def _open(url: str, timeout_s: float | None = None, retry: RetryPolicy = _PROBE_RETRY) -> ServerClient:
-    return ServerClient(url, retry=retry, **({"timeout_s": timeout_s} if timeout_s else {}))
+def _open(url: str, timeout_s: float | None = None, retry: RetryPolicy = _PROBE_RETRY,
+          credentials: Credentials | None = None) -> ServerClient:
+    return ServerClient(url, retry=retry, credentials=credentials, **({"timeout_s": timeout_s} if timeout_s else {}))
 
 
 def _identify(client: ServerClient) -> ServerInfo:
@@ -263,14 +264,15 @@ def _identify(client: ServerClient) -> ServerInfo:
 
 def probe_server(url: str, *, certify: bool = True, cache_path: str | Path | None = None, refresh: bool = False,
                  progress: ProgressFn | None = None, timeout_s: float | None = None,
-                 staleness_days: float | None = None) -> ServedProbeReport:
+                 staleness_days: float | None = None, credentials: Credentials | None = None) -> ServedProbeReport:
     """Probe the model served at ``url`` and record it in the capability cache.
 
     A fresh certified entry with the same fingerprint is reused unless ``refresh``. Without ``certify`` only the
     identification (and, where the server does not report it, the refusal that names its context) is done.
+    ``credentials``: the API key sent with every request.
     """
     cache = CapabilityCache(cache_path, staleness_days=staleness_days)
-    client = _open(url, timeout_s)
+    client = _open(url, timeout_s, credentials=credentials)
     try:
         info = _identify(client)
         sha = _sha_of_local(info)
@@ -322,7 +324,8 @@ class ServedLookup:
 
 
 def lookup_served(url: str, *, cache_path: str | Path | None = None, staleness_days: float | None = None,
-                  verify: bool = True, identified: ServerInfo | None = None) -> ServedLookup:
+                  verify: bool = True, identified: ServerInfo | None = None,
+                  credentials: Credentials | None = None) -> ServedLookup:
     """The cached entry for the model served at ``url`` (``stale`` set). Never certifies.
 
     With ``verify`` the server is asked who it is (and, if it does not report its context, one prompt just over
@@ -336,7 +339,7 @@ def lookup_served(url: str, *, cache_path: str | Path | None = None, staleness_d
     newest = _newest(cache, url)
     if newest is None or not verify:
         return ServedLookup(url, newest, False, "" if newest is not None else "no entry")
-    client = _open(url, retry=RetryPolicy(attempts=1))
+    client = _open(url, retry=RetryPolicy(attempts=1), credentials=credentials)
     try:
         info = identified if identified is not None else client.identify()
         served = served_context(client, info, expected=newest.max_context_tokens)
@@ -356,11 +359,11 @@ def lookup_served(url: str, *, cache_path: str | Path | None = None, staleness_d
     return ServedLookup(url, exact, True)
 
 
-def served_status(entry: CapabilityEntry) -> str:
+def served_status(entry: CapabilityEntry, credentials: Credentials | None = None) -> str:
     """``fresh``, ``stale``, ``mismatch`` (the server now serves something else) or ``unreachable``."""
     if entry.stale:
         return "stale"
-    client = _open(entry.server["url"], retry=RetryPolicy(attempts=1))
+    client = _open(entry.server["url"], retry=RetryPolicy(attempts=1), credentials=credentials)
     try:
         info = client.identify()
         served = served_context(client, info, expected=entry.max_context_tokens)
