@@ -250,3 +250,13 @@ def select(tasks: Mapping[str, Sequence[str]], strategy: str = DEFAULT_STRATEGY,
                 picks[task] = done.value
                 del running[task]
     return [picks[task] for task in tasks if task in picks]
+
+
+def describe(strategy: str) -> str:
+    """One sentence: how ``strategy`` picks, what it costs per task of N runs, and the tie rule."""
+    how = {POINTWISE: "each run scored once by a pointwise critic, the highest score picked (N readings per task)",
+           TOURNAMENT: "a knockout in the task's order, the winner of each match advancing (N - 1 comparisons "
+                       "per task)",
+           ALL_PAIRS: "every pair compared once and a Bradley-Terry fit inside the task, the strongest picked "
+                      "(N(N - 1)/2 comparisons per task)"}[strategy]
+    return f"{strategy}: {how}; ties, no preference and errors go to the run earliest in the task's order."

@@ -106,3 +106,14 @@ def selection_table(picks: Sequence[Pick], candidates: Mapping[str, Sequence[Can
         "spent": _spent(picks),
         "note": "; ".join(notes) or None,
     }
+
+
+def pick_record(pick: Pick, candidates: Sequence[Candidate]) -> dict[str, Any]:
+    """One task's line of the picks file: the pick as :meth:`Pick.to_json` says it, ``passed`` (the picked run's;
+    None without a grade) and per candidate what the table reads of it beside its score and wins."""
+    by_id = {c.run_id: c for c in candidates}
+    picked = by_id.get(pick.picked)
+    return {**pick.to_json(), "passed": None if picked is None else picked.passed,
+            "candidates": [{**by_id[run].to_json(), "score": pick.scores.get(run), "wins": pick.wins.get(run),
+                            "picked": run == pick.picked} if run in by_id else {"run": run}
+                           for run in pick.candidates]}
