@@ -216,3 +216,22 @@ def test_pass_at_pick_reads_back_what_a_judge_of_known_quality_predicts(strategy
     rows = {row["name"]: row["rate"] for row in table["rows"]}
     assert rows["random"] < pick["rate"] <= rows["oracle"]
     assert table["spent"]["comparisons"] == TASKS * comparisons_bound(strategy, n) == judge.scored + judge.compared
+
+
+def test_the_best_of_n_page_writes_run_text_as_text(tmp_path) -> None:
+    from html import unescape
+
+    from kvjudge.judge.selection_table import selection_result
+    from kvjudge.report.selection import write_selection
+
+    task = "<script>alert(1)</script>"
+    candidates = {task: [_c("<img src=x onerror=alert(2)>", task, True, 5, 0), _c("b", task, False, 9, 1)]}
+    picks = select({task: [c.run_id for c in candidates[task]]}, TOURNAMENT,
+                   comparator=Table({("<img src=x onerror=alert(2)>", "b"): 0.9}))
+    page = write_selection(selection_result(picks, candidates, strategy=TOURNAMENT, pass_score=1.0),
+                           tmp_path / "best.html").read_text()
+    assert "<script" not in page and "<img" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert unescape(page).count("<img src=x onerror=alert(2)>") == 2  # the picked column, and marked among the candidates
+    assert "default-src 'none'" in unescape(page) and "script-src" not in unescape(page)
+    with pytest.raises(UsageError, match="not an .html file"):
+        write_selection({}, tmp_path)

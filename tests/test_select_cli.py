@@ -128,6 +128,15 @@ def test_select_picks_what_the_judges_draws_say_and_reports_what_the_picks_are_w
     page = html.read_text()
     assert "default-src 'none'" in unescape(page) and 'id="selection-table"' in page and "<script" not in page
     assert page.count('<tr data-task="') == 21
+    if strategy == "tournament":
+        # The report's best-of-N section: the same picks, from verdicts the report judged itself.
+        report = kvjudge_json("report", "--server", server.url, "--store", str(store), "--parallel", "4",
+                              "--select", strategy, "--out", str(tmp_path / "report.html"))
+        index = (tmp_path / "report.html").read_text()
+        assert report["pairs"] > 0 and 'id="best-of-n"' in index and index.count('<tr data-task="') == 21
+        for task, pick in picks.items():
+            row = index[index.index(f'<tr data-task="{task}">'):]
+            assert row[:row.index("</tr>")].count(pick["picked"]) >= 2  # the picked column and its marked candidate
 
 
 def test_select_refuses_pairs_and_an_unknown_task_in_one_line(tmp_path: Path) -> None:

@@ -15,17 +15,15 @@ import json
 from pathlib import Path
 from typing import Any
 
-from kvjudge import __version__
 from kvjudge.atomic import atomic_write
 from kvjudge.commands._args import READS_TIERED, command, target_from
-from kvjudge.commands._judging import add_judge_args, opened_judge
-from kvjudge.commands._output import emit, info, print_table, print_wrapped, progress
+from kvjudge.commands._judging import add_judge_args, judged, opened_judge
+from kvjudge.commands._output import emit, info, print_table, print_wrapped
 from kvjudge.errors import UsageError
-from kvjudge.judge import judge_batch
-from kvjudge.judge.candidates import DEFAULT_PASS_SCORE, candidate_ids, task_candidates
-from kvjudge.judge.comparators import JudgeComparator
-from kvjudge.judge.select import DEFAULT_STRATEGY, POINTWISE, STRATEGIES, describe, select
-from kvjudge.judge.selection_table import pick_record, selection_table
+from kvjudge.judge.best_of_n import best_of_n, candidates_of
+from kvjudge.judge.candidates import DEFAULT_PASS_SCORE
+from kvjudge.judge.pairing import PairSelection
+from kvjudge.judge.select import DEFAULT_STRATEGY, POINTWISE, STRATEGIES
 
 DEFAULT_PICKS = "kvjudge-picks.jsonl"
 SHOWN_PICKS = 20  # the terminal lists each task's pick up to this many tasks (the JSONL file has them all)
@@ -66,30 +64,22 @@ def _select(args: argparse.Namespace) -> int:
     picks_path = Path(args.picks)
     if picks_path.is_dir():
         raise UsageError(f"--picks {picks_path} is a directory; name the JSONL file")
+    if args.html is not None:
+        from kvjudge.report.selection import check_selection_path
+
+        check_selection_path(Path(args.html))
     target = target_from(args)
     with target.open_store() as store:
         states: dict[str, Any] = {}
-        candidates = task_candidates(store, task=args.task, agent=args.agent, pass_score=args.pass_score,
-                                     use_cache=not args.no_cache, states=states)
-        if not candidates:
-            where = f"task {args.task!r}" if args.task else "the store"
-            raise UsageError(f"{where} holds no runs with a task{' by agent ' + repr(args.agent) if args.agent else ''}"
-                             f"; ingest runs first")
+        candidates = candidates_of(store, task=args.task, agent=args.agent, pass_score=args.pass_score,
+                                   use_cache=not args.no_cache, states=states)
         with opened_judge(args, target) as judge:
-            def judged(pairs: Any) -> Any:
-                with progress(f"comparing {len(pairs)} pair(s)", len(pairs) * 2) as advance:
-                    judge.planner.progress = lambda message: advance(0, description=message)
-                    return judge_batch(judge, store, pairs, on_call=advance, states=states)
-
-            comparator = JudgeComparator(judge, store, states, judged)
-            picks = select(candidate_ids(candidates), args.strategy, comparator=comparator,
-                           on_round=lambda number, asked: info(f"round {number}: {asked} comparison(s)"))
-            manifest = judge.manifest()
-    records = [pick_record(p, candidates[p.task]) for p in picks]
-    atomic_write(picks_path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in records).encode("utf-8"))
-    payload = {"strategy": args.strategy, "rule": describe(args.strategy), "pass_score": args.pass_score,
-               "judge": manifest, "kvjudge_version": __version__, "table": selection_table(picks, candidates),
-               "picks": records, "picks_file": str(picks_path)}
+            payload = best_of_n(store, judge, candidates, args.strategy, pass_score=args.pass_score, states=states,
+                                judge_pairs=lambda pairs: judged(judge, store, PairSelection(list(pairs), "named"),
+                                                                 f"comparing {len(pairs)} pair(s)", states=states),
+                                on_round=lambda number, asked: info(f"round {number}: {asked} comparison(s)"))
+    atomic_write(picks_path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in payload["picks"]).encode("utf-8"))
+    payload["picks_file"] = str(picks_path)
     info(f"picks: {picks_path}")
     if args.html is not None:
         from kvjudge.report.selection import write_selection

@@ -117,3 +117,15 @@ def pick_record(pick: Pick, candidates: Sequence[Candidate]) -> dict[str, Any]:
             "candidates": [{**by_id[run].to_json(), "score": pick.scores.get(run), "wins": pick.wins.get(run),
                             "picked": run == pick.picked} if run in by_id else {"run": run}
                            for run in pick.candidates]}
+
+
+def selection_result(picks: Sequence[Pick], candidates: Mapping[str, Sequence[Candidate]], *, strategy: str,
+                     pass_score: float, judge: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Everything one selection says (``kvjudge select --json``'s object, the best-of-N section's input): how it
+    picked (``rule``), the table, and every task's :func:`pick_record`. ``judge``: the judge's manifest."""
+    from kvjudge import __version__
+    from kvjudge.judge.select import describe
+
+    return {"strategy": strategy, "rule": describe(strategy), "pass_score": pass_score, "judge": dict(judge or {}),
+            "kvjudge_version": __version__, "table": selection_table(picks, candidates),
+            "picks": [pick_record(p, candidates[p.task]) for p in picks]}

@@ -177,7 +177,8 @@ def render_index(report: Report, pair_href: str) -> str:
         evaluation=report.evaluation, ranking=report.ranking, figure_rows=figure_rows, pairs=pairs, runs=report.runs,
         tasks=tasks, agents=agents, pair_href=pair_href, accuracy=accuracy_chart(report.evaluation),
         reliability=reliability_chart(report.evaluation["judge"]["reliability"]),
-        strengths=ranking_chart(report.ranking), figures={"eval": report.evaluation, "rank": report.ranking})
+        strengths=ranking_chart(report.ranking), selection=report.selection,
+        figures={"eval": report.evaluation, "rank": report.ranking})
 
 
 def render_pair(report: Report, pair: PairDetail, index_href: str) -> str:

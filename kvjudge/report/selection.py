@@ -23,11 +23,17 @@ def render_selection(result: Mapping[str, Any]) -> str:
     return environment().get_template("best_of_n.html").render(csp=csp(script=False), selection=result)
 
 
-def write_selection(result: Mapping[str, Any], path: Path) -> Path:
-    """Write the page to ``path`` (an .html file), atomically."""
+def check_selection_path(path: Path) -> Path:
+    """Refuse a path that cannot take the page, before anything is judged."""
     path = Path(path)
     if path.is_dir() or path.suffix.lower() not in (".html", ".htm"):
         raise UsageError(f"--html {path} is not an .html file name; name the page's file (e.g. best-of-n.html)")
+    return path
+
+
+def write_selection(result: Mapping[str, Any], path: Path) -> Path:
+    """Write the page to ``path`` (an .html file), atomically."""
+    path = check_selection_path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, render_selection(result).encode("utf-8"))
     path.chmod(0o644)  # a page to read and share, not a private file
