@@ -142,6 +142,8 @@ def test_judging_commands_fit_80_columns_against_a_served_judge(tmp_path: Path) 
                             (["rank", "--png", str(tmp_path / "r.png")],
                              ("mini-swe-agent__claude-sonnet-4-20250514", "95 % interval")),
                             (["judge", a, b], (a, b)),
+                            (["select", "--picks", str(tmp_path / "picks.jsonl")],
+                             ("pass rate [95 %]", "last exit 0", "mini-swe-agent__x/django__django-2")),
                             (["judge", "--task", "django__django-1", "--still-grades", "--reduce-to", "600"],
                              ("agreement",))):
             done = kvjudge(*argv, *common, env=_env())
