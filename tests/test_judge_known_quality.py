@@ -91,22 +91,16 @@ def test_eval_recovers_the_set_accuracy_and_position_bias(tmp_path: Path, serve,
     low, high = judge["accuracy_ties_half_ci95"]
     assert low <= accuracy <= high
     assert judge["position_bias"] == pytest.approx(bias, abs=0.02)
-    # As a critic: p_a takes two values (confidence when the draw judges right, 1 − confidence when not), so its AUC
-    # against "a has the higher grade" follows from the draws: high-scored positives over low-scored negatives, ties ½.
-    pairs = [(by_id[f"repo__issue-{n}/x"], by_id[f"repo__issue-{n}/y"]) for n in range(110)]
-    high = [(x.key.grade > y.key.grade, draw(settings.seed, x.key.marker, y.key.marker) < accuracy) for x, y in pairs]
-    pos_high = sum(a_better and right for a_better, right in high)
-    pos_low = sum(a_better and not right for a_better, right in high)
-    neg_high = sum(not a_better and not right for a_better, right in high)
-    neg_low = sum(not a_better and right for a_better, right in high)
-    expected_auc = (pos_high * neg_low + 0.5 * (pos_high * neg_high + pos_low * neg_low)) / \
-        ((pos_high + pos_low) * (neg_high + neg_low))
-    critic = judge["critic"]
-    assert critic["items"] == 110 and critic["auc"] == pytest.approx(expected_auc)
-    assert critic["auc_ci95"][0] <= critic["auc"] <= critic["auc_ci95"][1]
+    # p_a takes two values: confidence where the draw judges right, 1 − confidence where not.
+    calibration = judge["calibration"]
+    assert calibration["items"] == 110
     # Brier of two values: right pairs (1 − confidence)², wrong ones confidence².
-    assert critic["brier"] == pytest.approx((expected * 0.15**2 + (110 - expected) * 0.85**2) / 110)
-    assert set(critic["calibration"]) == {"isotonic", "platt"} and critic["calibration"]["isotonic"]["held_out"] == 55
+    assert calibration["brier"] == pytest.approx((expected * 0.15**2 + (110 - expected) * 0.85**2) / 110)
+    # Equal-mass bins of 11 pairs over two values: each bin's ECE term is |p − the share right in it|.
+    assert calibration["ece"] == pytest.approx(sum(count / 110 * abs(mean - rate)
+                                                   for mean, rate, count in calibration["reliability"]))
+    assert set(calibration["calibration"]) == {"isotonic", "platt"}
+    assert calibration["calibration"]["isotonic"]["held_out"] == 55
     assert judge["length_controlled"]["pairs"] == 118  # every scored verdict: length bias needs no truth
     assert judge["position_consistency"] == 1.0 and judge["inconsistent_rate"] == 0.0
     # Every order of every pair was read by the server, evidence visible; equal grades got no preference.

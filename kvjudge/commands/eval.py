@@ -79,15 +79,14 @@ def _row(name: str, m: dict[str, Any]) -> list[Any]:
             _fmt(m["inconsistent_rate"]), _fmt(m["mean_label_mass"])]
 
 
-def critic_line(judge: dict[str, Any]) -> str:
-    """The judge read as a critic: AUC, Brier, ECE, the held-out calibration maps, the length-controlled slope."""
-    critic, length = judge["critic"], judge["length_controlled"]
+def calibration_line(judge: dict[str, Any]) -> str:
+    """p_a's calibration (Brier, equal-mass ECE, the held-out maps) and the length-controlled slope."""
+    calibration, length = judge["calibration"], judge["length_controlled"]
     held_out = "; ".join(f"{method} map fitted on {c['fit']}, on the other {c['held_out']}: ECE "
                          f"{_fmt(c['before']['ece'])} -> {_fmt(c['after']['ece'])}"
-                         for method, c in critic["calibration"].items())
-    return (f"as a critic over {critic['items']} graded pairs: AUC of p_a {_interval(critic['auc'], critic['auc_ci95'])}, "
-            f"Brier {_fmt(critic['brier'])}, ECE {_fmt(critic['ece'])} ({critic['bins']} equal-mass bins)"
-            + (f"; {held_out}" if held_out else "")
+                         for method, c in calibration["calibration"].items())
+    return (f"calibration of p_a over {calibration['items']} graded pairs: Brier {_fmt(calibration['brier'])}, ECE "
+            f"{_fmt(calibration['ece'])} ({calibration['bins']} equal-mass bins)" + (f"; {held_out}" if held_out else "")
             + f". Length: p_a moves {_interval(length['slope'], length['slope_ci95'])} per 1,000 characters of "
               f"length difference (position bias {_fmt(judge['position_bias'])})")
 
@@ -105,5 +104,5 @@ def _print(results: dict[str, dict[str, Any]], pairing: str | None = None) -> No
                                          f"grades ({result['equal_grades']} equal, {result['ungraded']} ungraded "
                                          f"left out)")
         print_wrapped(result["conclusion"])
-        print_wrapped(critic_line(result["judge"]))
         print_wrapped(summary_line(result["evidence"], EVIDENCE_SIDES))
+        print_wrapped(calibration_line(result["judge"]))

@@ -257,21 +257,13 @@ def length_controlled(preferences: Sequence[float], length_differences: Sequence
     return result
 
 
-def critic_figures(probs: Sequence[float], labels: Sequence[Any], *, bins: int = DEFAULT_BINS,
-                   bootstrap: int = BOOTSTRAP, seed: int = SEED) -> dict[str, Any]:
-    """A critic's figures over items with a probability and a 0/1 label: ``auc`` with its bootstrap ``auc_ci95``,
-    ``brier``, ``ece`` and the ``reliability`` bins (equal mass), and ``calibration``: per method
-    (:data:`CALIBRATION_METHODS`) :func:`held_out_calibration` — fitted on half, measured on the other half."""
+def calibration_figures(probs: Sequence[float], labels: Sequence[Any], *, bins: int = DEFAULT_BINS,
+                        seed: int = SEED) -> dict[str, Any]:
+    """How well calibrated probabilities are against 0/1 labels: ``brier``, ``ece`` and the ``reliability`` bins
+    (equal mass), and ``calibration``: per method (:data:`CALIBRATION_METHODS`) :func:`held_out_calibration` —
+    fitted on half the items, measured on the other half (with four items or more)."""
     p, y = _checked(probs, labels)
-    figures: dict[str, Any] = {"items": len(p), "positives": int(y.sum()), "auc": None, "auc_ci95": None,
-                               "brier": brier(p, y), "ece": expected_calibration_error(p, y, bins),
-                               "reliability": reliability_bins(p, y, bins), "bins": bins, "calibration": {}}
-    if len(p) == 0:
-        return figures
-    figures["auc"] = roc_auc(p, y)
-    if figures["auc"] is not None:
-        figures["auc_ci95"] = bootstrap_interval(roc_auc, p, y, n=bootstrap, seed=seed)
-    if len(p) >= 4:
-        figures["calibration"] = {method: held_out_calibration(p, y, method, seed=seed, bins=bins)
-                                  for method in CALIBRATION_METHODS}
-    return figures
+    return {"items": len(p), "positives": int(y.sum()), "brier": brier(p, y),
+            "ece": expected_calibration_error(p, y, bins), "reliability": reliability_bins(p, y, bins), "bins": bins,
+            "calibration": {method: held_out_calibration(p, y, method, seed=seed, bins=bins)
+                            for method in CALIBRATION_METHODS} if len(p) >= 4 else {}}
