@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from kvjudge.commands._args import add_store_args, command, target_from
-from kvjudge.commands._output import emit, info, print_table, progress
+from kvjudge.commands._output import Column, emit, info, print_table, progress
 from kvjudge.errors import KvjudgeError
 from kvjudge.retention.lifecycle import STATES
 from kvjudge.retention.reduce import count_ahead
@@ -82,13 +82,21 @@ def _grade_cell(grade: dict[str, Any] | None) -> str:
     return f"{label} ({grade.get('score')})" if label else str(grade.get("score"))
 
 
+# When the table is too wide, what goes first: the agent and the trial (a run id of a harness's run spells both),
+# then the tenant and the task; the run id, its state, grade, tokens and whether it was reduced stay longest.
+_COLUMNS = {"run": Column("run", 0), "agent": Column("agent", 8), "task": Column("task", 6),
+            "trial": Column("trial", 7), "tenant": Column("tenant", 5), "state": Column("state", 1),
+            "grade": Column("grade", 2), "tokens": Column("tokens", 3), "reduced": Column("reduced", 4)}
+
+
 def _table(rows: list[dict[str, Any]], counter: str | None) -> None:
-    columns = ["run", "agent", "task"]
+    names = ["run", "agent", "task"]
     trials = any(r["trial"] is not None for r in rows)
     tenants = len({r["tenant"] for r in rows}) > 1
-    columns += ["trial"] * trials + ["tenant"] * tenants + ["state", "grade", "tokens", "reduced"]
+    names += ["trial"] * trials + ["tenant"] * tenants + ["state", "grade", "tokens", "reduced"]
     table = [[r["id"], r["agent"], r["task"], *([r["trial"]] * trials), *([r["tenant"]] * tenants), r["state"],
               _grade_cell(r["grade"]), "-" if r["tokens"] is None else r["tokens"], "yes" if r["reduced"] else "no"]
              for r in rows]
     # print_table never cuts a cell: run ids, agents and tasks are what users copy into the next command.
-    print_table(columns, table, title=f"{len(rows)} run(s)" + (f" ({counter})" if counter else ""))
+    print_table([_COLUMNS[name] for name in names], table,
+                title=f"{len(rows)} run(s)" + (f" ({counter})" if counter else ""))
