@@ -235,3 +235,18 @@ def test_the_best_of_n_page_writes_run_text_as_text(tmp_path) -> None:
     assert "default-src 'none'" in unescape(page) and "script-src" not in unescape(page)
     with pytest.raises(UsageError, match="not an .html file"):
         write_selection({}, tmp_path)
+
+
+def test_a_critics_run_scores_pick_pointwise_and_its_errors_are_never_scores() -> None:
+    from types import SimpleNamespace
+
+    from kvjudge.judge.comparators import CriticScorer
+
+    def score(run_ids: Sequence[str]) -> list[SimpleNamespace]:
+        table = {"a": ("scored", 0.4), "b": ("overflow", None), "c": ("scored", 0.9), "d": ("error", 0.99)}
+        return [SimpleNamespace(run_id=r, outcome=table[r][0], scored=table[r][0] == "scored",
+                                p_success=table[r][1], readings=[SimpleNamespace(prompt_tokens=7)]) for r in run_ids]
+
+    [pick] = select({"t": ["a", "b", "c", "d"]}, POINTWISE, scorer=CriticScorer(score))
+    assert pick.picked == "c" and pick.errors == 2 and pick.tokens == 28
+    assert pick.scores == {"a": 0.4, "b": None, "c": 0.9, "d": None}  # d's 0.99 came with an error: not a score

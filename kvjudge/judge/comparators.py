@@ -93,3 +93,21 @@ class JudgeComparator:
             verdicts = judge_batch(self.judge, self.store, pairs, states=self.states)
         self.verdicts.extend(verdicts)
         return [verdict_reading(v) for v in verdicts]
+
+
+@dataclass
+class CriticScorer:
+    """A pointwise critic as a :class:`Scorer`: ``score(run_ids)`` gives one score object per run with ``run_id``,
+    ``scored`` (a real score, not an error), ``p_success`` and ``outcome`` (and, where it has them, ``readings``
+    whose ``prompt_tokens`` are the tokens it cost) — the pointwise protocol's run scores. A run not scored reads as
+    None: an error, never a score."""
+
+    score: Callable[[Sequence[str]], Sequence[Any]]
+
+    def score_runs(self, run_ids: Sequence[str]) -> dict[str, Reading]:
+        found: dict[str, Reading] = {}
+        for item in self.score(run_ids):
+            tokens = sum(int(getattr(r, "prompt_tokens", 0) or 0) for r in getattr(item, "readings", ()))
+            value = float(item.p_success) if item.scored and item.p_success is not None else None
+            found[item.run_id] = Reading(value, tokens, None if value is not None else str(item.outcome))
+        return found
