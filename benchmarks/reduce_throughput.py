@@ -37,7 +37,7 @@ from kvjudge.budget import DEFAULT_CEILING, effective_ceiling
 from kvjudge.models import judge_model_path
 from kvjudge.retention import Store
 from kvjudge.retention.ingest import parse_native
-from kvjudge.retention.reduce import reduce_run
+from kvjudge.retention.reduce_apply import reduce_run
 from kvjudge.retention.verify import verify
 from kvjudge.tokens import SplicingCounter, TokenCounter, TokenEnds, make_counter
 
@@ -123,7 +123,7 @@ def bare_count(store: Store, run_id: str, counter: TokenCounter) -> tuple[int, f
     """Tokens of every body of one run and the seconds the counter alone took (reading excluded)."""
     tokens = 0
     seconds = 0.0
-    for ref in store.run(run_id).refs():
+    for ref in store.runs.run(run_id).refs():
         body = store.blobs.get(ref)
         if body is None:
             continue
@@ -169,7 +169,7 @@ def main() -> None:
         tokens_before = tokens_after = events = deleted = bare_tokens = 0
         bare_s = reduce_s = 0.0
         with Store.open(path) as store:
-            run_ids = store.run_ids()
+            run_ids = store.runs.run_ids()
             for run_id in run_ids:
                 # Baseline and reduction alternate run by run, so both see the same load on a shared machine.
                 tokens, seconds = bare_count(store, run_id, counter)

@@ -9,7 +9,7 @@ from kvjudge.commands._args import add_store_args, command, target_from
 from kvjudge.commands._output import Column, emit, info, print_table, progress
 from kvjudge.errors import KvjudgeError
 from kvjudge.retention.lifecycle import STATES
-from kvjudge.retention.reduce import count_ahead
+from kvjudge.retention.stored_tokens import count_ahead
 from kvjudge.retention.state import best_grade
 from kvjudge.retention.store import RunListing, Store
 from kvjudge.target import JudgeTarget
@@ -39,7 +39,7 @@ def _count(store: Store, run_ids: list[str], counter: TokenCounter) -> None:
     """Count (and store) what each run shows that was never counted; each run's bodies in one batch."""
     with progress("counting", len(run_ids)) as advance:
         for run_id in run_ids:
-            count_ahead(store, store.run(run_id), counter)
+            count_ahead(store, store.runs.run(run_id), counter)
             advance()
 
 
@@ -57,7 +57,7 @@ def _runs(args: argparse.Namespace) -> int:
     # The agent column falls back to the run-id prefix or the tenant (as rank groups runs): filtered on what it shows.
     filters = {"tenant": args.tenant, "task": args.task, "state": args.state, "agent": args.agent}
     with judge.open_store() as store:
-        run_ids = store.run_ids(**filters)
+        run_ids = store.runs.run_ids(**filters)
         name: str | None = None
         if run_ids and args.count:
             counter = judge.counter()
@@ -66,7 +66,7 @@ def _runs(args: argparse.Namespace) -> int:
         elif run_ids:
             # Only what the store already holds, under the counter's name: a listing never waits for a tokenizer.
             name = _counter_name(judge)
-        rows = [_run_row(run) for run in store.listing(**filters, counter=name)]
+        rows = [_run_row(run) for run in store.runs.listing(**filters, counter=name)]
     uncounted = sum(row["tokens"] is None for row in rows)
     if uncounted and name is not None:
         info(f"{uncounted} of {len(rows)} run(s) not counted yet with {name} (tokens "
