@@ -82,8 +82,8 @@ def selection_inputs(store: Store, run_ids: Iterable[str], state: Callable[[str]
     """Per run id: ``length`` (characters of its view, everything held out hidden) and ``test_exit`` (the exit code
     of its last test command), kept under the run's state digest."""
     def compute(folded: RunState) -> tuple[dict[str, Any], bool]:
-        parts = render_parts(folded, body_resolver(folded, store.text))
-        evidence = find_evidence(folded, store.text)
+        parts = render_parts(folded, body_resolver(folded, store.blobs.text))
+        evidence = find_evidence(folded, store.blobs.text)
         test_exit = evidence.verification.exit_code if evidence.verification is not None else None
         return {"length": len(parts.text), "test_exit": test_exit}, not parts.missing
 
@@ -101,10 +101,10 @@ def task_candidates(store: Store, *, task: str | None = None, agent: str | None 
 
     def run(run_id: str) -> RunState:
         if run_id not in folded:
-            folded[run_id] = store.run(run_id)
+            folded[run_id] = store.runs.run(run_id)
         return folded[run_id]
 
-    by_task = grouped(store.listing(task=task), task=task, agent=agent)
+    by_task = grouped(store.runs.listing(task=task), task=task, agent=agent)
     inputs = selection_inputs(store, (r.id for runs in by_task.values() for r in runs), run, use_cache=use_cache)
     return {name: [Candidate(r.id, name, agent_of(r), r.trial, *passed(r, pass_score), inputs[r.id]["length"],
                              inputs[r.id]["test_exit"]) for r in runs]
