@@ -145,6 +145,8 @@ def test_select_refuses_pairs_and_an_unknown_task_in_one_line(tmp_path: Path) ->
     kvjudge_json("ingest", str(runs_file), "--store", str(store))
     done = kvjudge("select", "a", "b", "--store", str(store), cwd=tmp_path)
     assert done.returncode != 0 and done.stderr.count("\n") == 1 and "--task" in done.stderr
+    done = kvjudge("select", "--store", str(store), "--trials", "all", cwd=tmp_path)
+    assert done.returncode != 0 and done.stderr.count("\n") == 1 and "--strategy" in done.stderr
     done = kvjudge("select", "--store", str(store), "--task", "nope", "--server", "http://127.0.0.1:9", cwd=tmp_path)
     assert done.returncode != 0 and done.stderr.count("\n") == 1 and "task 'nope' holds no runs" in done.stderr
     assert not (tmp_path / "kvjudge-picks.jsonl").exists()  # nothing written before the error

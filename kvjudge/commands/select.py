@@ -22,7 +22,7 @@ from kvjudge.commands._output import emit, info, print_table, print_wrapped
 from kvjudge.errors import UsageError
 from kvjudge.judge.best_of_n import best_of_n, candidates_of
 from kvjudge.judge.candidates import DEFAULT_PASS_SCORE
-from kvjudge.judge.pairing import PairSelection
+from kvjudge.judge.pairing import DEFAULT_POLICY, PairSelection
 from kvjudge.judge.select import DEFAULT_STRATEGY, POINTWISE, STRATEGIES
 
 DEFAULT_PICKS = "kvjudge-picks.jsonl"
@@ -57,6 +57,9 @@ def _select(args: argparse.Namespace) -> int:
     if args.runs or args.pairs is not None:
         raise UsageError("select picks among each task's runs: name a task with --task (or none: every task), "
                          "not runs or pairs")
+    if args.trials != DEFAULT_POLICY:
+        raise UsageError("--trials chooses pairs for judge, eval and rank; select compares a task's runs as its "
+                         "--strategy says (--agent narrows them to one agent's)")
     if args.strategy == POINTWISE:
         # The seam: a Scorer (score_runs(run_ids) → {run: score | None}) over the pointwise protocol goes here.
         raise UsageError("--strategy pointwise needs the pointwise critic protocol, which this build lacks; use "
