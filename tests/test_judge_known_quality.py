@@ -101,7 +101,6 @@ def test_eval_recovers_the_set_accuracy_and_position_bias(tmp_path: Path, serve,
                                                    for mean, rate, count in calibration["reliability"]))
     assert set(calibration["calibration"]) == {"isotonic", "platt"}
     assert calibration["calibration"]["isotonic"]["held_out"] == 55
-    assert judge["length_controlled"]["pairs"] == 118  # every scored verdict: length bias needs no truth
     assert judge["position_consistency"] == 1.0 and judge["inconsistent_rate"] == 0.0
     # Every order of every pair was read by the server, evidence visible; equal grades got no preference.
     assert server.judge.reasons == {"decided": 220, "equal_grades": 16}

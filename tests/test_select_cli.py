@@ -134,8 +134,8 @@ def test_select_picks_what_the_judges_draws_say_and_reports_what_the_picks_are_w
                               "--select", strategy, "--out", str(tmp_path / "report.html"))
         index = (tmp_path / "report.html").read_text()
         assert report["pairs"] > 0 and 'id="best-of-n"' in index and index.count('<tr data-task="') == 21
-        # The index's calibration of p_a (equal-mass bins, held-out maps) and length slope, with its diagram.
-        assert 'id="calibration"' in index and 'id="calibration-chart"' in index and "per 1,000 characters" in index
+        # The index's calibration of p_a (equal-mass bins, held-out maps), with its diagram.
+        assert 'id="calibration"' in index and 'id="calibration-chart"' in index and "equal-mass bins" in index
         for task, pick in picks.items():
             row = index[index.index(f'<tr data-task="{task}">'):]
             assert row[:row.index("</tr>")].count(pick["picked"]) >= 2  # the picked column and its marked candidate

@@ -80,15 +80,13 @@ def _row(name: str, m: dict[str, Any]) -> list[Any]:
 
 
 def calibration_line(judge: dict[str, Any]) -> str:
-    """p_a's calibration (Brier, equal-mass ECE, the held-out maps) and the length-controlled slope."""
-    calibration, length = judge["calibration"], judge["length_controlled"]
+    """p_a's calibration: Brier, equal-mass ECE, the maps fitted on half the pairs and measured on the other half."""
+    calibration = judge["calibration"]
     held_out = "; ".join(f"{method} map fitted on {c['fit']}, on the other {c['held_out']}: ECE "
                          f"{_fmt(c['before']['ece'])} -> {_fmt(c['after']['ece'])}"
                          for method, c in calibration["calibration"].items())
     return (f"calibration of p_a over {calibration['items']} graded pairs: Brier {_fmt(calibration['brier'])}, ECE "
-            f"{_fmt(calibration['ece'])} ({calibration['bins']} equal-mass bins)" + (f"; {held_out}" if held_out else "")
-            + f". Length: p_a moves {_interval(length['slope'], length['slope_ci95'])} per 1,000 characters of "
-              f"length difference (position bias {_fmt(judge['position_bias'])})")
+            f"{_fmt(calibration['ece'])} ({calibration['bins']} equal-mass bins)" + (f"; {held_out}" if held_out else ""))
 
 
 def _print(results: dict[str, dict[str, Any]], pairing: str | None = None) -> None:
