@@ -37,6 +37,7 @@ from kvjudge.budget import DEFAULT_CEILING, effective_ceiling
 from kvjudge.models import judge_model_path
 from kvjudge.retention import Store
 from kvjudge.retention.ingest import parse_native
+from kvjudge.retention.ingest.importer import write_parsed
 from kvjudge.retention.reduce_apply import reduce_run
 from kvjudge.retention.verify import verify
 from kvjudge.tokens import SplicingCounter, TokenCounter, TokenEnds, make_counter
@@ -112,7 +113,7 @@ def build_store(path: Path, total_tokens: int, run_tokens: int) -> dict[str, Any
                                 {"id": "attempt-1", "status": "dead", "parent": "main", "fork_at": 1,
                                  "transitions": dead}],
                    "verifier": [{"name": "pytest", "passed": True}], "grades": [{"grader": "bench", "score": 1.0}]}
-            store.write_parsed(parse_native(run, None))
+            write_parsed(store, parse_native(run, None))
             written += size
             runs += 1
             rss.append(psutil.Process().memory_info().rss)

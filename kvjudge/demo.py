@@ -213,7 +213,7 @@ def run_demo(options: DemoOptions, say: Say, progress: ProgressFactory) -> dict[
             before = {ref: store.blobs.text(ref) for ref in runs[probe_run].bodies if store.blobs.text(ref) is not None}
             tiered = [tier_run(store, run_id, cold).to_dict() for run_id in run_ids]
         with target.open_store(store_path) as reader_store:
-            read_back = {ref: reader_store.text(ref) for ref in before}
+            read_back = {ref: reader_store.blobs.text(ref) for ref in before}
         if read_back != before:
             raise IntegrityError(f"run {probe_run}: bodies read back from {cold_dir} differ from what was tiered")
         moved = sum(t.get("bytes", 0) or 0 for t in tiered)

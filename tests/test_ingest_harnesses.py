@@ -201,7 +201,7 @@ def test_grade_attaches_the_scores_of_a_later_inspect_log(tmp_path: Path, capsys
     store = tmp_path / "store.sqlite"
     common = ["--store", str(store)]
     imported = cli_json_ok(capsys, "ingest", str(tmp_path / "runs"), *common)
-    runs = [f"{model}/csv_quoting/1/1", f"{model}/csv_quoting/2/1"]
+    runs = [f"{model}/csv_quoting/{i}/1-{spec['eval_id'][:8]}" for i in (1, 2)]  # trial: epoch and eval
     assert imported["ingested"] == runs and imported["states"] == {"ungraded": 2}
     scored = write_eval(tmp_path / "scored.eval", spec, inspect_samples(model, scores=("C", "I"), epochs=1))
     graded = cli_json_ok(capsys, "grade", "--all", "--results", str(scored), *common)
@@ -360,11 +360,12 @@ def test_inspect_logs_import_sample_by_epoch(store: Store, tmp_path: Path, kind:
     listed = sorted(os.listdir(tmp_path))
     report = ingest_paths(store, [tmp_path])
     assert sorted(os.listdir(tmp_path)) == listed  # nothing extracted
-    assert report.imported == [f"{model}/csv_quoting/{i}/{e}" for i in (1, 2) for e in (1, 2)]
-    state = store.run(f"{model}/csv_quoting/2/2")
-    assert (state.agent, state.task_id, state.trial) == (model, "csv_quoting/2", "2")
+    evaluation = spec["eval_id"][:8]  # the trial: the epoch of this eval
+    assert report.imported == [f"{model}/csv_quoting/{i}/{e}-{evaluation}" for i in (1, 2) for e in (1, 2)]
+    state = store.run(f"{model}/csv_quoting/2/2-{evaluation}")
+    assert (state.agent, state.task_id, state.trial) == (model, "csv_quoting/2", f"2-{evaluation}")
     assert state.grades == ({"grader": "inspect:includes", "score": 0.0, "label": "incorrect"},)
-    assert store.run(f"{model}/csv_quoting/1/1").grades[0]["label"] == "correct"
+    assert store.run(f"{model}/csv_quoting/1/1-{evaluation}").grades[0]["label"] == "correct"
     steps = list(state.branches[0].transitions)
     assert [t.role for t in steps[:4]] == ["system", "user", "assistant", "tool"]
     assert store.text(steps[1].text_ref) == "{{task}}"
@@ -401,7 +402,7 @@ def test_inspect_solver_names_the_agent_and_unscored_samples_take_results(store:
     scored = write_eval(tmp_path / "scored" / "scored.eval", spec, inspect_samples(model, scores=("P", 0.25), epochs=1))
     report = ingest_paths(store, [unscored], results=[str(scored)])
     agent = f"react@{model}"
-    assert report.imported == [f"{agent}/csv_quoting/1/1", f"{agent}/csv_quoting/2/1"]
+    assert report.imported == [f"{agent}/csv_quoting/{i}/1-{spec['eval_id'][:8]}" for i in (1, 2)]
     assert [store.run(r).grades for r in report.imported] == [
         ({"grader": "inspect:includes", "score": 0.5, "label": "partial"},),
         ({"grader": "inspect:includes", "score": 0.25, "label": "0.25"},)]
@@ -571,8 +572,9 @@ def test_bytes_that_are_not_utf8_in_an_eval_sample_are_refused_or_repaired(store
         ingest_paths(store, [path])
     assert store.runs.run_ids() == []
     report = ingest_paths(store, [path], repair_text=True)
-    assert list(report.repaired) == ["m/x/t/1/1"]
-    assert "Running \ufffd`" in store.text(store.run("m/x/t/1/1").branches[0].transitions[2].text_ref)
+    run_id = f"m/x/t/1/1-{eval_spec('t', 'm/x')['eval_id'][:8]}"
+    assert list(report.repaired) == [run_id]
+    assert "Running \ufffd`" in store.text(store.run(run_id).branches[0].transitions[2].text_ref)
 
 
 def _harbor_variety(root: Path) -> Path:

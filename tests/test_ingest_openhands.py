@@ -180,7 +180,12 @@ def test_a_directory_walk_reads_the_runs_and_passes_over_the_rest(store: Store, 
     calls = oh.write_completions(root, runs[0], MODEL)  # the same runs as output.jsonl: passed over
     report = ingest_paths(store, [tmp_path / "outputs"])
     assert report.imported == [f"{AGENT}/{INSTANCE}", f"{AGENT}/csvkit__csvkit-202"]
-    assert report.files == 1 and report.ignored_files == 4 + len(calls)
+    # metadata.json is the evaluation's own companion: read beside the runs (for lines naming no agent), not passed over.
+    assert report.files == 1 and report.ignored_files == 3 + len(calls)
+    assert report.companion_files == [str(root / "metadata.json")]
+    assert report.notes[1] == ("3 file(s) passed over (OpenHands' evaluation results — give them with --results —, "
+                               f"predictions and attempts: not the runs): {root / 'maximum_retries_exceeded.jsonl'}, "
+                               f"{root / 'output.critic_attempt_1.jsonl'}, {root / 'output.swebench_eval.jsonl'}")
     # Named directly, the completions folder is read.
     assert ingest_paths(store, [root / "llm_completions"]).imported == [f"OpenHands/{MODEL}/{INSTANCE}"]
 

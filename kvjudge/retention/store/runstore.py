@@ -10,9 +10,8 @@ needs.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Protocol
 
 from kvjudge.retention import events as ev
 from kvjudge.retention.store.blobs import SqliteBlobStore
@@ -22,17 +21,6 @@ from kvjudge.retention.store.interfaces import FallbackReader
 from kvjudge.retention.store.log import SqliteEventRecorder
 from kvjudge.retention.store.projection import Projector
 from kvjudge.retention.store.queries import SqliteRunQueries
-
-
-class _RunToWrite(Protocol):
-    """What :meth:`Store.write_parsed` reads of a parsed run (the importer's; the store does not know ingest)."""
-
-    run_id: str
-    bodies: Mapping[str, bytes]
-    events: Sequence[ev.Event]
-    content_hash: str | None
-
-    def settle(self, stored: str | None) -> object: ...
 
 
 class Store:
@@ -53,7 +41,7 @@ class Store:
         self.page_cache = db.page_cache
         # Compatibility, until kvjudge/judge/ and kvjudge/retention/ingest/ (rewritten on other branches) ask the
         # parts themselves: the parts' methods they still call on the store. Bound once, so a call costs no extra
-        # frame. Delete this block (and write_parsed) once those callers are migrated.
+        # frame. Delete this block once those callers are migrated.
         self.run = self.runs.run
         self.has_run = self.runs.has_run
         self.iter_runs = self.runs.iter_runs
@@ -100,10 +88,3 @@ class Store:
             stored = self.blobs.put_hashed(bodies)
             self.events.append_many(run_id, events)
         return stored
-
-    def write_parsed(self, run: _RunToWrite) -> int:
-        """Compatibility for the importer (kvjudge/retention/ingest/importer.py): settle a parsed run's content
-        hash, then :meth:`write_run` it."""
-        if run.content_hash is None:
-            run.settle(None)
-        return self.write_run(run.run_id, run.bodies.items(), run.events)
