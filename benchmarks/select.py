@@ -7,9 +7,10 @@ answers at once (:class:`kvjudge.testing.latent_judge.LatentJudge`: every readin
 N(0, σ²) noise). What is timed is the harness: :func:`~kvjudge.judge.select.select` and the selection table, less
 the judge's own time inside its calls (measured around each call). Per strategy: pass@pick with its Wilson interval
 beside random, first run and oracle, the gap closed, readings per task against the documented bound, seconds, and
-microseconds per reading; then the same at a quarter of the tasks, and the ratio of microseconds per reading at
-the two sizes (1.0: time linear in the readings made). Each size is measured ``--repeats`` times and the fastest
-kept (milliseconds on a shared machine are noisy; the minimum is the harness's own cost).
+microseconds per reading; then the same at a quarter and at four times the tasks, and the ratios of microseconds
+per reading between neighbouring sizes (``ratio_up``: 4× over 1×, ``ratio_down``: 1× over ¼×; 1.0 is time linear
+in the readings made). Each size is measured ``--repeats`` times and the fastest kept (milliseconds on a shared
+machine are noisy; the minimum is the harness's own cost).
 
 Prints one JSON line (and writes ``select.json`` to ``--out`` when given).
 
@@ -95,17 +96,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     result: dict[str, Any] = {"tasks": args.tasks, "n": args.n, "sigma": args.sigma, "base_rate": args.base_rate,
                               "repeats": args.repeats, "strategies": {}, "linearity": {}}
-    small = max(1, args.tasks // 4)
+    sizes = (max(1, args.tasks // 4), args.tasks, args.tasks * 4)
     for strategy in STRATEGIES:
-        large = min((measure(strategy, args.tasks, args.n, args.sigma, args.base_rate, args.seed)
-                     for _ in range(args.repeats)), key=lambda m: m["harness_s"])
-        quarter = min((measure(strategy, small, args.n, args.sigma, args.base_rate, args.seed + 100)
-                       for _ in range(args.repeats)), key=lambda m: m["harness_s"])
-        result["strategies"][strategy] = large
+        runs = {size: min((measure(strategy, size, args.n, args.sigma, args.base_rate, args.seed + size)
+                           for _ in range(args.repeats)), key=lambda m: m["harness_s"]) for size in sizes}
+        result["strategies"][strategy] = runs[args.tasks]
         result["linearity"][strategy] = {
-            "small": {"tasks": small, "readings": quarter["readings"], "us_per_reading": quarter["us_per_reading"]},
-            "large": {"tasks": args.tasks, "readings": large["readings"], "us_per_reading": large["us_per_reading"]},
-            "ratio": round(large["us_per_reading"] / quarter["us_per_reading"], 3)}
+            "sizes": [{"tasks": size, "readings": m["readings"], "harness_s": m["harness_s"],
+                       "us_per_reading": m["us_per_reading"]} for size, m in runs.items()],
+            "ratio_up": round(runs[sizes[2]]["us_per_reading"] / runs[sizes[1]]["us_per_reading"], 3),
+            "ratio_down": round(runs[sizes[1]]["us_per_reading"] / runs[sizes[0]]["us_per_reading"], 3)}
     line = json.dumps(result)
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
