@@ -33,6 +33,7 @@ COMMAND_MODULES = (
     "kvjudge.commands.judge",
     "kvjudge.commands.eval",
     "kvjudge.commands.rank",
+    "kvjudge.commands.select",
     "kvjudge.commands.report",
     "kvjudge.commands.demo",
     "kvjudge.commands.models",

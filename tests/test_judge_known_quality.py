@@ -91,6 +91,16 @@ def test_eval_recovers_the_set_accuracy_and_position_bias(tmp_path: Path, serve,
     low, high = judge["accuracy_ties_half_ci95"]
     assert low <= accuracy <= high
     assert judge["position_bias"] == pytest.approx(bias, abs=0.02)
+    # p_a takes two values: confidence where the draw judges right, 1 − confidence where not.
+    calibration = judge["calibration"]
+    assert calibration["items"] == 110
+    # Brier of two values: right pairs (1 − confidence)², wrong ones confidence².
+    assert calibration["brier"] == pytest.approx((expected * 0.15**2 + (110 - expected) * 0.85**2) / 110)
+    # Equal-mass bins of 11 pairs over two values: each bin's ECE term is |p − the share right in it|.
+    assert calibration["ece"] == pytest.approx(sum(count / 110 * abs(mean - rate)
+                                                   for mean, rate, count in calibration["reliability"]))
+    assert set(calibration["calibration"]) == {"isotonic", "platt"}
+    assert calibration["calibration"]["isotonic"]["held_out"] == 55
     assert judge["position_consistency"] == 1.0 and judge["inconsistent_rate"] == 0.0
     # Every order of every pair was read by the server, evidence visible; equal grades got no preference.
     assert server.judge.reasons == {"decided": 220, "equal_grades": 16}

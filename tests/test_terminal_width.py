@@ -335,6 +335,9 @@ def test_judging_commands_fit_against_a_served_judge(served_store: tuple[str, st
     out, _ = run_human(width, "judge", "--task", "django__django-1", "--still-grades", "--reduce-to", "600",
                        *common, capsys=capsys, monkeypatch=monkeypatch)
     assert_fits(out, width, "agreement", "decisions lost (a winner became a tie or inconsistent)")
+    out, _ = run_human(width, "select", "--picks", str(tmp_path / "picks.jsonl"), *common, capsys=capsys,
+                       monkeypatch=monkeypatch)
+    assert_fits(out, width, "pass rate [95 %]", "last exit 0", "oracle")
 
 
 # ------------------------------------------------------------------------------------------- the renderer

@@ -81,6 +81,16 @@ def _row(name: str, m: dict[str, Any]) -> list[Any]:
             _fmt(m["inconsistent_rate"]), _fmt(m["mean_label_mass"])]
 
 
+def calibration_line(judge: dict[str, Any]) -> str:
+    """p_a's calibration: Brier, equal-mass ECE, the maps fitted on half the pairs and measured on the other half."""
+    calibration = judge["calibration"]
+    held_out = "; ".join(f"{method} map fitted on {c['fit']}, on the other {c['held_out']}: ECE "
+                         f"{_fmt(c['before']['ece'])} -> {_fmt(c['after']['ece'])}"
+                         for method, c in calibration["calibration"].items())
+    return (f"calibration of p_a over {calibration['items']} graded pairs: Brier {_fmt(calibration['brier'])}, ECE "
+            f"{_fmt(calibration['ece'])} ({calibration['bins']} equal-mass bins)" + (f"; {held_out}" if held_out else ""))
+
+
 def _print(results: dict[str, dict[str, Any]], pairing: str | None = None) -> None:
     if pairing is not None:
         print_wrapped(f"judged {pairing}")
@@ -95,4 +105,5 @@ def _print(results: dict[str, dict[str, Any]], pairing: str | None = None) -> No
                                          f"left out)")
         print_wrapped(result["conclusion"])
         print_wrapped(summary_line(result["evidence"], EVIDENCE_SIDES))
+        print_wrapped(calibration_line(result["judge"]))
         print_wrapped(Ledger.from_json(result["cost"]).line())

@@ -1,7 +1,7 @@
 """`kvjudge report`: one HTML page that shows how the judge did and why (and a page per pair beside it).
 
     kvjudge report [--out PATH] [--task TASK | --pairs FILE | RUN_A RUN_B] [--trials matched|all] [--bootstrap N]
-                   (+ the judge options)
+                   [--select tournament|all-pairs] (+ the judge options)
 
 Every same-task pair of the store by default (as ``eval``); verdicts come from the judgment cache where they are
 there, and only the rest is judged. See :mod:`kvjudge.report` for what the page shows.
@@ -10,6 +10,7 @@ there, and only the rest is judged. See :mod:`kvjudge.report` for what the page 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +18,11 @@ from kvjudge.commands._args import READS_TIERED, command, target_from
 from kvjudge.commands._judging import add_judge_args, judged, opened_judge, select_pairs, spent
 from kvjudge.commands._output import emit, print_wrapped
 from kvjudge.errors import UsageError
+from kvjudge.judge.best_of_n import best_of_n, candidates_of
 from kvjudge.judge.ledger import Ledger
+from kvjudge.judge.pairing import PairSelection
 from kvjudge.judge.ranking import BOOTSTRAP
+from kvjudge.judge.select import PAIRWISE
 from kvjudge.report import build_report, check_output, write_report
 
 DEFAULT_OUT = "kvjudge-report.html"
@@ -38,6 +42,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                                                      "lowered to N tokens (as for kvjudge reduce)")
         parser.add_argument("--capabilities", metavar="FILE", help="capability cache file the header's ceiling is "
                                                                    "read from (default: in the cache dir)")
+        parser.add_argument("--select", choices=PAIRWISE, metavar="STRATEGY",
+                            help="add a best-of-N section: one run picked per task by this strategy (tournament or "
+                                 "all-pairs), as kvjudge select")
 
 
 def _report(args: argparse.Namespace) -> int:
@@ -57,6 +64,12 @@ def _report(args: argparse.Namespace) -> int:
             ceilings, note = target.ceilings({store.runs.run(run_id).tenant for pair in selection.pairs for run_id in pair})
             report = build_report(store, judge, verdicts, ceilings=ceilings, ceiling_note=note,
                                   bootstrap=args.bootstrap, pairing=selection.describe())
+            if args.select is not None:
+                candidates = candidates_of(store, task=args.task, use_cache=not args.no_cache)
+                picked = best_of_n(store, judge, candidates, args.select,
+                                   judge_pairs=lambda pairs: judged(judge, store, PairSelection(list(pairs), "named"),
+                                                                    "best of N"))
+                report = dataclasses.replace(report, selection=picked)
     written = write_report(report, out)
     cached = sum(v.cached for v in verdicts)
     payload = {**written.to_json(), "pairing": selection.to_json(), "pairs": len(verdicts), "cached": cached,

@@ -9,7 +9,9 @@ have no preferred run and are left out, counted). For the judge and for each bas
 - Cohen's κ of the verdicts (a | b | no preference) against the truth;
 - position consistency (both orders on the same side of 0.5) and position bias (the mean probability
   given to the run shown first: 0.5 is none); tie and inconsistent rates; mean label mass;
-- reliability: p_a against the truth, in bins.
+- reliability: p_a against the truth, in bins;
+- calibration of p_a against "a has the higher grade" (:func:`kvjudge.judge.metrics.calibration_figures`): Brier,
+  ECE over equal-mass bins, and isotonic and Platt maps fitted on half the pairs and measured on the other half.
 
 Baselines (no model): ``always_first`` (the run listed first in each pair wins), ``longer_run`` (the
 longer run as the judge would read it wins), ``last_exit_zero`` (the run whose last tool call exited 0
@@ -26,7 +28,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from kvjudge.judge.evidence import batch
-from kvjudge.judge.metrics import Z95, wilson  # noqa: F401 - re-exported: the interval lives with the metrics
+from kvjudge.judge.metrics import Z95, calibration_figures, wilson  # noqa: F401 - Z95, wilson re-exported
 from kvjudge.judge.render import body_resolver, render_parts, render_view
 from kvjudge.judge.runfacts import RunFacts
 from kvjudge.judge.stillgrades import cohen_kappa
@@ -224,6 +226,9 @@ def evaluate(store: Store, verdicts: Sequence[Verdict], states: Mapping[str, Run
     truths = {(a, b): t for a, b in pairs if (t := truth(graded(a), graded(b))) is not None}
     inputs = baseline_inputs(store, (run_id for pair in pairs for run_id in pair), run, use_cache=use_cache)
     judge = metrics([Decision.of(v) for v in verdicts], truths)
+    # p_a's calibration against "a has the higher grade", over the scored pairs with different grades.
+    decided = [v for v in verdicts if v.outcome in SCORED and v.p_a is not None and truths.get((v.a, v.b)) in ("a", "b")]
+    judge["calibration"] = calibration_figures([v.p_a for v in decided], [truths[(v.a, v.b)] == "a" for v in decided])
     baselines = {name: metrics(baseline_decisions(name, pairs, inputs), truths) for name in BASELINES}
     return {
         "pairs": len(pairs),

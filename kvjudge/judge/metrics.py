@@ -255,3 +255,15 @@ def length_controlled(preferences: Sequence[float], length_differences: Sequence
                   logistic_slope=_fit_logistic(d, p)[1],
                   slope_ci95=bootstrap_interval(_slope, d, p, n=bootstrap, seed=seed))
     return result
+
+
+def calibration_figures(probs: Sequence[float], labels: Sequence[Any], *, bins: int = DEFAULT_BINS,
+                        seed: int = SEED) -> dict[str, Any]:
+    """How well calibrated probabilities are against 0/1 labels: ``brier``, ``ece`` and the ``reliability`` bins
+    (equal mass), and ``calibration``: per method (:data:`CALIBRATION_METHODS`) :func:`held_out_calibration` —
+    fitted on half the items, measured on the other half (with four items or more)."""
+    p, y = _checked(probs, labels)
+    return {"items": len(p), "positives": int(y.sum()), "brier": brier(p, y),
+            "ece": expected_calibration_error(p, y, bins), "reliability": reliability_bins(p, y, bins), "bins": bins,
+            "calibration": {method: held_out_calibration(p, y, method, seed=seed, bins=bins)
+                            for method in CALIBRATION_METHODS} if len(p) >= 4 else {}}

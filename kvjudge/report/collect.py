@@ -112,6 +112,7 @@ class Report:
     ranking: dict[str, Any]      # kvjudge rank --json's object (without its PNG)
     pairs: tuple[PairDetail, ...]
     runs: tuple[RunRow, ...]
+    selection: dict[str, Any] | None = None  # kvjudge select --json's object, for the best-of-N section (None: none)
 
 
 def judge_description(judge: Judge) -> dict[str, Any]:

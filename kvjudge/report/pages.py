@@ -36,7 +36,7 @@ from kvjudge.atomic import atomic_write
 from kvjudge.errors import UsageError
 from kvjudge.judge import TemplateText
 from kvjudge.judge.evaluate import BASELINES
-from kvjudge.report.charts import accuracy_chart, ranking_chart, reliability_chart
+from kvjudge.report.charts import accuracy_chart, calibration_chart, ranking_chart, reliability_chart
 from kvjudge.report.collect import PairDetail, Report
 
 PAIRS_SUFFIX = "-pairs"
@@ -172,12 +172,16 @@ def render_index(report: Report, pair_href: str) -> str:
     agents = sorted({name for p in pairs for name in p.agents})
     figure_rows = [("judge", report.evaluation["judge"])] + [(name, report.evaluation["baselines"][name])
                                                              for name in BASELINES]
+    calibrated = report.evaluation["judge"].get("calibration")
     return environment().get_template("index.html").render(
         csp=csp(script=True), script=_inline("report.js").text, header=report.header,
         evaluation=report.evaluation, ranking=report.ranking, figure_rows=figure_rows, pairs=pairs, runs=report.runs,
         tasks=tasks, agents=agents, pair_href=pair_href, accuracy=accuracy_chart(report.evaluation),
         reliability=reliability_chart(report.evaluation["judge"]["reliability"]),
-        strengths=ranking_chart(report.ranking), figures={"eval": report.evaluation, "rank": report.ranking})
+        strengths=ranking_chart(report.ranking), selection=report.selection, calibrated=calibrated,
+        calibration=calibration_chart(calibrated["reliability"], "Calibration of p_a: equal-mass bins against the "
+                                      "share of pairs where run a has the higher grade") if calibrated else None,
+        figures={"eval": report.evaluation, "rank": report.ranking})
 
 
 def render_pair(report: Report, pair: PairDetail, index_href: str) -> str:
