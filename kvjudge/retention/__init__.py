@@ -4,7 +4,7 @@ Public API (ARCHITECTURE.md says which layers use it)::
 
     from kvjudge.retention import Store, fold, RunState, verify, VerifyReport   # the store, a run's state, checks
     from kvjudge.retention import plan_reduction, apply_plan, reduce_run      # one run: plan (pure), then apply
-    from kvjudge.retention import reduce_runs, RunsReduction             # `kvjudge reduce`: a selection of runs
+    from kvjudge.retention.reduce_runs import reduce_runs, RunsReduction   # `kvjudge reduce`: a selection of runs
     from kvjudge.retention import ingest_paths, IngestReport          # getting runs in: ingest_paths(store, paths)
     from kvjudge.retention import attach_grades, GradeReport          # grades that arrive after the import
     from kvjudge.retention import find_evidence, measure, run_tokens  # a run's decisive evidence; its tokens
@@ -12,7 +12,8 @@ Public API (ARCHITECTURE.md says which layers use it)::
 
 Everything else (the event types, the lifecycle's states, extracts, fault points, the tiering's parts) is
 imported from the module that defines it: :mod:`.events`, :mod:`.lifecycle`, :mod:`.extract`, :mod:`.faults`,
-:mod:`.tiering`, :mod:`.store`, …
+:mod:`.tiering`, :mod:`.store`, … A module's name is never also a name here: ``reduce_runs`` is the module
+:mod:`kvjudge.retention.reduce_runs` (its function of that name is also ``kvjudge.reduce_runs``).
 """
 
 import importlib
@@ -33,7 +34,6 @@ _LOADED_ON_USE = {
     "kvjudge.retention.late_grades": ("GradeReport", "attach_grades"),
     "kvjudge.retention.reduce": ("ReductionPlan", "plan_reduction"),
     "kvjudge.retention.reduce_apply": ("ReductionResult", "RunInColdStorage", "apply_plan", "reduce_run"),
-    "kvjudge.retention.reduce_runs": ("RunsReduction", "reduce_runs"),
     "kvjudge.retention.stored_tokens": ("run_tokens",),
     "kvjudge.retention.tiering": ("RehydrateResult", "TierResult", "rehydrate_run", "tier_run", "tier_runs"),
 }
@@ -46,7 +46,6 @@ if TYPE_CHECKING:
     from kvjudge.retention.late_grades import GradeReport, attach_grades
     from kvjudge.retention.reduce import ReductionPlan, plan_reduction
     from kvjudge.retention.reduce_apply import ReductionResult, RunInColdStorage, apply_plan, reduce_run
-    from kvjudge.retention.reduce_runs import RunsReduction, reduce_runs
     from kvjudge.retention.stored_tokens import run_tokens
     from kvjudge.retention.tiering import RehydrateResult, TierResult, rehydrate_run, tier_run, tier_runs
 
@@ -68,7 +67,7 @@ def __dir__() -> list[str]:
 __all__ = [
     "RunState", "Store", "VerifyReport", "fold", "verify",
     "ColdStore", "Evidence", "GradeReport", "IngestReport", "ReductionPlan", "ReductionResult", "RehydrateResult",
-    "RunInColdStorage", "RunsReduction", "TierResult", "apply_plan", "attach_grades", "find_evidence",
-    "ingest_paths", "measure", "open_cold_store", "plan_reduction", "reduce_run", "reduce_runs", "rehydrate_run",
+    "RunInColdStorage", "TierResult", "apply_plan", "attach_grades", "find_evidence",
+    "ingest_paths", "measure", "open_cold_store", "plan_reduction", "reduce_run", "rehydrate_run",
     "run_tokens", "tier_run", "tier_runs",
 ]
