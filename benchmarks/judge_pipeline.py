@@ -39,7 +39,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from kvjudge.judge import Judge, PackedView, judge_batch, open_servers, pack_pair, pair_bases
+from kvjudge.judge import Judge, judge_batch, open_servers
+from kvjudge.judge.pack import PackedView, pack_pair, pair_bases
 from kvjudge.retention import Store, ingest_paths
 from kvjudge.server_client import ServerClient
 from kvjudge.testing.sim_judge import SimJudge

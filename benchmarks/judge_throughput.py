@@ -27,7 +27,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kvjudge.judge import Judge, LlamaBackend, pack_pair
+from kvjudge.judge import Judge, LlamaBackend
+from kvjudge.judge.pack import pack_pair
 from kvjudge.models import default_model_path
 from kvjudge.retention import Store, ingest_paths
 from kvjudge.testing.filler import filler

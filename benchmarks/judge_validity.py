@@ -30,7 +30,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kvjudge.judge import Judge, LlamaBackend, WindowPlanner, still_grades, window_tokens
+from kvjudge.judge import Judge, LlamaBackend, WindowPlanner, still_grades
+from kvjudge.judge.window import window_tokens
 from kvjudge.judge.evaluate import evaluate, plot_reliability
 from kvjudge.models import judge_model_path
 from kvjudge.probe import RuntimeSettings, memory_needed, probe

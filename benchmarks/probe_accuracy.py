@@ -29,11 +29,11 @@ from pathlib import Path
 from typing import Any
 
 from kvjudge.models import default_model_path, judge_model_path
-from kvjudge.probe import RuntimeSettings, compute_buffer_bytes, kv_breakdown, read_model_shape
+from kvjudge.probe import RuntimeSettings, kv_breakdown, read_model_shape
 from kvjudge.probe.certify import certify, measure_allocations
 from kvjudge.probe.core import footprint, max_context_tokens, place
 from kvjudge.probe.devices import discover_devices
-from kvjudge.probe.kv_math import CTX_PAD, MIB
+from kvjudge.probe.kv_math import CTX_PAD, MIB, compute_buffer_bytes
 from kvjudge.probe.settings import parse_size
 
 S = RuntimeSettings

@@ -33,11 +33,12 @@ from typing import Any
 
 import psutil
 
-from kvjudge.budget import DEFAULT_CEILING, effective_ceiling
+from kvjudge.budget import effective_ceiling
+from kvjudge.budget.ceiling import DEFAULT_CEILING
 from kvjudge.models import judge_model_path
 from kvjudge.retention import Store
-from kvjudge.retention.ingest import parse_native
 from kvjudge.retention.ingest.importer import write_parsed
+from kvjudge.retention.ingest.native import parse_native
 from kvjudge.retention.reduce_apply import reduce_run
 from kvjudge.retention.verify import verify
 from kvjudge.tokens import SplicingCounter, TokenCounter, TokenEnds, make_counter

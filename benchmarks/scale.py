@@ -70,7 +70,8 @@ ROOT = Path(__file__).resolve().parent.parent
 # The same reduction as `kvjudge reduce --all`, counted with the simulated judge's tokenizer in this process.
 _LOCAL_REDUCE = """
 import json, sys
-from kvjudge.retention import Store, reduce_runs
+from kvjudge.retention import Store
+from kvjudge.retention.reduce_runs import reduce_runs
 from kvjudge.testing.sim_judge import SimJudge
 
 class LocalSimTokenizer:

@@ -31,12 +31,13 @@ from typing import Any
 
 from kvjudge.budget import resolve_budget
 from kvjudge.errors import IntegrityError
-from kvjudge.judge import split_full_cut
+from kvjudge.judge.stillgrades import split_full_cut
 from kvjudge.judge.evaluate import evaluate
 from kvjudge.judge.pairing import ALL, same_task_pairs
 from kvjudge.models import judge_model_path
 from kvjudge.probe import RuntimeSettings, memory_needed
-from kvjudge.report import build_report, with_tier_status, write_report
+from kvjudge.report import build_report, write_report
+from kvjudge.report.collect import with_tier_status
 from kvjudge.retention import ingest_paths, verify
 from kvjudge.retention.reduce_apply import reduce_run
 from kvjudge.retention.stored_tokens import run_tokens

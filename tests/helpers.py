@@ -16,7 +16,9 @@ from typing import Any
 import pytest
 
 from kvjudge.cli import main
-from kvjudge.judge import OrderScore, RunTokens, Verdict
+from kvjudge.judge import Verdict
+from kvjudge.judge.pack import RunTokens
+from kvjudge.judge.verdict import OrderScore
 from kvjudge.retention import Store
 from kvjudge.retention.ingest import ingest_paths
 from kvjudge.testing.jsonl import write_jsonl

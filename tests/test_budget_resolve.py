@@ -6,15 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from kvjudge.budget import (
-    DEFAULT_CEILING,
-    DEFAULT_CONTEXT_TOKENS,
-    BudgetSource,
-    TokenEstimation,
-    budget_from_settings,
-    effective_ceiling,
-    resolve_budget,
-)
+from kvjudge.budget import BudgetSource, TokenEstimation, budget_from_settings, effective_ceiling, resolve_budget
+from kvjudge.budget.ceiling import DEFAULT_CEILING
+from kvjudge.budget.resolve import DEFAULT_CONTEXT_TOKENS
 from kvjudge.errors import CapabilityMissing, ConfigError, UsageError
 from kvjudge.settings import Settings
 

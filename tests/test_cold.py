@@ -15,15 +15,8 @@ from seaweed import SeaweedServer, s3_bucket, seaweed  # noqa: F401 (fixtures)
 from tier_support import cold_for, tamper, target  # noqa: F401 (fixture)
 
 from kvjudge.errors import ColdStoreError, IntegrityError, UsageError
-from kvjudge.retention.cold import (
-    ColdStore,
-    LocalDirColdStore,
-    S3ColdStore,
-    blob_key,
-    manifest_key,
-    open_cold_store,
-    pack_key,
-)
+from kvjudge.retention.cold import ColdStore, LocalDirColdStore, S3ColdStore, open_cold_store
+from kvjudge.retention.cold.keys import blob_key, manifest_key, pack_key
 
 
 def ref_of(body: bytes) -> str:

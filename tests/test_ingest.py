@@ -15,7 +15,9 @@ from helpers import CallLog, cli_json, kvjudge, sql, store_snapshot
 from kvjudge.errors import IngestError
 from kvjudge.retention import Store
 from kvjudge.retention import events as ev
-from kvjudge.retention.ingest import ingest_paths, parse_native, schema, stored_content_hash
+from kvjudge.retention.ingest import ingest_paths
+from kvjudge.retention.ingest.importer import stored_content_hash
+from kvjudge.retention.ingest.native import parse_native, schema
 from kvjudge.retention.verify import verify
 from kvjudge.testing.jsonl import write_jsonl
 from kvjudge.testing.native_runs import make_run
@@ -520,7 +522,7 @@ def test_only_a_file_of_several_runs_to_write_opens_a_savepoint(store: Store, tm
 
 
 def test_a_bad_file_after_committed_batches_says_what_was_imported(store: Store, tmp_path: Path) -> None:
-    from kvjudge.retention.ingest import BATCH_RUNS
+    from kvjudge.retention.ingest.importer import BATCH_RUNS
 
     root = tmp_path / "runs"
     root.mkdir()

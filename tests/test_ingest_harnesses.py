@@ -16,7 +16,8 @@ from helpers import cli_json_ok, kvjudge, store_snapshot
 
 from kvjudge.cli import main
 from kvjudge.errors import IngestError
-from kvjudge.judge import body_resolver, render_view
+from kvjudge.judge import render_view
+from kvjudge.judge.render import body_resolver
 from kvjudge.retention import Store
 from kvjudge.retention.ingest import archive, ingest_paths, json_stream
 from kvjudge.retention.ingest.inspect_log import score_grade

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 from helpers import kvjudge, store_from_runs
 
-from kvjudge.judge import SCORED, Judge, LlamaBackend, judgment_key
+from kvjudge.judge import SCORED, Judge, LlamaBackend
+from kvjudge.judge.verdict import judgment_key
 from kvjudge.judge.render import body_resolver, render_view
 from kvjudge.models import file_sha256
 from kvjudge.retention import Store

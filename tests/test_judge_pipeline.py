@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 from helpers import store_from_runs
 
-from kvjudge.judge import Judge, LlamaBackend, Prompt, ServerPool, judge_batch, open_servers, view_source
+from kvjudge.judge import Judge, LlamaBackend, Prompt, ServerPool, judge_batch, open_servers
+from kvjudge.judge.render import view_source
 from kvjudge.judge.evaluate import evaluate
 from kvjudge.judge.pack import pair_bases, pack_pair
 from kvjudge.judge.pairing import same_task_pairs

@@ -17,20 +17,20 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvjudge.errors import UsageError
-from kvjudge.judge import (
+from kvjudge.judge import cohen_kappa, escape, render_view, still_grades
+from kvjudge.judge.pack import allowances, base_view, pack_pair, pack_run
+from kvjudge.judge.prompt import (
+    INSTRUCTIONS,
+    QUESTION,
     RAW,
-    base_view,
-    cohen_kappa,
-    decide,
-    escape,
-    pack_pair,
-    pack_run,
-    render_view,
-    still_grades,
+    RAW_ANSWER_CUE,
+    TemplateText,
+    chat_framing,
+    closing,
+    opening,
 )
-from kvjudge.judge.pack import allowances
-from kvjudge.judge.prompt import INSTRUCTIONS, QUESTION, RAW_ANSWER_CUE, TemplateText, chat_framing, closing, opening
 from kvjudge.judge.render import body_resolver
+from kvjudge.judge.verdict import decide
 from kvjudge.retention.reduce_apply import reduce_run
 from kvjudge.testing.filler import filler
 from kvjudge.testing.native_runs import make_run

@@ -17,7 +17,9 @@ import pytest
 from helpers import cli_json, store_from_runs
 
 from kvjudge.cli import main
-from kvjudge.judge import Judge, LlamaBackend, OrderScore, Verdict, base_view, pack_pair
+from kvjudge.judge import Judge, LlamaBackend, Verdict
+from kvjudge.judge.pack import base_view, pack_pair
+from kvjudge.judge.verdict import OrderScore
 from kvjudge.judge.evaluate import evaluate
 from kvjudge.judge.prompt import COMMON_CLOSING, COMMON_OPENING, RAW, closing, opening
 from kvjudge.judge.stillgrades import still_grades

@@ -16,7 +16,8 @@ from helpers import cli_json_ok, kvjudge, kvjudge_json, store_snapshot
 from kvjudge.cli import main
 from kvjudge.commands._judging import select_pairs
 from kvjudge.errors import RunStateError
-from kvjudge.judge import SCORED, body_resolver, render_view
+from kvjudge.judge import SCORED, render_view
+from kvjudge.judge.render import body_resolver
 from kvjudge.judge.pairing import describe_pairs, same_task_pairs, trial_order
 from kvjudge.retention import Store
 from kvjudge.retention import events as ev

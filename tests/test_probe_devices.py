@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 
 from fake_pynvml import FakeGpu, FakeNvml, no_driver
 from kvjudge.errors import UsageError
-from kvjudge.probe import RuntimeSettings, discover_devices, parse_size
+from kvjudge.probe import RuntimeSettings, discover_devices
+from kvjudge.probe.settings import parse_size
 from kvjudge.probe.core import max_context_tokens, place
 from kvjudge.probe.devices import DeviceReport, cgroup_memory, host_device, nvml_devices
 
@@ -140,7 +141,8 @@ def test_gpu_identity_enters_the_fingerprint(default_model: Path, tmp_path: Path
 
 
 def test_partial_offload_splits_weights_and_kv_between_gpu_and_host(default_model: Path) -> None:
-    from kvjudge.probe import footprint, kv_breakdown, read_model_shape
+    from kvjudge.probe import kv_breakdown, read_model_shape
+    from kvjudge.probe.core import footprint
 
     shape = read_model_shape(default_model)
     gpus, _ = nvml_devices(FakeNvml(gpus=[FakeGpu("NVIDIA L4", "GPU-l4", total=24 * GIB, used=0)]))

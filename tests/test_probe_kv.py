@@ -10,9 +10,9 @@ from hypothesis import strategies as st
 
 from gguf_factory import write_deci_per_layer, write_llama_gqa
 from kvjudge.errors import UsageError
-from kvjudge.probe import RuntimeSettings, compute_buffer_bytes, kv_breakdown, kv_cache_bytes, read_model_shape
+from kvjudge.probe import RuntimeSettings, kv_breakdown, kv_cache_bytes, read_model_shape
 from kvjudge.probe.certify import measure_allocations
-from kvjudge.probe.kv_math import MIB, check_kv_types
+from kvjudge.probe.kv_math import MIB, check_kv_types, compute_buffer_bytes
 
 S = RuntimeSettings
 

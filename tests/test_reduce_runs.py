@@ -10,7 +10,8 @@ import pytest
 from helpers import store_from_runs
 
 from kvjudge.errors import CapabilityMissing, RunStateError
-from kvjudge.retention import reduce_run, reduce_runs
+from kvjudge.retention import reduce_run
+from kvjudge.retention.reduce_runs import reduce_runs
 from kvjudge.testing.filler import filler
 from kvjudge.testing.native_runs import make_run
 from kvjudge.server_client import ServerClient, ServerTokenCounter

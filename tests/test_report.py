@@ -17,7 +17,9 @@ from report_support import PAYLOAD_RUN, report_in_process
 
 from kvjudge.cli import main
 from kvjudge.judge import Verdict
-from kvjudge.report import judged_against, pair_dir_for, write_report
+from kvjudge.report import write_report
+from kvjudge.report.collect import judged_against
+from kvjudge.report.pages import pair_dir_for
 
 
 class _WithEvidence(Verdict):

@@ -19,18 +19,12 @@ from helpers import event_kinds, kvjudge, local_cold_url, start_kvjudge, store_f
 
 import kvjudge.retention.reduce_apply as reduce_module
 import kvjudge.retention.tiering.move as move_module
-from kvjudge.retention import (
-    ColdReader,
-    ColdStores,
-    LocalDirColdStore,
-    RunInColdStorage,
-    Store,
-    TierGate,
-    reduce_run,
-    tier_run,
-    verify,
-    verify_checks,
-)
+from kvjudge.retention import RunInColdStorage, Store, reduce_run, tier_run, verify
+from kvjudge.retention.cold.local import LocalDirColdStore
+from kvjudge.retention.tiering.checks import verify_checks
+from kvjudge.retention.tiering.move import TierGate
+from kvjudge.retention.tiering.reader import ColdReader
+from kvjudge.retention.tiering.targets import ColdStores
 from kvjudge.retention import events as ev
 from kvjudge.retention.stored_tokens import run_tokens
 from kvjudge.testing.filler import filler

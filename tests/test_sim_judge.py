@@ -19,8 +19,8 @@ import pytest
 from helpers import kvjudge_json
 
 from kvjudge.errors import ServerError, UsageError
-from kvjudge.judge import RAW, PromptOverflow, ServerBackend, TemplateText
-from kvjudge.judge.prompt import user_message
+from kvjudge.judge import PromptOverflow, ServerBackend
+from kvjudge.judge.prompt import RAW, TemplateText, user_message
 from kvjudge.server_client import ServerClient
 from kvjudge.testing.graded_runs import swe_run, write_graded
 from kvjudge.testing.sim_judge import (

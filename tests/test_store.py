@@ -11,22 +11,15 @@ import pytest
 from helpers import ingest_runs, sql
 
 from kvjudge.errors import IntegrityError, RunStateError, StoreError
-from kvjudge.retention import (
-    EVENT_TYPES,
-    Dropped,
-    Reduced,
-    Rehydrated,
-    Store,
-    Tiered,
-    TierStarted,
-    fold,
-    ref_of,
-)
+from kvjudge.retention import Store, fold
+from kvjudge.retention.blobs import ref_of
+from kvjudge.retention.events import EVENT_TYPES, Dropped, Reduced, Rehydrated, Tiered, TierStarted
 from kvjudge.retention import events as ev
 from kvjudge.retention.reduce_apply import reduce_run
 from kvjudge.retention.stored_tokens import count_ahead, run_tokens, stored_tokens
 from kvjudge.retention.state import RunState, agent_of
-from kvjudge.retention.store import SCHEMA_VERSION, RunListing, default_store_path
+from kvjudge.retention.store import RunListing, default_store_path
+from kvjudge.retention.store.schema import SCHEMA_VERSION
 from kvjudge.testing.filler import filler
 from kvjudge.testing.native_runs import make_run
 from kvjudge.tokens import CharsPerToken

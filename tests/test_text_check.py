@@ -13,13 +13,13 @@ from hypothesis import strategies as st
 from helpers import cli_json_ok, sql, store_snapshot
 from kvjudge.cli import main
 from kvjudge.errors import IngestError
-from kvjudge.retention import Store, TextError, verify
+from kvjudge.retention import Store, verify
 from kvjudge.retention.blobs import ref_of
 from kvjudge.retention.events import canonical_json
 from kvjudge.retention.ingest import ingest_paths
 from kvjudge.retention.state import RunState
 from kvjudge.retention import text_check
-from kvjudge.retention.text_check import MAX_DEPTH, parse_checked, repair, scan
+from kvjudge.retention.text_check import MAX_DEPTH, TextError, parse_checked, repair, scan
 from kvjudge.testing.jsonl import write_jsonl
 from kvjudge.testing.native_runs import make_run
 

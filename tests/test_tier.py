@@ -35,17 +35,18 @@ from kvjudge.errors import ColdStoreError, IntegrityError, RunStateError, StoreE
 from kvjudge.retention import Store
 from kvjudge.retention.blobs import ref_of
 from kvjudge.retention.blobs import short
-from kvjudge.retention.cold import LocalDirColdStore, blob_key, pack_key
+from kvjudge.retention.cold import LocalDirColdStore
+from kvjudge.retention.cold.keys import blob_key, pack_key
 from kvjudge.retention.tiering import (
     ColdStores,
     Manifest,
     fallback_reader,
-    local_body_bytes,
     rehydrate_run,
     tier_requested,
     tier_run,
     verify_checks,
 )
+from kvjudge.retention.tiering.move import local_body_bytes
 from kvjudge.retention.tiering.manifest import LOOSE_FORMAT, MANIFEST_FORMAT, PACK_BYTES, ManifestEntry
 from kvjudge.retention.verify import verify
 from kvjudge.tokens import CharsPerToken

@@ -17,7 +17,8 @@ from tier_support import GRADED, big_output, make_store, texts, tiered_refs
 from kvjudge.retention import Store
 from kvjudge.retention import events as ev
 from kvjudge.retention.blobs import ref_of
-from kvjudge.retention.cold import S3ColdStore, manifest_key
+from kvjudge.retention.cold import S3ColdStore
+from kvjudge.retention.cold.keys import manifest_key
 from kvjudge.retention.events import canonical_json
 from kvjudge.retention.tiering.manifest import logged_manifest
 from kvjudge.retention.tiering.transfer import fetch_body

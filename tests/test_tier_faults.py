@@ -14,7 +14,9 @@ from seaweed import s3_bucket, seaweed  # noqa: F401 (fixtures)
 from tier_support import cold_for, make_store, moved, read_remote, remote_keys, texts, tier_the_old_way, tiered_refs
 
 from kvjudge.retention import Store
-from kvjudge.retention.tiering import REHYDRATE_POINTS, TIER_POINTS, ColdStores, fallback_reader, verify_checks
+from kvjudge.retention.tiering import ColdStores, fallback_reader, verify_checks
+from kvjudge.retention.tiering.move import TIER_POINTS
+from kvjudge.retention.tiering.rehydrate import REHYDRATE_POINTS
 from kvjudge.retention.tiering.manifest import LOOSE_FORMAT
 from kvjudge.retention.verify import verify
 

@@ -94,7 +94,7 @@ def unmatched_results_line(unmatched: Sequence[dict[str, str]], runs: str = "run
 
 def format_mib(value: int | None) -> str:
     """Bytes for a table, in the probe's units."""
-    from kvjudge.probe import format_size  # here: a command that shows no sizes never loads the probe
+    from kvjudge.probe.settings import format_size
 
     return format_size(value)
 

@@ -10,7 +10,8 @@ from typing import Any
 from kvjudge.commands._args import add_api_key_args, command, settings_from
 from kvjudge.commands._output import Column, emit, format_mib, info, print_fields, print_table, progress
 from kvjudge.errors import KvjudgeError
-from kvjudge.probe import CapabilityCache, RuntimeSettings, probe, probe_server, served_status
+from kvjudge.probe import CapabilityCache, RuntimeSettings, probe, probe_server
+from kvjudge.probe.served import served_status
 from kvjudge.probe.core import current_components
 
 

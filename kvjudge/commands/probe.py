@@ -8,8 +8,8 @@ from typing import Any
 from kvjudge.commands._args import add_api_key_args, command, records_settings, settings_from
 from kvjudge.commands._output import emit, format_mib, info, print_fields, print_table, print_wrapped, progress
 from kvjudge.errors import UsageError
-from kvjudge.probe import RuntimeSettings, parse_size, probe, probe_server
-from kvjudge.probe.settings import KV_TYPE_NAMES
+from kvjudge.probe import RuntimeSettings, probe, probe_server
+from kvjudge.probe.settings import KV_TYPE_NAMES, parse_size
 from kvjudge.server_client import credentials_from
 from kvjudge.settings import Settings
 

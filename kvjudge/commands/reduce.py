@@ -12,7 +12,7 @@ import argparse
 from kvjudge.commands._args import add_ceiling_args, add_store_args, command, target_from
 from kvjudge.commands._output import emit, info, print_table, progress
 from kvjudge.errors import UsageError
-from kvjudge.retention import reduce_runs
+from kvjudge.retention.reduce_runs import reduce_runs
 from kvjudge.target import entry_summary
 
 

@@ -12,7 +12,7 @@ import argparse
 from kvjudge.commands._args import READS_TIERED, add_ceiling_args, command, records_settings, target_from
 from kvjudge.commands._output import emit, info, megabytes, print_table, progress
 from kvjudge.errors import CapabilityMissing, UsageError
-from kvjudge.budget import DEFAULT_CHARS_PER_TOKEN
+from kvjudge.budget.estimation import DEFAULT_CHARS_PER_TOKEN
 from kvjudge.retention.tiering import tier_requested
 from kvjudge.target import JudgeTarget
 from kvjudge.tokens import CharsPerToken, TokenCounter

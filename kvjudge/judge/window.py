@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 from kvjudge.errors import JudgeError
 from kvjudge.judge.pack import ANSWER_TOKENS
-from kvjudge.probe import CapabilityEntry, CapabilityLookup, ran_at
+from kvjudge.probe import CapabilityEntry, CapabilityLookup
+from kvjudge.probe.core import ran_at
 
 if TYPE_CHECKING:
     from kvjudge.judge.backends import Backend

@@ -7,32 +7,24 @@ is probed with real requests instead (:func:`probe_server`) and cached beside th
 """
 
 from kvjudge.probe.cache import CapabilityCache, CapabilityEntry, default_cache_path
-from kvjudge.probe.certify import Certification, Trial
 from kvjudge.probe.core import (
     CapabilityLookup,
-    Footprint,
-    Placement,
     ProbeReport,
-    certify_context,
     ensure_capability,
-    footprint,
     lookup_capability,
     max_context_tokens,
     memory_needed,
     probe,
-    ran_at,
 )
 from kvjudge.probe.devices import Device, DeviceReport, discover_devices
 from kvjudge.probe.gguf_shape import ModelShape, read_model_shape
-from kvjudge.probe.kv_math import KvBreakdown, compute_buffer_bytes, kv_breakdown, kv_cache_bytes
-from kvjudge.probe.served import ServedLookup, ServedProbeReport, lookup_served, probe_server, served_status
-from kvjudge.probe.settings import KV_TYPE_NAMES, RuntimeSettings, format_size, parse_size
+from kvjudge.probe.kv_math import KvBreakdown, kv_breakdown, kv_cache_bytes
+from kvjudge.probe.served import ServedProbeReport, lookup_served, probe_server
+from kvjudge.probe.settings import RuntimeSettings
 
 __all__ = [
-    "KV_TYPE_NAMES", "CapabilityCache", "CapabilityEntry", "CapabilityLookup", "Certification", "Device",
-    "DeviceReport", "Footprint", "KvBreakdown", "ModelShape", "Placement", "ProbeReport", "RuntimeSettings",
-    "ServedLookup", "ServedProbeReport", "Trial", "certify_context", "compute_buffer_bytes", "default_cache_path",
-    "discover_devices", "ensure_capability", "footprint", "format_size", "kv_breakdown", "kv_cache_bytes",
-    "lookup_capability", "lookup_served", "max_context_tokens", "memory_needed", "parse_size", "probe",
-    "probe_server", "ran_at", "read_model_shape", "served_status",
+    "CapabilityCache", "CapabilityEntry", "CapabilityLookup", "Device", "DeviceReport", "KvBreakdown", "ModelShape",
+    "ProbeReport", "RuntimeSettings", "ServedProbeReport", "default_cache_path", "discover_devices",
+    "ensure_capability", "kv_breakdown", "kv_cache_bytes", "lookup_capability", "lookup_served",
+    "max_context_tokens", "memory_needed", "probe", "probe_server", "read_model_shape",
 ]

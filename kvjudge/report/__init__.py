@@ -11,22 +11,7 @@ Public API::
   loads nothing and runs only the page's own script) and writes the index and the pair pages.
 """
 
-from kvjudge.report.collect import (
-    KNOWN_VERDICT_FIELDS,
-    PairDetail,
-    Reduction,
-    Report,
-    RunRow,
-    build_report,
-    judge_description,
-    judged_against,
-    reductions,
-    with_tier_status,
-)
-from kvjudge.report.pages import Written, check_output, csp, pair_dir_for, pair_file, write_report
+from kvjudge.report.collect import Report, build_report
+from kvjudge.report.pages import Written, check_output, write_report
 
-__all__ = [
-    "KNOWN_VERDICT_FIELDS", "PairDetail", "Reduction", "Report", "RunRow", "Written", "build_report",
-    "check_output", "csp", "judge_description", "judged_against", "pair_dir_for", "pair_file", "reductions",
-    "with_tier_status", "write_report",
-]
+__all__ = ["Report", "Written", "build_report", "check_output", "write_report"]

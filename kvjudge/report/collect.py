@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvjudge import __version__
-from kvjudge.judge import SCORED, Judge, OrderPrompt, Verdict
+from kvjudge.judge import SCORED, Judge, Verdict
+from kvjudge.judge.verdict import OrderPrompt
 from kvjudge.judge.evaluate import evaluate, grade_score, truth
 from kvjudge.judge.ranking import BOOTSTRAP, agent_of, rank
 from kvjudge.retention import RunState

@@ -34,7 +34,7 @@ from markupsafe import Markup
 
 from kvjudge.atomic import atomic_write
 from kvjudge.errors import UsageError
-from kvjudge.judge import TemplateText
+from kvjudge.judge.prompt import TemplateText
 from kvjudge.judge.evaluate import BASELINES
 from kvjudge.report.charts import accuracy_chart, calibration_chart, ranking_chart, reliability_chart
 from kvjudge.report.collect import PairDetail, Report

@@ -2,95 +2,52 @@
 
 Public API (ARCHITECTURE.md says which layers use it)::
 
-    from kvjudge.retention import Store, fold, RunState, plan_reduction, apply_plan, verify
-    from kvjudge.retention import reduce_runs, RunsReduction             # `kvjudge reduce`: a selection of runs
+    from kvjudge.retention import Store, fold, RunState, verify, VerifyReport   # the store, a run's state, checks
+    from kvjudge.retention import plan_reduction, apply_plan, reduce_run      # one run: plan (pure), then apply
+    from kvjudge.retention.reduce_runs import reduce_runs, RunsReduction   # `kvjudge reduce`: a selection of runs
     from kvjudge.retention import ingest_paths, IngestReport          # getting runs in: ingest_paths(store, paths)
     from kvjudge.retention import attach_grades, GradeReport          # grades that arrive after the import
-    from kvjudge.retention import find_evidence, measure              # a run's decisive evidence, and a view's share
+    from kvjudge.retention import find_evidence, measure, run_tokens  # a run's decisive evidence; its tokens
     from kvjudge.retention import open_cold_store, tier_run, rehydrate_run   # tiering (kvjudge.retention.tiering)
+
+Everything else (the event types, the lifecycle's states, extracts, fault points, the tiering's parts) is
+imported from the module that defines it: :mod:`.events`, :mod:`.lifecycle`, :mod:`.extract`, :mod:`.faults`,
+:mod:`.tiering`, :mod:`.store`, … A module's name is never also a name here: ``reduce_runs`` is the module
+:mod:`kvjudge.retention.reduce_runs` (its function of that name is also ``kvjudge.reduce_runs``).
 """
 
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from kvjudge.retention.blobs import ref_of
-from kvjudge.retention.events import (
-    EVENT_TYPES,
-    BranchOpened,
-    BranchReduced,
-    Dropped,
-    Event,
-    GradeRecorded,
-    Reduced,
-    Rehydrated,
-    RunStarted,
-    StateChanged,
-    TextRepaired,
-    TierStarted,
-    Tiered,
-    TransitionRecorded,
-    VerifierRecorded,
-    canonical_json,
-)
-from kvjudge.retention.faults import fault_point
-from kvjudge.retention.lifecycle import STATES, is_reducible
-from kvjudge.retention.state import BodyLocation, Branch, RunState, Transition, fold, fold_onto
-from kvjudge.retention.store import BlobStore, Explanation, RunListing, Store
-from kvjudge.retention.text_check import TextError, parse_checked
-from kvjudge.retention.verify import Violation, VerifyReport, verify
+from kvjudge.retention.state import RunState, fold
+from kvjudge.retention.store import Store
+from kvjudge.retention.verify import VerifyReport, verify
 
 # The modules below load on first use of one of their names (``from kvjudge.retention import tier_run``, or
 # ``import kvjudge.retention.tiering``), so that importing the store, the log or ingest loads no more than those
 # (tiering alone brings the HTTP and S3 clients; ingest, every harness's parser): ``kvjudge ingest`` starts without
 # tiering, and a command that only reads the store (a listing, eval, rank) without ingest. Each name is its module's.
 _LOADED_ON_USE = {
-    "kvjudge.retention.cold": ("ColdStore", "LocalDirColdStore", "S3ColdStore", "open_cold_store"),
-    "kvjudge.retention.evidence": ("Evidence", "Visibility", "find_evidence", "measure"),
-    "kvjudge.retention.extract": ("diff_extract", "head_tail_extract"),
+    "kvjudge.retention.cold": ("ColdStore", "open_cold_store"),
+    "kvjudge.retention.evidence": ("Evidence", "find_evidence", "measure"),
     "kvjudge.retention.ingest": ("IngestReport", "ingest_paths"),
     "kvjudge.retention.late_grades": ("GradeReport", "attach_grades"),
-    "kvjudge.retention.reduce": ("ReductionPlan", "plan_reduction", "view_refs"),
-    "kvjudge.retention.reduce_apply": ("ReductionResult", "RunInColdStorage", "StalePlan", "apply_plan", "reduce_run"),
-    "kvjudge.retention.reduce_runs": ("RunsReduction", "reduce_runs"),
-    "kvjudge.retention.stored_tokens": ("run_tokens", "stored_tokens"),
-    "kvjudge.retention.tiering": ("REHYDRATE_POINTS", "TIER_POINTS", "ColdReader", "ColdStores", "Manifest",
-                                  "RehydrateResult", "TierGate", "TierPlan", "TierResult", "fallback_reader",
-                                  "local_body_bytes", "plan_all", "recover", "rehydrate_run", "resolve_endpoint",
-                                  "resolve_cold_target", "tier_run", "tier_runs", "verify_checks"),
+    "kvjudge.retention.reduce": ("ReductionPlan", "plan_reduction"),
+    "kvjudge.retention.reduce_apply": ("ReductionResult", "RunInColdStorage", "apply_plan", "reduce_run"),
+    "kvjudge.retention.stored_tokens": ("run_tokens",),
+    "kvjudge.retention.tiering": ("RehydrateResult", "TierResult", "rehydrate_run", "tier_run", "tier_runs"),
 }
 _MODULE_OF = {name: module for module, names in _LOADED_ON_USE.items() for name in names}
 
 if TYPE_CHECKING:
-    from kvjudge.retention.cold import ColdStore, LocalDirColdStore, S3ColdStore, open_cold_store
-    from kvjudge.retention.evidence import Evidence, Visibility, find_evidence, measure
-    from kvjudge.retention.extract import diff_extract, head_tail_extract
+    from kvjudge.retention.cold import ColdStore, open_cold_store
+    from kvjudge.retention.evidence import Evidence, find_evidence, measure
     from kvjudge.retention.ingest import IngestReport, ingest_paths
     from kvjudge.retention.late_grades import GradeReport, attach_grades
-    from kvjudge.retention.reduce import ReductionPlan, plan_reduction, view_refs
-    from kvjudge.retention.reduce_apply import ReductionResult, RunInColdStorage, StalePlan, apply_plan, reduce_run
-    from kvjudge.retention.reduce_runs import RunsReduction, reduce_runs
-    from kvjudge.retention.stored_tokens import run_tokens, stored_tokens
-    from kvjudge.retention.tiering import (
-        REHYDRATE_POINTS,
-        TIER_POINTS,
-        ColdReader,
-        ColdStores,
-        Manifest,
-        RehydrateResult,
-        TierGate,
-        TierPlan,
-        TierResult,
-        fallback_reader,
-        local_body_bytes,
-        plan_all,
-        recover,
-        rehydrate_run,
-        resolve_endpoint,
-        resolve_cold_target,
-        tier_run,
-        tier_runs,
-        verify_checks,
-    )
+    from kvjudge.retention.reduce import ReductionPlan, plan_reduction
+    from kvjudge.retention.reduce_apply import ReductionResult, RunInColdStorage, apply_plan, reduce_run
+    from kvjudge.retention.stored_tokens import run_tokens
+    from kvjudge.retention.tiering import RehydrateResult, TierResult, rehydrate_run, tier_run, tier_runs
 
 
 def __getattr__(name: str) -> Any:
@@ -108,16 +65,9 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
-    "EVENT_TYPES", "STATES", "BlobStore", "BodyLocation", "Branch", "BranchOpened", "BranchReduced", "Dropped",
-    "Event", "Explanation", "RunListing", "GradeRecorded", "GradeReport", "attach_grades", "Reduced", "Rehydrated", "RunStarted", "RunState", "StateChanged",
-    "Store", "TextError", "TextRepaired", "TierStarted", "Tiered", "Transition", "TransitionRecorded",
-    "VerifierRecorded", "canonical_json", "Evidence", "IngestReport", "Visibility", "diff_extract", "fault_point",
-    "find_evidence", "fold", "fold_onto", "head_tail_extract", "measure",
-    "ingest_paths", "is_reducible", "parse_checked", "ref_of",
-    "ReductionPlan", "ReductionResult", "RunInColdStorage", "RunsReduction", "StalePlan", "Violation", "VerifyReport", "apply_plan",
-    "plan_reduction", "reduce_run", "reduce_runs", "run_tokens", "stored_tokens", "verify", "view_refs",
-    "REHYDRATE_POINTS", "TIER_POINTS", "ColdReader", "ColdStore", "ColdStores", "LocalDirColdStore", "Manifest",
-    "RehydrateResult", "S3ColdStore", "TierGate", "TierPlan", "TierResult", "fallback_reader", "local_body_bytes",
-    "open_cold_store", "plan_all", "recover", "rehydrate_run", "resolve_endpoint", "resolve_cold_target", "tier_run",
-    "tier_runs", "verify_checks",
+    "RunState", "Store", "VerifyReport", "fold", "verify",
+    "ColdStore", "Evidence", "GradeReport", "IngestReport", "ReductionPlan", "ReductionResult", "RehydrateResult",
+    "RunInColdStorage", "TierResult", "apply_plan", "attach_grades", "find_evidence",
+    "ingest_paths", "measure", "open_cold_store", "plan_reduction", "reduce_run", "rehydrate_run",
+    "run_tokens", "tier_run", "tier_runs",
 ]

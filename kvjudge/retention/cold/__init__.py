@@ -17,10 +17,9 @@ MinIO, … (:mod:`.s3`) — and which one a target names (:mod:`.opening`).
 """
 
 from kvjudge.retention.cold.interface import BlobBody, ColdStore, ColdTarget, ManifestWrite, ObjectInfo
-from kvjudge.retention.cold.keys import blob_key, manifest_key, pack_key, ref_hex
 from kvjudge.retention.cold.local import LocalDirColdStore
 from kvjudge.retention.cold.opening import open_cold_store
 from kvjudge.retention.cold.s3 import S3ColdStore
 
 __all__ = ["BlobBody", "ColdStore", "ColdTarget", "LocalDirColdStore", "ManifestWrite", "ObjectInfo", "S3ColdStore",
-           "blob_key", "manifest_key", "open_cold_store", "pack_key", "ref_hex"]
+           "open_cold_store"]

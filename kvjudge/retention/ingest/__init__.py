@@ -18,29 +18,10 @@ scores), :mod:`.model` (the ParsedRun every parser builds), :mod:`.importer` (ea
 whole in batches) and :mod:`.ahead` (a child process parsing the files ahead of the writes).
 """
 
-from kvjudge.retention.ingest.archive import Archive
-from kvjudge.retention.ingest.harbor import parse_harbor, read_result
-from kvjudge.retention.ingest.importer import (
-    BATCH_BYTES,
-    BATCH_RUNS,
-    IngestReport,
-    detect_format,
-    formats,
-    ingest_paths,
-    ingest_sources,
-    parse_document,
-    stored_content_hash,
-)
-from kvjudge.retention.ingest.inspect_log import parse_inspect_sample, score_grade
-from kvjudge.retention.ingest.model import DEFAULT_TENANT, DocumentError, ParseContext, ParsedRun
-from kvjudge.retention.ingest.native import parse_native, schema
 from kvjudge.retention.ingest.format import Companion, Format
-from kvjudge.retention.ingest.sources import RUN_SUFFIXES, Document, Source, Walk, collect_sources, iter_documents, walk
+from kvjudge.retention.ingest.importer import IngestReport, detect_format, formats, ingest_paths, ingest_sources
+from kvjudge.retention.ingest.model import DocumentError, ParseContext, ParsedRun
+from kvjudge.retention.ingest.sources import Source, Walk, walk
 
-__all__ = [
-    "Archive", "parse_harbor", "parse_inspect_sample", "read_result", "score_grade",
-    "BATCH_BYTES", "BATCH_RUNS", "DEFAULT_TENANT", "RUN_SUFFIXES", "Companion", "Document", "DocumentError",
-    "Format", "IngestReport", "ParseContext", "ParsedRun", "Source", "Walk", "collect_sources", "detect_format",
-    "formats", "ingest_paths", "ingest_sources", "iter_documents", "parse_document", "parse_native", "schema",
-    "stored_content_hash", "walk",
-]
+__all__ = ["Companion", "DocumentError", "Format", "IngestReport", "ParseContext", "ParsedRun", "Source", "Walk",
+           "detect_format", "formats", "ingest_paths", "ingest_sources", "walk"]

@@ -5,8 +5,7 @@ event recorder, the blob store, run queries and the caches; :class:`Store` compo
 (``store.events``, ``store.blobs``, ``store.runs``, ``store.caches``) over one file's transactions.
 """
 
-from kvjudge.retention.store.blobs import Blob, BodyReaders
-from kvjudge.retention.store.database import STORE_FILENAME, default_store_path
+from kvjudge.retention.store.database import default_store_path
 from kvjudge.retention.store.interfaces import (
     BlobStore,
     EventRecorder,
@@ -19,8 +18,6 @@ from kvjudge.retention.store.interfaces import (
     Transactions,
 )
 from kvjudge.retention.store.runstore import Store
-from kvjudge.retention.store.schema import SCHEMA_VERSION
 
-__all__ = ["SCHEMA_VERSION", "STORE_FILENAME", "Blob", "BlobStore", "BodyReaders", "EventRecorder", "Explanation",
-           "FallbackReader", "Judgments", "RunListing", "RunQueries", "Store", "TokenCounts", "Transactions",
-           "default_store_path"]
+__all__ = ["BlobStore", "EventRecorder", "Explanation", "FallbackReader", "Judgments", "RunListing", "RunQueries",
+           "Store", "TokenCounts", "Transactions", "default_store_path"]

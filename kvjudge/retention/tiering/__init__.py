@@ -15,31 +15,16 @@ One module per job:
 - :mod:`.checks` — what ``kvjudge verify`` adds for tiered runs.
 """
 
-from kvjudge.retention.tiering.checks import tier_check, verify_checks, verify_tiered_run
-from kvjudge.retention.tiering.manifest import Manifest, ManifestEntry, RemoteObject
-from kvjudge.retention.tiering.move import (
-    TIER_POINTS,
-    TierGate,
-    TierPlan,
-    TierResult,
-    local_body_bytes,
-    pending_runs,
-    plan_all,
-    recover,
-    recover_run,
-    tier_run,
-    tier_runs,
-)
+from kvjudge.retention.tiering.checks import verify_checks
+from kvjudge.retention.tiering.manifest import Manifest
+from kvjudge.retention.tiering.move import TierGate, TierPlan, TierResult, plan_all, recover, tier_run, tier_runs
 from kvjudge.retention.tiering.reader import ColdReader, fallback_reader
-from kvjudge.retention.tiering.rehydrate import REHYDRATE_POINTS, RehydrateResult, rehydrate_run
-from kvjudge.retention.tiering.requested import TierOutcome, TierProgress, tier_requested
-from kvjudge.retention.tiering.targets import ColdStores, default_cold_target, resolve_endpoint, resolve_cold_target
-from kvjudge.retention.tiering.transfer import check_remote, fetch_body
+from kvjudge.retention.tiering.rehydrate import RehydrateResult, rehydrate_run
+from kvjudge.retention.tiering.requested import TierOutcome, tier_requested
+from kvjudge.retention.tiering.targets import ColdStores, default_cold_target, resolve_cold_target, resolve_endpoint
 
 __all__ = [
-    "REHYDRATE_POINTS", "TIER_POINTS", "ColdReader", "ColdStores", "Manifest", "ManifestEntry", "RehydrateResult",
-    "RemoteObject", "TierGate", "TierOutcome", "TierPlan", "TierProgress", "TierResult", "check_remote",
-    "default_cold_target", "fallback_reader", "fetch_body", "local_body_bytes", "pending_runs", "plan_all", "recover",
-    "recover_run", "rehydrate_run", "resolve_endpoint", "resolve_cold_target", "tier_check", "tier_requested", "tier_run",
-    "tier_runs", "verify_checks", "verify_tiered_run",
+    "ColdReader", "ColdStores", "Manifest", "RehydrateResult", "TierGate", "TierOutcome", "TierPlan", "TierResult",
+    "default_cold_target", "fallback_reader", "plan_all", "recover", "rehydrate_run", "resolve_cold_target",
+    "resolve_endpoint", "tier_requested", "tier_run", "tier_runs", "verify_checks",
 ]

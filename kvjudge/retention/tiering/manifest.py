@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from kvjudge.errors import IntegrityError
 from kvjudge.retention import events as ev
 from kvjudge.retention.blobs import ref_of, short
-from kvjudge.retention.cold import blob_key, manifest_key, pack_key
+from kvjudge.retention.cold.keys import blob_key, manifest_key, pack_key
 from kvjudge.retention.events import canonical_json
 from kvjudge.retention.state import LOCAL, RunState, fold
 from kvjudge.retention.store import BlobStore, EventRecorder, Store

@@ -20,6 +20,8 @@ REHYDRATE_POINTS = ("rehydrate.after_bodies", "rehydrated.txn")
 
 @dataclass(frozen=True)
 class RehydrateResult:
+    """What one rehydration did: the run, its status, how many bodies (and bytes) came back, and from where."""
+
     run: str
     status: str  # "rehydrated" | "not_tiered"
     refs: int = 0

@@ -19,7 +19,8 @@ from kvjudge.errors import IntegrityError
 from kvjudge.retention.blobs import ref_of, short
 from kvjudge.retention.cold import ColdStore
 from kvjudge.retention.faults import fault_point
-from kvjudge.retention.store import Blob, BodyReaders, Store
+from kvjudge.retention.store import Store
+from kvjudge.retention.store.blobs import Blob, BodyReaders
 from kvjudge.retention.tiering.manifest import Manifest, ManifestEntry, RemoteObject
 
 # Objects in flight at once. Network stores hide latency with more; so does a local disk, whose writes wait
