@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from kvjudge.tokens import TokenCounter
     from kvjudge.judge import Backend, Judge
     from kvjudge.judge.pipeline import VerdictFn
+    from kvjudge.judge.protocols import JudgeProtocol
     from kvjudge.judge.stillgrades import ProgressFactory, StillGradesCheck
 
 Say = Callable[[str], None]
@@ -360,9 +361,10 @@ class JudgeTarget:
     # ------------------------------------------------------------------------------------------ the judge
     def open_judge(self, *, n_ctx: int | None = None, certify: bool = True, template: str | None = None,
                    margin: float | None = None, show_verifier: bool = False, show_grades: bool = False,
-                   use_cache: bool = True) -> Judge:
+                   use_cache: bool = True, protocol: str | None = None) -> Judge:
         """The Judge: its backend (not yet loaded: the planner sizes the window to the pairs), framing (``template``,
-        else ``[judge] template``), tie margin (``[judge] margin``) and held-out inputs.
+        else ``[judge] template``), tie margin (``[judge] margin``), held-out inputs and protocol (``protocol``, else
+        ``[judge] protocol``, with ``[judge] levels``, ``repeats``, ``rubric``: :meth:`protocol`).
 
         With servers the backend is a :class:`~kvjudge.judge.ServerPool` windowed from each member's capability
         entry (a member without one is probed first); ``n_ctx`` only lowers the window (and, given, lets a member
@@ -370,6 +372,7 @@ class JudgeTarget:
         from kvjudge.judge import Judge, LlamaBackend, WindowPlanner, open_servers
 
         chosen = self.settings.judge
+        asked = self.protocol(protocol)  # a bad protocol, rubric or scale fails before any backend opens
         if self.served:
             if n_ctx is None:  # a member without an entry is probed first, where the pool would refuse it
                 self.entries()
@@ -385,10 +388,19 @@ class JudgeTarget:
                                     say=self.say)
             return Judge(backend, margin=chosen.margin if margin is None else margin, show_grades=show_grades,
                          show_verifier=show_verifier, use_cache=use_cache, template=template or chosen.template,
-                         planner=planner)
+                         planner=planner, protocol=asked)
         except Exception:
             backend.close()
             raise
+
+    def protocol(self, name: str | None = None) -> JudgeProtocol:
+        """The judge protocol ``name`` (else ``[judge] protocol``) with the settings' scale, K and rubric; a bad one
+        is a one-line error before any backend opens."""
+        from kvjudge.judge.protocols import make_protocol
+
+        chosen = self.settings.judge
+        return make_protocol(name or chosen.protocol, levels=chosen.levels, min_mass=chosen.min_label_mass,
+                             rubric=chosen.rubric, repeats=chosen.repeats)
 
     # ------------------------------------------------------------------------------------------ still grades
     def still_grades(self, judge: Judge, store: Store, pairs: Sequence[tuple[str, str]], *,

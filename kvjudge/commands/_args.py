@@ -30,6 +30,10 @@ SETTING_FLAGS: dict[str, tuple[str, str]] = {
     "margin": ("judge.margin", "--margin"),
     "template": ("judge.template", "--template"),
     "threads": ("judge.threads", "--threads"),
+    "protocol": ("judge.protocol", "--protocol"),
+    "levels": ("judge.levels", "--levels"),
+    "repeats": ("judge.repeats", "--repeats"),
+    "rubric": ("judge.rubric", "--rubric"),
     "memory_budget": ("probe.memory_budget", "--memory-budget"),
 }
 # --model and --server choose the judge: --server URL (repeatable) the pool, --model PATH the local GGUF (then no

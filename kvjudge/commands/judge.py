@@ -48,7 +48,7 @@ def _judge(args: argparse.Namespace) -> int:
         pairs = selection.pairs
         with opened_judge(args, target) as judge:
             sides = 2 if args.still_grades else 1
-            with progress("judging", len(pairs) * 2 * sides) as advance:
+            with progress("judging", len(pairs) * judge.protocol.calls * sides) as advance:
                 judge.planner.progress = lambda message: advance(0, description=message)
                 tracker = _PairProgress(advance, len(pairs) * sides)
                 if args.still_grades:
@@ -142,6 +142,10 @@ def _print_pair(verdict: Verdict, still: StillGrades | None) -> None:
         read = "; ".join(f"{name} {describe(e.view)}" for name, e in verdict.evidence.items())
         print_wrapped(f"evidence read: {read}"
                       + (" — the views hide evidence their full runs show" if verdict.evidence_hidden else ""))
+    criteria = verdict.reading_figures().get("criteria", {})
+    if criteria:
+        print_wrapped("criteria (p_a ± sd over repeats and orders): " + "; ".join(
+            f"{name} {_fmt(c['mean'])} ± {_fmt(c['spread'])}" for name, c in criteria.items()))
     for v in ([still.full, still.reduced] if still is not None else [verdict]):
         if v.error:
             print_wrapped(f"{v.outcome}: {v.error}", indent="  ")

@@ -25,9 +25,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from kvjudge.errors import JudgeError, UsageError
+from kvjudge.settings import DEFAULT_LEVELS
+from kvjudge.settings import DEFAULT_MIN_LABEL_MASS as DEFAULT_MIN_MASS
 
-DEFAULT_LEVELS = 10
-DEFAULT_MIN_MASS = 0.5
 MAX_LEVELS = len(string.ascii_uppercase)
 
 

@@ -30,11 +30,12 @@ from kvjudge.judge.labels import LabelScore
 from kvjudge.judge.prompt import RAW_ANSWER_CUE, Framing, Quoted, TemplateText
 from kvjudge.judge.protocols.rubric import Criterion, Rubric
 from kvjudge.judge.scale import Scale
+from kvjudge.settings import MAX_REPEATS
 
 # The two orders of a pair's runs: a shown first (``ab``), b shown first (``ba``).
 ORDERS: tuple[str, str] = ("ab", "ba")
 WORDINGS = 4
-MAX_REPEATS = 2 * WORDINGS
+assert MAX_REPEATS == 2 * WORDINGS  # [judge] repeats is checked against the variants there are
 # The line of every scale question that names the levels (the simulated judge finds the scale by it).
 SCALE_UP = "Scale, worst to best: "
 SCALE_DOWN = "Scale, best to worst: "
