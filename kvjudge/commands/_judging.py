@@ -104,6 +104,7 @@ def opened_judge(args: argparse.Namespace, target: JudgeTarget, *, template: str
                  protocol: str | None = None) -> Iterator[Judge]:
     """The judge of a judging command (``add_judge_args``: window, certification, held-out inputs, cache), its
     backend closed on the way out."""
+    target.protocol(protocol)  # a bad protocol, rubric or scale: one line, before the backend is announced
     info("loading the judge backend…")
     judge = target.open_judge(n_ctx=args.n_ctx, certify=not args.no_certify, template=template,
                               show_verifier=args.show_verifier, show_grades=args.show_grades,
