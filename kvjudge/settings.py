@@ -237,6 +237,19 @@ class Settings:
         return dataclasses.replace(built, source=self.source)
 
 
+def read_toml(path: str | os.PathLike[str], what: str) -> dict[str, Any]:
+    """A TOML file a setting names (a rubric file), parsed here, by the one reader of TOML; a one-line error
+    naming ``what`` when it cannot be read or parsed."""
+    candidate = Path(path)
+    try:
+        with candidate.open("rb") as handle:
+            return tomllib.load(handle)
+    except OSError as exc:
+        raise ConfigError(f"cannot read the {what} {candidate}: {exc.strerror or exc}; check the path") from exc
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"the {what} {candidate} is not valid TOML ({exc}); fix the file") from exc
+
+
 def _as_mapping(value: Any) -> Any:
     if dataclasses.is_dataclass(value):
         return {f.name: _as_mapping(getattr(value, f.name)) for f in dataclasses.fields(value) if f.name != "source"

@@ -89,7 +89,7 @@ def test_a_rubric_file_is_read_and_a_bad_one_refused(tmp_path: Path) -> None:
     bad.write_text('[[criterion]]\nname = "tests"\n')
     with pytest.raises(UsageError, match="needs exactly the strings name and text"):
         load_rubric(bad)
-    with pytest.raises(UsageError, match="cannot read the rubric file"):
+    with pytest.raises(ConfigError, match="cannot read the rubric file"):
         load_rubric(tmp_path / "missing.toml")
     protocol = make_protocol("pointwise", rubric=str(good))
     assert [c["name"] for c in protocol.manifest()["rubric"]] == ["tests", "scope"]

@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import hashlib
 import re
-import tomllib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from kvjudge.errors import UsageError
+from kvjudge.settings import read_toml
 
 _NAME = re.compile(r"^[a-z][a-z0-9_-]{0,39}$")
 
@@ -98,12 +98,7 @@ def load_rubric(path: str | Path) -> Rubric:
     """A rubric file (TOML, ``[[criterion]]`` tables with ``name`` and ``text``)."""
     path = Path(path)
     source = f"rubric file {path}"
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise UsageError(f"cannot read the {source}: {exc.strerror or exc}; check the path") from exc
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise UsageError(f"{source} is not valid TOML ({exc}); see docs/judge-protocols.md") from exc
+    data = read_toml(path, "rubric file")
     unknown = set(data) - {"criterion"}
     items: Any = data.get("criterion", [])
     if unknown or not isinstance(items, list):
