@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from kvjudge.tokens import TokenCounter
     from kvjudge.judge import Backend, Judge
     from kvjudge.judge.pipeline import VerdictFn
+    from kvjudge.judge.jury import Absent
     from kvjudge.judge.protocols import JudgeProtocol
     from kvjudge.judge.stillgrades import ProgressFactory, StillGradesCheck
 
@@ -392,6 +393,33 @@ class JudgeTarget:
         except Exception:
             backend.close()
             raise
+
+    def open_jury(self, *, n_ctx: int | None = None, certify: bool = True, show_verifier: bool = False,
+                  show_grades: bool = False, use_cache: bool = True) -> list[tuple[str, Judge | Absent]]:
+        """``[judge] jury``'s judges, each with this target's protocol: a member is a GGUF path, a server URL, or
+        several URLs joined by commas (a pool). One that cannot be opened is :class:`~kvjudge.judge.jury.Absent`
+        (its verdicts errors, never scores)."""
+        from kvjudge.judge.jury import Absent
+
+        named = self.settings.judge.jury or ()
+        if len(named) < 2:
+            raise UsageError("a jury needs at least two judges: set [judge] jury or pass --jury JUDGE twice or more")
+        members: list[tuple[str, Judge | Absent]] = []
+        for member in named:
+            urls = tuple(url.strip() for url in member.split(",") if url.strip())
+            served = all("://" in url for url in urls)
+            values = {"judge.servers": urls} if served else {"judge.model": member}
+            unset = ("judge.server", "judge.model") if served else ("judge.server", "judge.servers")
+            settings = self.settings.with_overrides({**values, "judge.jury": None}, unset=(*unset, "judge.jury"))
+            target = JudgeTarget(settings, capabilities=self.capabilities, ceiling=self.lowered_to,
+                                 endpoint_url=self.endpoint_url, say=self.say)
+            try:
+                members.append((member, target.open_judge(n_ctx=n_ctx, certify=certify, show_verifier=show_verifier,
+                                                          show_grades=show_grades, use_cache=use_cache)))
+            except KvjudgeError as exc:
+                self.say(f"jury member {member} is absent: {exc}")
+                members.append((member, Absent(str(exc))))
+        return members
 
     def protocol(self, name: str | None = None) -> JudgeProtocol:
         """The judge protocol ``name`` (else ``[judge] protocol``) with the settings' scale, K and rubric; a bad one

@@ -254,3 +254,35 @@ def test_score_and_judge_protocol_from_the_cli(graded, capsys: pytest.CaptureFix
         assert main(["score", *common, "--rubric", str(rubric)]) == 2
         err = capsys.readouterr().err
         assert "has no criteria" in err and err.count("\n") == 1
+
+
+def test_a_jury_combines_its_members_and_an_unreachable_member_gives_errors_never_scores(  # type: ignore[no-untyped-def]
+        graded, capsys: pytest.CaptureFixture[str]) -> None:
+    from helpers import free_ports
+
+    from kvjudge.judge.jury import MemberVerdict, combine
+
+    path, key, ids, _ = graded
+    [port] = free_ports()
+    dead = f"http://127.0.0.1:{port}"
+    pairs = [(ids[0], ids[1]), (ids[3], ids[2])]  # the passing run first, then second
+    with SimJudgeServer(key, SimSettings(accuracy=1.0)) as right, \
+            SimJudgeServer(key, SimSettings(accuracy=1.0, seed=1, model="second")) as other:
+        argv = ["judge", "--pairs", str(path.with_name("pairs.jsonl")), "--n-ctx", "8192", "--store", str(path),
+                "--jury", right.url, "--jury", other.url, "--jury", dead, "--protocol", "pairwise-scale",
+                "--json"]
+        path.with_name("pairs.jsonl").write_text("".join(json.dumps({"a": a, "b": b}) + "\n" for a, b in pairs))
+        assert main(argv) == 0
+    out = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    verdicts, summary = out[:-1], out[-1]["summary"]
+    for verdict, better in zip(verdicts, ("a", "b")):
+        members = {m["member"]: m for m in verdict["members"]}
+        assert members[dead]["outcome"] == "error" and members[dead]["p_a"] is None
+        assert "reachable" in members[dead]["error"]
+        scored = [members[url]["p_a"] for url in (right.url, other.url)]
+        assert verdict["p_a"] == pytest.approx(sum(scored) / 2)  # the mean of the members that scored
+        assert verdict["outcome"] == better and verdict["votes"] == {better: 2}
+    assert summary["members"][dead] == {"error": 2}
+    # The majority of the labels given; no majority is a tie; nobody scored is an error.
+    fake = [MemberVerdict(name, None, "down") for name in ("x", "y")]
+    assert combine("a", "b", fake).outcome == "error" and combine("a", "b", fake).p_a is None

@@ -34,6 +34,7 @@ SETTING_FLAGS: dict[str, tuple[str, str]] = {
     "levels": ("judge.levels", "--levels"),
     "repeats": ("judge.repeats", "--repeats"),
     "rubric": ("judge.rubric", "--rubric"),
+    "jury": ("judge.jury", "--jury"),
     "memory_budget": ("probe.memory_budget", "--memory-budget"),
 }
 # --model and --server choose the judge: --server URL (repeatable) the pool, --model PATH the local GGUF (then no

@@ -16,11 +16,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from kvjudge.commands._args import READS_TIERED, command, target_from
+from kvjudge.commands._args import READS_TIERED, command, records_settings, target_from
 from kvjudge.commands._judging import add_judge_args, opened_judge, select_pairs
 from kvjudge.commands._output import emit, print_table, print_wrapped, progress
 from kvjudge.judge import Judge, StillGrades, Verdict, judge_batch, summarize_verdicts
 from kvjudge.judge.evidence import describe, summary_line
+from kvjudge.judge.jury import JuryVerdict, jury_verdicts, summarize_jury
+from kvjudge.target import JudgeTarget
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -35,14 +37,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                             help="with --still-grades: reduce each run's bodies to N tokens, as retention counts "
                                  "them (the view adds its markup, so it comes out somewhat above N; default: the "
                                  "effective ceiling, min(configured, max_context_tokens // 2))")
+        parser.add_argument("--jury", metavar="JUDGE", action="append",
+                            help="a jury member: a GGUF path, a server URL, or URLs joined by commas (a pool); "
+                                 "repeat for each (default: [judge] jury, else no jury). The members' verdicts are "
+                                 "combined: the mean p_a, the majority label")
         add_judge_args(parser)
+        records_settings(parser, "jury")
 
 
 def _judge(args: argparse.Namespace) -> int:
     """Judge which of two runs is better from the model's own next-token probabilities, asked in both orders.
     Outcomes: a, b, tie, inconsistent (the orders disagree), overflow, error. Verifier results and grades are held
-    out of the judge's input unless asked for."""
+    out of the judge's input unless asked for. With a jury, each member judges and the verdicts are combined."""
     target = target_from(args)
+    if target.settings.judge.jury and not args.still_grades:
+        return _judge_by_jury(args, target)
     with target.open_store() as store:
         selection = select_pairs(args, store)
         pairs = selection.pairs
@@ -73,6 +82,41 @@ def _judge(args: argparse.Namespace) -> int:
                 summary["reduce_to"] = check.reduce_to
     emit(args, {"summary": summary}, lambda: _print_summary(summary, args.still_grades))
     return 0
+
+
+def _judge_by_jury(args: argparse.Namespace, target: JudgeTarget) -> int:
+    with target.open_store() as store:
+        selection = select_pairs(args, store)
+        target.protocol()  # a bad protocol, rubric or scale: one line, before any member opens
+        members = target.open_jury(n_ctx=args.n_ctx, certify=not args.no_certify, show_verifier=args.show_verifier,
+                                   show_grades=args.show_grades, use_cache=not args.no_cache)
+        try:
+            present = [m for _, m in members if isinstance(m, Judge)]
+            calls = sum(m.protocol.calls for m in present) * len(selection.pairs)
+            with progress("judging (jury)", calls) as advance:
+                verdicts = jury_verdicts(members, store, selection.pairs,
+                                         judge=lambda m, pairs: judge_batch(m, store, pairs, on_call=advance))
+        finally:
+            for _, member in members:
+                if isinstance(member, Judge):
+                    member.backend.close()
+    for verdict in verdicts:
+        emit(args, verdict.to_json(), lambda v=verdict: _print_jury_pair(v))
+    summary = {**summarize_jury(verdicts), "pairing": selection.to_json()}
+    emit(args, {"summary": summary}, lambda: print_table(
+        ["", "value"], [["pairs", summary["pairs"]], ["jury outcomes", ", ".join(f"{k} {v}" for k, v in
+                                                                                  summary["outcomes"].items())],
+                        ["coverage", _fmt(summary["coverage"])],
+                        *[[f"member {name}", ", ".join(f"{k} {v}" for k, v in counts.items())]
+                          for name, counts in summary["members"].items()]], title="jury summary"))
+    return 0
+
+
+def _print_jury_pair(verdict: JuryVerdict) -> None:
+    rows = [[m.member, m.outcome, _fmt(m.verdict.p_a if m.verdict else None), m.error or
+             (m.verdict.error if m.verdict else "") or ""] for m in verdict.members]
+    rows.append(["jury", verdict.outcome, _fmt(verdict.p_a), ""])
+    print_table(["judge", "outcome", "p_a", "error"], rows, title=f"{verdict.a} vs {verdict.b}")
 
 
 def _run_figures(judge: Judge, tracker: _PairProgress, judged: int) -> dict[str, Any]:
