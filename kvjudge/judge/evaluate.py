@@ -21,12 +21,12 @@ last test outcome its full view and the view judged show, and the pairs judged f
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from kvjudge.judge.evidence import batch
+from kvjudge.judge.metrics import Z95, wilson  # noqa: F401 - re-exported: the interval lives with the metrics
 from kvjudge.judge.render import body_resolver, render_parts, render_view
 from kvjudge.judge.runfacts import RunFacts
 from kvjudge.judge.stillgrades import cohen_kappa
@@ -37,7 +37,6 @@ if TYPE_CHECKING:
     from kvjudge.retention import Store
     from kvjudge.retention.store import RunListing
 
-Z95 = 1.959963984540054
 BASELINES: tuple[str, ...] = ("always_first", "longer_run", "last_exit_zero")
 NO_PREFERENCE = ("tie", "inconsistent")
 RELIABILITY_BINS = 5
@@ -59,16 +58,6 @@ def truth(state_a: RunState | RunListing, state_b: RunState | RunListing) -> str
     if score_a == score_b:
         return "equal"
     return "a" if score_a > score_b else "b"
-
-
-def wilson(successes: float, n: int, z: float = Z95) -> tuple[float, float] | None:
-    """Wilson score interval for ``successes`` of ``n`` (fractional successes allowed: ties as half)."""
-    if n <= 0:
-        return None
-    p = successes / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 @dataclass(frozen=True)

@@ -93,4 +93,16 @@ def reliability_chart(bins: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     return {"width": margin + SQUARE + RIGHT, "height": TOP + SQUARE + AXIS + 12, "points": points,
             "x0": x(0.0), "x1": x(1.0), "y0": y(0.0), "y1": y(1.0),
             "xticks": x.ticks([0.0, 0.2, 0.4, 0.6, 0.8, 1.0]), "yticks": y.ticks([0.0, 0.2, 0.4, 0.6, 0.8, 1.0]),
-            "title": "Reliability: p_a (binned) against the share of pairs where run a has the higher grade"}
+            "title": "Reliability: p_a (binned) against the share of pairs where run a has the higher grade",
+            "xlabel": "judge's p_a (binned)", "unit": "pair(s)", "predicted": "mean p_a", "observed": "run a better in",
+            "empty": "no scored verdict on pairs with different grades"}
+
+
+def calibration_chart(rows: Sequence[Sequence[float]], title: str = "Reliability: predicted probability "
+                      "(equal-mass bins) against the observed pass rate") -> dict[str, Any]:
+    """The reliability diagram of :func:`kvjudge.judge.metrics.reliability_bins` rows (mean predicted, observed
+    rate, items), in the geometry :func:`reliability_chart` gives the template's ``reliability`` macro."""
+    bins = [{"mean_p_a": mean, "a_better": rate, "pairs": count, "low": mean, "high": mean}
+            for mean, rate, count in rows]
+    return {**reliability_chart(bins), "title": title, "xlabel": "predicted probability (equal-mass bins)",
+            "unit": "item(s)", "predicted": "mean predicted", "observed": "observed rate", "empty": "no labelled item"}
