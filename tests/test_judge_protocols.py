@@ -286,3 +286,22 @@ def test_a_jury_combines_its_members_and_an_unreachable_member_gives_errors_neve
     # The majority of the labels given; no majority is a tie; nobody scored is an error.
     fake = [MemberVerdict(name, None, "down") for name in ("x", "y")]
     assert combine("a", "b", fake).outcome == "error" and combine("a", "b", fake).p_a is None
+
+
+def test_eval_measures_a_pointwise_critic_and_a_pairwise_scores_auc(graded, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
+    path, key, ids, _ = graded
+    with SimJudgeServer(key, SimSettings()) as server:
+        common = ["--server", server.url, "--n-ctx", "8192", "--store", str(path), "--json"]
+        assert main(["eval", *common, "--protocol", "pointwise"]) == 0
+        result = json.loads(capsys.readouterr().out)
+        figures = result["pointwise"]
+        assert figures["graded"] == len(ids) and figures["succeeded"] == len(ids) // 2
+        # The simulated judge centres each reading on the grade (1 or 0) with σ = 0.15: it ranks every pair right.
+        assert figures["auc"] == 1.0 and figures["auc_ci95"] is not None
+        assert set(figures["criteria"]) == {"correctness", "verification", "conduct"}
+        assert set(figures["calibration"]) == {"isotonic", "platt"}
+        assert all(held["fit"] + held["held_out"] == len(ids) for held in figures["calibration"].values())
+        assert main(["eval", *common, "--protocol", "pairwise-scale", "--png", str(path.with_name("e.png"))]) == 0
+        [(_, pairwise)] = json.loads(capsys.readouterr().out)["templates"].items()
+        assert pairwise["score"]["pairs"] == len(ids) // 2 and set(pairwise["score"]["criteria"]) == {
+            "correctness", "verification", "conduct"}

@@ -29,6 +29,7 @@ import pytest
 from helpers import store_from_runs
 
 from kvjudge.judge import Judge, judge_batch, open_servers
+from kvjudge.judge.critic_eval import score_figures
 from kvjudge.judge.pointwise import score_runs
 from kvjudge.judge.protocols import Criterion, Rubric, make_protocol
 from kvjudge.retention import Store
@@ -169,7 +170,8 @@ def test_ece_is_near_zero_for_the_calibrated_judge_large_for_the_overconfident_o
         for sharpen in (1.0, 3.0):
             with SimJudgeServer(key, Settings(sigma=0.05, sharpen=sharpen, seed=9)) as server:
                 judge = _judge(server.url, "pointwise", 1)
-                scores = {s.run_id: s.p_success for s in score_runs(judge, store, [r.id for r in runs])}
+                scored = {s.run_id: s for s in score_runs(judge, store, [r.id for r in runs])}
+                scores = {run_id: s.p_success for run_id, s in scored.items()}
                 judge.backend.close()
             probs = [scores[r.id] for r in runs]
             ece[sharpen] = _ece(probs, labels)
@@ -179,6 +181,14 @@ def test_ece_is_near_zero_for_the_calibrated_judge_large_for_the_overconfident_o
                 mapped = _binning_map([probs[i] for i in fit], [labels[i] for i in fit])
                 ece["held_raw"] = _ece([probs[i] for i in held], [labels[i] for i in held], bins=5)
                 ece["held_out"] = _ece([mapped(probs[i]) for i in held], [labels[i] for i in held], bins=5)
+                # eval's own figures (kvjudge.judge.metrics, through critic_eval): the same ECE, and its held-out
+                # isotonic map bringing it down on runs it was not fitted on.
+                figures = score_figures(list(scored.values()), {r.id: r.key.grade for r in runs})
+                assert figures["ece"] == pytest.approx(ece[sharpen])
+                isotonic = figures["calibration"]["isotonic"]
+                # (its 10 bins of 10 held-out runs: sampling alone gives about √(2/π)·√(0.25/10) ≈ 0.13)
+                noise = math.sqrt(2 / math.pi) * math.sqrt(0.25 / 10)
+                assert isotonic["held_out"] == 100 and isotonic["after"]["ece"] < 1.2 * noise < isotonic["before"]["ece"]
     # Sampling alone: each of 10 bins of 20 runs misses its mean by about √(2/π)·√(p(1−p)/20) ≤ 0.089.
     sampling = math.sqrt(2 / math.pi) * math.sqrt(0.25 / (len(runs) / 10))
     assert ece[1.0] < 1.5 * sampling

@@ -31,6 +31,7 @@ from kvjudge.judge.render import body_resolver, render_parts, render_view
 from kvjudge.judge.runfacts import RunFacts
 from kvjudge.judge.stillgrades import cohen_kappa
 from kvjudge.judge.verdict import SCORED, VIEW_MODULES, Verdict, code_digest
+from kvjudge.judge.critic_eval import pairwise_score_figures
 from kvjudge.retention.state import RunState, best_grade
 
 if TYPE_CHECKING:
@@ -234,6 +235,7 @@ def evaluate(store: Store, verdicts: Sequence[Verdict], states: Mapping[str, Run
         "baselines": baselines,
         "conclusion": conclusion(judge, baselines),
         "evidence": batch([(v.a, v.b, list(v.evidence.values())) for v in verdicts], EVIDENCE_SIDES),
+        "score": pairwise_score_figures(verdicts, truths),
     }
 
 
