@@ -305,3 +305,14 @@ def test_eval_measures_a_pointwise_critic_and_a_pairwise_scores_auc(graded, caps
         [(_, pairwise)] = json.loads(capsys.readouterr().out)["templates"].items()
         assert pairwise["score"]["pairs"] == len(ids) // 2 and set(pairwise["score"]["criteria"]) == {
             "correctness", "verification", "conduct"}
+
+
+def test_the_docs_table_is_the_registry() -> None:
+    text = (Path(__file__).parent.parent / "docs" / "judge-protocols.md").read_text()
+    rows = {line.split("|")[1].strip(" `"): line for line in text.splitlines() if line.startswith("| `")}
+    for name, cls in PROTOCOLS.items():
+        assert f"| `{name}` | {cls.kind} | {cls.summary} |" == rows[name]
+    from kvjudge.judge.protocols import DEFAULT_RUBRIC
+
+    for criterion in DEFAULT_RUBRIC.criteria:
+        assert f"| `{criterion.name}` | {criterion.text} |" == rows[criterion.name]
