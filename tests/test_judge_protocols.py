@@ -316,3 +316,21 @@ def test_the_docs_table_is_the_registry() -> None:
 
     for criterion in DEFAULT_RUBRIC.criteria:
         assert f"| `{criterion.name}` | {criterion.text} |" == rows[criterion.name]
+
+
+def test_the_report_shows_each_pairs_criteria_and_the_score_auc(graded, capsys: pytest.CaptureFixture[str],  # type: ignore[no-untyped-def]
+                                                                tmp_path: Path) -> None:
+    path, key, ids, _ = graded
+    out = tmp_path / "report.html"
+    pairs = tmp_path / "pairs.jsonl"  # the better run first in one pair, second in the others: both classes
+    pairs.write_text("".join(json.dumps({"a": a, "b": b}) + "\n" for a, b in
+                             [(ids[0], ids[1]), (ids[3], ids[2]), (ids[5], ids[4])]))
+    with SimJudgeServer(key, SimSettings()) as server:
+        assert main(["report", "--server", server.url, "--n-ctx", "8192", "--store", str(path), "--out", str(out),
+                     "--protocol", "pairwise-scale", "--repeats", "2", "--pairs", str(pairs), "--bootstrap", "20",
+                     "--json"]) == 0
+    payload = json.loads(capsys.readouterr().out)
+    index = out.read_text()
+    assert 'id="score-auc"' in index and "ROC AUC 1.00" in index
+    page = next(Path(payload["pair_dir"]).glob("*.html")).read_text()
+    assert 'id="criteria"' in page and all(name in page for name in ("correctness", "verification", "conduct"))
