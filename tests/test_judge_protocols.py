@@ -334,3 +334,14 @@ def test_the_report_shows_each_pairs_criteria_and_the_score_auc(graded, capsys: 
     assert 'id="score-auc"' in index and "ROC AUC 1.00" in index
     page = next(Path(payload["pair_dir"]).glob("*.html")).read_text()
     assert 'id="criteria"' in page and all(name in page for name in ("correctness", "verification", "conduct"))
+
+
+def test_eval_reports_how_far_p_a_moves_with_the_length_difference(graded, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
+    path, key, ids, _ = graded
+    with SimJudgeServer(key, SimSettings()) as server:
+        assert main(["eval", "--server", server.url, "--n-ctx", "8192", "--store", str(path), "--json",
+                     "--png", str(path.with_name("e.png"))]) == 0
+    [(_, result)] = json.loads(capsys.readouterr().out)["templates"].items()
+    length = result["length_controlled"]
+    assert length["pairs"] == 3  # every pair scored
+    assert length["slope"] is not None and length["unit_chars"] == 1000

@@ -110,6 +110,10 @@ def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
 
 
+def _ci(interval: Any) -> str:
+    return f"[{interval[0]:+.3f}, {interval[1]:+.3f}]" if interval else ""
+
+
 def _interval(value: float | None, interval: Any) -> str:
     if value is None:
         return "-"
@@ -140,4 +144,10 @@ def _print(results: dict[str, dict[str, Any]], pairing: str | None = None) -> No
         print_wrapped(f"p_a as a score of 'a is better': AUC {_interval(score['auc'], score['auc_ci95'])} over "
                       f"{score['pairs']} pairs" + "".join(f"; {name} {_interval(c['auc'], c['auc_ci95'])}"
                                                           for name, c in score["criteria"].items()))
+        length = result["length_controlled"]
+        if length is not None and length["slope"] is not None:
+            print_wrapped(f"length: p_a moves {length['slope']:+.3f} per {length['unit_chars']} characters of length "
+                          f"difference {_ci(length['slope_ci95'])}; the longer run preferred in "
+                          f"{_fmt(length['longer_preferred'])} of the pairs that lean (beside position bias "
+                          f"{_fmt(result['judge']['position_bias'])})")
         print_wrapped(summary_line(result["evidence"], EVIDENCE_SIDES))
