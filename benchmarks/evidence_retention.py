@@ -39,7 +39,7 @@ from typing import Any
 
 from kvjudge.judge.render import Body, body_resolver, escape, render_view
 from kvjudge.models import judge_model_path
-from kvjudge.retention import Store
+from kvjudge.retention import Store, ingest_paths
 from kvjudge.retention.blobs import short
 from kvjudge.retention.evidence import measure
 from kvjudge.retention.extract import _cut_head, _cut_tail
@@ -139,21 +139,21 @@ def marker_tokens(view: str, count: CountFn, memo: dict[str, int]) -> tuple[int,
 
 
 def measure_run(store: Store, run_id: str, counter: TokenCounter, memo: dict[str, int]) -> dict[str, Any]:
-    state = store.run(run_id)
+    state = store.runs.run(run_id)
     transitions = sum(len(b.transitions) for b in state.branches)
-    counts = {ref: counter.count(store.text(ref) or "") for ref in state.bodies}
+    counts = {ref: counter.count(store.blobs.text(ref) or "") for ref in state.bodies}
     tokens = sum(counts[ref] for ref in view_refs(state))
     row: dict[str, Any] = {"run": run_id, "transitions": transitions, "tokens": tokens, "ceilings": {}}
     for ceiling in CEILINGS:
-        summaries, old_fits = uniform_reduction(state, store.text, counts, counter.count, ceiling)
-        old_view = uniform_view(state, store.text, summaries)
+        summaries, old_fits = uniform_reduction(state, store.blobs.text, counts, counter.count, ceiling)
+        old_view = uniform_view(state, store.blobs.text, summaries)
         # As the judge derives a reduced view (kvjudge.judge.pack): plan, never store, render.
-        plan = plan_reduction(state, store.text, counter, ceiling, counts=counts)
+        plan = plan_reduction(state, store.blobs.text, counter, ceiling, counts=counts)
         reduced = plan.state_after
-        new_view = render_view(reduced, body_resolver(reduced, lambda ref: plan.text_of(ref, store.text)))
+        new_view = render_view(reduced, body_resolver(reduced, lambda ref: plan.text_of(ref, store.blobs.text)))
         result = {}
         for name, view, fits in (("uniform", old_view, old_fits), ("kvjudge", new_view, plan.fits)):
-            seen = measure(state, store.text, view, escape)
+            seen = measure(state, store.blobs.text, view, escape)
             markers, tokens_of_markers = marker_tokens(view, counter.count, memo)
             result[name] = {"fits": fits, "share": seen.share, "whole": seen.whole,
                             "outcome_visible": seen.outcome_visible, "markers": markers,
@@ -233,7 +233,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="kvjudge-evidence-") as scratch:
         paths = generate(Path(scratch), args.runs, args.seed)
         with Store.open(Path(scratch) / "store.sqlite") as store:
-            run_ids = [run for path in paths for run in store.ingest_file(path)]
+            run_ids = [run for path in paths for run in ingest_paths(store, [path]).runs]
             rows = [measure_run(store, run_id, counter, memo) for run_id in run_ids]
     summary = summarise(rows)
     result = {"benchmark": "evidence_retention", "counter": counter.name, "runs": len(rows),

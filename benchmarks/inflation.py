@@ -424,13 +424,13 @@ def write_markdown(rows: list[Turn], summary: dict, errors: dict, decisions: lis
 def run_turns(store: Store, run_id: str) -> tuple[list[dict], int]:
     """The model calls of ``run_id``'s live branch as turns ``{"user", "assistant", "input", "output"}`` (the
     first call's "user" side is everything before it), and how many bodies could not be read locally."""
-    state = store.run(run_id)
+    state = store.runs.run(run_id)
     branch = next(b for b in state.branches if b.status == "live")
     missing = 0
 
     def text(ref: str | None) -> str:
         nonlocal missing
-        body = store.text(ref) if ref else ""
+        body = store.blobs.text(ref) if ref else ""
         missing += body is None
         return body or ""
 
@@ -458,7 +458,7 @@ def replay_run(store_path: Path, run_id: str, counter_kind: str, model: str | No
     """Replay ``run_id``'s turns through a TokenBudget's anchored fullness (see the module docstring)."""
     with Store.open(store_path) as store:
         turns, missing = run_turns(store, run_id)
-        agent = store.run(run_id).agent
+        agent = store.runs.run(run_id).agent
     if len(turns) < 2:
         raise SystemExit(f"run {run_id!r} has {len(turns)} model call(s) with usage; replaying needs two or more "
                          f"(import runs whose harness records per-call usage)")

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from kvjudge.judge import Judge, PackedView, judge_batch, open_servers, pack_pair, pair_bases
-from kvjudge.retention import Store
+from kvjudge.retention import Store, ingest_paths
 from kvjudge.server_client import ServerClient
 from kvjudge.testing.sim_judge import SimJudge
 from kvjudge.testing.trajectories import make_episode, mini_swe_agent_v1
@@ -97,17 +97,17 @@ class Requests:
 
 def _pairs(store: Store) -> list[tuple[str, str]]:
     by_task: dict[str, list[str]] = {}
-    for state in store.iter_runs():
+    for state in store.runs.iter_runs():
         by_task.setdefault(str(state.task_id), []).append(state.id)
     return [tuple(sorted(ids)) for _, ids in sorted(by_task.items()) if len(ids) == 2]  # type: ignore[misc]
 
 
 def _count_bodies(store: Store, counter: str) -> int:
     """Every body counted once under ``counter`` with the simulated judge's own tokenizer (as ingest would)."""
-    refs = sorted({ref for state in store.iter_runs() for ref in state.bodies})
-    known = store.cached_counts(refs, counter)
-    fresh = {ref: len(SimJudge.tokens(store.text(ref) or "")) for ref in refs if ref not in known}
-    store.put_counts(counter, fresh)
+    refs = sorted({ref for state in store.runs.iter_runs() for ref in state.bodies})
+    known = store.caches.cached_counts(refs, counter)
+    fresh = {ref: len(SimJudge.tokens(store.blobs.text(ref) or "")) for ref in refs if ref not in known}
+    store.caches.put_counts(counter, fresh)
     return len(refs)
 
 
@@ -162,7 +162,7 @@ def _measure(store: Store, url: str, args: argparse.Namespace, requests: Request
     sent = requests.take()
     started = time.perf_counter()
     for a, b in pairs:
-        store.run(a), store.run(b), store.get_judgment(a + b)
+        store.runs.run(a), store.runs.run(b), store.caches.get_judgment(a + b)
     floor = time.perf_counter() - started
     result["cached"] = {"ms_per_pair": round(1e3 * seconds / len(cached), 3),
                         "all_cached": all(v.cached for v in cached), "requests": sent,
@@ -192,7 +192,7 @@ def main() -> int:
     store_path = work / f"store-{args.n}.sqlite"
     if not store_path.exists():
         with Store.open(store_path.with_suffix(".tmp")) as fresh:
-            fresh.ingest([str(runs)])
+            ingest_paths(fresh, [str(runs)])
         for suffix in ("", "-wal", "-shm"):
             source = Path(f"{store_path.with_suffix('.tmp')}{suffix}")
             if source.exists():

@@ -33,7 +33,7 @@ from typing import Any
 
 from kvjudge.judge import SCORED, Judge, LlamaBackend, Verdict, judge_batch, open_servers
 from kvjudge.models import default_model_path
-from kvjudge.retention import Store
+from kvjudge.retention import Store, ingest_paths
 from kvjudge.testing.filler import filler
 from kvjudge.testing.jsonl import write_jsonl
 from kvjudge.testing.native_runs import make_run
@@ -55,7 +55,7 @@ def _store(directory: Path, pairs: int, words: int) -> Store:
     source = directory / "runs.jsonl"
     write_jsonl(source, runs)
     store = Store.open(directory / "store.sqlite")
-    store.ingest_file(source)
+    ingest_paths(store, [source])
     return store
 
 

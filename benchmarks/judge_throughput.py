@@ -29,7 +29,7 @@ from typing import Any
 
 from kvjudge.judge import Judge, LlamaBackend, pack_pair
 from kvjudge.models import default_model_path
-from kvjudge.retention import Store
+from kvjudge.retention import Store, ingest_paths
 from kvjudge.testing.filler import filler
 from kvjudge.testing.jsonl import write_jsonl
 from kvjudge.testing.native_runs import make_run
@@ -61,7 +61,7 @@ def _store(directory: Path, n_ctx: int, pairs: int) -> Store:
     source = directory / f"runs-{n_ctx}.jsonl"
     write_jsonl(source, runs)
     store = Store.open(directory / f"store-{n_ctx}.sqlite")
-    store.ingest_file(source)
+    ingest_paths(store, [source])
     return store
 
 

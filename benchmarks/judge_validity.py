@@ -34,7 +34,7 @@ from kvjudge.judge import Judge, LlamaBackend, WindowPlanner, still_grades, wind
 from kvjudge.judge.evaluate import evaluate, plot_reliability
 from kvjudge.models import judge_model_path
 from kvjudge.probe import RuntimeSettings, memory_needed, probe
-from kvjudge.retention import Store
+from kvjudge.retention import Store, ingest_paths
 
 # (template, verifier shown): the model's own framing, the raw one, and its own with the answer key shown.
 SETTINGS = (("auto", False), ("raw", False), ("auto", True))
@@ -45,16 +45,16 @@ def _sample_store(directory: Path) -> Path:
 
     path = directory / "sample.sqlite"
     with Store.open(path) as store:
-        for run_id in store.ingest_file(sample_runs_path()):
-            store.mark(run_id, "grading")
-            store.mark(run_id, "graded")
+        for run_id in ingest_paths(store, [sample_runs_path()]).runs:
+            store.events.mark(run_id, "grading")
+            store.events.mark(run_id, "graded")
     return path
 
 
 def _pairs(store: Store) -> list[tuple[str, str]]:
     from kvjudge.judge.pairing import same_task_pairs
 
-    return same_task_pairs(store.iter_runs()).pairs
+    return same_task_pairs(store.runs.iter_runs()).pairs
 
 
 def _summary(result: dict[str, Any]) -> dict[str, Any]:

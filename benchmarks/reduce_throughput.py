@@ -37,7 +37,8 @@ from kvjudge.budget import DEFAULT_CEILING, effective_ceiling
 from kvjudge.models import judge_model_path
 from kvjudge.retention import Store
 from kvjudge.retention.ingest import parse_native
-from kvjudge.retention.reduce import reduce_run
+from kvjudge.retention.ingest.importer import write_parsed
+from kvjudge.retention.reduce_apply import reduce_run
 from kvjudge.retention.verify import verify
 from kvjudge.tokens import SplicingCounter, TokenCounter, TokenEnds, make_counter
 
@@ -112,7 +113,7 @@ def build_store(path: Path, total_tokens: int, run_tokens: int) -> dict[str, Any
                                 {"id": "attempt-1", "status": "dead", "parent": "main", "fork_at": 1,
                                  "transitions": dead}],
                    "verifier": [{"name": "pytest", "passed": True}], "grades": [{"grader": "bench", "score": 1.0}]}
-            store.write_parsed(parse_native(run, None))
+            write_parsed(store, parse_native(run, None))
             written += size
             runs += 1
             rss.append(psutil.Process().memory_info().rss)
@@ -123,7 +124,7 @@ def bare_count(store: Store, run_id: str, counter: TokenCounter) -> tuple[int, f
     """Tokens of every body of one run and the seconds the counter alone took (reading excluded)."""
     tokens = 0
     seconds = 0.0
-    for ref in store.run(run_id).refs():
+    for ref in store.runs.run(run_id).refs():
         body = store.blobs.get(ref)
         if body is None:
             continue
@@ -169,7 +170,7 @@ def main() -> None:
         tokens_before = tokens_after = events = deleted = bare_tokens = 0
         bare_s = reduce_s = 0.0
         with Store.open(path) as store:
-            run_ids = store.run_ids()
+            run_ids = store.runs.run_ids()
             for run_id in run_ids:
                 # Baseline and reduction alternate run by run, so both see the same load on a shared machine.
                 tokens, seconds = bare_count(store, run_id, counter)

@@ -30,7 +30,7 @@ from typing import Any
 
 from kvjudge.judge import Judge, LlamaBackend, WindowPlanner
 from kvjudge.models import default_model_path
-from kvjudge.retention import Store
+from kvjudge.retention import Store, ingest_paths
 from kvjudge.testing.browser import chromium, open_page
 from kvjudge.testing.filler import filler
 from kvjudge.testing.jsonl import write_jsonl
@@ -56,8 +56,8 @@ def _store(directory: Path, pairs: int, agents: int, words: int) -> tuple[Store,
             runs.append(run)
     write_jsonl(directory / "runs.jsonl", runs)
     store = Store.open(directory / "store.sqlite")
-    store.ingest_file(directory / "runs.jsonl")
-    ids = sorted(store.run_ids())
+    ingest_paths(store, [directory / "runs.jsonl"])
+    ids = sorted(store.runs.run_ids())
     by_task: dict[str, list[str]] = {}
     for run_id in ids:
         by_task.setdefault(run_id.split("/")[1], []).append(run_id)

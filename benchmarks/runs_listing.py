@@ -8,9 +8,9 @@ Then, each in a fresh child process:
 - **kvjudge**: ``kvjudge runs --json`` — the whole command, start-up included: it lists every run from the
   projection's listing columns (one query, no run decoded) with the token counts the store already holds (none
   yet: ``-``) and says how many runs are not counted;
-- **baseline**: ``Store.open`` and ``store.listing()`` in a bare Python process — the one query any listing must
+- **baseline**: ``Store.open`` and ``store.runs.listing()`` in a bare Python process — the one query any listing must
   make, without the command around it (so the ratio is what the command adds: start-up, the judge's counter, JSON);
-- **fold**: ``Store.open`` and one pass over every folded run (``store.iter_runs()``) in a bare Python process —
+- **fold**: ``Store.open`` and one pass over every folded run (``store.runs.iter_runs()``) in a bare Python process —
   what a listing read before the listing columns (3.67 s for ``runs`` against 1.83 s for this at N = 5,000);
 - **counted**: ``kvjudge runs --json`` again after ``kvjudge runs --count`` with the chars/4 counter (every run
   counted: each run's tokens are one sum over stored counts, in the same query).
@@ -40,7 +40,7 @@ import sys, time
 from kvjudge.retention import Store
 started = time.perf_counter()
 with Store.open(sys.argv[1]) as store:
-    rows = store.listing()
+    rows = store.runs.listing()
 print(len(rows), time.perf_counter() - started)
 """
 
@@ -49,7 +49,7 @@ import sys, time
 from kvjudge.retention import Store
 started = time.perf_counter()
 with Store.open(sys.argv[1]) as store:
-    rows = [(s.id, s.agent, s.task_id, s.state, len(s.bodies)) for s in store.iter_runs()]
+    rows = [(s.id, s.agent, s.task_id, s.state, len(s.bodies)) for s in store.runs.iter_runs()]
 print(len(rows), time.perf_counter() - started)
 """
 

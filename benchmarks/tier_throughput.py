@@ -91,7 +91,7 @@ def build_store(path: Path, total_mb: int, min_kb: int, max_kb: int, runs: int, 
                     run_bytes += len(body)
                     seq += 1
                 events += [ev.StateChanged(run=run_id, state="grading"), ev.StateChanged(run=run_id, state="graded")]
-                store.append_many(run_id, events)
+                store.events.append_many(run_id, events)
             written += run_bytes
             count += seq
     with sqlite3.connect(path) as conn:  # the file as a copy would see it: every page in place, no WAL
@@ -163,7 +163,7 @@ def tier_all(store_path: Path, target_url: str, endpoint: str | None) -> tuple[i
     os.sync()  # off the clock: the fresh copy of the store, and the files of the step before
     with Store.open(store_path) as store:
         start = time.perf_counter()
-        total = sum(result.bytes for result in tier_runs(store, store.run_ids(), cold, stores=stores))
+        total = sum(result.bytes for result in tier_runs(store, store.runs.run_ids(), cold, stores=stores))
         return total, time.perf_counter() - start
 
 
@@ -181,7 +181,7 @@ def kill_and_recover(store_path: Path, target_url: str, endpoint: str | None, ru
                              + (["--endpoint-url", endpoint] if endpoint else []),
                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     with Store.open(store_path) as watcher:
-        half = len(watcher.run_ids()) // 2
+        half = len(watcher.runs.run_ids()) // 2
         while child.poll() is None:
             started = sum(len(watcher.run_ids_with_tier_status(status)) for status in ("started", "tiered"))
             if started > half:  # the move of the run after the first half has begun
@@ -194,14 +194,14 @@ def kill_and_recover(store_path: Path, target_url: str, endpoint: str | None, ru
     child.wait()
     stores = ColdStores(endpoint)
     with Store.open(store_path) as store:
-        before = {run_id: (store.run(run_id).tier or {}).get("status") for run_id in store.run_ids()}
+        before = {run_id: (store.runs.run(run_id).tier or {}).get("status") for run_id in store.runs.run_ids()}
         start = time.perf_counter()
         recovered = recover(store, stores)
         recover_s = time.perf_counter() - start
-        tier_runs(store, store.run_ids(), stores.get(target_url), stores=stores)
+        tier_runs(store, store.runs.run_ids(), stores.get(target_url), stores=stores)
         converge_s = time.perf_counter() - start
         report = verify(store, extra_checks=verify_checks(store, ColdStores(endpoint)))
-        all_tiered = all((store.run(r).tier or {}).get("status") == "tiered" for r in store.run_ids())
+        all_tiered = all((store.runs.run(r).tier or {}).get("status") == "tiered" for r in store.runs.run_ids())
     return {"killed": killed, "runs_tiered_before_kill": sum(1 for s in before.values() if s == "tiered"),
             "runs_mid_move_at_kill": sum(1 for s in before.values() if s == "started"),
             "recovered": [{k: r.to_dict()[k] for k in ("run", "recovered", "refs", "uploaded", "deleted")}
@@ -218,7 +218,7 @@ def measure(name: str, store_path: Path, work: Path, plain_target: Any, fresh_ta
     shutil.copyfile(store_path, pristine)  # the untiered store: every plain copy, every round's tier, the kill test
     kinds = {"plain": False, "plain_fsync": True} if name == "local" else {"plain": False}
     with Store.open(pristine) as store:
-        runs = len(store.run_ids())
+        runs = len(store.runs.run_ids())
     per_round: list[dict[str, Any]] = []
     for round_ in range(1, rounds + 1):
         measured: dict[str, Any] = {"load": os.getloadavg()[0]}

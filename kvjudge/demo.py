@@ -37,8 +37,9 @@ from kvjudge.judge.pairing import ALL, same_task_pairs
 from kvjudge.models import judge_model_path
 from kvjudge.probe import RuntimeSettings, memory_needed
 from kvjudge.report import build_report, with_tier_status, write_report
-from kvjudge.retention import verify
-from kvjudge.retention.reduce import reduce_run, run_tokens
+from kvjudge.retention import ingest_paths, verify
+from kvjudge.retention.reduce_apply import reduce_run
+from kvjudge.retention.stored_tokens import run_tokens
 from kvjudge.retention.tiering import tier_run, verify_checks
 from kvjudge.settings import Settings
 from kvjudge.target import JudgeTarget
@@ -133,11 +134,11 @@ def run_demo(options: DemoOptions, say: Say, progress: ProgressFactory) -> dict[
     with target.open_store(store_path, read_tiered=False, create=True) as store:
         # 3. ingest and grade ---------------------------------------------------------------------
         with clock.step("ingest"):
-            run_ids = store.ingest_file(options.runs_file or sample_runs_path())
+            run_ids = ingest_paths(store, [options.runs_file or sample_runs_path()]).runs
             for run_id in run_ids:
-                store.mark(run_id, "grading")
-                store.mark(run_id, "graded")
-            runs = {run_id: store.run(run_id) for run_id in run_ids}
+                store.events.mark(run_id, "grading")
+                store.events.mark(run_id, "graded")
+            runs = {run_id: store.runs.run(run_id) for run_id in run_ids}
             tokens_before = {run_id: run_tokens(store, runs[run_id], counter) for run_id in run_ids}
         say(f"[3/7] ingest: {len(run_ids)} runs over {len({s.task_id for s in runs.values()})} tasks, all graded; "
             f"{sum(tokens_before.values())} tokens in all ({counter.name})")
@@ -163,7 +164,7 @@ def run_demo(options: DemoOptions, say: Say, progress: ProgressFactory) -> dict[
                     for run_id in run_ids:
                         reduce_run(store, run_id, targets[runs[run_id].tenant], counter)
                         advance()
-                runs.update({run_id: store.run(run_id) for run_id in run_ids})
+                runs.update({run_id: store.runs.run(run_id) for run_id in run_ids})
                 tokens_after.update({run_id: run_tokens(store, runs[run_id], counter) for run_id in run_ids})
                 say(f"[5/7] reduce: {sum(1 for s in runs.values() if s.reduced)} of {len(run_ids)} runs reduced to "
                     f"≤ {ceiling.effective} tokens; {sum(tokens_before.values())} → {sum(tokens_after.values())} "
@@ -209,10 +210,10 @@ def run_demo(options: DemoOptions, say: Say, progress: ProgressFactory) -> dict[
         with clock.step("tier"):
             cold = stores.get(cold_dir.as_uri())
             probe_run = max(run_ids, key=lambda r: tokens_after[r])
-            before = {ref: store.text(ref) for ref in runs[probe_run].bodies if store.text(ref) is not None}
+            before = {ref: store.blobs.text(ref) for ref in runs[probe_run].bodies if store.blobs.text(ref) is not None}
             tiered = [tier_run(store, run_id, cold).to_dict() for run_id in run_ids]
         with target.open_store(store_path) as reader_store:
-            read_back = {ref: reader_store.text(ref) for ref in before}
+            read_back = {ref: reader_store.blobs.text(ref) for ref in before}
         if read_back != before:
             raise IntegrityError(f"run {probe_run}: bodies read back from {cold_dir} differ from what was tiered")
         moved = sum(t.get("bytes", 0) or 0 for t in tiered)

@@ -337,9 +337,9 @@ class JudgeTarget:
 
     def cold_target(self) -> str:
         """Where new moves go: ``[retention] cold`` (``--to``), else a ``cold`` directory in the data dir."""
-        from kvjudge.retention.tiering import resolve_target
+        from kvjudge.retention.tiering import resolve_cold_target
 
-        return resolve_target(self.settings.retention)
+        return resolve_cold_target(self.settings.retention)
 
     def open_store(self, path: str | Path | None = None, *, read_tiered: bool = True, create: bool = False) -> Store:
         """The store at ``path``, else ``[retention] store``, else ``<data dir>/store.sqlite``. With
@@ -356,7 +356,7 @@ class JudgeTarget:
         if read_tiered:  # the reader looks up where each tiered body went, so it needs the store
             from kvjudge.retention.tiering import ColdReader
 
-            store.fallback = ColdReader(store, self.cold_stores())
+            store.blobs.fallback = ColdReader(store, self.cold_stores())
         return store
 
     # ------------------------------------------------------------------------------------------ the judge
@@ -440,7 +440,7 @@ class JudgeTarget:
         full side, then reduced side). The reduced side's target is ``reduce_to`` tokens (``--reduce-to``) for every
         tenant, else each tenant's effective ceiling — never the configured value alone (CapabilityMissing without a
         probe figure). ``reduce_stored``, ``on_call``, ``on_verdict``, ``progress``: as ``check_still_grades``."""
-        tenants = sorted({store.run(run_id).tenant for pair in pairs for run_id in pair})
+        tenants = sorted({store.runs.run(run_id).tenant for pair in pairs for run_id in pair})
         targets = {tenant: reduce_to if reduce_to is not None else self.ceiling(tenant).effective
                    for tenant in tenants}
         from kvjudge.judge.stillgrades import check_still_grades

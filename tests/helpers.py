@@ -18,6 +18,7 @@ import pytest
 from kvjudge.cli import main
 from kvjudge.judge import OrderScore, RunTokens, Verdict
 from kvjudge.retention import Store
+from kvjudge.retention.ingest import ingest_paths
 from kvjudge.testing.jsonl import write_jsonl
 
 
@@ -103,7 +104,7 @@ def ingest_runs(store: Store, runs: Iterable[dict[str, Any]]) -> list[str]:
     while (source := store.path.with_name(f"{store.path.stem}-runs-{number}.jsonl")).exists():
         number += 1
     write_jsonl(source, runs)
-    return store.ingest_file(source)
+    return ingest_paths(store, [source]).runs
 
 
 def store_from_runs(path: Path, runs: Iterable[dict[str, Any]]) -> Store:
@@ -115,7 +116,7 @@ def store_from_runs(path: Path, runs: Iterable[dict[str, Any]]) -> Store:
 
 def event_kinds(store: Store, run_id: str) -> list[str]:
     """The kinds of ``run_id``'s logged events, oldest first."""
-    return [event.kind for _, event in store.iter_events(run_id)]
+    return [event.kind for _, event in store.events.iter_events(run_id)]
 
 
 def local_cold_url(root: Path) -> str:

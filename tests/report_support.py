@@ -17,7 +17,7 @@ from helpers import store_from_runs
 from kvjudge.judge import Judge, LlamaBackend, Verdict, WindowPlanner, judge_batch
 from kvjudge.report import Report, build_report
 from kvjudge.retention import Store
-from kvjudge.retention.reduce import reduce_run
+from kvjudge.retention.reduce_apply import reduce_run
 from kvjudge.testing.filler import filler
 from kvjudge.testing.judgments import seed_judgments
 from kvjudge.testing.native_runs import make_run
@@ -93,7 +93,7 @@ def seeded_store(path: Path, model: Path, *, leave_out: int = 0) -> tuple[str, l
     (left for the report to judge); returns the store path and the pairs in the order the commands list them."""
     with store_from_runs(path, report_runs()) as store:
         assert reduce_run(store, REDUCED_RUN, REDUCE_TO, make_counter("chars")).plan.fits
-        runs = {state.id: state for state in store.iter_runs()}
+        runs = {state.id: state for state in store.runs.iter_runs()}
         pairs = sorted((a, b) for a in runs for b in runs if a < b and runs[a].task_id == runs[b].task_id)
         pairs.sort(key=lambda pair: runs[pair[0]].task_id)
         passes = {run_id: run_id.split("/")[0] in PASSES[runs[run_id].task_id] for run_id in runs}
@@ -117,7 +117,7 @@ def hostile_store(path: Path, model: Path) -> tuple[str, list[tuple[str, str]]]:
         run["agent"] = agent
         runs.append(run)
     with store_from_runs(path, runs) as store:
-        ids = sorted(store.run_ids())
+        ids = sorted(store.runs.run_ids())
         pairs = [(a, b) for a in ids for b in ids if a < b]
         first = next(iter(HOSTILE_RUNS))
         _seed(store, model, {(a, b): (0.8, 0.7) if a == first else (0.2, 0.3) if b == first else (0.6, 0.4)
@@ -135,7 +135,7 @@ def report_in_process(root: Path, model: Path, *, task: str | None = None,
         backend = LlamaBackend(model_path=model)
         try:
             judge = Judge(backend, planner=WindowPlanner(backend, requested=N_CTX, certify=False))
-            chosen = [p for p in pairs if task is None or store.run(p[0]).task_id == task]
+            chosen = [p for p in pairs if task is None or store.runs.run(p[0]).task_id == task]
             verdicts = list(adapt(judge_batch(judge, store, chosen)))
             return build_report(store, judge, verdicts, ceiling_note="no probe figure"), verdicts
         finally:

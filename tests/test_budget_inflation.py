@@ -61,7 +61,7 @@ def test_inflation_benchmark_figures_follow_their_definitions(tmp_path: Path, de
 
 def test_replaying_an_imported_run_follows_its_definitions(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    from kvjudge.retention import Store
+    from kvjudge.retention import Store, ingest_paths
     from kvjudge.testing.harbor import TrialSpec, write_job
 
     spec = importlib.util.spec_from_file_location("inflation_benchmark", BENCHMARK)
@@ -70,8 +70,8 @@ def test_replaying_an_imported_run_follows_its_definitions(tmp_path: Path, capsy
     spec.loader.exec_module(module)
     job = write_job(tmp_path / "jobs", "j", [TrialSpec("hello-world", seed=2, steps=4)])
     with Store.open(tmp_path / "s.sqlite") as store:
-        [run_id] = store.ingest([job]).imported
-        calls = [t.usage for t in store.run(run_id).branches[0].transitions if t.usage]
+        [run_id] = ingest_paths(store, [job]).imported
+        calls = [t.usage for t in store.runs.run(run_id).branches[0].transitions if t.usage]
     assert module.main(["--out", str(tmp_path / "out"), "--run", run_id, "--store", str(tmp_path / "s.sqlite")]) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     rows = json.loads((tmp_path / "out" / "inflation-run.json").read_text())["turns"]

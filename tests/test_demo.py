@@ -77,8 +77,8 @@ def test_demo_end_to_end_on_two_runs(tmp_path: Path, demo_run: DemoRun) -> None:
     assert {k: v for k, v in page.items() if k not in ("manifest", "window")} == judged["versus_grades"]["reduced"]
 
     with Store.open(out / "store.sqlite") as store:
-        assert sorted(store.run_ids()) == ["clamp-1", "clamp-2"]
-        assert all(store.run(r).state == "graded" for r in store.run_ids())
+        assert sorted(store.runs.run_ids()) == ["clamp-1", "clamp-2"]
+        assert all(store.runs.run(r).state == "graded" for r in store.runs.run_ids())
 
     # Idempotent: a second run (into its own directory: the session's demo output stays as the first run left it)
     # reuses the certified cache entry and tells the same story.

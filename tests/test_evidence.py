@@ -26,6 +26,7 @@ from kvjudge.retention.evidence import (
     runs_tests,
     visibility,
 )
+from kvjudge.retention.ingest import ingest_paths
 from kvjudge.retention.reduce import plan_reduction, view_refs
 from kvjudge.retention.state import LOCAL
 from kvjudge.retention.worth import EXPLORATION, FINAL_MESSAGE, SUBMISSION, body_worth
@@ -101,8 +102,8 @@ def patch_run(run_id: str = "patched", *, size: int = 1) -> dict[str, Any]:
 # ------------------------------------------------------------------------------------------------ finding
 def test_the_evidence_of_a_run_that_submits_a_patch(tmp_path: Path) -> None:
     with store_from_runs(tmp_path / "store.sqlite", [patch_run()]) as store:
-        state = store.run("patched")
-        found = find_evidence(state, store.text)
+        state = store.runs.run("patched")
+        found = find_evidence(state, store.blobs.text)
         main = state.branches[0].transitions
     assert found.branch == "main" and found.task_ref == state.task_prompt_ref
     assert found.submission_ref == main[13].tool_call["arguments_ref"]
@@ -145,19 +146,19 @@ def test_a_final_answer_a_run_that_submits_nothing_and_paired_outputs(tmp_path: 
         step("tool", "", ("bash", "make check"), ("FAIL rows", 2)),  # call and output on one transition
     ])
     with store_from_runs(tmp_path / "store.sqlite", [answer, unfinished]) as store:
-        first, second = (store.run(r) for r in ("answer", "unfinished"))
-        found = find_evidence(first, store.text)
+        first, second = (store.runs.run(r) for r in ("answer", "unfinished"))
+        found = find_evidence(first, store.blobs.text)
         assert found.submission_ref == found.final_message_ref == first.branches[0].transitions[5].text_ref
         assert found.verification is not None
         assert found.verification.output_ref == first.branches[0].transitions[3].tool_output["output_ref"]
-        lines = evidence_lines(found, store.text)
+        lines = evidence_lines(found, store.blobs.text)
         assert lines.submission == "answer" and lines.submission_lines == ("It returns the fields.",
                                                                            "Quotes are stripped.")
-        ended = find_evidence(second, store.text)
+        ended = find_evidence(second, store.blobs.text)
         assert ended.submission_ref is None and ended.final_message_ref == second.branches[0].transitions[1].text_ref
         assert ended.verification is not None and ended.verification.runner == "make test"
         assert ended.verification.exit_code == 2 and ended.verification.call_seq == 3
-        assert evidence_lines(ended, store.text).submission is None
+        assert evidence_lines(ended, store.blobs.text).submission is None
 
 
 def _written(tmp_path: Path, harness: str) -> tuple[Path, Any]:
@@ -210,17 +211,17 @@ def _written(tmp_path: Path, harness: str) -> tuple[Path, Any]:
 def test_the_final_submission_is_found_in_every_shape_kvjudge_imports(tmp_path: Path, harness: str) -> None:
     path, (kind, lines) = _written(tmp_path, harness)
     with Store.open(tmp_path / "store.sqlite") as store:
-        [run_id] = store.ingest([path]).runs
-        state = store.run(run_id)
-        found = find_evidence(state, store.text)
+        [run_id] = ingest_paths(store, [path]).runs
+        state = store.runs.run(run_id)
+        found = find_evidence(state, store.blobs.text)
         last = state.branches[0].transitions[-1]
         assert found.submission_ref in {last.text_ref, (last.tool_call or {}).get("arguments_ref"),
                                         (last.tool_output or {}).get("output_ref"),
                                         state.branches[0].transitions[-2].text_ref}  # its last transition
-        submitted = evidence_lines(found, store.text)
+        submitted = evidence_lines(found, store.blobs.text)
         assert (submitted.submission, submitted.submission_lines) == (kind, lines)
         # Reduction keeps it longest: the submission is the last body to be cut.
-        assert body_worth(state, found, store.text)[found.submission_ref].rank == SUBMISSION
+        assert body_worth(state, found, store.blobs.text)[found.submission_ref].rank == SUBMISSION
 
 
 def test_a_run_that_ends_on_a_submit_commands_output_submitted_it(tmp_path: Path) -> None:
@@ -244,9 +245,9 @@ def test_a_run_that_ends_on_a_submit_commands_output_submitted_it(tmp_path: Path
     with store_from_runs(tmp_path / "store.sqlite", [native(name, [step("user", "Fix it."), *transitions])
                                                       for name, transitions in runs.items()]) as store:
         def submitted(name: str) -> tuple[str | None, str | None, Any]:
-            state = store.run(name)
-            found = find_evidence(state, store.text)
-            lines = evidence_lines(found, store.text)
+            state = store.runs.run(name)
+            found = find_evidence(state, store.blobs.text)
+            lines = evidence_lines(found, store.blobs.text)
             last = state.branches[0].transitions[-1]
             where = next((place for place, ref in (("output", (last.tool_output or {}).get("output_ref")),
                                                    ("arguments", (state.branches[0].transitions[-2].tool_call or {})
@@ -265,18 +266,18 @@ def test_a_run_that_ends_on_a_submit_commands_output_submitted_it(tmp_path: Path
 def test_reduction_keeps_a_native_runs_submitted_patch_whole_and_cuts_exploration_first(tmp_path: Path) -> None:
     graded = swe_run("native/repo__proj-1", task="repo__proj-1", passed=False, explore=6, file_lines=80)
     with store_from_runs(tmp_path / "store.sqlite", [graded.run]) as store:
-        state = store.run(graded.id)
-        full = sum(CHARS.count(store.text(ref)) for ref in view_refs(state))
+        state = store.runs.run(graded.id)
+        full = sum(CHARS.count(store.blobs.text(ref)) for ref in view_refs(state))
         needed = _needed(state, store)
         assert needed < full // 3
-        plan = plan_reduction(state, store.text, CHARS, needed)
+        plan = plan_reduction(state, store.blobs.text, CHARS, needed)
         view = _view(plan, store)
         assert plan.fits and all(escape(line) in view.splitlines() for line in graded.patch.splitlines())
         assert escape(graded.outcome) in view
         cut = {e.original for e in plan.events if e.kind == "Reduced"}
         explored = [t.tool_output["output_ref"] for t in state.branches[0].transitions[3:15:2]]
         assert set(explored) <= cut  # the six file dumps went to make room
-        assert measure(state, store.text, view, escape).whole
+        assert measure(state, store.blobs.text, view, escape).whole
 
 
 # ---------------------------------------------------------------------------------------------- measuring
@@ -290,8 +291,8 @@ def test_a_patch_counts_its_changed_lines_never_its_file_headers() -> None:
 
 def test_visibility_on_hand_written_views(tmp_path: Path) -> None:
     with store_from_runs(tmp_path / "store.sqlite", [patch_run()]) as store:
-        state = store.run("patched")
-        lines = evidence_lines(find_evidence(state, store.text), store.text)
+        state = store.runs.run("patched")
+        lines = evidence_lines(find_evidence(state, store.blobs.text), store.blobs.text)
     assert lines.submission == "patch" and len(lines.submission_lines) == 3
     assert lines.outcome_lines[-2:] == ("tests/test_rows.py ..", "2 passed in 0.04s")
     whole = "  -> calls submit: " + PATCH.replace("\n", "\n  ") + "\n" + "\n".join(lines.outcome_lines)
@@ -311,17 +312,17 @@ def test_visibility_reads_escaped_run_text_and_a_first_line_after_its_label(tmp_
     run = native("angle", [step("user", "Fix it."),
                            step("assistant", "Done: use <<heredoc>> markers.\nThen >>> prompts.")])
     with store_from_runs(tmp_path / "store.sqlite", [run]) as store:
-        state = store.run("angle")
-        view = render_view(state, body_resolver(state, store.text))
-        seen = measure(state, store.text, view, escape)
+        state = store.runs.run("angle")
+        view = render_view(state, body_resolver(state, store.blobs.text))
+        seen = measure(state, store.blobs.text, view, escape)
         assert "‹‹heredoc››" in view and seen.submission == "answer" and seen.whole
-        assert measure(state, store.text, view).share == 0.0  # unescaped lines are not what the view shows
+        assert measure(state, store.blobs.text, view).share == 0.0  # unescaped lines are not what the view shows
 
 
 # ---------------------------------------------------------------------------------------------- reduction
 def _view(plan: Any, store: Store) -> str:
     state = plan.state_after
-    return render_view(state, body_resolver(state, lambda ref: plan.text_of(ref, store.text)))
+    return render_view(state, body_resolver(state, lambda ref: plan.text_of(ref, store.blobs.text)))
 
 
 def _swe_store(tmp_path: Path, seed: int = 7, patch_lines: int = 40) -> Store:
@@ -329,14 +330,14 @@ def _swe_store(tmp_path: Path, seed: int = 7, patch_lines: int = 40) -> Store:
     path = tmp_path / "run.traj.json"
     path.write_text(json.dumps(mini_swe_agent_v2(episode)))
     store = Store.open(tmp_path / "swe.sqlite")
-    store.ingest_file(path)
+    ingest_paths(store, [path]).runs
     return store
 
 
 def _needed(state: Any, store: Store) -> int:
     """Tokens the run takes once everything but its evidence is down to markers, its evidence whole."""
-    deep = plan_reduction(state, store.text, CHARS, 1)
-    found = find_evidence(state, store.text)
+    deep = plan_reduction(state, store.blobs.text, CHARS, 1)
+    found = find_evidence(state, store.blobs.text)
     evidence = set(found.refs().values())
     return deep.tokens_after + sum(e.tokens_before - e.tokens_after for e in deep.events
                                    if e.kind == "Reduced" and e.original in evidence)
@@ -344,28 +345,28 @@ def _needed(state: Any, store: Store) -> int:
 
 def test_reduction_keeps_the_patch_and_the_last_test_outcome_while_the_ceiling_allows(tmp_path: Path) -> None:
     with _swe_store(tmp_path) as store:
-        state = store.run(store.run_ids()[0])
-        full = sum(CHARS.count(store.text(ref)) for ref in view_refs(state))
-        lines = evidence_lines(find_evidence(state, store.text), store.text)
+        state = store.runs.run(store.runs.run_ids()[0])
+        full = sum(CHARS.count(store.blobs.text(ref)) for ref in view_refs(state))
+        lines = evidence_lines(find_evidence(state, store.blobs.text), store.blobs.text)
         assert lines.submission == "patch" and len(lines.submission_lines) == 40 and lines.outcome_lines
         needed = _needed(state, store)
         assert needed < full // 3
         for target in (full - 1, full // 2, full // 4, (needed + full // 4) // 2, needed + 40, needed):
-            plan = plan_reduction(state, store.text, CHARS, target)
+            plan = plan_reduction(state, store.blobs.text, CHARS, target)
             view = _view(plan, store)
             assert plan.fits and plan.tokens_after <= target
             for line in lines.submission_lines + lines.outcome_lines:  # on the rendered text itself
                 assert escape(line) in view, (target, line)
-            task = store.text(state.task_prompt_ref)
+            task = store.blobs.text(state.task_prompt_ref)
             view_lines = set(view.splitlines())
             assert all(escape(line) in view_lines for line in task.splitlines() if line.strip())
         # Tighter than that, evidence goes too, and only once everything ranked below it is down to its marker:
         # the final message, the task, the last test log, and the patch last of all.
-        worth = body_worth(state, find_evidence(state, store.text), store.text)
-        submission = find_evidence(state, store.text).submission_ref
-        deepest = plan_reduction(state, store.text, CHARS, 1).tokens_after
-        for target in (needed - 1, needed - 150, deepest + CHARS.count(store.text(submission)) // 2):
-            tight = plan_reduction(state, store.text, CHARS, target)
+        worth = body_worth(state, find_evidence(state, store.blobs.text), store.blobs.text)
+        submission = find_evidence(state, store.blobs.text).submission_ref
+        deepest = plan_reduction(state, store.blobs.text, CHARS, 1).tokens_after
+        for target in (needed - 1, needed - 150, deepest + CHARS.count(store.blobs.text(submission)) // 2):
+            tight = plan_reduction(state, store.blobs.text, CHARS, target)
             assert tight.fits
             cut = {e.original: tight.blobs[e.summary] for e in tight.events if e.kind == "Reduced"}
             top = max(worth[ref].rank for ref in cut)
@@ -373,20 +374,20 @@ def test_reduction_keeps_the_patch_and_the_last_test_outcome_while_the_ceiling_a
             for ref in set(view_refs(state)):
                 if worth[ref].rank < top:
                     assert (re.fullmatch(r"\[\d+ (?:lines?|characters?) cut\]", cut[ref]) if ref in cut
-                            else CHARS.count(store.text(ref)) <= 8 + 4), ref  # at its marker, or too small to cut
-        assert submission in cut and measure(state, store.text, _view(tight, store), escape).share < 1.0
+                            else CHARS.count(store.blobs.text(ref)) <= 8 + 4), ref  # at its marker, or too small to cut
+        assert submission in cut and measure(state, store.blobs.text, _view(tight, store), escape).share < 1.0
 
 
 def test_exploration_output_is_cut_first_and_earlier_before_later(tmp_path: Path) -> None:
     run = patch_run(size=3)
     with store_from_runs(tmp_path / "store.sqlite", [run]) as store:
-        state = store.run("patched")
-        full = sum(CHARS.count(store.text(ref)) for ref in view_refs(state))
-        worth = body_worth(state, find_evidence(state, store.text), store.text)
+        state = store.runs.run("patched")
+        full = sum(CHARS.count(store.blobs.text(ref)) for ref in view_refs(state))
+        worth = body_worth(state, find_evidence(state, store.blobs.text), store.blobs.text)
         exploration = [ref for ref in dict.fromkeys(view_refs(state))
-                       if worth[ref].rank == EXPLORATION and store.text(ref)]
+                       if worth[ref].rank == EXPLORATION and store.blobs.text(ref)]
         assert len(exploration) == 3  # ls, cat pytest.ini, nl: not the test runs (nor sed's empty output)
-        plan = plan_reduction(state, store.text, CHARS, full - 600)
+        plan = plan_reduction(state, store.blobs.text, CHARS, full - 600)
         cut = {e.original: e for e in plan.events if e.kind == "Reduced"}
         assert cut and set(cut) <= set(exploration)  # nothing else was touched
         kept = [cut[ref].tokens_after / cut[ref].tokens_before if ref in cut else 1.0 for ref in exploration]
@@ -402,19 +403,19 @@ def test_dead_branches_and_their_bodies_go_before_the_live_branch(tmp_path: Path
     dead = [step("assistant", "Try regex.", ("bash", "cat src/rows.py")), step("tool", output=(filler(9, 500), 0))]
     with store_from_runs(tmp_path / "store.sqlite", [native("r", patch_run()["branches"][0]["transitions"],
                                                            dead=dead)]) as store:
-        state = store.run("r")
-        full = sum(CHARS.count(store.text(ref)) for ref in view_refs(state))
-        plan = plan_reduction(state, store.text, CHARS, full - 300)
+        state = store.runs.run("r")
+        full = sum(CHARS.count(store.blobs.text(ref)) for ref in view_refs(state))
+        plan = plan_reduction(state, store.blobs.text, CHARS, full - 300)
         (event,) = [e for e in plan.events if e.kind == "Reduced"]
         assert event.original == state.branches[1].transitions[1].tool_output["output_ref"]
 
 
 def test_planning_the_evidence_keeping_reduction_is_deterministic(tmp_path: Path) -> None:
     with _swe_store(tmp_path, seed=11) as store:
-        state = store.run(store.run_ids()[0])
+        state = store.runs.run(store.runs.run_ids()[0])
         for target in (3000, 6000):
-            first = plan_reduction(state, store.text, CHARS, target)
-            again = plan_reduction(state, store.text, CHARS, target, counts=dict(first.new_counts))
+            first = plan_reduction(state, store.blobs.text, CHARS, target)
+            again = plan_reduction(state, store.blobs.text, CHARS, target, counts=dict(first.new_counts))
             assert first.events == again.events and dict(first.blobs) == dict(again.blobs) and first.fits
 
 
@@ -440,7 +441,7 @@ def test_a_crashed_reduction_of_a_swe_run_writes_the_same_blobs_when_run_again(
                 rows = sql(store).execute("SELECT ref FROM blobs WHERE body IS NOT NULL AND ref NOT IN "
                                                 "(SELECT ref FROM run_bodies)").fetchall()
                 return {row[0] for row in rows}
-            state = store.run(run_id)
+            state = store.runs.run(run_id)
             return {loc.summary_ref for loc in state.bodies.values() if loc.summary_ref}
 
     control = summaries(tmp_path / "control" / "swe.sqlite", orphans=False)
@@ -448,5 +449,5 @@ def test_a_crashed_reduction_of_a_swe_run_writes_the_same_blobs_when_run_again(
     rerun = kvjudge(*args, "--store", str(tmp_path / "crash" / "swe.sqlite"), cwd=tmp_path)
     assert rerun.returncode == 0, rerun.stderr
     with Store.open(tmp_path / "control" / "swe.sqlite") as a, Store.open(tmp_path / "crash" / "swe.sqlite") as b:
-        assert a.run(run_id).canonical_bytes() == b.run(run_id).canonical_bytes()
-        assert all(loc.status != LOCAL or b.blobs.get(ref) is not None for ref, loc in b.run(run_id).bodies.items())
+        assert a.runs.run(run_id).canonical_bytes() == b.runs.run(run_id).canonical_bytes()
+        assert all(loc.status != LOCAL or b.blobs.get(ref) is not None for ref, loc in b.runs.run(run_id).bodies.items())

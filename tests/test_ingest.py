@@ -15,7 +15,7 @@ from helpers import CallLog, cli_json, kvjudge, sql, store_snapshot
 from kvjudge.errors import IngestError
 from kvjudge.retention import Store
 from kvjudge.retention import events as ev
-from kvjudge.retention.ingest import parse_native, schema, stored_content_hash
+from kvjudge.retention.ingest import ingest_paths, parse_native, schema, stored_content_hash
 from kvjudge.retention.verify import verify
 from kvjudge.testing.jsonl import write_jsonl
 from kvjudge.testing.native_runs import make_run
@@ -42,7 +42,7 @@ def events_count(store: Store) -> int:
 def test_contract_example_imports(store: Store, tmp_path: Path) -> None:
     path = tmp_path / "runs.jsonl"
     write_jsonl(path, [CONTRACT_EXAMPLE])
-    assert store.ingest_file(path) == ["run-1"]
+    assert ingest_paths(store, [path]).runs == ["run-1"]
     state = store.run("run-1")
     call = state.branches[0].transitions[1]
     assert call.tool_call["name"] == "bash" and store.text(call.tool_call["arguments_ref"]) == "pytest -q"
@@ -58,24 +58,24 @@ def test_agent_and_metadata_are_part_of_the_native_format(store: Store, tmp_path
     run = dict(CONTRACT_EXAMPLE, id="run-2", agent="gpt-x",
                metadata={"exit_status": "Submitted", "cost": 0.25, "api_calls": 7})
     write_jsonl(tmp_path / "runs.jsonl", [run, dict(CONTRACT_EXAMPLE, id="run-3")])
-    report = store.ingest([tmp_path / "runs.jsonl"], agent=None)
+    report = ingest_paths(store, [tmp_path / "runs.jsonl"], agent=None)
     assert report.imported == ["run-2", "run-3"]
     state = store.run("run-2")
     assert state.agent == "gpt-x" and state.metadata == {"exit_status": "Submitted", "cost": 0.25, "api_calls": 7}
     # --agent names the agent of every run of the import.
     write_jsonl(tmp_path / "other.jsonl", [dict(CONTRACT_EXAMPLE, id="run-4", agent="gpt-x")])
-    store.ingest([tmp_path / "other.jsonl"], agent="override")
+    ingest_paths(store, [tmp_path / "other.jsonl"], agent="override")
     assert store.run("run-4").agent == "override"
-    assert store.refold("run-2").canonical_bytes() == store.projected_bytes("run-2")
+    assert store.runs.refold("run-2").canonical_bytes() == store.runs.projected_bytes("run-2")
 
 
 def test_runs_without_the_new_fields_keep_their_old_bytes(store: Store, tmp_path: Path) -> None:
     """A log written before agent/metadata existed re-folds to the projection it always had."""
     write_jsonl(tmp_path / "runs.jsonl", [CONTRACT_EXAMPLE])
-    store.ingest_file(tmp_path / "runs.jsonl")
+    ingest_paths(store, [tmp_path / "runs.jsonl"]).runs
     first = sql(store).execute("SELECT payload FROM events ORDER BY lsn LIMIT 1").fetchone()[0]
     assert "agent" not in json.loads(first) and "metadata" not in json.loads(first)
-    state_json = json.loads(store.projected_bytes("run-1"))
+    state_json = json.loads(store.runs.projected_bytes("run-1"))
     assert "agent" not in state_json and "metadata" not in state_json
     assert verify(store).ok
 
@@ -100,9 +100,9 @@ def test_bad_fields_name_line_and_field(store: Store, tmp_path: Path, mutate, me
     write_jsonl(path, [make_run("r1", ["fine"]), run])
     before = store_snapshot(store)
     with pytest.raises(IngestError, match=f"runs.jsonl:2: {message}") as caught:
-        store.ingest_file(path)
+        ingest_paths(store, [path]).runs
     assert "\n" not in str(caught.value) and "nothing was imported" in str(caught.value)
-    assert store_snapshot(store) == before and store.run_ids() == []
+    assert store_snapshot(store) == before and store.runs.run_ids() == []
 
 
 SCHEMA = json.loads((Path(__file__).parents[1] / "kvjudge" / "schemas" / "run.schema.json").read_text())
@@ -232,7 +232,7 @@ def test_ingest_refuses_what_the_schema_forbids(store: Store, tmp_path: Path) ->
         source = tmp_path / f"runs-{index}.jsonl"
         write_jsonl(source, [_with(SCHEMA_EXAMPLE, path, value)])
         try:
-            store.ingest_file(source, fmt="native")
+            ingest_paths(store, [source], fmt="native").runs
         except IngestError as refused:
             message = str(refused)
             if not (f"{source}:1" in message and _field_named(path) in message and "\n" not in message):
@@ -258,7 +258,7 @@ def test_ingest_refuses_what_the_schema_forbids(store: Store, tmp_path: Path) ->
 def test_ingest_accepts_what_the_schema_allows(store: Store, tmp_path: Path, path: tuple, value: object) -> None:
     source = tmp_path / "runs.jsonl"
     write_jsonl(source, [_with(SCHEMA_EXAMPLE, path, value)])
-    assert store.ingest_file(source, fmt="native") == ["run-1"]
+    assert ingest_paths(store, [source], fmt="native").runs == ["run-1"]
 
 
 def test_openai_chat_lines_land_as_ungraded_one_branch_runs(store: Store, tmp_path: Path) -> None:
@@ -275,7 +275,7 @@ def test_openai_chat_lines_land_as_ungraded_one_branch_runs(store: Store, tmp_pa
     ]
     path = tmp_path / "chat.jsonl"
     write_jsonl(path, lines)
-    ids = store.ingest_file(path, tenant="acme")
+    ids = ingest_paths(store, [path], tenant="acme").runs
     assert ids[1] == "chat-tools" and ids[0].startswith("chat-")
     for run_id in ids:
         state = store.run(run_id)
@@ -291,21 +291,21 @@ def test_openai_chat_lines_land_as_ungraded_one_branch_runs(store: Store, tmp_pa
 def test_the_same_file_again_is_already_present(store: Store, tmp_path: Path) -> None:
     path = tmp_path / "chat.jsonl"
     write_jsonl(path, [{"messages": [{"role": "user", "content": "hi"}]}, make_run("n1", ["a"])])
-    first = store.ingest([path])
+    first = ingest_paths(store, [path])
     before = store_snapshot(store)
-    again = store.ingest([path])
+    again = ingest_paths(store, [path])
     assert len(first.imported) == 2 and first.imported == again.already_present and again.imported == []
     assert again.runs == first.runs and store_snapshot(store) == before
 
 
 def test_same_id_other_content_is_refused_with_both_hashes(store: Store, tmp_path: Path) -> None:
     write_jsonl(tmp_path / "a.jsonl", [make_run("same", ["one"])])
-    store.ingest_file(tmp_path / "a.jsonl")
+    ingest_paths(store, [tmp_path / "a.jsonl"]).runs
     stored = stored_content_hash(store, "same", 0)
     write_jsonl(tmp_path / "b.jsonl", [make_run("fresh", ["x"]), make_run("same", ["two"])])
     before = store_snapshot(store)
     with pytest.raises(IngestError) as caught:
-        store.ingest([tmp_path / "b.jsonl"])
+        ingest_paths(store, [tmp_path / "b.jsonl"])
     message = str(caught.value)
     assert "b.jsonl:2:" in message and "'same'" in message and stored in message
     assert len(set(part for part in message.split() if part.startswith("sha256:"))) == 2
@@ -317,13 +317,13 @@ def test_duplicate_ids_in_one_import(store: Store, tmp_path: Path) -> None:
     write_jsonl(path, [make_run("same", ["a"]), make_run("same", ["b"])])
     with pytest.raises(IngestError, match=r"runs.jsonl:2: run 'same' appears twice with different content "
                                           r"\(.*runs.jsonl:1: sha256:"):
-        store.ingest_file(path)
+        ingest_paths(store, [path]).runs
     assert events_count(store) == 0
     # The same run twice (here: a file and its gzipped copy) is one run; the second is already present.
     (tmp_path / "dir").mkdir()
     write_jsonl(tmp_path / "dir" / "x.jsonl", [make_run("twice", ["a"])])
     (tmp_path / "dir" / "y.jsonl.gz").write_bytes(gzip.compress((tmp_path / "dir" / "x.jsonl").read_bytes()))
-    report = store.ingest([tmp_path / "dir"])
+    report = ingest_paths(store, [tmp_path / "dir"])
     assert report.imported == ["twice"] and report.already_present == ["twice"]
 
 
@@ -332,12 +332,12 @@ def test_legacy_runs_without_a_recorded_hash_are_recognised(store: Store, tmp_pa
     run = parse_native(make_run("old", ["a", "b"]))
     with store.transaction("ingest"):
         store.blobs.put_hashed(run.bodies.items())
-        store.append_many("old", run.events)  # no settle(): RunStarted carries no content_hash
+        store.events.append_many("old", run.events)  # no settle(): RunStarted carries no content_hash
     write_jsonl(tmp_path / "runs.jsonl", [make_run("old", ["a", "b"])])
-    assert store.ingest([tmp_path / "runs.jsonl"]).already_present == ["old"]
+    assert ingest_paths(store, [tmp_path / "runs.jsonl"]).already_present == ["old"]
     write_jsonl(tmp_path / "changed.jsonl", [make_run("old", ["a", "c"])])
     with pytest.raises(IngestError, match="already in the store with other content"):
-        store.ingest([tmp_path / "changed.jsonl"])
+        ingest_paths(store, [tmp_path / "changed.jsonl"])
 
 
 def test_malformed_json_names_the_line_and_writes_nothing(store: Store, tmp_path: Path) -> None:
@@ -345,8 +345,8 @@ def test_malformed_json_names_the_line_and_writes_nothing(store: Store, tmp_path
     good = json.dumps(make_run("good", ["x"]))
     path.write_text(good + "\n\n" + '{"id": "bad", "branches": [' + "\n")
     with pytest.raises(IngestError, match=r"runs.jsonl:3: not valid JSON"):
-        store.ingest_file(path)
-    assert events_count(store) == 0 and store.run_ids() == []
+        ingest_paths(store, [path]).runs
+    assert events_count(store) == 0 and store.runs.run_ids() == []
     assert sql(store).execute("SELECT COUNT(*) FROM blobs").fetchone()[0] == 0
 
 
@@ -354,19 +354,19 @@ def test_format_detection_and_forcing(store: Store, tmp_path: Path) -> None:
     path = tmp_path / "runs.jsonl"
     write_jsonl(path, [make_run("n1", ["a"])])
     with pytest.raises(IngestError, match="expected an OpenAI chat line"):
-        store.ingest_file(path, fmt="openai")
+        ingest_paths(store, [path], fmt="openai").runs
     with pytest.raises(IngestError, match="unknown format"):
-        store.ingest_file(path, fmt="csv")
-    assert store.ingest_file(path) == ["n1"]
+        ingest_paths(store, [path], fmt="csv").runs
+    assert ingest_paths(store, [path]).runs == ["n1"]
 
 
 def test_missing_file_and_bad_utf8(store: Store, tmp_path: Path) -> None:
     with pytest.raises(IngestError, match="does not exist"):
-        store.ingest_file(tmp_path / "absent.jsonl")
+        ingest_paths(store, [tmp_path / "absent.jsonl"]).runs
     path = tmp_path / "latin1.jsonl"
     path.write_bytes(b'{"id": "\xe9"}\n')
     with pytest.raises(IngestError, match="latin1.jsonl:1: not UTF-8"):
-        store.ingest_file(path)
+        ingest_paths(store, [path]).runs
 
 
 def test_directories_are_walked_and_gzip_is_read(store: Store, tmp_path: Path) -> None:
@@ -378,20 +378,20 @@ def test_directories_are_walked_and_gzip_is_read(store: Store, tmp_path: Path) -
     (root / "b" / "notes.txt").write_text("not a run")
     (root / "b" / "preds.json").write_text("{}")
     write_jsonl(tmp_path / "loose.data", [make_run("loose", ["w"])])  # named directly: read whatever its name
-    report = store.ingest([root, tmp_path / "loose.data"])
+    report = ingest_paths(store, [root, tmp_path / "loose.data"])
     assert report.imported == ["a1", "c1", "c2", "loose"] and report.ignored_files == 2 and report.files == 3
     empty = tmp_path / "empty"
     empty.mkdir()
     (empty / "readme.md").write_text("hi")
     with pytest.raises(IngestError, match=r"empty: no run files in this directory"):
-        store.ingest([empty])
+        ingest_paths(store, [empty])
 
 
 def test_a_truncated_gzip_file_is_named(store: Store, tmp_path: Path) -> None:
     data = gzip.compress((json.dumps(make_run("a", ["x" * 5000])) + "\n").encode())
     (tmp_path / "cut.jsonl.gz").write_bytes(data[: len(data) // 2])
     with pytest.raises(IngestError, match=r"cut.jsonl.gz: cannot be read \(the compressed stream ends early\)"):
-        store.ingest([tmp_path / "cut.jsonl.gz"])
+        ingest_paths(store, [tmp_path / "cut.jsonl.gz"])
     assert events_count(store) == 0
 
 
@@ -403,9 +403,9 @@ def test_skip_bad_imports_the_rest_and_lists_the_skipped(store: Store, tmp_path:
     write_jsonl(root / "3-good.jsonl", [make_run("g2", ["y"])])
     before = store_snapshot(store)
     with pytest.raises(IngestError, match=r"2-bad.jsonl:1: not valid JSON .*nothing was imported"):
-        store.ingest([root])
+        ingest_paths(store, [root])
     assert store_snapshot(store) == before
-    report = store.ingest([root], skip_bad=True)
+    report = ingest_paths(store, [root], skip_bad=True)
     assert report.imported == ["g1", "g2"] and [s["path"] for s in report.skipped] == [str(root / "2-bad.jsonl")]
     assert "not valid JSON" in report.skipped[0]["error"]
 
@@ -436,13 +436,13 @@ def test_a_crash_inside_the_ingest_transaction_leaves_nothing_of_that_run(tmp_pa
     child = kvjudge("ingest", str(path), "--store", str(store_path), faults="ingest.txn")
     assert child.returncode == -9  # SIGKILL
     with Store.open(store_path) as store:
-        assert store.run_ids() == [] and events_count(store) == 0
+        assert store.runs.run_ids() == [] and events_count(store) == 0
         assert sql(store).execute("SELECT COUNT(*) FROM blobs").fetchone()[0] == 0
 
 
 def test_the_content_hash_is_recorded_and_covers_every_event(store: Store, tmp_path: Path) -> None:
     write_jsonl(tmp_path / "runs.jsonl", [make_run("h", ["a"])])
-    store.ingest_file(tmp_path / "runs.jsonl")
+    ingest_paths(store, [tmp_path / "runs.jsonl"]).runs
     logged = [event for _, event in store.iter_events("h")]
     assert isinstance(logged[0], ev.RunStarted) and logged[0].content_hash == ev.content_hash(logged)
 
@@ -457,10 +457,10 @@ def test_each_document_is_parsed_once(store: Store, tmp_path: Path, monkeypatch:
     runs = tmp_path / "runs"
     write_jsonl(runs / "a.jsonl", [make_run("a1", ["x"]), make_run("a2", ["y"])])
     write_jsonl(runs / "b.jsonl", [make_run("b1", ["z"])])
-    assert store.ingest([runs]).imported == ["a1", "a2", "b1"]
+    assert ingest_paths(store, [runs]).imported == ["a1", "a2", "b1"]
     assert parsed.lines() == [f"{runs / 'a.jsonl'}:1", f"{runs / 'a.jsonl'}:2", f"{runs / 'b.jsonl'}:1"]
     parsed.clear()
-    assert store.ingest([runs]).already_present == ["a1", "a2", "b1"] and len(parsed.lines()) == 3
+    assert ingest_paths(store, [runs]).already_present == ["a1", "a2", "b1"] and len(parsed.lines()) == 3
 
 
 def test_a_file_is_imported_whole_or_not_at_all(store: Store, tmp_path: Path) -> None:
@@ -471,10 +471,10 @@ def test_a_file_is_imported_whole_or_not_at_all(store: Store, tmp_path: Path) ->
         handle.write(json.dumps(make_run("h1", [HALF_ONLY])) + "\n" + json.dumps(make_run("h2", ["b"])) + "\n")
         handle.write('{"id": "h3", "branches": [}\n')
     write_jsonl(root / "3-good.jsonl", [make_run("g2", ["y"])])
-    report = store.ingest([root], skip_bad=True)
+    report = ingest_paths(store, [root], skip_bad=True)
     assert report.imported == ["g1", "g2"] and report.runs == ["g1", "g2"]
     assert [s["path"] for s in report.skipped] == [str(root / "2-half.jsonl")]
-    assert store.run_ids() == ["g1", "g2"] and verify(store).ok
+    assert store.runs.run_ids() == ["g1", "g2"] and verify(store).ok
     # The bodies only the dropped file held were not kept either (the kept files' are there).
     bodies = [body for _, body in store.blobs.iter_bodies()]
     assert b"x\n12 passed in 0.31s" in bodies
@@ -493,7 +493,7 @@ def test_an_import_writes_through_a_page_cache_that_holds_a_batch(store: Store, 
     before = cache_kib()
     seen: list[int] = []
     write_jsonl(tmp_path / "a.jsonl", [make_run("a1", ["x"])])
-    store.ingest([tmp_path / "a.jsonl"], progress=lambda files, description: seen.append(cache_kib()))
+    ingest_paths(store, [tmp_path / "a.jsonl"], progress=lambda files, description: seen.append(cache_kib()))
     assert seen and set(seen) == {IMPORT_PAGE_CACHE_MIB * 1024} and IMPORT_PAGE_CACHE_MIB << 20 > BATCH_BYTES
     assert cache_kib() == before  # and the store's own size again after
 
@@ -508,14 +508,14 @@ def test_only_a_file_of_several_runs_to_write_opens_a_savepoint(store: Store, tm
     write_jsonl(tmp_path / "a.jsonl", [make_run("a1", ["x"])])
     write_jsonl(tmp_path / "b.jsonl", [make_run("b1", ["y"]), make_run("b2", ["z"])])
     write_jsonl(tmp_path / "c.jsonl", [make_run("a1", ["x"]), make_run("c1", ["w"])])  # a1 is there already
-    assert store.ingest([tmp_path / "a.jsonl", tmp_path / "b.jsonl"]).imported == ["a1", "b1", "b2"]
+    assert ingest_paths(store, [tmp_path / "a.jsonl", tmp_path / "b.jsonl"]).imported == ["a1", "b1", "b2"]
     assert opened == ["ingest_file"]
-    assert store.ingest([tmp_path / "c.jsonl"]).imported == ["c1"] and opened == ["ingest_file"]
+    assert ingest_paths(store, [tmp_path / "c.jsonl"]).imported == ["c1"] and opened == ["ingest_file"]
     with (tmp_path / "d.jsonl").open("w") as handle:  # one run to write, then a refused document
         handle.write(json.dumps(make_run("d1", [HALF_ONLY])) + "\n" + '{"id": "d2", "branches": [}\n')
-    report = store.ingest([tmp_path / "d.jsonl"], skip_bad=True)
+    report = ingest_paths(store, [tmp_path / "d.jsonl"], skip_bad=True)
     assert report.imported == [] and len(report.skipped) == 1 and opened == ["ingest_file"]
-    assert "d1" not in store.run_ids() and verify(store).ok
+    assert "d1" not in store.runs.run_ids() and verify(store).ok
     assert not any(HALF_ONLY.encode() in body for _, body in store.blobs.iter_bodies())
 
 
@@ -529,12 +529,12 @@ def test_a_bad_file_after_committed_batches_says_what_was_imported(store: Store,
     (root / "b-bad.jsonl").write_text('{"id": "bad", "branches": [}\n')
     write_jsonl(root / "c-late.jsonl", [make_run("late", ["z"])])
     with pytest.raises(IngestError) as caught:
-        store.ingest([root])
+        ingest_paths(store, [root])
     message = str(caught.value)
     assert "\n" not in message and "b-bad.jsonl:1: not valid JSON" in message
     # The first batch (BATCH_RUNS whole files) was committed; the files since, in the open batch, were not.
     assert f"{BATCH_RUNS} run(s) of the files before it were imported, nothing since" in message
-    assert store.run_ids() == [f"r{index:03d}" for index in range(BATCH_RUNS)] and verify(store).ok
+    assert store.runs.run_ids() == [f"r{index:03d}" for index in range(BATCH_RUNS)] and verify(store).ok
     (root / "b-bad.jsonl").write_text(json.dumps(make_run("bad", ["fixed"])) + "\n")
-    report = store.ingest([root])
+    report = ingest_paths(store, [root])
     assert len(report.already_present) == BATCH_RUNS and len(report.imported) == 6 + 2

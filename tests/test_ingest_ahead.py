@@ -22,7 +22,7 @@ from helpers import sql
 from kvjudge.errors import IngestError, KvjudgeError
 from kvjudge.retention import Store
 from kvjudge.retention.faults import FAULTS_ENV
-from kvjudge.retention.ingest import ahead, importer
+from kvjudge.retention.ingest import ahead, importer, ingest_paths
 from kvjudge.testing.jsonl import write_jsonl
 from kvjudge.testing.native_runs import make_run
 from kvjudge.testing.trajectories import make_episode, mini_swe_agent_v1, mini_swe_agent_v2, swe_agent
@@ -91,12 +91,12 @@ def test_parsing_ahead_writes_what_parsing_here_writes(tmp_path: Path, children:
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     write_input(tmp_path / "runs")
     with Store.open(tmp_path / "ahead.sqlite") as store:
-        report = store.ingest([tmp_path / "runs"])
+        report = ingest_paths(store, [tmp_path / "runs"])
         ahead_rows, ahead_report = rows(store), report.to_dict()
     assert len(children) == 1 and reaped(children[0])
     parse_here(monkeypatch)
     with Store.open(tmp_path / "here.sqlite") as store:
-        report = store.ingest([tmp_path / "runs"])
+        report = ingest_paths(store, [tmp_path / "runs"])
         here_rows, here_report = rows(store), report.to_dict()
     assert len(here_rows["events"]) > 100 and here_report["imported"] == 17
     assert ahead_rows == here_rows
@@ -105,7 +105,7 @@ def test_parsing_ahead_writes_what_parsing_here_writes(tmp_path: Path, children:
 
 def test_one_small_file_is_parsed_here(store: Store, tmp_path: Path, children: list[int]) -> None:
     write_jsonl(tmp_path / "one.jsonl", [make_run("a", ["x"])])
-    assert store.ingest([tmp_path / "one.jsonl"]).imported == ["a"]
+    assert ingest_paths(store, [tmp_path / "one.jsonl"]).imported == ["a"]
     assert children == []
 
 
@@ -113,7 +113,7 @@ def test_no_child_is_forked_where_no_core_is_spare(store: Store, tmp_path: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(ahead, "spare_core", lambda: False)
     write_input(tmp_path / "runs", trajectories=3)
-    assert len(store.ingest([tmp_path / "runs"]).imported) == 8
+    assert len(ingest_paths(store, [tmp_path / "runs"]).imported) == 8
     assert children == []
 
 
@@ -188,11 +188,11 @@ def test_a_refused_document_is_refused_as_when_parsed_here(tmp_path: Path, child
     for where in ("ahead", "here"):
         with Store.open(tmp_path / f"{where}.sqlite") as store:
             with pytest.raises(IngestError) as refused:
-                store.ingest([tmp_path / "runs"])
+                ingest_paths(store, [tmp_path / "runs"])
             messages.append(str(refused.value))
-            assert store.run_ids() == []  # the runs before the bad line, in the open batch, were not kept
-            report = store.ingest([tmp_path / "runs"], skip_bad=True)
-            assert report.imported == ["a1", "c1"] and store.run_ids() == ["a1", "c1"]
+            assert store.runs.run_ids() == []  # the runs before the bad line, in the open batch, were not kept
+            report = ingest_paths(store, [tmp_path / "runs"], skip_bad=True)
+            assert report.imported == ["a1", "c1"] and store.runs.run_ids() == ["a1", "c1"]
             skipped.append(report.skipped)
         parse_here(monkeypatch)
     assert len(children) == 2 and all(reaped(pid) for pid in children)
@@ -216,8 +216,8 @@ def test_an_error_in_the_child_is_raised_here_and_nothing_is_written(store: Stor
 
     monkeypatch.setattr(importer, "parse_document", failing)
     with pytest.raises(LookupError, match="a parser's own bug"):
-        store.ingest([tmp_path / "runs"], skip_bad=True)  # not a refused file: --skip-bad does not pass over it
-    assert store.run_ids() == []
+        ingest_paths(store, [tmp_path / "runs"], skip_bad=True)  # not a refused file: --skip-bad does not pass over it
+    assert store.runs.run_ids() == []
     assert len(children) == 1 and reaped(children[0])
 
 
@@ -236,8 +236,8 @@ def test_a_run_that_does_not_pickle_is_raised_here_and_nothing_is_written(store:
 
     monkeypatch.setattr(importer, "parse_document", unpicklable)
     with pytest.raises((pickle.PicklingError, AttributeError), match="pickle"):
-        store.ingest([tmp_path / "runs"])
-    assert store.run_ids() == []
+        ingest_paths(store, [tmp_path / "runs"])
+    assert store.runs.run_ids() == []
     assert len(children) == 1 and reaped(children[0])
 
 
@@ -255,10 +255,10 @@ def test_a_child_killed_midway_stops_the_import_with_one_line(store: Store, tmp_
 
     monkeypatch.setattr(importer, "parse_document", killed_in_the_child)
     with pytest.raises(KvjudgeError) as stopped:
-        store.ingest([tmp_path / "runs"], skip_bad=True)
+        ingest_paths(store, [tmp_path / "runs"], skip_bad=True)
     assert not isinstance(stopped.value, IngestError)  # not a refused file: --skip-bad does not pass over it
     assert "ended unexpectedly (killed by signal 9)" in str(stopped.value) and "\n" not in str(stopped.value)
-    assert store.run_ids() == []  # r1, parsed and written before, was in the open batch
+    assert store.runs.run_ids() == []  # r1, parsed and written before, was in the open batch
     assert len(children) == 1 and reaped(children[0])
 
 
@@ -296,7 +296,7 @@ def test_the_child_ends_when_the_import_is_killed(tmp_path: Path) -> None:
         time.sleep(0.1)
     assert not _running(child)
     with Store.open(store_path) as store:
-        assert store.run_ids() == []
+        assert store.runs.run_ids() == []
 
 
 def _running(pid: int) -> bool:

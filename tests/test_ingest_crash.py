@@ -54,14 +54,14 @@ def run_count(store_path: Path) -> int:
     if not store_path.exists():
         return 0
     with Store.open(store_path) as store:
-        return len(store.run_ids())
+        return len(store.runs.run_ids())
 
 
 def run_ids(store_path: Path) -> list[str]:
     if not store_path.exists():
         return []
     with Store.open(store_path) as store:
-        return store.run_ids()
+        return store.runs.run_ids()
 
 
 def check_finished(store_path: Path, clean_path: Path, command: tuple[str, ...]) -> None:
@@ -73,9 +73,9 @@ def check_finished(store_path: Path, clean_path: Path, command: tuple[str, ...])
     assert report["imported"] + report["already_present"] == RUNS and report["skipped"] == 0
 
     with Store.open(clean_path) as reference, Store.open(store_path) as store:
-        assert store.run_ids() == reference.run_ids() and len(store.run_ids()) == RUNS
-        for run_id in store.run_ids():
-            assert store.refold(run_id).canonical_bytes() == reference.refold(run_id).canonical_bytes(), run_id
+        assert store.runs.run_ids() == reference.runs.run_ids() and len(store.runs.run_ids()) == RUNS
+        for run_id in store.runs.run_ids():
+            assert store.runs.refold(run_id).canonical_bytes() == reference.runs.refold(run_id).canonical_bytes(), run_id
             logged = [event for _, event in store.iter_events(run_id)]
             assert isinstance(logged[0], ev.RunStarted) and logged[0].content_hash == ev.content_hash(logged), run_id
         assert verify(store).ok

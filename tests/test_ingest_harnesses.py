@@ -18,7 +18,7 @@ from kvjudge.cli import main
 from kvjudge.errors import IngestError
 from kvjudge.judge import body_resolver, render_view
 from kvjudge.retention import Store
-from kvjudge.retention.ingest import archive, json_stream
+from kvjudge.retention.ingest import archive, ingest_paths, json_stream
 from kvjudge.retention.ingest.inspect_log import score_grade
 from kvjudge.retention.ingest.results import load_results
 from kvjudge.testing.harbor import TrialSpec, write_job, write_result, write_trial
@@ -52,7 +52,7 @@ def transitions(store: Store, run_id: str) -> list:
 
 def test_a_harbor_job_imports_trials_as_runs(store: Store, tmp_path: Path) -> None:
     job = two_agent_job(tmp_path / "jobs")
-    report = store.ingest([tmp_path / "jobs"])
+    report = ingest_paths(store, [tmp_path / "jobs"])
     assert len(report.imported) == 8 and report.skipped == []
     assert dict(report.states) == {"graded": 7, "ungraded": 1}
     # Per trial: config.json, trial.log, the agent's other logs (a session JSONL too), the verifier's files; and
@@ -87,7 +87,7 @@ def test_a_harbor_job_imports_trials_as_runs(store: Store, tmp_path: Path) -> No
 
 def test_continuations_belong_to_the_same_run(store: Store, tmp_path: Path) -> None:
     two_agent_job(tmp_path / "jobs")
-    store.ingest([tmp_path / "jobs"])
+    ingest_paths(store, [tmp_path / "jobs"])
     whole = store.run(f"{TERMINUS}/{TASKS[0]}/{TASKS[0]}__T00aaaa")
     continued = store.run(f"{TERMINUS}/{TASKS[0]}/{TASKS[0]}__T01aaaa")
     assert continued.metadata["continuations"] == 1 and continued.metadata["copied_steps"] == 1
@@ -100,12 +100,12 @@ def test_continuations_belong_to_the_same_run(store: Store, tmp_path: Path) -> N
 
 def test_reimport_is_idempotent_and_a_trajectory_names_its_trial(store: Store, tmp_path: Path) -> None:
     job = two_agent_job(tmp_path / "jobs")
-    store.ingest([tmp_path / "jobs"])
+    ingest_paths(store, [tmp_path / "jobs"])
     before = store_snapshot(store)
-    again = store.ingest([tmp_path / "jobs"])
+    again = ingest_paths(store, [tmp_path / "jobs"])
     assert again.imported == [] and len(again.already_present) == 8
     trial = job / f"{TASKS[0]}__T01aaaa"
-    named = store.ingest([trial / "agent" / "trajectory.cont-1.json", trial / "agent" / "trajectory.json", trial])
+    named = ingest_paths(store, [trial / "agent" / "trajectory.cont-1.json", trial / "agent" / "trajectory.json", trial])
     assert named.runs == [f"{TERMINUS}/{TASKS[0]}/{TASKS[0]}__T01aaaa"] and named.imported == []
     assert store_snapshot(store) == before
 
@@ -116,14 +116,14 @@ def test_a_lone_atif_file_imports_ungraded(store: Store, tmp_path: Path) -> None
     lone.mkdir()
     for path in (job / "hello-world__AbC1234" / "agent").glob("trajectory*.json"):
         (lone / path.name).write_bytes(path.read_bytes())
-    report = store.ingest([lone / "trajectory.json"])
+    report = ingest_paths(store, [lone / "trajectory.json"])
     run_id = f"{TERMINUS}/hello-world__AbC1234-session"
     assert report.imported == [run_id] and dict(report.states) == {"ungraded": 1}
     state = store.run(run_id)
     assert state.task_id is None and state.trial == "hello-world__AbC1234-session" and state.grades == ()
     assert state.metadata["continuations"] == 2
     # A continuation named on its own reads the same run.
-    assert store.ingest([lone / "trajectory.cont-2.json"]).already_present == [run_id]
+    assert ingest_paths(store, [lone / "trajectory.cont-2.json"]).already_present == [run_id]
 
 
 def test_a_running_job_imports_unfinished_trials_ungraded_and_grade_attaches_their_results(
@@ -201,7 +201,7 @@ def test_grade_attaches_the_scores_of_a_later_inspect_log(tmp_path: Path, capsys
     store = tmp_path / "store.sqlite"
     common = ["--store", str(store)]
     imported = cli_json_ok(capsys, "ingest", str(tmp_path / "runs"), *common)
-    runs = [f"{model}/csv_quoting/1/1", f"{model}/csv_quoting/2/1"]
+    runs = [f"{model}/csv_quoting/{i}/1-{spec['eval_id'][:8]}" for i in (1, 2)]  # trial: epoch and eval
     assert imported["ingested"] == runs and imported["states"] == {"ungraded": 2}
     scored = write_eval(tmp_path / "scored.eval", spec, inspect_samples(model, scores=("C", "I"), epochs=1))
     graded = cli_json_ok(capsys, "grade", "--all", "--results", str(scored), *common)
@@ -260,16 +260,16 @@ HARBOR_BROKEN = [
 def test_broken_harbor_trials_are_refused_and_nothing_is_written(store: Store, tmp_path: Path, change,
                                                                  expected: str) -> None:
     two_agent_job(tmp_path / "jobs")
-    store.ingest([tmp_path / "jobs"])
+    ingest_paths(store, [tmp_path / "jobs"])
     before = store_snapshot(store)
     trial = harbor_broken(tmp_path, change)
     good = write_job(tmp_path / "good", "g", [TrialSpec("other-task", seed=9)])
     with pytest.raises(IngestError) as caught:
-        store.ingest([good, trial.parent])
+        ingest_paths(store, [good, trial.parent])
     message = str(caught.value)
     assert "\n" not in message and message.startswith(f"{trial}: ") and expected in message
     assert store_snapshot(store) == before
-    skipped = store.ingest([good, trial.parent], skip_bad=True)
+    skipped = ingest_paths(store, [good, trial.parent], skip_bad=True)
     assert [item["path"] for item in skipped.skipped] == [str(trial)] and len(skipped.imported) == 1
 
 
@@ -294,7 +294,7 @@ def test_atif_versions_of_major_1_and_unknown_fields_are_read(store: Store, tmp_
         agent["observation"]["extra"] = {"truncated": False}
 
     job = _trial_with(tmp_path, edit, version)
-    (run_id,) = store.ingest([job]).imported
+    (run_id,) = ingest_paths(store, [job]).imported
     state = store.run(run_id)
     assert state.metadata["format"] == version and state.grades == (PASS,)
     texts = [store.text(ref) for t in state.branches[0].transitions
@@ -307,12 +307,12 @@ def test_an_atif_major_version_other_than_1_is_refused(store: Store, tmp_path: P
     job = _trial_with(tmp_path, lambda data: None, "ATIF-v2.0")
     good = write_job(tmp_path / "good", "g", [TrialSpec("other-task", seed=9, steps=2)])
     with pytest.raises(IngestError) as caught:
-        store.ingest([good, job])
+        ingest_paths(store, [good, job])
     message = str(caught.value)
     assert "\n" not in message and message.startswith(f"{job / 'hello-world__AbC1234'}: ")
     assert """$["agent/trajectory.json"].schema_version: unknown ATIF version 'ATIF-v2.0'""" in message
-    assert store.run_ids() == []
-    assert len(store.ingest([good, job], skip_bad=True).imported) == 1
+    assert store.runs.run_ids() == []
+    assert len(ingest_paths(store, [good, job], skip_bad=True).imported) == 1
 
 
 def test_observation_results_naming_no_call_are_read_as_harbor_writes_them(store: Store, tmp_path: Path) -> None:
@@ -327,7 +327,7 @@ def test_observation_results_naming_no_call_are_read_as_harbor_writes_them(store
         del unparsed["tool_calls"]
         unparsed["observation"] = {"results": [{"content": "Previous response had parsing errors: …"}]}
 
-    (run_id,) = store.ingest([_trial_with(tmp_path, edit)]).imported
+    (run_id,) = ingest_paths(store, [_trial_with(tmp_path, edit)]).imported
     steps = transitions(store, run_id)
     assert [t.role for t in steps[1:6]] == ["assistant", "assistant", "tool", "assistant", "tool"]
     assert [t.tool_call["name"] for t in steps[1:3]] == ["bash_command", "bash_command"]
@@ -358,13 +358,14 @@ def test_inspect_logs_import_sample_by_epoch(store: Store, tmp_path: Path, kind:
         with zipfile.ZipFile(path) as opened:
             assert {info.compress_type for info in opened.infolist()} == {archive.ZIP_ZSTANDARD}
     listed = sorted(os.listdir(tmp_path))
-    report = store.ingest([tmp_path])
+    report = ingest_paths(store, [tmp_path])
     assert sorted(os.listdir(tmp_path)) == listed  # nothing extracted
-    assert report.imported == [f"{model}/csv_quoting/{i}/{e}" for i in (1, 2) for e in (1, 2)]
-    state = store.run(f"{model}/csv_quoting/2/2")
-    assert (state.agent, state.task_id, state.trial) == (model, "csv_quoting/2", "2")
+    evaluation = spec["eval_id"][:8]  # the trial: the epoch of this eval
+    assert report.imported == [f"{model}/csv_quoting/{i}/{e}-{evaluation}" for i in (1, 2) for e in (1, 2)]
+    state = store.run(f"{model}/csv_quoting/2/2-{evaluation}")
+    assert (state.agent, state.task_id, state.trial) == (model, "csv_quoting/2", f"2-{evaluation}")
     assert state.grades == ({"grader": "inspect:includes", "score": 0.0, "label": "incorrect"},)
-    assert store.run(f"{model}/csv_quoting/1/1").grades[0]["label"] == "correct"
+    assert store.run(f"{model}/csv_quoting/1/1-{evaluation}").grades[0]["label"] == "correct"
     steps = list(state.branches[0].transitions)
     assert [t.role for t in steps[:4]] == ["system", "user", "assistant", "tool"]
     assert store.text(steps[1].text_ref) == "{{task}}"
@@ -386,7 +387,7 @@ def test_inspect_attachments_the_messages_name_are_resolved_and_no_other(store: 
                             {"type": "text", "text": "attachment://long-text"}]
     record["events"].append({"event": "tool", "result": "attachment://unread"})
     write_json_log(tmp_path / "log.json", eval_spec("csv_quoting", model, epochs=1, samples=1), [record])
-    (run_id,) = store.ingest([tmp_path]).imported  # the unread attachment's lone surrogate is never checked
+    (run_id,) = ingest_paths(store, [tmp_path]).imported  # the unread attachment's lone surrogate is never checked
     texts = [store.text(ref) for t in store.run(run_id).branches[0].transitions
              for ref in (t.text_ref, (t.tool_output or {}).get("output_ref")) if ref]
     assert "the whole tool output" in texts and "a long thought\na long answer" in texts
@@ -399,9 +400,9 @@ def test_inspect_solver_names_the_agent_and_unscored_samples_take_results(store:
     unscored = write_eval(tmp_path / "run.eval", spec, inspect_samples(model, scores=(None, None), epochs=1))
     (tmp_path / "scored").mkdir()
     scored = write_eval(tmp_path / "scored" / "scored.eval", spec, inspect_samples(model, scores=("P", 0.25), epochs=1))
-    report = store.ingest([unscored], results=[str(scored)])
+    report = ingest_paths(store, [unscored], results=[str(scored)])
     agent = f"react@{model}"
-    assert report.imported == [f"{agent}/csv_quoting/1/1", f"{agent}/csv_quoting/2/1"]
+    assert report.imported == [f"{agent}/csv_quoting/{i}/1-{spec['eval_id'][:8]}" for i in (1, 2)]
     assert [store.run(r).grades for r in report.imported] == [
         ({"grader": "inspect:includes", "score": 0.5, "label": "partial"},),
         ({"grader": "inspect:includes", "score": 0.25, "label": "0.25"},)]
@@ -427,8 +428,8 @@ def test_harbor_results_files_grade_by_run_id(tmp_path: Path) -> None:
                               {"grader": "harbor", "score": 0.0, "label": "fail"}}
     grades = {run: grade for results in load_results([str(job)]) for run, grade in results.run_grades.items()}
     with Store.open(tmp_path / "s.sqlite") as opened:
-        opened.ingest([job])
-        assert {r: (opened.run(r).grades[0] if opened.run(r).grades else None) for r in opened.run_ids()} == grades
+        ingest_paths(opened, [job])
+        assert {r: (opened.run(r).grades[0] if opened.run(r).grades else None) for r in opened.runs.run_ids()} == grades
 
 
 def zip_of(path: Path, members: dict[str, bytes]) -> Path:
@@ -479,25 +480,25 @@ EVAL_BROKEN = [_truncated, _bomb, _lying_size, _climbing, _absolute, _bad_member
 @pytest.mark.parametrize("make", EVAL_BROKEN, ids=[f.__name__.strip("_") for f in EVAL_BROKEN])
 def test_hostile_eval_archives_are_refused_and_nothing_is_written(store: Store, tmp_path: Path, make) -> None:
     good = write_eval(tmp_path / "good.eval", eval_spec("t", "m/good"), inspect_samples("m/good", epochs=1))
-    store.ingest([good])
+    ingest_paths(store, [good])
     before = store_snapshot(store)
     bad = tmp_path / "bad.eval"
     expected = make(bad)
     listed = sorted(os.listdir(tmp_path))
     with pytest.raises(IngestError) as caught:
-        store.ingest([good, bad])
+        ingest_paths(store, [good, bad])
     message = str(caught.value)
     assert "\n" not in message and message.startswith(str(bad)) and expected in message, message
     assert store_snapshot(store) == before and sorted(os.listdir(tmp_path)) == listed
-    assert store.ingest([good, bad], skip_bad=True).skipped[0]["path"] == str(bad)
+    assert ingest_paths(store, [good, bad], skip_bad=True).skipped[0]["path"] == str(bad)
 
 
 def test_a_truncated_json_log_is_refused(store: Store, tmp_path: Path) -> None:
     path = write_json_log(tmp_path / "log.json", eval_spec("t", "m/x"), inspect_samples("m/x"))
     path.write_bytes(path.read_bytes()[:-300])
     with pytest.raises(IngestError, match=r"log\.json: .*the file ends early"):
-        store.ingest([path])
-    assert store.run_ids() == []
+        ingest_paths(store, [path])
+    assert store.runs.run_ids() == []
 
 
 def test_json_log_streams_values_across_the_window(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -516,8 +517,8 @@ def test_untrusted_text_in_a_trajectory_is_refused_or_repaired(store: Store, tmp
         path.write_text(path.read_text().replace("Let me look at", "Let me \\ud800look at", 1))
     trial = harbor_broken(tmp_path, change)
     with pytest.raises(IngestError, match=r'\$\["agent/trajectory.json"\]\.steps\[1\]\.message is not valid Unicode'):
-        store.ingest([trial])
-    report = store.ingest([trial], repair_text=True)
+        ingest_paths(store, [trial])
+    report = ingest_paths(store, [trial], repair_text=True)
     assert list(report.repaired) == report.imported and len(report.imported) == 1
 
 
@@ -525,8 +526,8 @@ def test_no_grade_or_reward_reaches_the_judges_view(store: Store, tmp_path: Path
     two_agent_job(tmp_path / "jobs")
     model = "openai/gpt-4o"
     write_eval(tmp_path / "jobs" / "log.eval", eval_spec("csv_quoting", model), inspect_samples(model, epochs=1))
-    store.ingest([tmp_path / "jobs"])
-    assert len(store.run_ids()) == 10
+    ingest_paths(store, [tmp_path / "jobs"])
+    assert len(store.runs.run_ids()) == 10
     for state in store.iter_runs():
         view = render_view(state, body_resolver(state, store.text))
         assert state.grades or state.state == "ungraded"
@@ -568,11 +569,12 @@ def test_bytes_that_are_not_utf8_in_an_eval_sample_are_refused_or_repaired(store
     path = write_eval(tmp_path / "log.eval", eval_spec("t", "m/x"), [], members={"samples/1_epoch_1.json": raw})
     with pytest.raises(IngestError, match=r"log\.eval:samples/1_epoch_1\.json: text at \$\.sample\.messages\[2\]"
                                           r"\.content\[1\]\.text is not valid Unicode"):
-        store.ingest([path])
-    assert store.run_ids() == []
-    report = store.ingest([path], repair_text=True)
-    assert list(report.repaired) == ["m/x/t/1/1"]
-    assert "Running \ufffd`" in store.text(store.run("m/x/t/1/1").branches[0].transitions[2].text_ref)
+        ingest_paths(store, [path])
+    assert store.runs.run_ids() == []
+    report = ingest_paths(store, [path], repair_text=True)
+    run_id = f"m/x/t/1/1-{eval_spec('t', 'm/x')['eval_id'][:8]}"
+    assert list(report.repaired) == [run_id]
+    assert "Running \ufffd`" in store.text(store.run(run_id).branches[0].transitions[2].text_ref)
 
 
 def _harbor_variety(root: Path) -> Path:
@@ -615,7 +617,7 @@ HARBOR_CONTENT_HASHES = {
 
 
 def test_a_harbor_trial_hashes_as_it_always_has(store: Store, tmp_path: Path) -> None:
-    report = store.ingest([_harbor_variety(tmp_path / "jobs")])
+    report = ingest_paths(store, [_harbor_variety(tmp_path / "jobs")])
     assert len(report.imported) == 10 and report.skipped == []
     hashes = {store.run(run_id).trial: next(iter(store.iter_events(run_id)))[1].content_hash
               for run_id in report.imported}

@@ -13,6 +13,7 @@ from helpers import cli_json_ok, store_snapshot
 from kvjudge.cli import main
 from kvjudge.errors import IngestError
 from kvjudge.retention import Store
+from kvjudge.retention.ingest import ingest_paths
 from kvjudge.retention.verify import verify
 from kvjudge.testing import openhands as oh
 from kvjudge.testing.jsonl import write_jsonl
@@ -50,7 +51,7 @@ def test_output_jsonl_event_history_maps_to_the_native_model(store: Store, tmp_p
     run.steps[1].returncode = 2
     line = oh.output_line(run, MODEL, error="AgentStuckInLoopError: Agent got stuck in a loop")
     write_jsonl(tmp_path / "output.jsonl", [line])
-    report = store.ingest([tmp_path / "output.jsonl"])
+    report = ingest_paths(store, [tmp_path / "output.jsonl"])
     run_id = f"{AGENT}/{INSTANCE}"
     assert report.imported == [run_id] and report.states == {"ungraded": 1}
     state = store.run(run_id)
@@ -89,7 +90,7 @@ def test_older_pair_history(store: Store, tmp_path: Path) -> None:
     run = episode(steps=3)
     run.steps[2].returncode = 1
     write_jsonl(tmp_path / "output.jsonl", [oh.output_line(run, MODEL, pairs=True)])
-    store.ingest([tmp_path / "output.jsonl"])
+    ingest_paths(store, [tmp_path / "output.jsonl"])
     shape = steps(store, f"{AGENT}/{INSTANCE}")
     assert shape == [("user", None, None, None, None)] + [
         s for step in run.steps for s in (("assistant", "run", step.command, None, None),
@@ -101,7 +102,7 @@ def test_a_line_with_its_evaluation_report_lands_graded(store: Store, tmp_path: 
     resolved, errored = episode(), episode("csvkit__csvkit-202", 2)
     write_jsonl(tmp_path / "output.jsonl", [oh.output_line(resolved, MODEL, with_report=oh.report(resolved=True)),
                                                oh.output_line(errored, MODEL, with_report=oh.report(error_eval=True))])
-    report = store.ingest([tmp_path])
+    report = ingest_paths(store, [tmp_path])
     assert report.states == {"graded": 1, "ungraded": 1}
     assert store.run(f"{AGENT}/{INSTANCE}").grades == ({"grader": "swe-bench", "score": 1.0, "label": "resolved"},)
     assert store.run(f"{AGENT}/csvkit__csvkit-202").grades == ()  # an evaluation error is not a grade
@@ -118,7 +119,7 @@ def test_completions_logs_one_run_per_instance_with_usage_per_call(store: Store,
     root = completions_root(tmp_path)
     files = sorted((root / "llm_completions" / INSTANCE).iterdir())
     assert len(files) == 5  # four steps and the finish call: five model calls, one run
-    report = store.ingest([root])
+    report = ingest_paths(store, [root])
     run_id = f"OpenHands/{MODEL}/{INSTANCE}"
     assert report.imported == [run_id, f"OpenHands/{MODEL}/csvkit__csvkit-202"]
     state = store.run(run_id)
@@ -137,15 +138,15 @@ def test_completions_logs_one_run_per_instance_with_usage_per_call(store: Store,
     assert len({u["input_tokens"] for u in usage}) == 5
     assert store.text(state.task_prompt_ref) == run.problem_statement
     # Imported again, the same command changes nothing.
-    again = store.ingest([root])
+    again = ingest_paths(store, [root])
     assert again.imported == [] and len(again.already_present) == 2
 
 
 def test_mocked_function_calling_reads_as_the_native_calls(store: Store, tmp_path: Path) -> None:
     native, mocked = completions_root(tmp_path), completions_root(tmp_path, mocked=True, name="mocked")
-    store.ingest([native])
+    ingest_paths(store, [native])
     with Store.open(tmp_path / "mocked.sqlite") as other:
-        other.ingest([mocked])
+        ingest_paths(other, [mocked])
         run_id = f"OpenHands/{MODEL}/{INSTANCE}"
         assert other.run(run_id).metadata["function_calling"] == "mocked"
         assert steps(other, run_id) == steps(store, run_id)  # fncall_messages: the same calls, results, codes
@@ -156,7 +157,7 @@ def test_mocked_function_calling_reads_as_the_native_calls(store: Store, tmp_pat
             path.write_text(json.dumps(entry))
         text_only = Store.open(tmp_path / "text.sqlite")
         try:
-            text_only.ingest([mocked])
+            ingest_paths(text_only, [mocked])
             assert steps(text_only, run_id) == steps(store, run_id)
             first_user = text_only.run(run_id).branches[0].transitions[1]
             assert text_only.text(first_user.text_ref).startswith(oh.MOCK_EXAMPLE)  # what the model was sent
@@ -177,11 +178,16 @@ def test_a_directory_walk_reads_the_runs_and_passes_over_the_rest(store: Store, 
                                                                      "timestamp": "2025-08-01 10:00:00"}) + "\n")
     (root / "metadata.json").write_text(json.dumps(oh.eval_metadata(MODEL)))
     calls = oh.write_completions(root, runs[0], MODEL)  # the same runs as output.jsonl: passed over
-    report = store.ingest([tmp_path / "outputs"])
+    report = ingest_paths(store, [tmp_path / "outputs"])
     assert report.imported == [f"{AGENT}/{INSTANCE}", f"{AGENT}/csvkit__csvkit-202"]
-    assert report.files == 1 and report.ignored_files == 4 + len(calls)
+    # metadata.json is the evaluation's own companion: read beside the runs (for lines naming no agent), not passed over.
+    assert report.files == 1 and report.ignored_files == 3 + len(calls)
+    assert report.companion_files == [str(root / "metadata.json")]
+    assert report.notes[1] == ("3 file(s) passed over (OpenHands' evaluation results — give them with --results —, "
+                               f"predictions and attempts: not the runs): {root / 'maximum_retries_exceeded.jsonl'}, "
+                               f"{root / 'output.critic_attempt_1.jsonl'}, {root / 'output.swebench_eval.jsonl'}")
     # Named directly, the completions folder is read.
-    assert store.ingest([root / "llm_completions"]).imported == [f"OpenHands/{MODEL}/{INSTANCE}"]
+    assert ingest_paths(store, [root / "llm_completions"]).imported == [f"OpenHands/{MODEL}/{INSTANCE}"]
 
 
 def test_a_line_that_is_not_json_names_the_file_and_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -217,8 +223,8 @@ def test_bad_lines_name_the_json_path(store: Store, tmp_path: Path, mutate, mess
     mutate(line)
     write_jsonl(tmp_path / "output.jsonl", [line])
     with pytest.raises(IngestError, match=rf"output\.jsonl:1: {message}"):
-        store.ingest([tmp_path / "output.jsonl"])
-    assert store.run_ids() == []
+        ingest_paths(store, [tmp_path / "output.jsonl"])
+    assert store.runs.run_ids() == []
 
 
 def test_an_earlier_call_that_is_not_json_is_named(store: Store, tmp_path: Path) -> None:
@@ -226,8 +232,8 @@ def test_an_earlier_call_that_is_not_json_is_named(store: Store, tmp_path: Path)
     second = sorted((root / "llm_completions" / INSTANCE).iterdir())[1]
     second.write_text(second.read_text()[:100])
     with pytest.raises(IngestError, match=rf"{second}: not valid JSON"):
-        store.ingest([root])
-    assert store.run_ids() == []
+        ingest_paths(store, [root])
+    assert store.runs.run_ids() == []
 
 
 def test_evaluation_output_as_results(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -260,7 +266,7 @@ def test_evaluation_output_as_results(tmp_path: Path, capsys: pytest.CaptureFixt
 def test_mini_swe_agent_v2_carries_the_usage_of_each_response(store: Store, tmp_path: Path) -> None:
     run = episode()
     (tmp_path / f"{INSTANCE}.traj.json").write_text(json.dumps(mini_swe_agent_v2(run)))
-    run_id = store.ingest([tmp_path / f"{INSTANCE}.traj.json"]).imported[0]
+    run_id = ingest_paths(store, [tmp_path / f"{INSTANCE}.traj.json"]).imported[0]
     usage = [t.usage for t in store.run(run_id).branches[0].transitions if t.role == "assistant" and t.usage]
     assert usage == [{"input_tokens": 2400 + 900 * i, "output_tokens": 80 + i} for i in range(len(run.steps) + 1)]
 
@@ -271,7 +277,7 @@ def test_text_that_is_not_unicode_in_an_output_line(store: Store, tmp_path: Path
     (tmp_path / "output.jsonl").write_text(raw + "\n")
     with pytest.raises(IngestError, match=r"output\.jsonl:1: text at \$\.history\[\d+\]\.content is not valid "
                                           r"Unicode: lone surrogate U\+D800"):
-        store.ingest([tmp_path / "output.jsonl"])
-    assert store.run_ids() == []
-    report = store.ingest([tmp_path / "output.jsonl"], repair_text=True)
+        ingest_paths(store, [tmp_path / "output.jsonl"])
+    assert store.runs.run_ids() == []
+    report = ingest_paths(store, [tmp_path / "output.jsonl"], repair_text=True)
     assert report.imported == [f"{AGENT}/{INSTANCE}"] and report.repaired[f"{AGENT}/{INSTANCE}"][0]["code_units"] == 1

@@ -15,6 +15,7 @@ from helpers import CallLog, cli_json_ok, kvjudge, sql
 from kvjudge.cli import main
 from kvjudge.errors import IngestError
 from kvjudge.retention import Store
+from kvjudge.retention.ingest import ingest_paths
 from kvjudge.retention.verify import verify
 from kvjudge.testing.trajectories import (
     MINI_SYSTEM_V2,
@@ -146,7 +147,7 @@ def texts(store: Store, run_id: str) -> list[tuple]:
 
 def test_mini_swe_agent_v1_maps_to_the_native_model(store: Store, tmp_path: Path) -> None:
     write(tmp_path / "runs" / "marshmallow-code__marshmallow-1867.traj.json", MINI_V1)
-    report = store.ingest([tmp_path / "runs"])
+    report = ingest_paths(store, [tmp_path / "runs"])
     run_id = "openai/gpt-4o-mini/marshmallow-code__marshmallow-1867"
     assert report.imported == [run_id]
     state = store.run(run_id)
@@ -186,7 +187,7 @@ def test_mini_swe_agent_v2_shapes(store: Store, tmp_path: Path, tool_calls: bool
     data = mini_swe_agent_v2(episode, tool_calls=tool_calls)
     write(tmp_path / "astropy__astropy-12907" / "astropy__astropy-12907.traj.json", data, gz=True)
     run_id = "anthropic/claude-sonnet-4-5-20250929/astropy__astropy-12907"
-    assert store.ingest([tmp_path]).imported == [run_id]
+    assert ingest_paths(store, [tmp_path]).imported == [run_id]
     state = store.run(run_id)
     assert state.metadata["format"] == "mini-swe-agent-1.1" and state.metadata["api_calls"] == episode.api_calls
     assert state.metadata["exit_status"] == "Submitted" and state.metadata["harness"] == "mini-swe-agent 2.0.0"
@@ -224,7 +225,7 @@ def test_mini_swe_agent_v2_parallel_tool_calls_and_responses_api(store: Store, t
     data["messages"] = data["messages"][:2] + [parallel, data["messages"][3], second, response, output,
                                                data["messages"][-1]]
     write(tmp_path / "django__django-1.traj.json", data)
-    run_id = store.ingest([tmp_path])
+    run_id = ingest_paths(store, [tmp_path])
     steps = texts(store, run_id.imported[0])
     assert [s[3] for s in steps[2:4]] == ["ls", "pwd"] and steps[2][1] == "x" and steps[3][1] is None
     assert [(s[4], s[5]) for s in steps[4:6]] == [(0, "a\n"), (0, "/testbed\n")]
@@ -239,7 +240,7 @@ def test_swe_agent_1x_maps_to_the_native_model(store: Store, tmp_path: Path) -> 
     data = swe_agent(episode)
     write(tmp_path / "run" / "sympy__sympy-20590" / "sympy__sympy-20590.traj", data)
     run_id = "gpt-4o/sympy__sympy-20590"
-    assert store.ingest([tmp_path]).imported == [run_id]
+    assert ingest_paths(store, [tmp_path]).imported == [run_id]
     state = store.run(run_id)
     assert store.text(state.task_prompt_ref) == episode.problem_statement and state.agent == "gpt-4o"
     assert state.metadata["format"] == "swe-agent" and state.metadata["exit_status"] == "submitted"
@@ -263,7 +264,7 @@ def test_swe_agent_07_and_retry_attempts(store: Store, tmp_path: Path) -> None:
                          {k: retry[k] for k in ("trajectory", "history", "info")}]
     retry["info"]["best_attempt_idx"] = 1
     write(tmp_path / "flask__flask-1.traj", retry)
-    report = store.ingest([tmp_path], agent="sweagent-gpt4")
+    report = ingest_paths(store, [tmp_path], agent="sweagent-gpt4")
     assert report.imported == ["sweagent-gpt4/flask__flask-1", "sweagent-gpt4/pydicom__pydicom-1458"]
     old = store.run("sweagent-gpt4/pydicom__pydicom-1458")
     assert store.text(old.task_prompt_ref) == "Float Pixel Data is not handled\r\n\r\nSee below."
@@ -293,8 +294,8 @@ def test_bad_trajectories_name_the_file_and_json_path(store: Store, tmp_path: Pa
     write(tmp_path / "runs" / "good.traj.json", MINI_V1)
     write(tmp_path / "runs" / name, data)
     with pytest.raises(IngestError, match=message):
-        store.ingest([tmp_path / "runs"])
-    assert store.run_ids() == [] and sql(store).execute("SELECT COUNT(*) FROM blobs").fetchone()[0] == 0
+        ingest_paths(store, [tmp_path / "runs"])
+    assert store.runs.run_ids() == [] and sql(store).execute("SELECT COUNT(*) FROM blobs").fetchone()[0] == 0
 
 
 def test_truncated_trajectory_and_skip_bad(store: Store, tmp_path: Path) -> None:
@@ -302,8 +303,8 @@ def test_truncated_trajectory_and_skip_bad(store: Store, tmp_path: Path) -> None
     text = json.dumps(SWE_V07, indent=2)
     (tmp_path / "runs" / "cut.traj").write_text(text[: len(text) // 2])
     with pytest.raises(IngestError, match=r"cut.traj: not valid JSON \(.* at line \d+ column \d+\)"):
-        store.ingest([tmp_path / "runs"])
-    report = store.ingest([tmp_path / "runs"], skip_bad=True)
+        ingest_paths(store, [tmp_path / "runs"])
+    report = ingest_paths(store, [tmp_path / "runs"], skip_bad=True)
     assert len(report.imported) == 1 and report.skipped[0]["path"].endswith("cut.traj")
 
 
@@ -311,7 +312,7 @@ def test_dedup_stores_the_shared_prompts_once(store: Store, tmp_path: Path) -> N
     for index in range(4):
         episode = make_episode(f"repo__proj-{index}", 10 + index, target_bytes=3_000, model="m")
         write(tmp_path / f"repo__proj-{index}.traj.json", mini_swe_agent_v2(episode))
-    report = store.ingest([tmp_path])
+    report = ingest_paths(store, [tmp_path])
     assert report.dedup_saved_bytes > 3 * len(MINI_SYSTEM_V2.encode())
     templates = {store.run(run_id).branches[0].transitions[1].text_ref for run_id in report.imported}
     assert len(templates) == 1  # the instance template, the task in it as {{task}}, is one body for all four
@@ -350,7 +351,7 @@ def test_summary_reports_grade_each_agent_by_file_name(store: Store, tmp_path: P
         {"results": str(gpt), "agent": "openai/gpt-4o", "agent_from": "file name", "graded": 2},
         {"results": str(claude), "agent": "anthropic/claude-3-5", "agent_from": "file name", "graded": 3}]
     with Store.open(tmp_path / "s.sqlite") as opened:
-        grade = {run_id: [g["label"] for g in opened.run(run_id).grades] for run_id in opened.run_ids()}
+        grade = {run_id: [g["label"] for g in opened.run(run_id).grades] for run_id in opened.runs.run_ids()}
         assert grade == {"anthropic/claude-3-5/a__a-1": ["unresolved"], "anthropic/claude-3-5/b__b-2": ["resolved"],
                          "anthropic/claude-3-5/c__c-3": ["unresolved"], "openai/gpt-4o/a__a-1": ["resolved"],
                          "openai/gpt-4o/b__b-2": ["unresolved"], "openai/gpt-4o/c__c-3": []}
@@ -379,9 +380,9 @@ def test_per_instance_reports_agent_prefix_and_ambiguity(store: Store, tmp_path:
             "tests_status": {"FAIL_TO_PASS": {"success": [], "failure": []}}}}))
     # Neither the folder nor the file names an agent, and both agents ran these instances: refused.
     with pytest.raises(IngestError, match=r"matches runs of 2 agents .*--results AGENT="):
-        store.ingest([tmp_path / "runs"], results=[str(logs)])
-    assert store.run_ids() == []
-    report = store.ingest([tmp_path / "runs"], results=[f"openai/gpt-4o={logs}"])
+        ingest_paths(store, [tmp_path / "runs"], results=[str(logs)])
+    assert store.runs.run_ids() == []
+    report = ingest_paths(store, [tmp_path / "runs"], results=[f"openai/gpt-4o={logs}"])
     assert report.states == {"graded": 2, "ungraded": 2}
     assert store.run("openai/gpt-4o/b__b-2").grades[0]["label"] == "unresolved"
     assert store.run("anthropic/claude-3-5/a__a-1").grades == ()
@@ -389,12 +390,12 @@ def test_per_instance_reports_agent_prefix_and_ambiguity(store: Store, tmp_path:
 
 def test_results_are_part_of_a_runs_content(store: Store, tmp_path: Path) -> None:
     two_agents(tmp_path / "runs", ["a__a-1"])
-    store.ingest([tmp_path / "runs"])
+    ingest_paths(store, [tmp_path / "runs"])
     results = summary(tmp_path / "openai__gpt-4o.e.json", ["a__a-1"], [])
     with pytest.raises(IngestError, match="already in the store with other content .*--results grades"):
-        store.ingest([tmp_path / "runs"], results=[str(results)])
+        ingest_paths(store, [tmp_path / "runs"], results=[str(results)])
     with pytest.raises(IngestError, match="neither a SWE-bench summary report"):
-        store.ingest([tmp_path / "runs"], results=[str(tmp_path / "runs" / "openai__gpt-4o" / "a__a-1" /
+        ingest_paths(store, [tmp_path / "runs"], results=[str(tmp_path / "runs" / "openai__gpt-4o" / "a__a-1" /
                                                        "a__a-1.traj.json")])
 
 
@@ -427,15 +428,15 @@ def test_text_that_is_not_unicode_in_a_trajectory(store: Store, tmp_path: Path, 
     path = tmp_path / name
     path.write_text(json.dumps(data))  # json.dumps writes the lone surrogate as the escape \ud800
     with pytest.raises(IngestError, match=rf"{name}: text at {where} is not valid Unicode: lone surrogate U\+D800"):
-        store.ingest([path])
-    assert store.run_ids() == []
-    report = store.ingest([path], repair_text=True)
+        ingest_paths(store, [path])
+    assert store.runs.run_ids() == []
+    report = ingest_paths(store, [path], repair_text=True)
     [run_id] = report.imported
     outputs = [store.text(t.tool_output["output_ref"]) for t in store.run(run_id).branches[0].transitions
                if t.tool_output]
     assert any(output.startswith("cut \ufffdhere") for output in outputs)
     assert report.repaired[run_id][0]["code_units"] == 1 and verify(store).ok
-    assert store.ingest([path], repair_text=True).already_present == [run_id]
+    assert ingest_paths(store, [path], repair_text=True).already_present == [run_id]
 
 
 def test_results_read_ahead_only_when_a_file_must_be_bound_by_its_name(store: Store, tmp_path: Path,
@@ -449,11 +450,11 @@ def test_results_read_ahead_only_when_a_file_must_be_bound_by_its_name(store: St
                         parses.note(str(context.hashing)) or real(document, fmt, context))
     two_agents(tmp_path / "runs", ["a__a-1", "b__b-2"])
     named = summary(tmp_path / "eval1.json", ["a__a-1"], ["b__b-2"])
-    report = store.ingest([tmp_path / "runs" / "openai__gpt-4o"], results=[f"openai/gpt-4o={named}"])
+    report = ingest_paths(store, [tmp_path / "runs" / "openai__gpt-4o"], results=[f"openai/gpt-4o={named}"])
     assert report.states == {"graded": 2} and parses.lines() == ["True", "True"]  # AGENT= given: each parsed once
     parses.clear()
     by_name = summary(tmp_path / "anthropic__claude-3-5.eval1.json", ["a__a-1"], ["b__b-2"])
-    report = store.ingest([tmp_path / "runs" / "anthropic__claude-3-5"], results=[str(by_name)])
+    report = ingest_paths(store, [tmp_path / "runs" / "anthropic__claude-3-5"], results=[str(by_name)])
     assert report.results[0]["agent_from"] == "file name" and report.states == {"graded": 2}
     # Bound by its name: whose runs they are is read first.
     assert parses.lines() == ["False", "False", "True", "True"]
@@ -465,6 +466,6 @@ def test_each_trajectory_file_is_opened_once(store: Store, tmp_path: Path, monke
     real = Path.open
     monkeypatch.setattr(Path, "open", lambda path, *args, **kwargs:
                         (path != opened.path and opened.note(str(path))) or real(path, *args, **kwargs))
-    assert len(store.ingest([tmp_path / "runs"]).imported) == 4
+    assert len(ingest_paths(store, [tmp_path / "runs"]).imported) == 4
     files = sorted((tmp_path / "runs").rglob("*.traj.json"))
     assert len(files) == 4 and sorted(opened.lines()) == [str(path) for path in files]

@@ -20,7 +20,8 @@ from kvjudge.judge import SCORED, Judge, LlamaBackend, judgment_key
 from kvjudge.judge.render import body_resolver, render_view
 from kvjudge.models import file_sha256
 from kvjudge.retention import Store
-from kvjudge.retention.reduce import reduce_run
+from kvjudge.retention.ingest import ingest_paths
+from kvjudge.retention.reduce_apply import reduce_run
 from kvjudge.testing.filler import filler
 from kvjudge.testing.jsonl import write_jsonl
 from kvjudge.testing.native_runs import make_run
@@ -191,7 +192,7 @@ def test_cli_task_judges_every_pair_of_runs_on_that_task(store: Store, default_m
     solo = [_same_task(make_run(name, ["collected 3 items\n3 passed"], passed=True), task="solo")
             for name in ("solo-1", "solo-2", "solo-3")]
     write_jsonl(tmp_path / "solo.jsonl", solo)
-    store.ingest_file(tmp_path / "solo.jsonl")
+    ingest_paths(store, [tmp_path / "solo.jsonl"]).runs
     path = str(store.path)
     store.close()
     result = subprocess.run([sys.executable, "-m", "kvjudge", "judge", "--task", "solo", "--store", path,

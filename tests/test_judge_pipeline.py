@@ -21,7 +21,7 @@ from kvjudge.judge.pairing import same_task_pairs
 from kvjudge.judge.runfacts import RUN_FACTS_KEY_PREFIX, RunFacts
 from kvjudge.judge.verdict import view_sources
 from kvjudge.retention import Store
-from kvjudge.retention.reduce import reduce_run
+from kvjudge.retention.reduce_apply import reduce_run
 from kvjudge.retention.state import TIERED
 from kvjudge.server_client import RetryPolicy
 from kvjudge.testing.graded_runs import swe_run
@@ -129,7 +129,7 @@ def test_a_view_source_is_kept_per_state_and_per_what_the_views_show(store: Stor
     # A run changed by an event has a new state: its source is derived again (here the same: lifecycle is no
     # part of a view), the others' are not.
     folded.clear()
-    store.mark(runs[0], "archived")
+    store.events.mark(runs[0], "archived")
     assert view_sources(store, runs, state) == hidden and folded == [runs[0]]
 
 

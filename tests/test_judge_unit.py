@@ -31,7 +31,7 @@ from kvjudge.judge import (
 from kvjudge.judge.pack import allowances
 from kvjudge.judge.prompt import INSTRUCTIONS, QUESTION, RAW_ANSWER_CUE, TemplateText, chat_framing, closing, opening
 from kvjudge.judge.render import body_resolver
-from kvjudge.retention.reduce import reduce_run
+from kvjudge.retention.reduce_apply import reduce_run
 from kvjudge.testing.filler import filler
 from kvjudge.testing.native_runs import make_run
 from kvjudge.tokens import ModelTokenizer

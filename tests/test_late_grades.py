@@ -20,6 +20,7 @@ from kvjudge.judge import SCORED, body_resolver, render_view
 from kvjudge.judge.pairing import describe_pairs, same_task_pairs, trial_order
 from kvjudge.retention import Store
 from kvjudge.retention import events as ev
+from kvjudge.retention.ingest import ingest_paths
 from kvjudge.retention.lifecycle import check_transition
 from kvjudge.retention.verify import verify
 from kvjudge.testing import openhands as oh
@@ -68,7 +69,7 @@ def write_results(root: Path, *, mini_resolved: str, openhands_resolved: str) ->
 
 def grades(store_path: Path) -> dict[str, list[str]]:
     with Store.open(store_path) as store:
-        return {run_id: [g["label"] for g in store.run(run_id).grades] for run_id in store.run_ids()}
+        return {run_id: [g["label"] for g in store.runs.run(run_id).grades] for run_id in store.runs.run_ids()}
 
 
 def test_late_grades_attach_once_and_conflicts_need_replace(tmp_path: Path,
@@ -79,7 +80,7 @@ def test_late_grades_attach_once_and_conflicts_need_replace(tmp_path: Path,
     imported = cli_json_ok(capsys, "ingest", str(tmp_path / "runs"), *common)
     assert imported["imported"] == 4 and imported["states"] == {"ungraded": 4}
     with Store.open(store) as opened:
-        hashes = {run_id: next(iter(opened.iter_events(run_id)))[1].content_hash for run_id in opened.run_ids()}
+        hashes = {run_id: next(iter(opened.events.iter_events(run_id)))[1].content_hash for run_id in opened.runs.run_ids()}
     # An ungraded run cannot be marked graded without a grade.
     assert main(["mark", MINI, "graded", *common]) == 1
     assert "an ungraded run becomes graded by getting a grade: kvjudge grade" in capsys.readouterr().err
@@ -92,17 +93,17 @@ def test_late_grades_attach_once_and_conflicts_need_replace(tmp_path: Path,
     assert grades(store) == {OPENHANDS: ["unresolved"], f"CodeActAgent/{MODEL}/csvkit__csvkit-202": ["resolved"],
                              MINI: ["resolved"], f"{MODEL}/csvkit__csvkit-202": ["unresolved"]}
     with Store.open(store) as opened:
-        state = opened.run(MINI)
+        state = opened.runs.run(MINI)
         assert state.lifecycle == ("running", "grading", "ungraded", "graded")
-        kinds = [event.kind for _, event in opened.iter_events(MINI)]
+        kinds = [event.kind for _, event in opened.events.iter_events(MINI)]
         assert kinds[-4:] == ["StateChanged", "StateChanged", "GradeRecorded", "StateChanged"]  # appended, after
         # What was imported is unchanged: the content hash recorded at import names it still.
-        assert {run_id: next(iter(opened.iter_events(run_id)))[1].content_hash for run_id in hashes} == hashes
+        assert {run_id: next(iter(opened.events.iter_events(run_id)))[1].content_hash for run_id in hashes} == hashes
         assert verify(opened).ok
         # What the judge reads of each run: neither the late grade nor the SWE-bench row OpenHands kept.
         for run_id in hashes:
-            state = opened.run(run_id)
-            view = render_view(state, body_resolver(state, opened.text))
+            state = opened.runs.run(run_id)
+            view = render_view(state, body_resolver(state, opened.blobs.text))
             assert state.task_id in view and "swe-bench" not in view and "resolved" not in view
             assert "GOLD_PATCH_MARKER" not in view and "test_gold_marker" not in view
     listed = cli_json_ok(capsys, "runs", "--state", "graded", "--agent", f"CodeActAgent/{MODEL}", *common,
@@ -132,13 +133,13 @@ def test_late_grades_attach_once_and_conflicts_need_replace(tmp_path: Path,
     assert replaced["counts"] == {"graded": 0, "replaced": 1, "unchanged": 1, "no_result": 0}
     assert replaced["replaced"] == [{"run": MINI, "grade": UNRESOLVED, "state": "graded", "replaces": [RESOLVED]}]
     with Store.open(store) as opened:
-        state = opened.run(MINI)
+        state = opened.runs.run(MINI)
         assert state.grades == (UNRESOLVED,) and state.state == "graded"
-        recorded = [event for _, event in opened.iter_events(MINI) if isinstance(event, ev.GradeRecorded)]
+        recorded = [event for _, event in opened.events.iter_events(MINI) if isinstance(event, ev.GradeRecorded)]
         assert [(e.grade, e.replaces) for e in recorded] == [(RESOLVED, None), (UNRESOLVED, [RESOLVED])]
-        projected = {run_id: opened.projected_bytes(run_id) for run_id in opened.run_ids()}
+        projected = {run_id: opened.runs.projected_bytes(run_id) for run_id in opened.runs.run_ids()}
         opened.rebuild_projection()  # the fold is pure: re-folded from LSN 0, the same bytes
-        assert {run_id: opened.projected_bytes(run_id) for run_id in opened.run_ids()} == projected
+        assert {run_id: opened.runs.projected_bytes(run_id) for run_id in opened.runs.run_ids()} == projected
         assert verify(opened).ok
 
 
@@ -188,17 +189,17 @@ def test_the_late_graded_step_needs_a_grade(tmp_path: Path) -> None:
     run = make_run("held", ["ok"], passed=True, lifecycle=["running", "grading", "ungraded"])
     write_jsonl(tmp_path / "runs.jsonl", [run])
     with Store.open(tmp_path / "s.sqlite") as store:
-        store.ingest_file(tmp_path / "runs.jsonl")
-        assert store.run("held").grades
+        ingest_paths(store, [tmp_path / "runs.jsonl"]).runs
+        assert store.runs.run("held").grades
         with pytest.raises(RunStateError):
-            store.mark("held", "graded")
+            store.events.mark("held", "graded")
         with pytest.raises(RunStateError):  # the step must directly follow the grade
-            store.append_many("held", [ev.GradeRecorded(run="held", grade={"grader": "g", "score": 1.0}),
+            store.events.append_many("held", [ev.GradeRecorded(run="held", grade={"grader": "g", "score": 1.0}),
                                        ev.VerifierRecorded(run="held", result={"name": "v", "passed": True}),
                                        ev.StateChanged(run="held", state="graded")])
-        store.append_many("held", [ev.GradeRecorded(run="held", grade={"grader": "g", "score": 1.0}),
+        store.events.append_many("held", [ev.GradeRecorded(run="held", grade={"grader": "g", "score": 1.0}),
                                    ev.StateChanged(run="held", state="graded")])
-        assert store.run("held").state == "graded"
+        assert store.runs.run("held").state == "graded"
 
 
 # --------------------------------------------------------------------------------------------------- trials
@@ -248,7 +249,7 @@ def test_select_pairs_applies_the_policy_to_a_store(tmp_path: Path) -> None:
             runs.append(run)
     write_jsonl(tmp_path / "runs.jsonl", runs)
     with Store.open(tmp_path / "s.sqlite") as store:
-        store.ingest_file(tmp_path / "runs.jsonl")
+        ingest_paths(store, [tmp_path / "runs.jsonl"]).runs
 
         def args(**given: object) -> argparse.Namespace:
             return argparse.Namespace(**{"runs": [], "pairs": None, "task": None, "trials": "matched", **given})
@@ -284,7 +285,8 @@ def test_repeated_swe_bench_runs_are_trials_graded_and_paired_by_trial(tmp_path:
         assert err.count("\n") == 1 and "a trial label is a non-empty name without '/'" in err
     native = write_jsonl(tmp_path / "native.jsonl", [make_run("own-id", ["ok"], passed=True)])
     assert main(["ingest", str(native), "--trial", "2", *common]) == 1
-    assert "--trial labels mini-swe-agent, SWE-agent and OpenHands runs" in capsys.readouterr().err
+    expected = "--trial labels runs whose files name no trial (mini-swe-agent, swe-agent, openhands)"
+    assert expected in capsys.readouterr().err
     assert store_snapshot(store) == before
 
     second = cli_json_ok(capsys, "ingest", str(tmp_path / "second"), "--trial", "2", *common)
@@ -313,12 +315,12 @@ def test_repeated_swe_bench_runs_are_trials_graded_and_paired_by_trial(tmp_path:
 
     # Pairs by trial: trial i of one agent with trial i of the other (two per instance), or every pair (six).
     with Store.open(store) as opened:
-        matched = same_task_pairs(opened.iter_runs())
+        matched = same_task_pairs(opened.runs.iter_runs())
         assert matched.pairs == [(f"{OPENHANDS}/1", f"{MINI}/1"), (f"{OPENHANDS}/2", f"{MINI}/2"),
                                  (f"CodeActAgent/{MODEL}/csvkit__csvkit-202/1", f"{MODEL}/csvkit__csvkit-202/1"),
                                  (f"CodeActAgent/{MODEL}/csvkit__csvkit-202/2", f"{MODEL}/csvkit__csvkit-202/2")]
         assert matched.trials == {2: 2}
-        assert len(same_task_pairs(opened.iter_runs(), policy="all").pairs) == 12
+        assert len(same_task_pairs(opened.runs.iter_runs(), policy="all").pairs) == 12
 
 
 def test_verdicts_judged_before_the_grades_came_are_reused_by_eval(tmp_path: Path,

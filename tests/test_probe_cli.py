@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -136,3 +137,34 @@ def test_kv_settings_from_the_command_line_reach_the_kv_math(default_model: Path
     shape = read_model_shape(default_model)
     assert data["kv_cache_bytes"] == kv_cache_bytes(shape, 4096, "q8_0", "q8_0", n_seq=2, flash_attn=True)
     assert data["kv_cache_bytes"] < kv_cache_bytes(shape, 4096, n_seq=2)  # q8_0 holds less than f16
+
+
+def test_probe_without_a_model_probes_the_judge_the_settings_name(default_model: Path, judge_model: Path,
+                                                                  isolated_dirs: Path) -> None:
+    from kvjudge.testing.sim_judge import AnswerKey, SimJudgeServer
+
+    bare = kvjudge("probe", "--no-certify", "--json")
+    assert bare.returncode == 0 and json.loads(bare.stdout)["model"]["path"] == str(default_model), bare.stderr
+    assert "bundled default model" in bare.stderr
+    config = isolated_dirs / "kvjudge.toml"
+    config.write_text(f'[judge]\nmodel = "{judge_model}"\n')
+    named = kvjudge("probe", "--no-certify", "--json")
+    assert named.returncode == 0, named.stderr
+    assert json.loads(named.stdout)["model"]["path"] == str(judge_model) != str(default_model)
+    assert f"([judge] model): {judge_model}" in named.stderr
+    # --model still wins over the settings.
+    flagged = kvjudge("probe", "--no-certify", "--json", "--model", str(default_model))
+    assert json.loads(flagged.stdout)["model"]["path"] == str(default_model) and "probing" not in flagged.stderr
+    with SimJudgeServer(AnswerKey([])) as first, SimJudgeServer(AnswerKey([])) as second:
+        config.write_text(f'[judge]\nmodel = "{judge_model}"\nserver = "{first.url}"\n')
+        served = kvjudge("probe", "--no-certify", "--json")
+        assert served.returncode == 0, served.stderr
+        assert json.loads(served.stdout)["server"]["url"] == first.url  # a server configured is the judge
+        config.write_text(f'[judge]\nservers = ["{first.url}", "{second.url}"]\n')
+        pool = kvjudge("probe", "--no-certify", "--json")
+        assert pool.returncode == 0, pool.stderr
+        assert [entry["server"]["url"] for entry in json.loads(pool.stdout)["servers"]] == [first.url, second.url]
+        local = kvjudge("probe", "--no-certify", "--n-ctx", "512")
+        assert local.returncode == 2 and "--n-ctx" in local.stderr and "--model PATH" in local.stderr
+    shown = kvjudge("probe", "--help", env={**os.environ, "COLUMNS": "200"})
+    assert "[judge] servers / server, else [judge] model; else the bundled default model" in shown.stdout

@@ -82,8 +82,8 @@ def test_every_target_is_known_before_anything_is_counted(tmp_path: Path) -> Non
         with pytest.raises(CapabilityMissing):
             reduce_runs(store, None, target_of, LocalSimTokenizer())
         assert asked == ["acme", "default"]
-        assert store.cached_counts({ref for s in store.iter_runs() for ref in s.bodies}, LocalSimTokenizer.name) == {}
-        assert not any(state.reduced for state in store.iter_runs())
+        assert store.caches.cached_counts({ref for s in store.runs.iter_runs() for ref in s.bodies}, LocalSimTokenizer.name) == {}
+        assert not any(state.reduced for state in store.runs.iter_runs())
 
 
 def test_a_run_still_grading_is_refused_by_name_and_listed_in_a_whole_selection(tmp_path: Path) -> None:
@@ -92,9 +92,9 @@ def test_a_run_still_grading_is_refused_by_name_and_listed_in_a_whole_selection(
         with pytest.raises(RunStateError, match="late-0 is grading"):
             reduce_runs(store, ["late-0"], lambda tenant: 1500, LocalSimTokenizer())
         done = reduce_runs(store, None, lambda tenant: 1500, LocalSimTokenizer())
-        assert [r["run"] for r in done.runs] == ["default-0"] and done.targets == {"default": 1500}
+        assert [r["run"] for r in done.runs] == ["default-0"] and done.token_targets == {"default": 1500}
         assert [item["run"] for item in done.refused] == ["late-0"]
-        assert store.run("default-0").reduced and not store.run("late-0").reduced
+        assert store.runs.run("default-0").reduced and not store.runs.run("late-0").reduced
 
 
 def test_a_dry_run_plans_every_run_and_writes_nothing(tmp_path: Path) -> None:
@@ -104,7 +104,7 @@ def test_a_dry_run_plans_every_run_and_writes_nothing(tmp_path: Path) -> None:
                            on_run=lambda run_id, index, total: seen.append((run_id, index, total)))
         assert seen == [("default-0", 0, 2), ("default-1", 1, 2)]
         assert all(r["dry_run"] and r["events"] > 0 for r in done.runs)
-        assert not any(state.reduced for state in store.iter_runs())
+        assert not any(state.reduced for state in store.runs.iter_runs())
 
 
 def _served_counter(server: SimJudgeServer) -> tuple[ParallelCounter, list[ServerClient]]:
@@ -133,7 +133,7 @@ def test_a_run_changed_after_it_was_planned_ahead_is_planned_again_from_its_new_
         counter, clients = _served_counter(server)
         planned = reduce_runs(store, None, lambda tenant: 1500, counter, dry_run=True)
         served = reduce_runs(store, None, lambda tenant: 1500, counter, on_run=first_cut(store))
-        counters = [event.counter for _, event in store.iter_events("default-1") if event.kind == "Reduced"]
+        counters = [event.counter for _, event in store.events.iter_events("default-1") if event.kind == "Reduced"]
         for client in clients:
             client.close()
     assert _outcomes(planned) == _outcomes(local_plans) and _outcomes(served) == _outcomes(local)

@@ -24,7 +24,9 @@ from kvjudge.errors import RunStateError
 from kvjudge.retention import Store
 from kvjudge.retention.events import REDUCTION_KINDS, Reduced
 from kvjudge.retention.faults import REDUCTION_POINTS
-from kvjudge.retention.reduce import plan_reduction, reduce_run, resolve, run_tokens, view_refs
+from kvjudge.retention.reduce import plan_reduction, resolve, view_refs
+from kvjudge.retention.reduce_apply import reduce_run
+from kvjudge.retention.stored_tokens import run_tokens
 from kvjudge.retention.state import LOCAL, RunState
 from kvjudge.retention.verify import verify
 from kvjudge.testing.filler import filler
@@ -71,27 +73,27 @@ def grade(state: RunState, text_of) -> float:
 
 def assert_every_missing_body_explained(store: Store) -> None:
     """No record points at a deleted body without an explaining event."""
-    for state in store.iter_runs():
+    for state in store.runs.iter_runs():
         for ref, location in state.bodies.items():
             if store.blobs.get(ref) is None:
                 assert location.status != LOCAL, f"{ref} is missing and the log says it is local"
-                assert store.explain(ref).explained
+                assert store.runs.explain(ref).explained
 
 
 # ------------------------------------------------------------ steps 1–5
 def test_step1_transitions_intact_only_reduction_events_added(tmp_path: Path) -> None:
     with store_from_runs(tmp_path / "store.sqlite", [big_run()]) as store:
-        before_events = [(lsn, e.kind, e.to_json()) for lsn, e in store.iter_events("r1")]
-        before = store.run("r1")
+        before_events = [(lsn, e.kind, e.to_json()) for lsn, e in store.events.iter_events("r1")]
+        before = store.runs.run("r1")
         assert run_tokens(store, before, CHARS) > 2000
         result = reduce_run(store, "r1", 2000, CHARS)
         assert result.plan.fits and result.plan.tokens_after <= 2000 and result.appended > 0
-        after_events = [(lsn, e.kind, e.to_json()) for lsn, e in store.iter_events("r1")]
+        after_events = [(lsn, e.kind, e.to_json()) for lsn, e in store.events.iter_events("r1")]
         assert after_events[:len(before_events)] == before_events  # none removed or altered
         added = after_events[len(before_events):]
         assert added and {kind for _, kind, _ in added} <= REDUCTION_KINDS
         assert "Reduced" in {kind for _, kind, _ in added}
-        after = store.run("r1")
+        after = store.runs.run("r1")
         # The transition records themselves (refs included) are untouched: nothing was repointed.
         assert [b.transitions for b in after.branches] == [b.transitions for b in before.branches]
         assert after.verifier == before.verifier and after.grades == before.grades
@@ -100,20 +102,20 @@ def test_step1_transitions_intact_only_reduction_events_added(tmp_path: Path) ->
 
 def test_step2_reduced_episode_still_grades(tmp_path: Path) -> None:
     with store_from_runs(tmp_path / "store.sqlite", [big_run("good"), big_run("bad", passed=False)]) as store:
-        full = {r: grade(store.run(r), store.text) for r in ("good", "bad")}
+        full = {r: grade(store.runs.run(r), store.blobs.text) for r in ("good", "bad")}
         assert full == {"good": 1.0, "bad": 0.0}
         for run_id in ("good", "bad"):
             reduce_run(store, run_id, 1500, CHARS)
-            reduced = store.run(run_id)
+            reduced = store.runs.run(run_id)
             assert reduced.reduced
-            score = grade(reduced, store.text)
+            score = grade(reduced, store.blobs.text)
             assert isinstance(score, float) and score == full[run_id]
 
 
 def test_step3_every_surviving_ref_rehashes(tmp_path: Path) -> None:
     with store_from_runs(tmp_path / "store.sqlite", [big_run()]) as store:
         reduce_run(store, "r1", 1500, CHARS)
-        state = store.run("r1")
+        state = store.runs.run("r1")
         surviving = 0
         for ref in state.refs():
             body = store.blobs.get(ref)
@@ -125,7 +127,7 @@ def test_step3_every_surviving_ref_rehashes(tmp_path: Path) -> None:
         # A body rewritten under its ref still *resolves*; only re-hashing sees it.
         victim = next(ref for ref in state.refs() if store.blobs.get(ref) is not None)
         sql(store).execute("UPDATE blobs SET body = ? WHERE ref = ?", (b"rewritten", victim))
-        assert store.text(victim) == "rewritten"
+        assert store.blobs.text(victim) == "rewritten"
         report = verify(store)
         assert not report.ok and [(v.check, v.ref) for v in report.violations] == [("rehash", victim)]
 
@@ -133,35 +135,35 @@ def test_step3_every_surviving_ref_rehashes(tmp_path: Path) -> None:
 def test_step4_drop_state_tables_and_refold_byte_identical(tmp_path: Path) -> None:
     with store_from_runs(tmp_path / "store.sqlite", [big_run()]) as store:
         reduce_run(store, "r1", 800, CHARS)
-        reduced = store.run("r1")
+        reduced = store.runs.run("r1")
         assert reduced.reduced and any(loc.status == "reduced" for loc in reduced.bodies.values())
         path = store.path
         sql(store).execute("DROP TABLE runs")
         sql(store).execute("DROP TABLE run_bodies")
     with Store.open(path) as store:
-        assert store.run("r1").canonical_bytes() == reduced.canonical_bytes()
-        assert store.refold("r1").canonical_bytes() == reduced.canonical_bytes()
+        assert store.runs.run("r1").canonical_bytes() == reduced.canonical_bytes()
+        assert store.runs.refold("r1").canonical_bytes() == reduced.canonical_bytes()
         # The original → summary mapping survives because it lives in the log, not in a projection.
         original = next(ref for ref, loc in reduced.bodies.items() if loc.status == "reduced")
-        assert store.explain(original).summary_ref == reduced.bodies[original].summary_ref
+        assert store.runs.explain(original).summary_ref == reduced.bodies[original].summary_ref
 
 
 def test_step5_get_original_is_none_and_the_fold_explains_it(tmp_path: Path) -> None:
     with store_from_runs(tmp_path / "store.sqlite", [big_run()]) as store:
         reduce_run(store, "r1", 1500, CHARS)
-        state = store.run("r1")
+        state = store.runs.run("r1")
         reduced = [(ref, loc) for ref, loc in state.bodies.items() if loc.status == "reduced"]
         assert reduced
         for original, location in reduced:
             assert store.blobs.get(original) is None
-            explanation = store.explain(original)
+            explanation = store.runs.explain(original)
             assert explanation.status == "reduced" and explanation.event == "Reduced"
             assert explanation.summary_ref == location.summary_ref and not explanation.body_present
-            summary = store.text(location.summary_ref)
+            summary = store.blobs.text(location.summary_ref)
             # The marker says what was cut in a few tokens; the Reduced event names the original in full.
             marker = re.search(r"\[(\d+) (lines|characters) cut\]", summary)
             assert marker and int(marker.group(1)) > 0
-            (event,) = [e for _, e in store.iter_events("r1") if e.kind == "Reduced" and e.original == original]
+            (event,) = [e for _, e in store.events.iter_events("r1") if e.kind == "Reduced" and e.original == original]
             assert event.summary == location.summary_ref and event.tokens_after < event.tokens_before
 
 
@@ -184,11 +186,11 @@ def test_step6_crash_at_every_point_leaves_no_unexplained_body_and_rerun_converg
     ok = kvjudge(*args, "--store", str(tmp_path / "control.sqlite"), cwd=tmp_path)
     assert ok.returncode == 0, ok.stderr
     with Store.open(tmp_path / "control.sqlite") as control:
-        converged = control.run("r1").canonical_bytes()
-        assert control.run("r1").reduced
+        converged = control.runs.run("r1").canonical_bytes()
+        assert control.runs.run("r1").reduced
 
     with store_from_runs(tmp_path / "crash.sqlite", runs) as store:
-        before_events = list(store.iter_events("r1"))
+        before_events = list(store.events.iter_events("r1"))
     crashed = kvjudge(*args, "--store", str(tmp_path / "crash.sqlite"), cwd=tmp_path, faults=point)
     assert crashed.returncode == -9, f"{point}: child was not killed ({crashed.returncode}): {crashed.stderr}"
 
@@ -196,14 +198,14 @@ def test_step6_crash_at_every_point_leaves_no_unexplained_body_and_rerun_converg
         assert_every_missing_body_explained(store)
         report = verify(store)
         assert report.ok, report.to_dict()
-        events = list(store.iter_events("r1"))
+        events = list(store.events.iter_events("r1"))
         reduction_events = [e for _, e in events[len(before_events):]]
-        state = store.run("r1")
+        state = store.runs.run("r1")
         summaries = [loc.summary_ref for loc in state.bodies.values() if loc.summary_ref]
         if point in ("put_summary.txn", "after_put_summary", "commit_reduction.txn"):
             assert reduction_events == []  # nothing committed yet: no ref lost its body
             assert all(store.blobs.get(ref) is not None for ref in state.refs())
-            orphans = store.unnamed_bodies()
+            orphans = store.runs.unnamed_bodies()
             assert orphans == (0 if point == "put_summary.txn" else len(ok_summaries(tmp_path)))
         else:
             assert reduction_events and all(store.blobs.get(ref) is not None for ref in summaries)
@@ -218,17 +220,17 @@ def test_step6_crash_at_every_point_leaves_no_unexplained_body_and_rerun_converg
     rerun = kvjudge(*args, "--store", str(tmp_path / "crash.sqlite"), cwd=tmp_path)
     assert rerun.returncode == 0, rerun.stderr
     with Store.open(tmp_path / "crash.sqlite") as store:
-        assert store.run("r1").canonical_bytes() == converged
+        assert store.runs.run("r1").canonical_bytes() == converged
         report = verify(store)
         assert report.ok and not any("still stored" in n for n in report.notes)
-        assert all(store.blobs.get(ref) is None for ref, loc in store.run("r1").bodies.items() if loc.status != LOCAL)
+        assert all(store.blobs.get(ref) is None for ref, loc in store.runs.run("r1").bodies.items() if loc.status != LOCAL)
     again = kvjudge(*args, "--store", str(tmp_path / "crash.sqlite"), cwd=tmp_path)
     assert json.loads(again.stdout)["runs"][0]["events"] == 0  # converged: a further run is a no-op
 
 
 def ok_summaries(tmp_path: Path) -> list[str]:
     with Store.open(tmp_path / "control.sqlite") as control:
-        state = control.run("r1")
+        state = control.runs.run("r1")
         return sorted({loc.summary_ref for loc in state.bodies.values() if loc.summary_ref}
                       | {b.summary_ref for b in state.branches if b.summary_ref})
 
@@ -236,9 +238,8 @@ def ok_summaries(tmp_path: Path) -> list[str]:
 def test_the_invariant_check_fails_on_a_body_deleted_before_its_event(tmp_path: Path) -> None:
     """The trap: deleting the original before Reduced commits. The checks above would see it."""
     with store_from_runs(tmp_path / "store.sqlite", [big_run()]) as store:
-        ref = store.run("r1").branches[0].transitions[2].tool_output["output_ref"]
-        with store.transaction("tamper"):
-            store.blobs.delete_body(ref)
+        ref = store.runs.run("r1").branches[0].transitions[2].tool_output["output_ref"]
+        store._conn.execute("UPDATE blobs SET body = NULL WHERE ref = ?", (ref,))  # behind the store's back
         with pytest.raises(AssertionError, match="log says it is local"):
             assert_every_missing_body_explained(store)
         report = verify(store)
@@ -251,7 +252,7 @@ def test_step7_hardware_bound_wins_over_a_200k_ceiling(tmp_path: Path, capabilit
     config = write_config(tmp_path, "ceiling = 200000\n")
     run = make_run("huge", [filler(i, 12_000) for i in range(8)])  # ~8 × 21k chars/4 tokens
     with store_from_runs(tmp_path / "store.sqlite", [run]) as store:
-        before = run_tokens(store, store.run("huge"), CHARS)
+        before = run_tokens(store, store.runs.run("huge"), CHARS)
     assert before > 120_000
     code = main(["reduce", "huge", "--store", str(tmp_path / "store.sqlite"), "--config", str(config),
                  "--capabilities", str(capabilities[160_000]), "--json"])
@@ -264,7 +265,7 @@ def test_step7_hardware_bound_wins_over_a_200k_ceiling(tmp_path: Path, capabilit
     assert result["target_tokens"] == 80_000 and result["tokens_before"] == before
     assert 70_000 < result["tokens_after"] <= 80_000  # reduced to the bound, not below it for no reason
     with Store.open(tmp_path / "store.sqlite") as store:
-        assert run_tokens(store, store.run("huge"), CHARS) == result["tokens_after"]
+        assert run_tokens(store, store.runs.run("huge"), CHARS) == result["tokens_after"]
 
 
 def test_step7_ceiling_flag_lowers_but_the_bound_still_applies(tmp_path: Path, capabilities: dict[int, Path],
@@ -283,13 +284,13 @@ def test_step7_no_probe_figure_means_no_reduction(tmp_path: Path, capsys: pytest
     """Never the configured ceiling alone: without max_context_tokens the command refuses."""
     config = write_config(tmp_path)
     with store_from_runs(tmp_path / "store.sqlite", [big_run()]) as store:
-        before = len(list(store.iter_events()))
+        before = len(list(store.events.iter_events()))
     code = main(["reduce", "r1", "--store", str(tmp_path / "store.sqlite"), "--config", str(config),
                  "--capabilities", str(tmp_path / "empty-cache.json")])
     assert code != 0
     assert "max_context_tokens" in capsys.readouterr().err
     with Store.open(tmp_path / "store.sqlite") as store:
-        assert len(list(store.iter_events())) == before and not store.run("r1").reduced
+        assert len(list(store.events.iter_events())) == before and not store.runs.run("r1").reduced
 
 
 # ------------------------------------------------------------ step 9: grading is refused
@@ -298,9 +299,9 @@ def test_step9_a_run_in_grading_is_refused(tmp_path: Path, capabilities: dict[in
     config = write_config(tmp_path)
     runs = [big_run("g", lifecycle=["running", "grading"]), big_run("done")]
     with store_from_runs(tmp_path / "store.sqlite", runs) as store:
-        events_before = len(list(store.iter_events("g")))
+        events_before = len(list(store.events.iter_events("g")))
         with pytest.raises(RunStateError, match="run g is grading"):
-            plan_reduction(store.run("g"), store.text, CHARS, 100)
+            plan_reduction(store.runs.run("g"), store.blobs.text, CHARS, 100)
         with pytest.raises(RunStateError):
             reduce_run(store, "g", 100, CHARS)
     common = ["--store", str(tmp_path / "store.sqlite"), "--config", str(config),
@@ -314,18 +315,18 @@ def test_step9_a_run_in_grading_is_refused(tmp_path: Path, capabilities: dict[in
     assert payload["refused"] == [{"run": "g", "state": "grading",
                                    "reason": "grading has not terminated (only graded, ungraded, archived reduce)"}]
     with Store.open(tmp_path / "store.sqlite") as store:
-        assert len(list(store.iter_events("g"))) == events_before and not store.run("g").reduced
+        assert len(list(store.events.iter_events("g"))) == events_before and not store.runs.run("g").reduced
 
 
 # ------------------------------------------------------------ loss order, idempotence, counting
 def test_loss_order_bodies_then_dead_branches_then_dropped(tmp_path: Path) -> None:
     with store_from_runs(tmp_path / "store.sqlite", [big_run()]) as store:
-        state = store.run("r1")
+        state = store.runs.run("r1")
         total = run_tokens(store, state, CHARS)
-        mild = plan_reduction(state, store.text, CHARS, total - 500, counts={})
+        mild = plan_reduction(state, store.blobs.text, CHARS, total - 500, counts={})
         assert mild.steps == {"bodies_reduced": mild.steps["bodies_reduced"], "branches_reduced": 0, "dropped": 0}
         assert mild.steps["bodies_reduced"] >= 1 and mild.fits
-        harsh = plan_reduction(state, store.text, CHARS, 60)
+        harsh = plan_reduction(state, store.blobs.text, CHARS, 60)
         kinds = [event.kind for event in harsh.events]
         # Fixed order: every Reduced before any BranchReduced, every BranchReduced before any Dropped.
         assert kinds == sorted(kinds, key=["Reduced", "BranchReduced", "Dropped"].index)
@@ -336,20 +337,20 @@ def test_loss_order_bodies_then_dead_branches_then_dropped(tmp_path: Path) -> No
         assert dropped and not (dropped & live_refs)  # only text on dead branches is ever dropped
         assert dead_refs & dropped
         # planning is pure: nothing was written
-        assert store.run("r1") == state and not state.reduced
+        assert store.runs.run("r1") == state and not state.reduced
 
 
 def test_planning_is_pure_and_gives_a_view(tmp_path: Path) -> None:
     with store_from_runs(tmp_path / "store.sqlite", [big_run()]) as store:
         lsns = sql(store).execute("SELECT MAX(lsn) FROM events").fetchone()[0]
         blobs = sql(store).execute("SELECT COUNT(*) FROM blobs").fetchone()[0]
-        plan = plan_reduction(store.run("r1"), store.text, CHARS, 900)
-        again = plan_reduction(store.run("r1"), store.text, CHARS, 900)
+        plan = plan_reduction(store.runs.run("r1"), store.blobs.text, CHARS, 900)
+        again = plan_reduction(store.runs.run("r1"), store.blobs.text, CHARS, 900)
         assert plan.events == again.events and dict(plan.blobs) == dict(again.blobs)  # deterministic
         assert sql(store).execute("SELECT MAX(lsn) FROM events").fetchone()[0] == lsns
         assert sql(store).execute("SELECT COUNT(*) FROM blobs").fetchone()[0] == blobs
         view = plan.state_after
-        text = [plan.text_of(ref, store.text) for ref in view_refs(view)]
+        text = [plan.text_of(ref, store.blobs.text) for ref in view_refs(view)]
         assert all(t is not None for t in text)
         assert sum(CHARS.count(t) for t in text) == plan.tokens_after <= 900
 
@@ -363,7 +364,7 @@ def test_second_reduction_is_a_no_op_without_recounting(tmp_path: Path) -> None:
         second = reduce_run(store, "r1", 1500, counter)
         assert second.appended == 0 and second.plan.noop and second.bodies_deleted == 0
         assert counter.calls == 0  # every count came from blob_tokens
-        assert run_tokens(store, store.run("r1"), counter) == first.plan.tokens_after and counter.calls == 0
+        assert run_tokens(store, store.runs.run("r1"), counter) == first.plan.tokens_after and counter.calls == 0
 
 
 def test_an_extract_two_dead_branches_share_is_dropped_in_the_same_reduction(tmp_path: Path) -> None:
@@ -380,7 +381,7 @@ def test_an_extract_two_dead_branches_share_is_dropped_in_the_same_reduction(tmp
         assert first.plan.steps["dropped"] > 0
         second = reduce_run(store, "r1", 20, CHARS)
         assert second.appended == 0 and second.plan.tokens_before == first.plan.tokens_after
-        assert all(store.run("r1").bodies[ref].status == "dropped" for ref in shared)
+        assert all(store.runs.run("r1").bodies[ref].status == "dropped" for ref in shared)
 
 
 def test_a_body_shared_with_another_run_is_kept_for_it(tmp_path: Path) -> None:
@@ -388,10 +389,10 @@ def test_a_body_shared_with_another_run_is_kept_for_it(tmp_path: Path) -> None:
     a = make_run("a", [shared, filler(8, 3000)])
     b = make_run("b", [shared, "tail"], lifecycle=["running"])
     with store_from_runs(tmp_path / "store.sqlite", [a, b]) as store:
-        ref = store.run("b").branches[0].transitions[2].tool_output["output_ref"]
+        ref = store.runs.run("b").branches[0].transitions[2].tool_output["output_ref"]
         reduce_run(store, "a", 300, CHARS)
-        assert store.run("a").bodies[ref].status == "reduced"
-        assert store.text(ref) is not None  # b still reads it
+        assert store.runs.run("a").bodies[ref].status == "reduced"
+        assert store.blobs.text(ref) is not None  # b still reads it
         assert verify(store).ok
 
 
@@ -402,7 +403,7 @@ def sharing_runs() -> list[dict]:
 
 
 def shared_ref(store: Store) -> str:
-    return store.run("a").branches[0].transitions[2].tool_output["output_ref"]
+    return store.runs.run("a").branches[0].transitions[2].tool_output["output_ref"]
 
 
 def test_a_shared_body_is_kept_until_the_last_run_reading_it_is_reduced(tmp_path: Path,
@@ -412,11 +413,11 @@ def test_a_shared_body_is_kept_until_the_last_run_reading_it_is_reduced(tmp_path
 
     with store_from_runs(tmp_path / "store.sqlite", sharing_runs()) as store:
         ref = shared_ref(store)
-        assert all(ref in store.run(run_id).bodies for run_id in ("a", "b", "c"))
+        assert all(ref in store.runs.run(run_id).bodies for run_id in ("a", "b", "c"))
         for step, run_id in enumerate(("a", "b", "c"), start=1):
             reduce_run(store, run_id, 400, CHARS)
-            assert store.run(run_id).bodies[ref].status == "reduced"
-            readers = [r for r in ("a", "b", "c") if store.run(r).bodies[ref].status == LOCAL]
+            assert store.runs.run(run_id).bodies[ref].status == "reduced"
+            readers = [r for r in ("a", "b", "c") if store.runs.run(r).bodies[ref].status == LOCAL]
             assert readers == ["a", "b", "c"][step:]
             # Stored while any run reads it, deleted by the reduction of the last one: never a later `reduce a`.
             assert (store.blobs.get(ref) is not None) == bool(readers)
@@ -428,16 +429,16 @@ def test_a_shared_body_is_kept_until_the_last_run_reading_it_is_reduced(tmp_path
                 read: list[str] = []
                 real_get = store.blobs.get
                 monkeypatch.setattr(store.blobs, "get", lambda r: read.append(r) or real_get(r))
-                rendered = render_run(store, store.run("a"))
+                rendered = render_run(store.blobs, store.runs.run("a"))
                 monkeypatch.undo()
                 entry = rendered["branches"][0]["transitions"][2]["tool_output"]["output"]
-                summary = store.run("a").bodies[ref].summary_ref
-                assert entry["summary_ref"] == summary and entry["text"] == store.text(summary)
+                summary = store.runs.run("a").bodies[ref].summary_ref
+                assert entry["summary_ref"] == summary and entry["text"] == store.blobs.text(summary)
                 assert summary in read and ref not in read
-        projected = {run_id: store.run(run_id).canonical_bytes() for run_id in ("a", "b", "c")}
+        projected = {run_id: store.runs.run(run_id).canonical_bytes() for run_id in ("a", "b", "c")}
         store.rebuild_projection()
-        assert {run_id: store.run(run_id).canonical_bytes() for run_id in ("a", "b", "c")} == projected
-        assert all(store.refold(r).canonical_bytes() == projected[r] for r in projected)
+        assert {run_id: store.runs.run(run_id).canonical_bytes() for run_id in ("a", "b", "c")} == projected
+        assert all(store.runs.refold(r).canonical_bytes() == projected[r] for r in projected)
     code, payload = cli_json(capsys, "verify", "--store", str(tmp_path / "store.sqlite"))
     assert code == 0 and payload["ok"] and payload["notes"] == [] and payload["shared_bodies"] == 0
 
@@ -454,7 +455,7 @@ def test_an_interrupted_reduction_gets_the_note_and_the_named_command_removes_it
     killed = kvjudge("reduce", "c", *reduce_args, cwd=tmp_path, faults="after_commit_reduction")
     assert killed.returncode == -9, killed.stderr
     with Store.open(tmp_path / "store.sqlite") as store:
-        assert store.run("c").bodies[ref].status == "reduced" and store.blobs.get(ref) is not None
+        assert store.runs.run("c").bodies[ref].status == "reduced" and store.blobs.get(ref) is not None
     code, payload = cli_json(capsys, "verify", *common)
     assert code == 0 and payload["ok"] and payload["shared_bodies"] == 0
     (note,) = payload["notes"]  # once, for the run whose reduction stopped
@@ -467,22 +468,22 @@ def test_an_interrupted_reduction_gets_the_note_and_the_named_command_removes_it
     code, payload = cli_json(capsys, "verify", *common)
     assert code == 0 and payload["ok"] and payload["notes"] == []
     with Store.open(tmp_path / "store.sqlite") as store:
-        assert store.blobs.get(ref) is None and store.explain(ref).explained
+        assert store.blobs.get(ref) is None and store.runs.explain(ref).explained
 
 
 @pytest.mark.model
 def test_reduction_with_the_model_tokenizer(tmp_path: Path, default_model: Path) -> None:
     counter = ModelTokenizer(default_model)
     with store_from_runs(tmp_path / "store.sqlite", [big_run()]) as store:
-        before = run_tokens(store, store.run("r1"), counter)
+        before = run_tokens(store, store.runs.run("r1"), counter)
         result = reduce_run(store, "r1", 1000, counter)
-        state = store.run("r1")
+        state = store.runs.run("r1")
         assert before > 1000 and result.plan.fits and result.plan.counter == counter.name
         # Recount what a reader sees with the model's own tokenizer, from the bodies themselves.
-        seen = sum(counter.count(store.text(ref)) for ref in view_refs(state))
+        seen = sum(counter.count(store.blobs.text(ref)) for ref in view_refs(state))
         assert seen == result.plan.tokens_after <= 1000
-        stored = store.cached_counts(state.refs(), counter.name)
-        assert all(stored[ref] == counter.count(store.text(ref)) for ref in set(view_refs(state)))
+        stored = store.caches.cached_counts(state.refs(), counter.name)
+        assert all(stored[ref] == counter.count(store.blobs.text(ref)) for ref in set(view_refs(state)))
 
 
 class PlainCounter:
@@ -511,10 +512,10 @@ def test_extracts_counted_from_their_originals_token_ends_plan_the_same_reductio
 
     counter = RecordingTokenizer(request.getfixturevalue(which))
     with store_from_runs(tmp_path / "store.sqlite", [big_run(scale=3)]) as store:
-        state = store.run("r1")
-        spliced = plan_reduction(state, store.text, counter, 2000)
+        state = store.runs.run("r1")
+        spliced = plan_reduction(state, store.blobs.text, counter, 2000)
         asked, counted[:] = list(counted), []
-        whole = plan_reduction(state, store.text, PlainCounter(counter), 2000)
+        whole = plan_reduction(state, store.blobs.text, PlainCounter(counter), 2000)
     assert spliced.steps["bodies_reduced"] > 0 and spliced.fits
     # Step 1's extracts that keep text beside their marker.
     kept = [spliced.blobs[event.summary] for event in spliced.events

@@ -114,7 +114,7 @@ def demo(demo_run: DemoRun, tmp_path_factory: pytest.TempPathFactory) -> dict[st
                               timeout=600)
     [figures] = evaluation["templates"].values()
     with Store.open(demo_run.out / "store.sqlite") as store:
-        runs = {run_id: store.run(run_id) for run_id in store.run_ids()}
+        runs = {run_id: store.runs.run(run_id) for run_id in store.runs.run_ids()}
     return {"index": Path(report["html"]["index"]), "report": report, "eval": figures,
             "verdicts": [pair["reduced"] for pair in report["judge"]["pairs"]],  # the side the report shows
             "grades": {run_id: state.grades[0]["score"] for run_id, state in runs.items()},
@@ -267,7 +267,7 @@ def test_a_pair_page_shows_both_views_exactly_as_the_judge_read_them(built: dict
             By.ID, f"prompt-{order}").get_attribute("textContent")
     # What reduction removed: the Reduced events of the run's log, row for row.
     with Store.open(built["store"]) as store:
-        events = [e for _, e in store.iter_events(REDUCED_RUN) if isinstance(e, ev.Reduced)]
+        events = [e for _, e in store.events.iter_events(REDUCED_RUN) if isinstance(e, ev.Reduced)]
     rows = browser.find_elements(By.CSS_SELECTOR, f'table.reductions[data-run="{REDUCED_RUN}"] tbody tr')
     shown = [[cell.text for cell in row.find_elements(By.TAG_NAME, "td")] for row in rows]
     assert [(r[0], int(r[2]), int(r[3]), r[4]) for r in shown] == \

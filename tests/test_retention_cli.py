@@ -12,7 +12,8 @@ import pytest
 from helpers import cli_json, sql
 from kvjudge.cli import main
 from kvjudge.retention import Store
-from kvjudge.retention.reduce import reduce_run, run_tokens
+from kvjudge.retention.reduce_apply import reduce_run
+from kvjudge.retention.stored_tokens import run_tokens
 from kvjudge.testing.filler import filler
 from kvjudge.testing.jsonl import write_jsonl
 from kvjudge.testing.native_runs import make_run
@@ -44,7 +45,7 @@ def test_ingest_then_runs_json(setup: dict[str, Path], capsys: pytest.CaptureFix
     code, counted = cli_json(capsys, "runs", "--count", "--config", str(setup["config"]))
     assert code == 0 and [r["id"] for r in counted] == ["a", "b"]
     with Store.open(setup["store"]) as store:
-        expected = {r: run_tokens(store, store.run(r), CHARS) for r in ("a", "b")}
+        expected = {r: run_tokens(store, store.runs.run(r), CHARS) for r in ("a", "b")}
     for row in counted:
         assert {"id", "tenant", "state", "tokens", "reduced"} <= set(row)
         assert row["tokens"] == expected[row["id"]] and row["reduced"] is False
@@ -83,7 +84,7 @@ def test_malformed_ingest_is_one_line_and_writes_nothing(setup: dict[str, Path],
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "bad.jsonl:2: $.id: must be a string" in err
     with Store.open(setup["store"]) as store:
-        assert store.run_ids() == []
+        assert store.runs.run_ids() == []
 
 
 def test_show_renders_summaries_with_their_marker(setup: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
@@ -110,7 +111,7 @@ def test_verify_exit_codes(setup: dict[str, Path], capsys: pytest.CaptureFixture
     code, report = cli_json(capsys, "verify", "--config", str(setup["config"]))
     assert code == 0 and report["ok"] and report["runs"] == 2 and report["blobs_rehashed"] > 0
     with Store.open(setup["store"]) as store:
-        ref = store.run("a").task_prompt_ref
+        ref = store.runs.run("a").task_prompt_ref
         sql(store).execute("UPDATE blobs SET body = ? WHERE ref = ?", (b"tampered", ref))
     code, report = cli_json(capsys, "verify", "--config", str(setup["config"]))
     assert code == 1 and not report["ok"]
@@ -133,7 +134,7 @@ def test_reduce_dry_run_writes_nothing(setup: dict[str, Path], capabilities: dic
     assert payload["runs"][0]["tokens_after"] <= 300
     with Store.open(setup["store"]) as store:
         assert sql(store).execute("SELECT MAX(lsn) FROM events").fetchone()[0] == lsn
-        assert not store.run("a").reduced
+        assert not store.runs.run("a").reduced
 
 
 def test_not_a_store_is_a_one_line_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -169,21 +170,21 @@ def test_ingest_format_reads_the_named_format_and_refuses_the_other(tmp_path: Pa
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "runs.jsonl:1:" in err and "openai format" in err
     with Store.open(setup["store"]) as store:
-        assert store.run_ids() == []  # neither refusal wrote anything
+        assert store.runs.run_ids() == []  # neither refusal wrote anything
     code, payload = cli_json(capsys, "ingest", str(chat), "--format", "openai", "--config", config)
     assert code == 0 and payload["ingested"] == ["chat-1"]
     with Store.open(setup["store"]) as store:
-        state = store.run("chat-1")
+        state = store.runs.run("chat-1")
         assert state.state == "ungraded" and [t.role for t in state.branches[0].transitions] == ["user", "assistant"]
-        assert store.text(state.branches[0].transitions[1].text_ref) == "a.py b.py"
+        assert store.blobs.text(state.branches[0].transitions[1].text_ref) == "a.py b.py"
 
 
 def test_show_cuts_long_texts_unless_full(setup: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
     main(["ingest", str(setup["runs"]), "--config", str(setup["config"])])
     capsys.readouterr()
     with Store.open(setup["store"]) as store:
-        state = store.run("a")
-        longest = max((store.text(t.tool_output["output_ref"]) for t in state.branches[0].transitions
+        state = store.runs.run("a")
+        longest = max((store.blobs.text(t.tool_output["output_ref"]) for t in state.branches[0].transitions
                        if t.tool_output), key=len)
     assert len(longest) > 2000
     assert main(["show", "a", "--config", str(setup["config"])]) == 0
@@ -211,9 +212,9 @@ def test_reduce_all_with_tenant_reduces_only_that_tenants_runs(tmp_path: Path, c
     assert code == 0 and sorted(r["run"] for r in payload["runs"]) == ["mine-1", "mine-2"]
     assert list(payload["ceilings"]) == ["acme"]
     with Store.open(store_path) as store:
-        assert {run_id: store.run(run_id).reduced for run_id in store.run_ids()} == {
+        assert {run_id: store.runs.run(run_id).reduced for run_id in store.runs.run_ids()} == {
             "mine-1": True, "mine-2": True, "theirs": False}
-        assert run_tokens(store, store.run("mine-1"), CHARS) <= 300
+        assert run_tokens(store, store.runs.run("mine-1"), CHARS) <= 300
 
 
 def test_a_listing_reads_the_bundled_judge_models_counts_without_fetching_it(

@@ -18,8 +18,10 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from kvjudge.errors import RunStateError
 from kvjudge.retention import Store
 from kvjudge.retention.faults import REDUCTION_POINTS
+from kvjudge.retention.ingest import ingest_paths
 from kvjudge.retention.lifecycle import LEGAL_NEXT, STATES
-from kvjudge.retention.reduce import reduce_run, run_tokens
+from kvjudge.retention.reduce_apply import reduce_run
+from kvjudge.retention.stored_tokens import run_tokens
 from kvjudge.retention.state import LOCAL
 from kvjudge.retention.verify import verify
 from kvjudge.testing.filler import filler
@@ -75,19 +77,20 @@ class StoreMachine(RuleBasedStateMachine):
         run = make_run(f"run-{self.count}", outputs, dead=dead_texts, lifecycle=path_to[end])
         path = self.dir / f"in-{self.count}.jsonl"
         write_jsonl(path, [run])
-        assert self.store.ingest_file(path) == [f"run-{self.count}"]
+        assert ingest_paths(self.store, [path]).runs == [f"run-{self.count}"]
 
     @precondition(lambda self: self.count > 0)
     @rule(data=st.data(), new=st.sampled_from(STATES))
     def mark(self, data: st.DataObject, new: str) -> None:
-        run_id = data.draw(st.sampled_from(self.store.run_ids()))
-        current = self.store.run(run_id).state
+        run_id = data.draw(st.sampled_from(self.store.runs.run_ids()))
+        current = self.store.runs.run(run_id).state
         log = self._log()
         if new in LEGAL_NEXT[current]:
-            assert self.store.mark(run_id, new).state == new
+            self.store.events.mark(run_id, new)
+            assert self.store.runs.run(run_id).state == new
         else:
             try:
-                self.store.mark(run_id, new)
+                self.store.events.mark(run_id, new)
             except RunStateError:
                 assert self._log() == log
             else:
@@ -96,8 +99,8 @@ class StoreMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.count > 0)
     @rule(data=st.data(), tokens=st.integers(20, 3000))
     def reduce(self, data: st.DataObject, tokens: int) -> None:
-        run_id = data.draw(st.sampled_from(self.store.run_ids()))
-        state = self.store.run(run_id)
+        run_id = data.draw(st.sampled_from(self.store.runs.run_ids()))
+        state = self.store.runs.run(run_id)
         if not state.is_reducible:
             try:
                 reduce_run(self.store, run_id, tokens, CHARS)
@@ -105,7 +108,7 @@ class StoreMachine(RuleBasedStateMachine):
                 return
             raise AssertionError(f"a {state.state} run was reduced")
         result = reduce_run(self.store, run_id, tokens, CHARS)
-        now = run_tokens(self.store, self.store.run(run_id), CHARS)
+        now = run_tokens(self.store, self.store.runs.run(run_id), CHARS)
         assert now == result.plan.tokens_after
         if result.plan.fits:
             assert now <= tokens
@@ -115,12 +118,12 @@ class StoreMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.count > 0)
     @rule(data=st.data(), tokens=st.integers(20, 3000), point=st.sampled_from(REDUCTION_POINTS))
     def crash_and_recover(self, data: st.DataObject, tokens: int, point: str) -> None:
-        candidates = [r for r in self.store.run_ids() if self.store.run(r).is_reducible]
+        candidates = [r for r in self.store.runs.run_ids() if self.store.runs.run(r).is_reducible]
         if not candidates:
             return
         run_id = data.draw(st.sampled_from(candidates))
         fault = crashing_at(point)
-        with mock.patch("kvjudge.retention.reduce.fault_point", fault), \
+        with mock.patch("kvjudge.retention.reduce_apply.fault_point", fault), \
                 mock.patch("kvjudge.retention.store.database.fault_point", fault):
             try:
                 reduce_run(self.store, run_id, tokens, CHARS)
@@ -139,7 +142,7 @@ class StoreMachine(RuleBasedStateMachine):
             return
         report = verify(self.store)
         assert report.ok, report.to_dict()
-        for state in self.store.iter_runs():
+        for state in self.store.runs.iter_runs():
             for ref, location in state.bodies.items():
                 if self.store.blobs.get(ref) is None:
                     assert location.status != LOCAL

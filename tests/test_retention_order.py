@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from helpers import event_kinds, kvjudge, local_cold_url, start_kvjudge, store_from_runs
 
-import kvjudge.retention.reduce as reduce_module
+import kvjudge.retention.reduce_apply as reduce_module
 import kvjudge.retention.tiering.move as move_module
 from kvjudge.retention import (
     ColdReader,
@@ -32,7 +32,7 @@ from kvjudge.retention import (
     verify_checks,
 )
 from kvjudge.retention import events as ev
-from kvjudge.retention.reduce import run_tokens
+from kvjudge.retention.stored_tokens import run_tokens
 from kvjudge.testing.filler import filler
 from kvjudge.testing.native_runs import make_run
 from kvjudge.tokens import CharsPerToken
@@ -67,8 +67,8 @@ def setup(tmp_path: Path, capabilities: dict[int, Path]) -> dict:
 def tokens_now(path: Path) -> dict[str, int]:
     """Visible tokens of every run (chars/4), tiered bodies read through the cold reader."""
     with Store.open(path) as store:
-        store.fallback = ColdReader(store, ColdStores())
-        return {run_id: run_tokens(store, store.run(run_id), CHARS) for run_id in store.run_ids()}
+        store.blobs.fallback = ColdReader(store, ColdStores())
+        return {run_id: run_tokens(store, store.runs.run(run_id), CHARS) for run_id in store.runs.run_ids()}
 
 
 def assert_sound(path: Path) -> None:
@@ -81,7 +81,7 @@ def assert_sound(path: Path) -> None:
 
 def tier_starts(path: Path, run_id: str) -> list[ev.TierStarted]:
     with Store.open(path) as store:
-        return [e for _, e in store.iter_events(run_id) if isinstance(e, ev.TierStarted)]
+        return [e for _, e in store.events.iter_events(run_id) if isinstance(e, ev.TierStarted)]
 
 
 def test_tier_moves_only_runs_within_their_ceiling(setup: dict) -> None:
@@ -111,10 +111,10 @@ def test_tier_moves_only_runs_within_their_ceiling(setup: dict) -> None:
     (started,) = tier_starts(setup["store"], "big-1")
     assert started.unreduced == recorded
     with Store.open(setup["store"]) as store:
-        assert store.run("big-1").tier["unreduced"] == recorded
-        assert store.run("big-1").tier["status"] == "tiered"
-        assert store.refold("big-1").canonical_bytes() == store.projected_bytes("big-1")
-        assert "unreduced" not in store.run("small-1").tier  # an ordinary move records no such thing
+        assert store.runs.run("big-1").tier["unreduced"] == recorded
+        assert store.runs.run("big-1").tier["status"] == "tiered"
+        assert store.runs.refold("big-1").canonical_bytes() == store.runs.projected_bytes("big-1")
+        assert "unreduced" not in store.runs.run("small-1").tier  # an ordinary move records no such thing
     assert_sound(setup["store"])
 
     # Without a probe figure the ceiling is unknown: refused, unless --unreduced (recorded with ceiling null).
@@ -137,7 +137,7 @@ def test_tier_first_then_reduce_names_rehydrate(setup: dict) -> None:
     assert moved.returncode == 0, moved.stderr
     assert {r["status"] for r in json.loads(moved.stdout)["runs"]} == {"tiered"}
     with Store.open(setup["store"]) as store:
-        logs = {run_id: [e.to_json() for _, e in store.iter_events(run_id)] for run_id in store.run_ids()}
+        logs = {run_id: [e.to_json() for _, e in store.events.iter_events(run_id)] for run_id in store.runs.run_ids()}
 
     reduced = kvjudge("reduce", "--all", "--ceiling", str(CEILING), *store_args, "--json")
     assert reduced.returncode == 1, reduced.stderr
@@ -152,7 +152,7 @@ def test_tier_first_then_reduce_names_rehydrate(setup: dict) -> None:
     assert re.search(r"4 run\(s\) left above their ceiling: big-1, big-2, big-3, big-4\n$", reduced.stderr)
     assert {r["run"]: r["fits"] for r in payload["runs"]} == {r: t <= CEILING for r, t in before.items()}
     with Store.open(setup["store"]) as store:  # nothing was appended to any run: the refusal wrote nothing
-        assert {run_id: [e.to_json() for _, e in store.iter_events(run_id)] for run_id in store.run_ids()} == logs
+        assert {run_id: [e.to_json() for _, e in store.events.iter_events(run_id)] for run_id in store.runs.run_ids()} == logs
     assert_sound(setup["store"])
 
     # The named fix works: rehydrate, reduce, and tier again (now within the ceiling).
@@ -270,7 +270,7 @@ def test_reduce_sees_a_move_committed_after_it_planned(setup: dict, monkeypatch:
 
     at_fault_point(monkeypatch, reduce_module, "after_put_summary", tier_elsewhere)
     with Store.open(path) as store:
-        store.fallback = ColdReader(store, ColdStores())
+        store.blobs.fallback = ColdReader(store, ColdStores())
         with pytest.raises(RunInColdStorage, match="run `kvjudge rehydrate big-1`, then reduce it"):
             reduce_run(store, "big-1", CEILING, CHARS)
         kinds = event_kinds(store, "big-1")
@@ -287,11 +287,11 @@ def test_tier_judges_a_run_reduced_after_it_looked(setup: dict) -> None:
             assert reduce_run(other, "big-1", CEILING, CHARS).plan.fits
 
     with Store.open(path) as store:
-        assert run_tokens(store, store.run("big-1"), CHARS) > CEILING  # what it saw before deciding
+        assert run_tokens(store, store.runs.run("big-1"), CHARS) > CEILING  # what it saw before deciding
         result = tier_run(store, "big-1", CheckedThen(setup["tmp"] / "cold", reduce_elsewhere),
                           gate=TierGate(CEILING, CHARS))
         assert (result.status, result.unreduced) == ("tiered", None) and result.tokens <= CEILING
-        state = store.run("big-1")
+        state = store.runs.run("big-1")
         # The move carried the reduced run: its summaries, not the originals the reduction replaced.
         moved = {ref for ref, loc in state.bodies.items() if loc.status == "tiered"}
         reduced = {ref for ref, loc in state.bodies.items() if loc.status == "reduced"}
@@ -308,13 +308,13 @@ def test_a_second_reduce_plans_again_on_the_committed_state(setup: dict, monkeyp
 
     with Store.open(path) as store:
         # The other reduction commits (and deletes the originals) after this one read the run, mid-planning.
-        real_text = store.text
-        monkeypatch.setattr(store, "text", lambda ref: (once_elsewhere(), real_text(ref))[1])
+        real_text = store.blobs.text
+        monkeypatch.setattr(store.blobs, "text", lambda ref: (once_elsewhere(), real_text(ref))[1])
         once_elsewhere = once(reduce_elsewhere)
         result = reduce_run(store, "big-2", CEILING, CHARS)
         assert result.appended == 0 and result.plan.fits  # planned again: nothing left to do
     with Store.open(path) as store:
-        originals = [e.original for _, e in store.iter_events("big-2") if isinstance(e, ev.Reduced)]
+        originals = [e.original for _, e in store.events.iter_events("big-2") if isinstance(e, ev.Reduced)]
         assert originals and len(originals) == len(set(originals))  # each body reduced once, by one process
     assert_sound(path)
 

@@ -23,7 +23,8 @@ from kvjudge.retention import (
     ref_of,
 )
 from kvjudge.retention import events as ev
-from kvjudge.retention.reduce import count_ahead, reduce_run, run_tokens, stored_tokens
+from kvjudge.retention.reduce_apply import reduce_run
+from kvjudge.retention.stored_tokens import count_ahead, run_tokens, stored_tokens
 from kvjudge.retention.state import RunState, agent_of
 from kvjudge.retention.store import SCHEMA_VERSION, RunListing, default_store_path
 from kvjudge.testing.filler import filler
@@ -81,18 +82,18 @@ def test_a_process_writers_to_one_store_take_turns_on_its_lock(store: Store, tmp
 
 def test_events_refuse_update_and_delete(store: Store) -> None:
     ingest_runs(store, [make_run("r1", ["out"])])
-    before = list(store.iter_events("r1"))
+    before = list(store.events.iter_events("r1"))
     with pytest.raises(sqlite3.IntegrityError, match="append-only"):
         sql(store).execute("UPDATE events SET payload = '{}' WHERE lsn = 1")
     with pytest.raises(sqlite3.IntegrityError, match="append-only"):
         sql(store).execute("DELETE FROM events WHERE run = 'r1'")
-    assert list(store.iter_events("r1")) == before
+    assert list(store.events.iter_events("r1")) == before
 
 
 def test_blob_put_is_idempotent_and_never_rewrites(store: Store) -> None:
-    ref = store.put_blob(b"hello")
+    ref = store.blobs.put(b"hello")
     assert ref == ref_of(b"hello") and ref.startswith("sha256:") and len(ref) == 71
-    assert store.put_blob(b"hello") == ref
+    assert store.blobs.put(b"hello") == ref
     assert sql(store).execute("SELECT COUNT(*) FROM blobs").fetchone()[0] == 1
     assert store.blobs.get(ref) == b"hello"
     with pytest.raises(IntegrityError, match="does not hash"):
@@ -105,38 +106,38 @@ def test_blob_put_is_idempotent_and_never_rewrites(store: Store) -> None:
 def test_ingested_run_folds_from_refs_only(store: Store) -> None:
     run = make_run("r1", ["first output", "second output"], dead=[["dead output"]])
     ingest_runs(store, [run])
-    state = store.run("r1")
+    state = store.runs.run("r1")
     assert state.state == "graded" and state.lifecycle == ("running", "grading", "graded")
     assert [b.id for b in state.branches] == ["main", "attempt-1"]
     assert state.branches[1].status == "dead"
     assert len(state.branches[0].transitions) == 5
     assert state.verifier[0]["passed"] is True and state.grades[0]["score"] == 1.0
     # Events carry refs, never text.
-    for _lsn, event in store.iter_events("r1"):
+    for _lsn, event in store.events.iter_events("r1"):
         assert "first output" not in event.to_json()
     out_ref = state.branches[0].transitions[2].tool_output["output_ref"]
-    assert store.text(out_ref) == "first output"
+    assert store.blobs.text(out_ref) == "first output"
     assert all(loc.status == "local" for loc in state.bodies.values())
 
 
 def test_projection_dropped_is_rebuilt_byte_identical(store: Store) -> None:
     ingest_runs(store, [make_run("r1", ["a", "b"]), make_run("r2", ["c"], lifecycle=["running"])])
-    store.mark("r2", "grading")
-    before = {run_id: store.run(run_id).canonical_bytes() for run_id in store.run_ids()}
+    store.events.mark("r2", "grading")
+    before = {run_id: store.runs.run(run_id).canonical_bytes() for run_id in store.runs.run_ids()}
     path = store.path
     sql(store).execute("DROP TABLE runs")
     sql(store).execute("DROP TABLE run_bodies")
     store.close()
     with Store.open(path) as reopened:
-        after = {run_id: reopened.run(run_id).canonical_bytes() for run_id in reopened.run_ids()}
+        after = {run_id: reopened.runs.run(run_id).canonical_bytes() for run_id in reopened.runs.run_ids()}
         assert after == before
         assert reopened.rebuild_projection() == 2
-        assert {r: reopened.run(r).canonical_bytes() for r in reopened.run_ids()} == before
+        assert {r: reopened.runs.run(r).canonical_bytes() for r in reopened.runs.run_ids()} == before
 
 
 def test_canonical_bytes_round_trip(store: Store) -> None:
     ingest_runs(store, [make_run("r1", ["x"], dead=[["y"]])])
-    state = store.run("r1")
+    state = store.runs.run("r1")
     assert RunState.from_bytes(state.canonical_bytes()) == state
     assert RunState.from_bytes(state.canonical_bytes()).canonical_bytes() == state.canonical_bytes()
 
@@ -165,81 +166,84 @@ def test_canonical_json_refuses_what_json_dumps_refuses(value: object) -> None:
 def test_lifecycle_mark_legal_and_illegal(store: Store) -> None:
     ingest_runs(store, [make_run("r1", ["x"], lifecycle=["running"])])
     with pytest.raises(RunStateError, match="running; it cannot become graded"):
-        store.mark("r1", "graded")
-    assert store.mark("r1", "grading").state == "grading"
-    assert store.mark("r1", "ungraded").state == "ungraded"
-    assert store.mark("r1", "archived").state == "archived"
+        store.events.mark("r1", "graded")
+    store.events.mark("r1", "grading")
+    assert store.runs.run("r1").state == "grading"
+    store.events.mark("r1", "ungraded")
+    assert store.runs.run("r1").state == "ungraded"
+    store.events.mark("r1", "archived")
+    assert store.runs.run("r1").state == "archived"
     with pytest.raises(RunStateError):
-        store.mark("r1", "running")
-    assert [e.state for _, e in store.iter_events("r1") if isinstance(e, ev.StateChanged)] == [
+        store.events.mark("r1", "running")
+    assert [e.state for _, e in store.events.iter_events("r1") if isinstance(e, ev.StateChanged)] == [
         "grading", "ungraded", "archived"]
 
 
 def test_unknown_run_is_a_store_error(store: Store) -> None:
     with pytest.raises(StoreError, match="no run 'nope'"):
-        store.run("nope")
+        store.runs.run("nope")
     with pytest.raises(StoreError, match="no run 'nope'"):
-        store.mark("nope", "grading")
+        store.events.mark("nope", "grading")
 
 
 def test_reduced_needs_its_summary_stored_first(store: Store) -> None:
     ingest_runs(store, [make_run("r1", ["x" * 100])])
-    original = store.run("r1").branches[0].transitions[2].tool_output["output_ref"]
+    original = store.runs.run("r1").branches[0].transitions[2].tool_output["output_ref"]
     missing_summary = ref_of(b"summary never put")
     with pytest.raises(IntegrityError, match="put it first"):
-        store.append("r1", Reduced(run="r1", original=original, summary=missing_summary, counter="c",
+        store.events.append("r1", Reduced(run="r1", original=original, summary=missing_summary, counter="c",
                                    tokens_before=25, tokens_after=2))
-    assert store.run("r1").bodies[original].status == "local"
-    summary = store.put_blob(b"summary")
-    store.append("r1", Reduced(run="r1", original=original, summary=summary, counter="c", tokens_before=25,
+    assert store.runs.run("r1").bodies[original].status == "local"
+    summary = store.blobs.put(b"summary")
+    store.events.append("r1", Reduced(run="r1", original=original, summary=summary, counter="c", tokens_before=25,
                                tokens_after=2))
     with pytest.raises(StoreError, match="it is reduced"):
-        store.append("r1", Reduced(run="r1", original=original, summary=summary, counter="c", tokens_before=25,
+        store.events.append("r1", Reduced(run="r1", original=original, summary=summary, counter="c", tokens_before=25,
                                    tokens_after=2))
 
 
 def test_release_keeps_a_body_another_run_still_reads(store: Store) -> None:
     shared = filler(1, 200)
     ingest_runs(store, [make_run("a", [shared]), make_run("b", [shared])])
-    ref = store.run("a").branches[0].transitions[2].tool_output["output_ref"]
-    assert ref == store.run("b").branches[0].transitions[2].tool_output["output_ref"]
-    store.append("a", Dropped(run="a", original=ref))
-    assert store.release_bodies([ref]) == []  # run b still reads it here
+    ref = store.runs.run("a").branches[0].transitions[2].tool_output["output_ref"]
+    assert ref == store.runs.run("b").branches[0].transitions[2].tool_output["output_ref"]
+    store.events.append("a", Dropped(run="a", original=ref))
+    assert store.blobs.release([ref]) == []  # run b still reads it here
     assert store.blobs.get(ref) is not None
-    store.append("b", Dropped(run="b", original=ref))
-    assert store.release_bodies([ref]) == [ref]
+    store.events.append("b", Dropped(run="b", original=ref))
+    assert store.blobs.release([ref]) == [ref]
     assert store.blobs.get(ref) is None
-    explanation = store.explain(ref)
+    explanation = store.runs.explain(ref)
     assert explanation.status == "dropped" and explanation.event == "Dropped" and explanation.explained
 
 
 def test_explain_unknown_and_local(store: Store) -> None:
     ingest_runs(store, [make_run("r1", ["body"])])
-    ref = store.run("r1").task_prompt_ref
-    local = store.explain(ref)
+    ref = store.runs.run("r1").task_prompt_ref
+    local = store.runs.explain(ref)
     assert local.status == "local" and local.body_present and local.event is None and local.run == "r1"
-    unknown = store.explain("sha256:" + "1" * 64)
+    unknown = store.runs.explain("sha256:" + "1" * 64)
     assert unknown.status == "unknown" and not unknown.explained
 
 
 def test_fold_handles_every_event_kind_including_tiering(store: Store) -> None:
     ingest_runs(store, [make_run("r1", ["out"], dead=[["dead"]])])
-    state = store.run("r1")
+    state = store.runs.run("r1")
     out = state.branches[0].transitions[2].tool_output["output_ref"]
-    manifest = store.put_blob(b"manifest")
-    store.append("r1", TierStarted(run="r1", target="file:///cold", manifest_ref=manifest))
-    assert store.run("r1").tier["status"] == "started"
-    store.append("r1", Tiered(run="r1", target="file:///cold", manifest_ref=manifest, refs=[out]))
-    tiered = store.run("r1")
+    manifest = store.blobs.put(b"manifest")
+    store.events.append("r1", TierStarted(run="r1", target="file:///cold", manifest_ref=manifest))
+    assert store.runs.run("r1").tier["status"] == "started"
+    store.events.append("r1", Tiered(run="r1", target="file:///cold", manifest_ref=manifest, refs=[out]))
+    tiered = store.runs.run("r1")
     assert tiered.bodies[out].status == "tiered" and tiered.bodies[out].target == "file:///cold"
     assert tiered.bodies[out].manifest_ref == manifest
-    pending = store.explain(out)  # the log says tiered; the body stays until tiering releases it
+    pending = store.runs.explain(out)  # the log says tiered; the body stays until tiering releases it
     assert pending.status == "tiered" and pending.body_present
-    assert store.release_bodies([out]) == [out]
-    assert store.explain(out).status == "tiered" and store.explain(out).event == "Tiered"
-    store.append("r1", Rehydrated(run="r1", refs=[out]))
-    assert store.run("r1").bodies[out].status == "local" and store.run("r1").tier["status"] == "rehydrated"
-    kinds = {event.kind for _, event in store.iter_events("r1")}
+    assert store.blobs.release([out]) == [out]
+    assert store.runs.explain(out).status == "tiered" and store.runs.explain(out).event == "Tiered"
+    store.events.append("r1", Rehydrated(run="r1", refs=[out]))
+    assert store.runs.run("r1").bodies[out].status == "local" and store.runs.run("r1").tier["status"] == "rehydrated"
+    kinds = {event.kind for _, event in store.events.iter_events("r1")}
     assert {"TierStarted", "Tiered", "Rehydrated"} <= kinds
     # every kind the log can hold has a fold rule (a missing one raises TypeError)
     samples = {
@@ -267,11 +271,11 @@ def test_fold_handles_every_event_kind_including_tiering(store: Store) -> None:
 
 
 def test_judgments_cache(store: Store) -> None:
-    assert store.get_judgment("k") is None
-    store.put_judgment("k", {"verdict": "A", "p": 0.7})
-    assert store.get_judgment("k") == {"verdict": "A", "p": 0.7}
-    store.put_judgment("k", {"verdict": "B"})
-    assert store.get_judgment("k") == {"verdict": "B"}
+    assert store.caches.get_judgment("k") is None
+    store.caches.put_judgment("k", {"verdict": "A", "p": 0.7})
+    assert store.caches.get_judgment("k") == {"verdict": "A", "p": 0.7}
+    store.caches.put_judgment("k", {"verdict": "B"})
+    assert store.caches.get_judgment("k") == {"verdict": "B"}
     assert sql(store).execute("SELECT COUNT(*) FROM events").fetchone()[0] == 0
 
 
@@ -312,27 +316,27 @@ def test_a_directory_is_not_a_store(tmp_path: Path) -> None:
 def test_trial_is_folded_and_left_out_of_the_bytes_when_unset(store: Store) -> None:
     with_trial = {**make_run("r1", ["a"]), "agent": "agent-x", "trial": "2"}
     ingest_runs(store, [with_trial, make_run("r2", ["b"])])
-    state = store.run("r1")
+    state = store.runs.run("r1")
     assert state.trial == "2" and state.agent == "agent-x"
     assert RunState.from_bytes(state.canonical_bytes()) == state
-    assert store.refold("r1").canonical_bytes() == state.canonical_bytes()
+    assert store.runs.refold("r1").canonical_bytes() == state.canonical_bytes()
     # A run without a trial keeps the bytes it had before trials existed: no "trial" key at all.
-    assert store.run("r2").trial is None and b'"trial"' not in store.run("r2").canonical_bytes()
-    first = next(iter(store.iter_events("r2")))[1]
+    assert store.runs.run("r2").trial is None and b'"trial"' not in store.runs.run("r2").canonical_bytes()
+    first = next(iter(store.events.iter_events("r2")))[1]
     assert '"trial"' not in first.to_json()
 
 
 def _listed_from_states(store: Store, counter: str) -> list[RunListing]:
     """What a listing must show, worked out the long way: every run decoded, tokens summed over its view."""
     listed = []
-    for state in store.iter_runs():
+    for state in store.runs.iter_runs():
         gone = sum(loc.status in ("reduced", "dropped") for loc in state.bodies.values())
         listed.append(RunListing(
             id=state.id, tenant=state.tenant, agent=agent_of(state), task_id=state.task_id, trial=state.trial,
             state=state.state, grades=state.grades, reduced=state.reduced, branches=len(state.branches),
             transitions=sum(len(b.transitions) for b in state.branches), bodies=len(state.bodies), bodies_gone=gone,
             bodies_tiered=sum(loc.status == "tiered" for loc in state.bodies.values()),
-            tokens=stored_tokens(store, state, counter)))
+            tokens=stored_tokens(store.caches, state, counter)))
     return listed
 
 
@@ -347,29 +351,29 @@ def _listing_store(store: Store, tmp_path: Path) -> CharsPerToken:
     ingest_runs(store, runs)
     counter = CharsPerToken()
     reduce_run(store, "beta/1", 600, counter)  # counts beta/1's bodies and reduces it
-    count_ahead(store, store.run("alpha/1"), counter)
+    count_ahead(store, store.runs.run("alpha/1"), counter)
     # alpha/2: one body counted, not all it shows.
-    first = store.run("alpha/2").branches[0].transitions[0].text_ref
-    store.put_counts(counter.name, {first: 3})
+    first = store.runs.run("alpha/2").branches[0].transitions[0].text_ref
+    store.caches.put_counts(counter.name, {first: 3})
     return counter
 
 
 def test_listing_reads_what_the_runs_fold_to(store: Store, tmp_path: Path) -> None:
     counter = _listing_store(store, tmp_path)
-    listed = store.listing(counter=counter.name)
+    listed = store.runs.listing(counter=counter.name)
     assert listed == _listed_from_states(store, counter.name)
     by_id = {run.id: run for run in listed}
     assert by_id["beta/1"].reduced and by_id["beta/1"].bodies_gone > 0 and by_id["beta/1"].tokens is not None
-    assert by_id["alpha/1"].tokens == run_tokens(store, store.run("alpha/1"), counter)  # repeats counted twice
+    assert by_id["alpha/1"].tokens == run_tokens(store, store.runs.run("alpha/1"), counter)  # repeats counted twice
     assert by_id["alpha/2"].tokens is None and by_id["plain"].tokens is None  # partly / never counted
     assert [run.agent for run in listed] == ["alpha-agent", "alpha", "beta", "acme"]
-    assert [run.tokens for run in store.listing()] == [None] * 4  # no counter asked: no tokens
+    assert [run.tokens for run in store.runs.listing()] == [None] * 4  # no counter asked: no tokens
     # Filters in SQL, each on what its column shows.
-    assert [run.id for run in store.listing(agent="alpha")] == ["alpha/2"]
-    assert [run.id for run in store.listing(agent="acme", tenant="acme")] == ["plain"]
-    assert [run.id for run in store.listing(task="task-beta/1", state="graded")] == ["beta/1"]
-    assert [run.id for run in store.listing(state="running")] == ["alpha/2"]
-    assert store.listing(agent="\udcff") == [] and store.run_ids(agent="alpha") == ["alpha/2"]
+    assert [run.id for run in store.runs.listing(agent="alpha")] == ["alpha/2"]
+    assert [run.id for run in store.runs.listing(agent="acme", tenant="acme")] == ["plain"]
+    assert [run.id for run in store.runs.listing(task="task-beta/1", state="graded")] == ["beta/1"]
+    assert [run.id for run in store.runs.listing(state="running")] == ["alpha/2"]
+    assert store.runs.listing(agent="\udcff") == [] and store.runs.run_ids(agent="alpha") == ["alpha/2"]
 
 
 def _shape(store_path: Path) -> dict[str, list[tuple]]:
@@ -383,7 +387,7 @@ def _shape(store_path: Path) -> dict[str, list[tuple]]:
 
 def test_a_version_1_store_is_migrated_and_its_listing_filled(store: Store, tmp_path: Path) -> None:
     counter = _listing_store(store, tmp_path)
-    before = store.listing(counter=counter.name)
+    before = store.runs.listing(counter=counter.name)
     fresh = _shape(store.path)
     # Back to version 1 as an older kvjudge left it: the projection without the listing's columns or their index.
     old = sql(store)
@@ -399,31 +403,31 @@ def test_a_version_1_store_is_migrated_and_its_listing_filled(store: Store, tmp_
     store.close()
     with Store.open(path) as migrated:
         assert migrated.schema_version() == SCHEMA_VERSION == 3
-        assert migrated.listing(counter=counter.name) == before
+        assert migrated.runs.listing(counter=counter.name) == before
     assert _shape(path) == fresh
     # A version-1 store whose projection was dropped: migrated, and the projection folded afresh from the log.
     with sqlite3.connect(path) as old:
         old.execute("DROP TABLE run_bodies")
         old.execute("PRAGMA user_version = 1")
     with Store.open(path) as rebuilt:
-        assert rebuilt.schema_version() == 3 and rebuilt.listing(counter=counter.name) == before
+        assert rebuilt.schema_version() == 3 and rebuilt.runs.listing(counter=counter.name) == before
     assert _shape(path) == fresh
 
 
 def test_a_rebuilt_projection_has_the_shape_of_a_migrated_one(store: Store, tmp_path: Path) -> None:
     counter = _listing_store(store, tmp_path)
-    before, shape = store.listing(counter=counter.name), _shape(store.path)
+    before, shape = store.runs.listing(counter=counter.name), _shape(store.path)
     assert store.rebuild_projection() == 4
-    assert store.listing(counter=counter.name) == before and _shape(store.path) == shape
+    assert store.runs.listing(counter=counter.name) == before and _shape(store.path) == shape
 
 
 def test_a_version_2_store_gets_the_listing_index(store: Store, tmp_path: Path) -> None:
     counter = _listing_store(store, tmp_path)
-    before, fresh, path = store.listing(counter=counter.name), _shape(store.path), store.path
+    before, fresh, path = store.runs.listing(counter=counter.name), _shape(store.path), store.path
     store.close()
     with sqlite3.connect(path) as old:  # as version 2 left it: the listing's columns without their index
         old.execute("DROP INDEX runs_listing")
         old.execute("PRAGMA user_version = 2")
     with Store.open(path) as migrated:
-        assert migrated.schema_version() == 3 and migrated.listing(counter=counter.name) == before
+        assert migrated.schema_version() == 3 and migrated.runs.listing(counter=counter.name) == before
     assert _shape(path) == fresh

@@ -214,9 +214,9 @@ def test_a_served_counter_counts_locally_when_it_can_else_in_parallel_batches(tm
     store_path = tmp_path / "store.sqlite"
     store_from_runs(store_path, [make_run(f"r{i}", [filler(i, 800), filler(i + 50, 600)]) for i in range(6)]).close()
     with Store.open(store_path) as store:
-        totals = [run_tokens(store, store.run(f"r{i}"), counter) for i in range(6)]
+        totals = [run_tokens(store, store.runs.run(f"r{i}"), counter) for i in range(6)]
         asked = first.requests["/tokenize"] + second.requests["/tokenize"]
-        assert [run_tokens(store, store.run(f"r{i}"), counter) for i in range(6)] == totals
+        assert [run_tokens(store, store.runs.run(f"r{i}"), counter) for i in range(6)] == totals
         assert first.requests["/tokenize"] + second.requests["/tokenize"] == asked
 
     # [judge] model names a local GGUF, but it does not tokenize as these servers do: it is checked, not trusted.
@@ -268,7 +268,7 @@ def test_still_grades_reduces_each_tenants_side_to_its_ceiling_or_reads_the_call
                                      on_verdict=lambda _index, verdict: heard.append(verdict.outcome))
         assert heard[1] == "reduce to {'acme': 300}" and len(heard) == 3  # full verdict, reduction, reduced verdict
         (result,) = stored.results
-        assert store.run("c").reduced and result.views_differ and "reduce_stored" in stored.seconds
+        assert store.runs.run("c").reduced and result.views_differ and "reduce_stored" in stored.seconds
         assert not any("for this check" in note for note in result.reduced.notes)
     finally:
         judge.backend.close()

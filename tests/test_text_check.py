@@ -16,6 +16,7 @@ from kvjudge.errors import IngestError
 from kvjudge.retention import Store, TextError, verify
 from kvjudge.retention.blobs import ref_of
 from kvjudge.retention.events import canonical_json
+from kvjudge.retention.ingest import ingest_paths
 from kvjudge.retention.state import RunState
 from kvjudge.retention import text_check
 from kvjudge.retention.text_check import MAX_DEPTH, parse_checked, repair, scan
@@ -113,7 +114,7 @@ def test_a_lone_surrogate_is_refused_naming_file_line_and_path(store: Store, tmp
     assert b"\\ud800" in path.read_bytes()  # valid JSON: the escape, as a tool that cut UTF-16 writes it
     with pytest.raises(IngestError, match=rf"runs.jsonl:2: text at {where} is not valid Unicode: lone surrogate "
                                           rf"U\+D800 at character 5; pass --repair-text"):
-        store.ingest_file(path)
+        ingest_paths(store, [path]).runs
     assert store_snapshot(store) == ([], [], [])  # not even the good first line
 
 
@@ -129,11 +130,11 @@ def test_cli_refusal_is_one_line_without_traceback(tmp_path: Path, capsys: pytes
 def test_repair_text_stores_u_fffd_and_notes_exactly_the_repaired_bodies(store: Store, tmp_path: Path) -> None:
     path = tmp_path / "runs.jsonl"
     write_jsonl(path, [make_run("r1", ["fine"]), bad_native_run()])
-    assert store.ingest_file(path, repair_text=True) == ["r1", "r2"]
-    state = store.run("r2")
+    assert ingest_paths(store, [path], repair_text=True).runs == ["r1", "r2"]
+    state = store.runs.run("r2")
     live = state.branches[0].transitions
-    texts = {"text": store.text(live[1].text_ref), "output": store.text(live[4].tool_output["output_ref"]),
-             "arguments": store.text(live[3].tool_call["arguments_ref"])}
+    texts = {"text": store.blobs.text(live[1].text_ref), "output": store.blobs.text(live[4].tool_output["output_ref"]),
+             "arguments": store.blobs.text(live[3].tool_call["arguments_ref"])}
     assert texts == {"text": "step \ufffd\ufffd", "output": "cut \ufffdhere\n12 passed in 0.31s",
                      "arguments": canonical_json({"path": "a\ufffd", "k\ufffd": 1})}
     assert state.verifier[0]["detail"] == "\ufffd passed"
@@ -144,10 +145,10 @@ def test_repair_text_stores_u_fffd_and_notes_exactly_the_repaired_bodies(store: 
                   "$.branches[0].transitions[3].tool_call.arguments.path",
                   "$.branches[0].transitions[4].tool_output.output", "$.verifier[0].detail"]},)
     # The prompt holds a genuine U+FFFD of its own: not a repaired body.
-    assert "\ufffd" in store.text(state.task_prompt_ref) and state.task_prompt_ref not in expected_refs
-    assert store.run("r1").text_repairs == ()
+    assert "\ufffd" in store.blobs.text(state.task_prompt_ref) and state.task_prompt_ref not in expected_refs
+    assert store.runs.run("r1").text_repairs == ()
     # The note is an event: re-folding from LSN 0 gives the same bytes, and the run verifies.
-    assert store.refold("r2").canonical_bytes() == store.projected_bytes("r2")
+    assert store.runs.refold("r2").canonical_bytes() == store.runs.projected_bytes("r2")
     assert verify(store).ok
 
 
@@ -157,14 +158,14 @@ def test_bytes_that_are_not_utf8_are_repaired_too(store: Store, tmp_path: Path) 
     path.write_bytes(line)
     with pytest.raises(IngestError, match=rf"chat.jsonl:1: not UTF-8 \(invalid continuation byte at byte "
                                           rf"{line.index(0xE9)}; inside a string, --repair-text stores U\+FFFD"):
-        store.ingest_file(path)
-    [run_id] = store.ingest_file(path, repair_text=True)
-    state = store.run(run_id)
-    assert store.text(state.branches[0].transitions[0].text_ref) == "caf\ufffd \ufffd!"
+        ingest_paths(store, [path]).runs
+    [run_id] = ingest_paths(store, [path], repair_text=True).runs
+    state = store.runs.run(run_id)
+    assert store.blobs.text(state.branches[0].transitions[0].text_ref) == "caf\ufffd \ufffd!"
     assert [(n["paths"], n["code_units"]) for n in state.text_repairs] == [(["$.messages[0].content"], 2)]
     # The derived id hashes the line's bytes as they are: the same file names the same run again, already present.
     events = sql(store).execute("SELECT COUNT(*) FROM events").fetchone()[0]
-    assert store.ingest([path], repair_text=True).already_present == [run_id]
+    assert ingest_paths(store, [path], repair_text=True).already_present == [run_id]
     assert sql(store).execute("SELECT COUNT(*) FROM events").fetchone()[0] == events
 
 
@@ -183,7 +184,7 @@ def test_what_the_store_cannot_hold_is_one_line_and_writes_nothing(store: Store,
     path.write_text(json.dumps({"messages": [{"role": "user", "content": "good"}]}) + "\n" + line + "\n")
     for repair_text in (False, True):
         with pytest.raises(IngestError, match=f"odd.jsonl:2: {message}") as raised:
-            store.ingest_file(path, repair_text=repair_text)
+            ingest_paths(store, [path], repair_text=repair_text).runs
         assert "\n" not in str(raised.value) and len(str(raised.value)) < 400
         assert store_snapshot(store) == ([], [], [])
 
@@ -206,10 +207,10 @@ def test_ingest_cli_repair_text_reports_the_note(tmp_path: Path, capsys: pytest.
 def test_states_without_repairs_keep_the_bytes_an_older_kvjudge_folded(store: Store, tmp_path: Path) -> None:
     path = tmp_path / "runs.jsonl"
     write_jsonl(path, [make_run("r1", ["fine"])])
-    store.ingest_file(path)
-    raw = store.projected_bytes("r1")
+    ingest_paths(store, [path]).runs
+    raw = store.runs.projected_bytes("r1")
     assert b"text_repairs" not in raw
-    assert RunState.from_bytes(raw).canonical_bytes() == raw == store.refold("r1").canonical_bytes()
+    assert RunState.from_bytes(raw).canonical_bytes() == raw == store.runs.refold("r1").canonical_bytes()
 
 
 def test_a_name_that_is_not_unicode_names_no_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

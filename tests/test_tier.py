@@ -69,7 +69,7 @@ def test_tier_read_through_rehydrate_and_idempotent(tmp_path: Path, target: str)
         assert event_kinds(store, "run-a") == kinds_before + ["TierStarted", "Tiered"]
         assert tiered_refs(store, "run-a") == local_refs
         # Moved, not copied: run-a's own bodies are gone locally; those run-b still reads locally stay.
-        shared = set(local_refs) & set(store.run("run-b").refs())
+        shared = set(local_refs) & set(store.runs.run("run-b").refs())
         assert ref_of(b"shared task prompt") in shared
         gone = [ref for ref in local_refs if store.blobs.get(ref) is None]
         assert sorted(gone) == sorted(set(local_refs) - shared)
@@ -87,11 +87,11 @@ def test_tier_read_through_rehydrate_and_idempotent(tmp_path: Path, target: str)
         assert all(key.startswith("packs/run-a/") for key in packs)
         for remote in manifest.objects:
             assert read_remote(cold, remote.key) == b"".join(before[e.ref].encode() for e in remote.entries)
-        assert store.run("run-a").tier["manifest_ref"] == ref_of(read_remote(cold, manifests[0]))
+        assert store.runs.run("run-a").tier["manifest_ref"] == ref_of(read_remote(cold, manifests[0]))
 
         # Without the cold reader a tiered body is simply not here; with it, every text reads as before.
-        assert store.text(gone[0]) is None
-        store.fallback = fallback_reader(None, store)
+        assert store.blobs.text(gone[0]) is None
+        store.blobs.fallback = fallback_reader(None, store)
         assert texts(store, "run-a") == before
 
         # Idempotent: a second tier is a no-op (no events, no uploads).
@@ -106,7 +106,7 @@ def test_tier_read_through_rehydrate_and_idempotent(tmp_path: Path, target: str)
         assert (back.status, back.refs) == ("rehydrated", len(local_refs))
         assert event_kinds(store, "run-a")[-1] == "Rehydrated"
         assert tiered_refs(store, "run-a") == []
-        store.fallback = None
+        store.blobs.fallback = None
         assert texts(store, "run-a") == before
         assert remote_keys(cold) == keys
         assert verify_all(store) == []
@@ -121,7 +121,7 @@ def test_tier_read_through_rehydrate_and_idempotent(tmp_path: Path, target: str)
         assert len([k for k in keys_after if k.startswith("manifests/")]) == 2
         assert verify_all(store) == []
         # The fold is still a pure function of the log.
-        assert store.refold("run-a").canonical_bytes() == store.projected_bytes("run-a")
+        assert store.runs.refold("run-a").canonical_bytes() == store.runs.projected_bytes("run-a")
 
 
 def test_a_move_made_before_packs_still_reads_verifies_and_rehydrates(tmp_path: Path, target: str) -> None:
@@ -138,8 +138,8 @@ def test_a_move_made_before_packs_still_reads_verifies_and_rehydrates(tmp_path: 
         keys = remote_keys(cold)
         assert [k for k in keys if not k.startswith("manifests/")] == sorted(blob_key(ref) for ref in before)
         assert verify_all(store, rehash=True) == []
-        assert all(store.blobs.get(ref) is None for ref in before if ref not in store.run("run-b").refs())
-        store.fallback = fallback_reader(None, store)
+        assert all(store.blobs.get(ref) is None for ref in before if ref not in store.runs.run("run-b").refs())
+        store.blobs.fallback = fallback_reader(None, store)
         assert texts(store, "run-a") == before
 
         big = max(before, key=lambda ref: len(before[ref] or ""))
@@ -147,18 +147,18 @@ def test_a_move_made_before_packs_still_reads_verifies_and_rehydrates(tmp_path: 
         tamper(cold, blob_key(big), original[:-1] + bytes([original[-1] ^ 1]))
         assert any(f"{short(big)} in {blob_key(big)} does not re-hash" in m for m in verify_all(store, rehash=True))
         with pytest.raises(IntegrityError, match="does not hash to"):
-            store.text(big)
+            store.blobs.text(big)
         tamper(cold, blob_key(big), original)
 
         assert tier_run(store, "run-a", cold).status == "already_tiered" and remote_keys(cold) == keys
         assert rehydrate_run(store, "run-a", ColdStores()).status == "rehydrated"
-        store.fallback = None
+        store.blobs.fallback = None
         assert texts(store, "run-a") == before and tiered_refs(store, "run-a") == []
         assert tier_run(store, "run-a", cold).status == "tiered"
         new = moved(store, "run-a")
         assert new.format == MANIFEST_FORMAT and all(k in remote_keys(cold) for k in (o.key for o in new.objects))
         assert verify_all(store, rehash=True) == []
-        store.fallback = fallback_reader(None, store)
+        store.blobs.fallback = fallback_reader(None, store)
         assert texts(store, "run-a") == before
 
 
@@ -190,7 +190,7 @@ def test_run_in_wrong_state_is_refused(tmp_path: Path, target: str) -> None:
         with pytest.raises(RunStateError, match="run-live is running; only archived, graded, ungraded"):
             tier_run(store, "run-live", cold)
         assert event_kinds(store, "run-live") == kinds
-        assert all(store.blobs.get(ref) is not None for ref in store.run("run-live").refs())
+        assert all(store.blobs.get(ref) is not None for ref in store.runs.run("run-live").refs())
     assert remote_keys(cold) == []
 
 
@@ -208,7 +208,7 @@ def test_cold_store_down_deletes_nothing(tmp_path: Path, monkeypatch: pytest.Mon
             with pytest.raises(ColdStoreError, match=message):
                 tier_run(store, "run-a", stores.get(url), stores=stores)
             assert event_kinds(store, "run-a") == kinds  # not even TierStarted
-            assert all(store.blobs.get(ref) is not None for ref in store.run("run-a").refs())
+            assert all(store.blobs.get(ref) is not None for ref in store.runs.run("run-a").refs())
 
 
 def test_reading_a_tiered_run_while_the_cold_store_is_down(tmp_path: Path) -> None:
@@ -224,7 +224,7 @@ def test_reading_a_tiered_run_while_the_cold_store_is_down(tmp_path: Path) -> No
     assert "does not exist" in shown.stderr
     (tmp_path / "unmounted").rename(tmp_path / "cold")
     with Store.open(path) as store:
-        store.fallback = fallback_reader(None, store)
+        store.blobs.fallback = fallback_reader(None, store)
         assert all(text is not None for text in texts(store, "run-a").values())
 
 
@@ -243,15 +243,15 @@ def test_tampered_remote_bytes_are_caught(tmp_path: Path, target: str) -> None:
         # Same size, one byte flipped: only a re-hash (--verify-remote) can see it.
         tamper_body(cold, entry, original[:-1] + bytes([original[-1] ^ 1]))
         assert any(f"{short(big)} in {entry.key} does not re-hash" in m for m in verify_all(store, rehash=True))
-        store.fallback = fallback_reader(None, store)
+        store.blobs.fallback = fallback_reader(None, store)
         with pytest.raises(IntegrityError, match="does not hash to"):
-            store.text(big)
+            store.blobs.text(big)
 
         # Truncated: a plain verify (sizes) sees it too.
         tamper(cold, entry.key, pack[:100])
         assert any(f"{entry.key} has 100 bytes, not {len(pack)}" in m for m in verify_all(store))
         with pytest.raises(IntegrityError, match="does not hash to"):
-            store.text(big)
+            store.blobs.text(big)
 
         # Gone: named as missing.
         remove(cold, entry.key)
@@ -260,7 +260,7 @@ def test_tampered_remote_bytes_are_caught(tmp_path: Path, target: str) -> None:
         # Put back as it was: clean again.
         tamper(cold, entry.key, pack)
         assert verify_all(store, rehash=True) == []
-        assert store.text(big) == original.decode()
+        assert store.blobs.text(big) == original.decode()
 
 
 def test_tier_cli_json_and_usage(tmp_path: Path, target: str, ceiling_args: list[str]) -> None:
@@ -334,27 +334,28 @@ def test_default_target_comes_from_config(tmp_path: Path, capabilities: dict[int
 
 def test_a_reduced_run_tiers_with_its_summaries(tmp_path: Path) -> None:
     """Reduced, dropped and tiered bodies side by side: the log explains each, and the reduced view reads through."""
-    from kvjudge.retention.reduce import reduce_run, view_refs
+    from kvjudge.retention.reduce import view_refs
+    from kvjudge.retention.reduce_apply import reduce_run
     from kvjudge.tokens import CharsPerToken
 
     path = make_store(tmp_path / "store.sqlite")
     cold = cold_for(local_cold_url(tmp_path))
     with Store.open(path) as store:
         reduce_run(store, "run-a", 500, CharsPerToken())
-        reduced = store.run("run-a")
+        reduced = store.runs.run("run-a")
         assert {loc.status for loc in reduced.bodies.values()} >= {"reduced", "local"}
-        view = {ref: store.text(ref) for ref in view_refs(reduced)}
+        view = {ref: store.blobs.text(ref) for ref in view_refs(reduced)}
         assert all(text is not None for text in view.values())
         result = tier_run(store, "run-a", cold)
-        state = store.run("run-a")
+        state = store.runs.run("run-a")
         # Only what was local moved; reduced/dropped refs keep their explanation (they have no body to move).
         assert result.refs == sum(1 for loc in reduced.bodies.values() if loc.status == "local")
         assert {ref for ref, loc in state.bodies.items() if loc.status == "tiered"} == {
             ref for ref, loc in reduced.bodies.items() if loc.status == "local"}
         assert all(state.bodies[ref].status == loc.status
                    for ref, loc in reduced.bodies.items() if loc.status != "local")
-        store.fallback = fallback_reader(None, store)
-        assert {ref: store.text(ref) for ref in view_refs(state)} == view
+        store.blobs.fallback = fallback_reader(None, store)
+        assert {ref: store.blobs.text(ref) for ref in view_refs(state)} == view
         assert verify_all(store, rehash=True) == []
 
 
@@ -362,7 +363,7 @@ def test_a_corrupt_local_body_is_never_uploaded(tmp_path: Path) -> None:
     path = make_store(tmp_path / "store.sqlite")
     cold = cold_for(local_cold_url(tmp_path))
     with Store.open(path) as store:
-        victim = max(store.run("run-a").refs(), key=lambda r: len(store.blobs.get(r) or b""))
+        victim = max(store.runs.run("run-a").refs(), key=lambda r: len(store.blobs.get(r) or b""))
         size = len(store.blobs.get(victim) or b"")
         # Rewrite a body under its ref behind the store's back (the blobs table has no guard against it).
         sql(store).execute("UPDATE blobs SET body = ? WHERE ref = ?", (b"x" * size, victim))
@@ -370,7 +371,7 @@ def test_a_corrupt_local_body_is_never_uploaded(tmp_path: Path) -> None:
             tier_run(store, "run-a", cold)
         assert "Tiered" not in event_kinds(store, "run-a")
         assert remote_keys(cold) == []  # not its pack, nor any other object
-        assert all(store.blobs.get(ref) is not None for ref in store.run("run-a").refs())  # nothing deleted
+        assert all(store.blobs.get(ref) is not None for ref in store.runs.run("run-a").refs())  # nothing deleted
 
 
 def test_rehydrate_survives_a_concurrent_recovery(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -439,7 +440,7 @@ def test_bodies_larger_than_a_chunk_arrive_whole(tmp_path: Path, target: str) ->
             assert tier_run(store, run, cold).status == "tiered"
             assert all(remote_body(cold, moved(store, run).entry(ref)) == text.encode()
                        for ref, text in before[run].items() if text is not None)
-        store.fallback = fallback_reader(None, store)
+        store.blobs.fallback = fallback_reader(None, store)
         assert {run: texts(store, run) for run in before} == before
         assert verify_all(store, rehash=True) == []
 

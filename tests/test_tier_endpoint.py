@@ -34,7 +34,7 @@ def environment(server: SeaweedServer, **extra: str) -> dict[str, str]:
 
 
 def tier_events(store: Store, run_id: str) -> list[ev.Event]:
-    return [e for _, e in store.iter_events(run_id) if isinstance(e, (ev.TierStarted, ev.Tiered))]
+    return [e for _, e in store.events.iter_events(run_id) if isinstance(e, (ev.TierStarted, ev.Tiered))]
 
 
 def shown_output(stdout: str) -> dict:
@@ -62,7 +62,7 @@ def copy_bucket(source: SeaweedServer, dest: SeaweedServer, bucket: str) -> int:
 
 def recorded_manifest_key(store: Store, run_id: str) -> str:
     """The key of the manifest of the run's (only) move: it covers the log up to the event before TierStarted."""
-    return manifest_key(run_id, max(lsn for lsn, e in store.iter_events(run_id)
+    return manifest_key(run_id, max(lsn for lsn, e in store.events.iter_events(run_id)
                                     if not isinstance(e, (ev.TierStarted, ev.Tiered))))
 
 
@@ -110,8 +110,8 @@ def test_every_read_goes_to_the_recorded_endpoint(tmp_path: Path, seaweed: Seawe
         for run_id in ("run-a", "run-b"):
             assert [(e.kind, e.target, e.endpoint) for e in tier_events(store, run_id)] == [
                 ("TierStarted", target, seaweed.endpoint), ("Tiered", target, seaweed.endpoint)]
-            assert store.run(run_id).tier["endpoint"] == seaweed.endpoint
-            assert store.refold(run_id).canonical_bytes() == store.projected_bytes(run_id)
+            assert store.runs.run(run_id).tier["endpoint"] == seaweed.endpoint
+            assert store.runs.refold(run_id).canonical_bytes() == store.runs.projected_bytes(run_id)
         moved = tiered_refs(store, "run-a")
 
     # Fresh processes, no endpoint anywhere in their environment or config: each reads from the server above.
@@ -158,7 +158,7 @@ def test_an_endpoint_override_must_hold_the_recorded_manifest(tmp_path: Path, se
     second_seaweed.client().create_bucket(Bucket=bucket)  # the same bucket name on another server
     with Store.open(path) as store:
         key = f"cold/{recorded_manifest_key(store, 'run-a')}"
-        manifest_ref = store.run("run-a").tier["manifest_ref"]
+        manifest_ref = store.runs.run("run-a").tier["manifest_ref"]
         moved = tiered_refs(store, "run-a")
         objects = [remote.key for remote in logged_manifest(store, "run-a", manifest_ref).objects]
     recorded = seaweed.client().get_object(Bucket=bucket, Key=key)["Body"].read()
@@ -167,7 +167,7 @@ def test_an_endpoint_override_must_hold_the_recorded_manifest(tmp_path: Path, se
     def snapshot() -> tuple:
         with Store.open(path) as store:
             bodies = sql(store).execute("SELECT ref, typeof(body) FROM blobs ORDER BY ref").fetchall()
-            return [e.to_json() for _, e in store.iter_events()], bodies
+            return [e.to_json() for _, e in store.events.iter_events()], bodies
 
     before = snapshot()
     # 1. The other server holds no manifest for the run; 2. it holds a different one under the same key.
@@ -214,7 +214,7 @@ def test_recovery_finishes_at_the_recorded_endpoint(tmp_path: Path, seaweed: Sea
                       *ceiling_args, faults="tier.after_blobs", env=env)
     assert crashed.returncode == -9, crashed.stderr
     with Store.open(path) as store:
-        tier = store.run("run-a").tier
+        tier = store.runs.run("run-a").tier
         assert (tier["status"], tier["target"], tier["endpoint"]) == ("started", target, seaweed.endpoint)
         key = recorded_manifest_key(store, "run-a")
     cold = S3ColdStore(bucket, "cold", endpoint_url=seaweed.endpoint)
@@ -226,10 +226,10 @@ def test_recovery_finishes_at_the_recorded_endpoint(tmp_path: Path, seaweed: Sea
     assert (result["status"], result["recovered"], result["endpoint"]) == ("tiered", "upload", seaweed.endpoint)
     with Store.open(path) as store:
         assert event_kinds(store, "run-a")[-2:] == ["TierStarted", "Tiered"]
-        manifest = logged_manifest(store, "run-a", store.run("run-a").tier["manifest_ref"])
+        manifest = logged_manifest(store, "run-a", store.runs.run("run-a").tier["manifest_ref"])
         assert all(fetch_body(cold, entry) is not None for entry in manifest.entries)
         assert manifest.refs == tiered_refs(store, "run-a")
-        assert ref_of(cold.get_manifest(key) or b"") == store.run("run-a").tier["manifest_ref"]
+        assert ref_of(cold.get_manifest(key) or b"") == store.runs.run("run-a").tier["manifest_ref"]
     checked = kvjudge("verify", "--verify-remote", "--store", str(path), "--json", env=env)
     assert checked.returncode == 0 and json.loads(checked.stdout)["ok"], checked.stdout + checked.stderr
     shown = kvjudge("show", "run-a", "--full", "--store", str(path), "--json", env=env)
@@ -267,7 +267,7 @@ def test_a_log_without_endpoints_reads_as_before_with_one_notice(tmp_path: Path,
     without_endpoints(path, old)
     with Store.open(old) as store:
         for run_id in ("run-a", "run-b"):
-            assert "endpoint" not in store.run(run_id).tier  # folds as it did before endpoints existed
+            assert "endpoint" not in store.runs.run(run_id).tier  # folds as it did before endpoints existed
             assert all(e.endpoint is None for e in tier_events(store, run_id))
     # Today's resolution (AWS_ENDPOINT_URL here), one notice however many bodies are read.
     with_env = environment(seaweed, AWS_ENDPOINT_URL=seaweed.endpoint)

@@ -37,20 +37,20 @@ def assert_converged(path: Path, target: str, before: dict[str, str | None]) -> 
         assert len([k for k in keys if k.startswith("manifests/")]) == 1
         for remote in manifest.objects:  # each object is its bodies end to end, nothing torn
             assert read_remote(cold, remote.key) == b"".join((before[e.ref] or "").encode() for e in remote.entries)
-        shared = set(refs) & set(store.run("run-b").refs())
+        shared = set(refs) & set(store.runs.run("run-b").refs())
         assert [r for r in refs if store.blobs.has_body(r)] == sorted(shared)
         checks = verify_checks(store, ColdStores(), rehash=True)
         report = verify(store, extra_checks=checks)
         assert report.ok, report.violations
         assert report.notes == []  # no stray bodies: the manifest is rebuilt from the log, never stored locally
-        store.fallback = fallback_reader(None, store)
+        store.blobs.fallback = fallback_reader(None, store)
         assert texts(store, "run-a") == before
 
 
 def assert_nothing_lost(path: Path, before: dict[str, str | None]) -> None:
     """Right after a crash: every body is still readable — locally, or from the cold store the log names."""
     with Store.open(path) as store:
-        store.fallback = fallback_reader(None, store)
+        store.blobs.fallback = fallback_reader(None, store)
         assert texts(store, "run-a") == before
 
 
@@ -120,7 +120,7 @@ def test_cold_store_down_during_recovery_deletes_nothing(tmp_path: Path, ceiling
     down = tier(path, target, ceiling_args)
     assert down.returncode != 0 and down.stderr.count("\n") == 1 and "does not exist" in down.stderr
     with Store.open(path) as store:
-        assert store.run("run-a").tier["status"] == "started"
+        assert store.runs.run("run-a").tier["status"] == "started"
         assert texts(store, "run-a") == before  # every body still local: no fallback attached
     (tmp_path / "unmounted").rename(tmp_path / "cold")
     assert tier(path, target, ceiling_args).returncode == 0
@@ -131,7 +131,7 @@ def test_verify_recovers_a_crashed_move(tmp_path: Path, ceiling_args: list[str])
     """Recovery also runs at the start of verify: TierStarted without Tiered is finished there."""
     path, target, before = crash_a_local_move(tmp_path, "tier.after_blobs", ceiling_args)
     with Store.open(path) as store:
-        assert store.run("run-a").tier["status"] == "started"
+        assert store.runs.run("run-a").tier["status"] == "started"
     checked = kvjudge("verify", "--store", str(path), "--verify-remote", "--json")
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert json.loads(checked.stdout)["ok"] is True

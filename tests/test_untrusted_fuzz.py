@@ -25,7 +25,7 @@ from kvjudge.display import invisible_class, visible
 from kvjudge.judge.prompt import INSTRUCTIONS, RAW, closing, opening
 from kvjudge.judge.render import body_resolver, escape, render_view
 from kvjudge.retention import Store, verify
-from kvjudge.retention.reduce import reduce_run
+from kvjudge.retention.reduce_apply import reduce_run
 from kvjudge.tokens import ModelTokenizer
 
 # Pieces a hostile tool output is made of, beside arbitrary code points (surrogates included).
@@ -181,16 +181,16 @@ def exercise(root: Path, data: bytes, repair: bool, tokenizer: ModelTokenizer) -
         assert texts and not any(_SURROGATE.search(text) for text in texts)
     with Store.open(store_path) as store:
         for run in ids:
-            state = store.run(run)
-            views = [render_view(state, body_resolver(state, store.text))]
+            state = store.runs.run(run)
+            views = [render_view(state, body_resolver(state, store.blobs.text))]
             if state.is_reducible:
                 reduce_run(store, run, 48, tokenizer)
-                state = store.run(run)
-                views.append(render_view(state, body_resolver(state, store.text)))
+                state = store.runs.run(run)
+                views.append(render_view(state, body_resolver(state, store.blobs.text)))
             for view in views:
                 assert_delimiters_hold(view, views[0])
                 assert tokenizer.count("".join(RAW.segments(view, view))) > 0
-            assert store.refold(run).canonical_bytes() == store.projected_bytes(run)
+            assert store.runs.refold(run).canonical_bytes() == store.runs.projected_bytes(run)
         report = verify(store)
         assert report.ok, report.violations
 

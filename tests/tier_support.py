@@ -56,11 +56,11 @@ def make_store(path: Path, runs: dict[str, list[str]] | None = None) -> Path:
 
 def texts(store: Store, run_id: str) -> dict[str, str | None]:
     """Every ref the run names → its text as a reader sees it (local, or through the fallback)."""
-    return {ref: store.text(ref) for ref in store.run(run_id).refs()}
+    return {ref: store.blobs.text(ref) for ref in store.runs.run(run_id).refs()}
 
 
 def tiered_refs(store: Store, run_id: str) -> list[str]:
-    return sorted(ref for ref, loc in store.run(run_id).bodies.items() if loc.status == TIERED)
+    return sorted(ref for ref, loc in store.runs.run(run_id).bodies.items() if loc.status == TIERED)
 
 
 def remote_keys(cold: ColdStore) -> list[str]:
@@ -93,15 +93,15 @@ def remove(cold: ColdStore, key: str) -> None:
 
 def moved(store: Store, run_id: str) -> Manifest:
     """The manifest of ``run_id``'s latest move, as the log rebuilds it (where each body went)."""
-    return logged_manifest(store, run_id, store.run(run_id).tier["manifest_ref"])
+    return logged_manifest(store, run_id, store.runs.run(run_id).tier["manifest_ref"])
 
 
 def tier_the_old_way(store: Store, run_id: str, cold: ColdStore, *, crash_after: int | None = None) -> bytes:
     """Move ``run_id`` as kvjudge did before packs, written out here as that code wrote it: ``TierStarted`` naming
     a ``kvjudge-tier-manifest/1`` (no locations), one content-addressed blob per body, the manifest, ``Tiered``, the
     local delete. ``crash_after`` stops after that many blobs (its process killed mid-move). Returns the manifest."""
-    state = store.run(run_id)
-    first_lsn, last_lsn = store.event_range(run_id)
+    state = store.runs.run(run_id)
+    first_lsn, last_lsn = store.events.event_range(run_id)
     refs = sorted(ref for ref, loc in state.bodies.items() if loc.status == LOCAL)
     bodies = {ref: store.blobs.get(ref) or b"" for ref in refs}
     raw = canonical_json({
@@ -110,7 +110,7 @@ def tier_the_old_way(store: Store, run_id: str, cold: ColdStore, *, crash_after:
         "blobs": [{"ref": ref, "sha256": ref.removeprefix("sha256:"), "size": len(bodies[ref])} for ref in refs],
     }).encode("utf-8")
     with store.transaction("tier_start"):
-        store.append(run_id, ev.TierStarted(run=run_id, target=cold.url, manifest_ref=ref_of(raw),
+        store.events.append(run_id, ev.TierStarted(run=run_id, target=cold.url, manifest_ref=ref_of(raw),
                                             endpoint=cold.endpoint_url))
     for index, ref in enumerate(refs):
         if index == crash_after:
@@ -118,9 +118,9 @@ def tier_the_old_way(store: Store, run_id: str, cold: ColdStore, *, crash_after:
         cold.put_blob(ref, bodies[ref])
     cold.put_manifest(Manifest.from_bytes(raw).key, raw)
     with store.transaction("tiered"):
-        store.append(run_id, ev.Tiered(run=run_id, target=cold.url, manifest_ref=ref_of(raw), refs=refs,
+        store.events.append(run_id, ev.Tiered(run=run_id, target=cold.url, manifest_ref=ref_of(raw), refs=refs,
                                        endpoint=cold.endpoint_url))
-    store.release_bodies(store.tiered_bodies_here(run_id), label="tier_delete", scrub=False, durable=False)
+    store.blobs.release(store.runs.tiered_bodies_here(run_id), label="tier_delete", scrub=False, durable=False)
     return raw
 
 

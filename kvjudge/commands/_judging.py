@@ -150,10 +150,10 @@ def select_pairs(args: argparse.Namespace, store: Store, *, default_all: bool = 
         pairs = _pairs_from_file(args.pairs)
     else:
         # The listing is all pairing reads (nothing decoded); the judge folds a run only where it must.
-        selection = same_task_pairs(store.listing(task=args.task), task=args.task, policy=args.trials, keep=keep)
+        selection = same_task_pairs(store.runs.listing(task=args.task), task=args.task, policy=args.trials, keep=keep)
         pairs = selection.pairs
         if args.task is not None and not pairs:
-            count = len(store.run_ids(task=args.task))
+            count = len(store.runs.run_ids(task=args.task))
             raise UsageError(f"task {args.task!r} has {count} run(s) in the store that pair under --trials "
                              f"{args.trials}; a pair needs two")
         if not pairs:
@@ -164,5 +164,5 @@ def select_pairs(args: argparse.Namespace, store: Store, *, default_all: bool = 
         if a == b:
             raise UsageError(f"pair ({a}, {b}) names one run twice; a judge compares two runs")
         for run_id in (a, b):
-            store.run(run_id)  # an unknown run is an error before any model call (StoreError names it)
-    return describe_pairs(pairs, store.run, "named")
+            store.runs.run(run_id)  # an unknown run is an error before any model call (StoreError names it)
+    return describe_pairs(pairs, store.runs.run, "named")

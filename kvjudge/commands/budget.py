@@ -13,7 +13,7 @@ from pathlib import Path
 from kvjudge import models
 from kvjudge.budget import budget_from_settings
 from kvjudge.commands._args import command, settings_from, target_from
-from kvjudge.commands._output import emit, info, print_table
+from kvjudge.commands._output import emit, info, print_fields, print_table
 from kvjudge.errors import UsageError
 from kvjudge.settings import Settings
 from kvjudge.target import JudgeTarget, entry_summary
@@ -88,7 +88,7 @@ def _budget(args: argparse.Namespace, settings: Settings, target: JudgeTarget) -
                 ("estimation", payload["estimation"])]
         summary = payload["capability"]
         rows += [(f"cache: {k}", v) for k, v in summary.items()] if summary else [("cache entry", "none")]
-        print_table(("setting", "value"), rows, title="token budget")
+        print_fields(rows, title="token budget")
 
     emit(args, payload, human)
     return 0
@@ -113,7 +113,6 @@ def _ceiling(args: argparse.Namespace, target: JudgeTarget) -> int:
              else target.model_path.name)
 
     def human() -> None:
-        # No square brackets: the table renders rich markup.
         source = f"retention.tenants.{args.tenant}.ceiling" if args.tenant else "retention.ceiling"
         pool = f" (the smallest of {len(target.servers)} servers)" if len(target.servers) > 1 else ""
         rows = [("configured", bound.configured, f"config {source} (or its default)"),

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from kvjudge.commands._args import command, settings_from
-from kvjudge.commands._output import emit, format_mib, info, print_table, progress
+from kvjudge.commands._output import Column, emit, format_mib, info, print_fields, print_table, progress
 from kvjudge.errors import KvjudgeError
 from kvjudge.probe import CapabilityCache, RuntimeSettings, probe, probe_server, served_status
 from kvjudge.probe.core import current_components
@@ -67,6 +67,10 @@ def _model_label(entry: Any) -> str:
     return Path(entry.model_path).name
 
 
+def _or_dash(value: Any) -> Any:
+    return "-" if value is None else value
+
+
 def _cache(args: argparse.Namespace) -> CapabilityCache:
     return CapabilityCache(args.cache, staleness_days=settings_from(args).probe.staleness_days)
 
@@ -80,12 +84,17 @@ def _cache_show(args: argparse.Namespace) -> int:
     payload = {"path": str(cache.path), "staleness_days": cache.staleness_days, "entries": rows}
 
     def human() -> None:
-        print_table(["fingerprint", "model", "budget", "max_context", "max_ok_input", "safe_context", "method",
-                     "age", "status"],
-                    [[r["fingerprint"][:12], _model_label(e), format_mib(r["memory_budget"]),
-                      r["max_context_tokens"], r["max_ok_input"], r["safe_context"], r["method"],
-                      _age(e), r["status"]] for r, e in zip(rows, entries)],
-                    title=f"capability cache {cache.path}")
+        # Each entry as `name  value` lines under its model (as `kubectl describe`): a served model's label and
+        # the cache's path are too long to sit in a row of nine columns at 80.
+        print_fields([("cache", cache.path), ("entries", len(rows)),
+                      ("stale after", f"{cache.staleness_days:g} days")])
+        for r, e in zip(rows, entries):
+            print()
+            print_fields([("fingerprint", r["fingerprint"][:12]), ("status", r["status"]),
+                          ("max_context_tokens", r["max_context_tokens"]),
+                          ("max_ok_input", _or_dash(r["max_ok_input"])), ("safe_context", _or_dash(r["safe_context"])),
+                          ("method", r["method"]), ("memory budget", format_mib(r["memory_budget"])),
+                          ("age", _age(e))], title=_model_label(e))
 
     emit(args, payload, human)
     return 0
@@ -125,7 +134,8 @@ def _cache_refresh(args: argparse.Namespace) -> int:
         if not results:
             print("nothing to refresh")
             return
-        print_table(["fingerprint", "model", "was", "now", "max_context", "max_ok_input", "safe_context"],
+        print_table(["fingerprint", "model", Column("was", priority=4), "now", Column("max_context", priority=5),
+                     Column("max_ok_input", priority=3), Column("safe_context", priority=2)],
                     [[r["fingerprint"][:12], r["label"], r.get("was", "-"), r["result"],
                       r.get("max_context_tokens"), r.get("max_ok_input"), r.get("safe_context")] for r in results])
 

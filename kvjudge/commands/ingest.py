@@ -7,21 +7,21 @@ import sys
 
 from kvjudge.commands._args import add_results_args, add_store_args, command, target_from
 from kvjudge.commands._output import emit, info, megabytes, progress, unmatched_results_line
-from kvjudge.retention.ingest import FORMATS, IngestReport, collect_sources, ingest_sources
+from kvjudge.retention.ingest import IngestReport, ingest_sources, registry, walk
 from kvjudge.retention.text_check import describe_repair
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     with command(subparsers, "ingest", _ingest, shared=(add_store_args,),
-                 help="import runs: native or OpenAI JSONL, mini-swe-agent (*.traj.json) and SWE-agent (*.traj) "
-                      "trajectories, OpenHands output.jsonl and llm_completions logs, Harbor trials (ATIF), "
-                      "inspect_ai logs (*.eval, .json); files or directories, .gz read transparently") as parser:
+                 help="import runs in any format kvjudge reads (" + ", ".join(registry.names()[1:]) + "); "
+                      "files or directories, .gz read transparently") as parser:
         parser.add_argument("paths", nargs="+", metavar="PATH",
                             help="run file or directory (walked for *.jsonl, *.traj.json, *.traj, each optionally "
-                                 ".gz, *.eval and inspect .json logs, Harbor trials: result.json beside agent/, and "
-                                 "OpenHands llm_completions/<instance_id>/*.json)")
-        parser.add_argument("--format", choices=FORMATS, default="auto",
-                            help="format of every document (default: auto, detected per document)")
+                                 ".gz, *.eval and inspect .json logs, ATIF trajectories, Harbor trials: result.json "
+                                 "beside agent/, OpenHands llm_completions/<instance_id>/*.json; the companions "
+                                 "beside them read or passed over, with a note)")
+        parser.add_argument("--format", choices=registry.names(), default=registry.AUTO, metavar="FORMAT",
+                            help=registry.help_text())
         parser.add_argument("--tenant", metavar="NAME", help="tenant for runs that name none (default: default)")
         parser.add_argument("--agent", metavar="NAME", help="agent of every run, overriding the model named in the "
                                                             "trajectory (run ids of trajectories are "
@@ -41,17 +41,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _ingest(args: argparse.Namespace) -> int:
     target = target_from(args)
-    sources, ignored = collect_sources(args.paths)
+    walked = walk(args.paths)
+    sources = walked.sources
     total = sum(source.size for source in sources)
     if sys.stderr.isatty():
         info(f"{len(sources)} file(s), {megabytes(total)} MB: importing")
     with target.open_store(read_tiered=False, create=True) as store, progress("ingesting", len(sources)) as advance:
-        report = ingest_sources(store, sources, ignored_files=ignored, fmt=args.format, tenant=args.tenant,
+        report = ingest_sources(store, sources, walked=walked, fmt=args.format, tenant=args.tenant,
                                 agent=args.agent, results=args.results, skip_bad=args.skip_bad, trial=args.trial,
                                 repair_text=args.repair_text,
                                 progress=lambda n, description: advance(n, description=description))
     if report.unmatched_results:
         info(unmatched_results_line(report.unmatched_results))
+    for note in report.notes:
+        info(note)
     emit(args, report.to_dict(), lambda: _human(report))
     return 0
 

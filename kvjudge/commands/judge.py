@@ -18,7 +18,7 @@ from typing import Any
 
 from kvjudge.commands._args import READS_TIERED, command, records_settings, target_from
 from kvjudge.commands._judging import add_judge_args, opened_judge, select_pairs
-from kvjudge.commands._output import emit, print_table, print_wrapped, progress
+from kvjudge.commands._output import emit, print_fields, print_table, print_wrapped, progress
 from kvjudge.judge import Judge, StillGrades, Verdict, judge_batch, summarize_verdicts
 from kvjudge.judge.evidence import describe, summary_line
 from kvjudge.judge.jury import JuryVerdict, jury_verdicts, summarize_jury
@@ -224,6 +224,6 @@ def _print_summary(summary: dict[str, Any], still: bool) -> None:
         if pool["dropped"]:
             rows.append(["servers dropped", ", ".join(pool["dropped"])])
         rows.append(["requests sent to another server", pool["resent"]])
-    print_table(["", "value"], rows, title="summary")
+    print_fields(rows, title="summary")
     if still:
         print_wrapped(summary_line(summary["evidence"], ("full", "reduced")))

@@ -20,7 +20,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _mark(args: argparse.Namespace) -> int:
     target = target_from(args)
     with target.open_store() as store:
-        state = store.mark(args.run, args.state)
+        store.events.mark(args.run, args.state)
+        state = store.runs.run(args.run)
     payload = {"run": state.id, "state": state.state, "lifecycle": list(state.lifecycle)}
     emit(args, payload, lambda: print(f"{state.id}: {' → '.join(state.lifecycle)}"))
     return 0

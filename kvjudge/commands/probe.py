@@ -6,10 +6,11 @@ import argparse
 from typing import Any
 
 from kvjudge.commands._args import command, records_settings, settings_from
-from kvjudge.commands._output import emit, format_mib, print_table, progress
+from kvjudge.commands._output import emit, format_mib, info, print_fields, print_table, print_wrapped, progress
 from kvjudge.errors import UsageError
 from kvjudge.probe import RuntimeSettings, parse_size, probe, probe_server
 from kvjudge.probe.settings import KV_TYPE_NAMES
+from kvjudge.settings import Settings
 
 
 def _positive_int(text: str) -> int:
@@ -27,7 +28,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                  help="how much context a model really holds on this device (devices, KV math, certified "
                       "run)") as parser:
         target = parser.add_mutually_exclusive_group()
-        target.add_argument("--model", metavar="PATH", help="GGUF file (default: the bundled default model)")
+        target.add_argument("--model", metavar="PATH",
+                            help="GGUF file (default: the judge the settings name: [judge] servers / server, else "
+                                 "[judge] model; else the bundled default model)")
         target.add_argument("--server", metavar="URL", help="an OpenAI-compatible server (llama.cpp, "
                                                             "llama-cpp-python, vLLM): probe what it serves")
         parser.add_argument("--n-ctx", type=_positive_int, metavar="N", help="also report the KV bytes for this n_ctx")
@@ -68,19 +71,29 @@ _LOCAL_ONLY = {"n_ctx": None, "type_k": "f16", "type_v": "f16", "flash_attn": Fa
 
 
 def _probe(args: argparse.Namespace) -> int:
-    """Probe the model (default: the bundled default model): device memory, the GGUF shape, the KV-cache math →
-    max_context_tokens; then certify by running it in child processes → max_ok_input and safe_context. Results go to
-    the capability cache. With --server: identify the model an OpenAI-compatible server serves and certify it with
-    real requests instead."""
+    """Probe a model: device memory, the GGUF shape, the KV-cache math → max_context_tokens; then certify by running
+    it in child processes → max_ok_input and safe_context. Results go to the capability cache. With --server:
+    identify the model an OpenAI-compatible server serves and certify it with real requests instead. Without
+    --model or --server it probes the judge the settings name (each of [judge] servers / server, else [judge]
+    model), else the bundled default model; a line on stderr says which (--json: a pool's servers as
+    {"servers": [...]})."""
     if args.timeout is not None and args.timeout <= 0:
         raise UsageError(f"--timeout must be positive, got {args.timeout}")
-    if args.server:
-        return _probe_server(args)
-    runtime = _runtime(args)
     settings = settings_from(args)
+    if args.server:
+        return _probe_server(args, settings, [args.server])
+    if not args.model and settings.judge.server_urls:
+        info(f"probing the judge servers the settings name ([judge] servers / server): "
+             f"{', '.join(settings.judge.server_urls)}")
+        return _probe_server(args, settings, list(settings.judge.server_urls))
+    model = args.model or settings.judge.model
+    if not args.model:
+        info(f"probing the judge model the settings name ([judge] model): {model}" if model else
+             "probing the bundled default model (no --model, and the settings name no judge)")
+    runtime = _runtime(args)
     budget = settings.probe.memory_budget
     with progress("certifying", total=None) as advance:
-        report = probe(args.model, settings=runtime, memory_budget=None if budget is None else parse_size(budget),
+        report = probe(model, settings=runtime, memory_budget=None if budget is None else parse_size(budget),
                        n_ctx=args.n_ctx, certify=not args.no_certify, cache_path=args.cache, refresh=args.refresh,
                        progress=lambda message: advance(1, description=message), trial_timeout_s=args.timeout,
                        staleness_days=settings.probe.staleness_days)
@@ -89,55 +102,70 @@ def _probe(args: argparse.Namespace) -> int:
     return 0
 
 
-def _probe_server(args: argparse.Namespace) -> int:
+def _probe_server(args: argparse.Namespace, settings: Settings, urls: list[str]) -> int:
+    """Probe each server of ``urls``: one server's payload, or ``{"servers": [...]}`` for a pool the settings name
+    (each of its servers in turn)."""
     local = [f"--{name.replace('_', '-')}" for name, default in _LOCAL_ONLY.items()
              if getattr(args, name) != default]
     if local:
-        raise UsageError(f"{', '.join(local)} describe(s) a local runtime; with --server the server's own settings "
+        given = "--server" if args.server else "a judge server in the settings (pass --model PATH for a local file)"
+        raise UsageError(f"{', '.join(local)} describe(s) a local runtime; with {given} the server's own settings "
                          f"apply (drop them)")
-    settings = settings_from(args)
-    with progress("certifying the served model", total=None) as advance:
-        report = probe_server(args.server, certify=not args.no_certify, cache_path=args.cache, refresh=args.refresh,
-                              progress=lambda message: advance(1, description=message), timeout_s=args.timeout,
-                              staleness_days=settings.probe.staleness_days)
-    payload = report.as_dict()
-    emit(args, payload, lambda: _print_served(payload))
+    payloads = []
+    for url in urls:
+        with progress("certifying the served model", total=None) as advance:
+            report = probe_server(url, certify=not args.no_certify, cache_path=args.cache, refresh=args.refresh,
+                                  progress=lambda message: advance(1, description=message), timeout_s=args.timeout,
+                                  staleness_days=settings.probe.staleness_days)
+        payloads.append(report.as_dict())
+
+    def human() -> None:
+        for number, payload in enumerate(payloads):
+            if number:
+                print()
+            _print_served(payload)
+
+    emit(args, payloads[0] if len(payloads) == 1 else {"servers": payloads}, human)
     return 0
 
 
 def _print_served(data: dict[str, Any]) -> None:
     server = data["server"]
-    rows = [
+    print_fields([
         ["server", f"{server['url']} ({server['kind']}{' ' + server['version'] if server['version'] else ''})"],
         ["model", server["model_id"]],
-        ["sha256", (data["model_sha256"] or "")[:16] + "…" if data["model_sha256"] else "- (the file is not here)"],
+        # The first 16 hex digits, as git abbreviates a hash (--json has all 64).
+        ["sha256", data["model_sha256"][:16] if data["model_sha256"] else "- (the file is not here)"],
         ["served context", f"{data['max_context_tokens']} ({server['n_ctx_source']})"],
         ["max_ok_input", data["max_ok_input"] if data["max_ok_input"] is not None else "- (not certified)"],
         ["safe_context", data["safe_context"] if data["safe_context"] is not None else "- (not certified)"],
         ["method", data["method"] + (" (from cache)" if data["cached"] else "")],
-    ]
-    print_table(["", ""], rows, title="probe (served model)")
+    ], title="probe (served model)")
     if data["trials"]:
+        print()
         print_table(["prompt tokens", "outcome", "context named", "seconds"],
                     [[t["prompt_tokens"] if t["prompt_tokens"] is not None else f"~{t['target_tokens']}", t["outcome"],
                       t["n_ctx_reported"] or "", f"{t['seconds']:.1f}"] for t in data["trials"]],
                     title="certification requests")
-    for note in data["notes"]:
-        print(f"  note: {note}")
+    _print_notes(data["notes"])
+
+
+def _print_notes(notes: list[str]) -> None:
+    for note in notes:
+        print_wrapped(f"note: {note}", indent="  ")
 
 
 def _print_report(data: dict[str, Any]) -> None:
     print_table(["device", "kind", "total", "free", "source"],
                 [[d["name"], d["kind"], format_mib(d["total_bytes"]), format_mib(d["free_bytes"]), d["source"]]
                  for d in data["devices"]], title="devices")
-    for note in data["device_notes"]:
-        print(f"  note: {note}")
+    _print_notes(data["device_notes"])
     model = data["model"]
     fp = data["footprint_at_max"]
-    rows = [
+    fields = [
         ["model", f"{model['name'] or model['arch']} ({model['arch']}, {model['n_layer']} layers, "
                   f"n_ctx_train {model['n_ctx_train']})"],
-        ["sha256", model["sha256"][:16] + "…"],
+        ["sha256", model["sha256"][:16]],
         ["placed on", f"{data['placement']['device']} (usable {format_mib(data['placement']['usable_bytes'])})"],
         ["KV bytes per token", f"{data['kv_bytes_per_token']:.0f}"],
         ["max_context_tokens", f"{data['max_context_tokens']} (analytic: weights {format_mib(fp['weights'])} + KV "
@@ -148,12 +176,13 @@ def _print_report(data: dict[str, Any]) -> None:
         ["method", data["method"] + (" (from cache)" if data["cached"] else "")],
     ]
     if "kv_cache_bytes" in data:
-        rows.append([f"KV at n_ctx {data['n_ctx']}", format_mib(data["kv_cache_bytes"])])
-    print_table(["", ""], rows, title="probe")
+        fields.append([f"KV at n_ctx {data['n_ctx']}", format_mib(data["kv_cache_bytes"])])
+    print()
+    print_fields(fields, title="probe")
     if data["trials"]:
+        print()
         print_table(["n_ctx", "prompt tokens", "outcome", "KV (llama.cpp)", "footprint", "seconds"],
                     [[t["n_ctx"], t["prompt_tokens"], t["outcome"], format_mib(t["kv_bytes_measured"]),
                       format_mib(t["footprint_bytes"]), f"{t['seconds']:.1f}"] for t in data["trials"]],
                     title="certification trials")
-    for note in data["notes"]:
-        print(f"  note: {note}")
+    _print_notes(data["notes"])

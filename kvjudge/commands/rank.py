@@ -63,7 +63,7 @@ def _rank(args: argparse.Namespace) -> int:
 
         def agent(run_id: str) -> str:
             if run_id not in agents:
-                agents[run_id] = agent_of(chosen[run_id] if run_id in chosen else store.run(run_id))
+                agents[run_id] = agent_of(chosen[run_id] if run_id in chosen else store.runs.run(run_id))
             return agents[run_id]
 
         if args.verdicts is not None:

@@ -35,12 +35,12 @@ def _reduce(args: argparse.Namespace) -> int:
         raise UsageError("--tenant only applies with --all; name a run or add --all")
     judge = target_from(args, ceiling=args.ceiling)
     with judge.open_store() as store, progress("reducing", None) as advance:
-        # Never the configured ceiling alone: without a probe figure target_of raises CapabilityMissing, before
+        # Never the configured ceiling alone: without a probe figure token_target_of raises CapabilityMissing, before
         # the counter is built (a served one asks its servers).
         done = reduce_runs(store, None if args.all else [args.run], lambda tenant: judge.ceiling(tenant).effective,
                            judge.counter, tenant=args.tenant, dry_run=args.dry_run,
                            on_run=lambda run_id, _done, _total: advance(description=f"reducing {run_id}"))
-    targets = {tenant: judge.ceiling_figures(tenant) for tenant in done.targets}
+    targets = {tenant: judge.ceiling_figures(tenant) for tenant in done.token_targets}
     results, above = done.runs, done.above
     payload = {"store": str(store.path), "model": judge.label, "counter": done.counter,
                "ceilings": targets, "capability": entry_summary(judge.entry), "runs": list(results),

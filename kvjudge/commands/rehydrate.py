@@ -20,7 +20,7 @@ def _rehydrate(args: argparse.Namespace) -> int:
     record Rehydrated. The cold copies stay."""
     target = target_from(args)
     with target.open_store(read_tiered=False) as store:
-        tiered = sum(1 for loc in store.run(args.run).bodies.values() if loc.status == "tiered")
+        tiered = sum(1 for loc in store.runs.run(args.run).bodies.values() if loc.status == "tiered")
         with progress(f"rehydrating {args.run}", tiered) as advance:
             result = rehydrate_run(store, args.run, target.cold_stores(), progress=lambda n: advance(n))
     payload = result.to_dict()

@@ -53,7 +53,7 @@ def _report(args: argparse.Namespace) -> int:
         with opened_judge(args, target) as judge:
             verdicts = judged(judge, store, selection)
             # The ceiling as `kvjudge reduce` computes it, or no figures and the reason (no probe figure yet).
-            ceilings, note = target.ceilings({store.run(run_id).tenant for pair in selection.pairs for run_id in pair})
+            ceilings, note = target.ceilings({store.runs.run(run_id).tenant for pair in selection.pairs for run_id in pair})
             report = build_report(store, judge, verdicts, ceilings=ceilings, ceiling_note=note,
                                   bootstrap=args.bootstrap, pairing=selection.describe())
     written = write_report(report, out)

@@ -6,10 +6,10 @@ import argparse
 from typing import Any
 
 from kvjudge.commands._args import add_store_args, command, target_from
-from kvjudge.commands._output import emit, info, print_table, progress
+from kvjudge.commands._output import Column, emit, info, print_table, progress
 from kvjudge.errors import KvjudgeError
 from kvjudge.retention.lifecycle import STATES
-from kvjudge.retention.reduce import count_ahead
+from kvjudge.retention.stored_tokens import count_ahead
 from kvjudge.retention.state import best_grade
 from kvjudge.retention.store import RunListing, Store
 from kvjudge.target import JudgeTarget
@@ -39,7 +39,7 @@ def _count(store: Store, run_ids: list[str], counter: TokenCounter) -> None:
     """Count (and store) what each run shows that was never counted; each run's bodies in one batch."""
     with progress("counting", len(run_ids)) as advance:
         for run_id in run_ids:
-            count_ahead(store, store.run(run_id), counter)
+            count_ahead(store, store.runs.run(run_id), counter)
             advance()
 
 
@@ -57,7 +57,7 @@ def _runs(args: argparse.Namespace) -> int:
     # The agent column falls back to the run-id prefix or the tenant (as rank groups runs): filtered on what it shows.
     filters = {"tenant": args.tenant, "task": args.task, "state": args.state, "agent": args.agent}
     with judge.open_store() as store:
-        run_ids = store.run_ids(**filters)
+        run_ids = store.runs.run_ids(**filters)
         name: str | None = None
         if run_ids and args.count:
             counter = judge.counter()
@@ -66,7 +66,7 @@ def _runs(args: argparse.Namespace) -> int:
         elif run_ids:
             # Only what the store already holds, under the counter's name: a listing never waits for a tokenizer.
             name = _counter_name(judge)
-        rows = [_run_row(run) for run in store.listing(**filters, counter=name)]
+        rows = [_run_row(run) for run in store.runs.listing(**filters, counter=name)]
     uncounted = sum(row["tokens"] is None for row in rows)
     if uncounted and name is not None:
         info(f"{uncounted} of {len(rows)} run(s) not counted yet with {name} (tokens "
@@ -82,13 +82,21 @@ def _grade_cell(grade: dict[str, Any] | None) -> str:
     return f"{label} ({grade.get('score')})" if label else str(grade.get("score"))
 
 
+# When the table is too wide, what goes first: the agent and the trial (a run id of a harness's run spells both),
+# then the tenant and the task; the run id, its state, grade, tokens and whether it was reduced stay longest.
+_COLUMNS = {"run": Column("run", 0), "agent": Column("agent", 8), "task": Column("task", 6),
+            "trial": Column("trial", 7), "tenant": Column("tenant", 5), "state": Column("state", 1),
+            "grade": Column("grade", 2), "tokens": Column("tokens", 3), "reduced": Column("reduced", 4)}
+
+
 def _table(rows: list[dict[str, Any]], counter: str | None) -> None:
-    columns = ["run", "agent", "task"]
+    names = ["run", "agent", "task"]
     trials = any(r["trial"] is not None for r in rows)
     tenants = len({r["tenant"] for r in rows}) > 1
-    columns += ["trial"] * trials + ["tenant"] * tenants + ["state", "grade", "tokens", "reduced"]
+    names += ["trial"] * trials + ["tenant"] * tenants + ["state", "grade", "tokens", "reduced"]
     table = [[r["id"], r["agent"], r["task"], *([r["trial"]] * trials), *([r["tenant"]] * tenants), r["state"],
               _grade_cell(r["grade"]), "-" if r["tokens"] is None else r["tokens"], "yes" if r["reduced"] else "no"]
              for r in rows]
     # print_table never cuts a cell: run ids, agents and tasks are what users copy into the next command.
-    print_table(columns, table, title=f"{len(rows)} run(s)" + (f" ({counter})" if counter else ""))
+    print_table([_COLUMNS[name] for name in names], table,
+                title=f"{len(rows)} run(s)" + (f" ({counter})" if counter else ""))

@@ -19,7 +19,7 @@ from kvjudge.judge.prompt import COMMON_CLOSING, COMMON_OPENING
 from kvjudge.retention.blobs import short
 from kvjudge.retention.reduce import resolve
 from kvjudge.retention.state import REDUCED, TIERED, RunState
-from kvjudge.retention.store import Store
+from kvjudge.retention.store import BlobStore
 from kvjudge.retention.text_check import describe_repair
 
 # Human output cuts each text here (``--json`` always carries the whole text).
@@ -55,7 +55,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         records_settings(parser, "model", "server", "tokenizer_model", "template")
 
 
-def _text_entry(store: Store, state: RunState, ref: str | None) -> dict[str, Any] | None:
+def _text_entry(blobs: BlobStore, state: RunState, ref: str | None) -> dict[str, Any] | None:
     """What a reader sees for ``ref``: the text, the extract standing in for it (its summary blob), or why it
     is gone."""
     if ref is None:
@@ -69,7 +69,7 @@ def _text_entry(store: Store, state: RunState, ref: str | None) -> dict[str, Any
     else:
         if seen != ref:
             entry["summary_ref"] = seen
-        text = store.text(seen)
+        text = blobs.text(seen)
         entry["text"] = text
         if text is None:
             where = state.bodies[seen]
@@ -85,26 +85,26 @@ def _last_in_chain(state: RunState, ref: str) -> str:
     return current
 
 
-def render_run(store: Store, state: RunState) -> dict[str, Any]:
+def render_run(blobs: BlobStore, state: RunState) -> dict[str, Any]:
     """The run as a reader sees it now (JSON-ready): every transition, its text or what stands in its place."""
     branches = []
     for branch in state.branches:
         transitions = []
         for t in branch.transitions:
-            item: dict[str, Any] = {"seq": t.seq, "role": t.role, "text": _text_entry(store, state, t.text_ref),
+            item: dict[str, Any] = {"seq": t.seq, "role": t.role, "text": _text_entry(blobs, state, t.text_ref),
                                     "usage": t.usage, "context": t.context}
             if t.tool_call:
                 item["tool_call"] = {"name": t.tool_call.get("name"),
-                                     "arguments": _text_entry(store, state, t.tool_call.get("arguments_ref"))}
+                                     "arguments": _text_entry(blobs, state, t.tool_call.get("arguments_ref"))}
             if t.tool_output:
                 item["tool_output"] = {"name": t.tool_output.get("name"), "exit_code": t.tool_output.get("exit_code"),
-                                       "output": _text_entry(store, state, t.tool_output.get("output_ref"))}
+                                       "output": _text_entry(blobs, state, t.tool_output.get("output_ref"))}
             transitions.append(item)
         branches.append({"id": branch.id, "status": branch.status, "parent": branch.parent, "fork_at": branch.fork_at,
-                         "summary": _text_entry(store, state, branch.summary_ref), "transitions": transitions})
+                         "summary": _text_entry(blobs, state, branch.summary_ref), "transitions": transitions})
     return {"id": state.id, "tenant": state.tenant, "agent": state.agent, "metadata": state.metadata,
             "state": state.state, "lifecycle": list(state.lifecycle), "reduced": state.reduced,
-            "task": {"id": state.task_id, "prompt": _text_entry(store, state, state.task_prompt_ref)},
+            "task": {"id": state.task_id, "prompt": _text_entry(blobs, state, state.task_prompt_ref)},
             "branches": branches, "verifier": list(state.verifier), "grades": list(state.grades), "tier": state.tier,
             "text_repairs": [dict(note) for note in state.text_repairs]}
 
@@ -128,9 +128,9 @@ def _judge_view(args: argparse.Namespace) -> int:
                          "window decides the allowances)")
     target = target_from(args)
     with target.open_store() as store:
-        store.run(args.run)  # an unknown run is an error before any model loads
+        store.runs.run(args.run)  # an unknown run is an error before any model loads
         if args.beside:
-            store.run(args.beside)
+            store.runs.run(args.beside)
         # Nothing is judged here: no certification, no cached judgments.
         info("loading the judge backend…")
         judge = target.open_judge(n_ctx=args.n_ctx, certify=False, show_verifier=args.show_verifier, use_cache=False)
@@ -178,8 +178,8 @@ def _show(args: argparse.Namespace) -> int:
         raise UsageError("--allowance and --beside go with --judge-view")
     target = target_from(args)
     with target.open_store() as store:
-        state = store.run(args.run)
-        rendered = render_run(store, state)
+        state = store.runs.run(args.run)
+        rendered = render_run(store.blobs, state)
 
     def human() -> None:
         # Lines of kvjudge's own wrap at the terminal's width (an id is never broken); run text prints as stored.

@@ -56,10 +56,14 @@ def _tier(args: argparse.Namespace) -> int:
 
     def human() -> None:
         shown = [r for r in results if r["status"] != "above_ceiling"]
+        targets = {r["target"] for r in shown}
         if shown:
-            print_table(["run", "status", "bodies", "MB", "uploaded", "deleted", "recovered", "target"],
+            # One cold store for every run (the usual case): named once above the table, not in every row.
+            one = len(targets) == 1
+            print_table(["run", "status", "bodies", "MB", "uploaded", "deleted", "recovered"] + ["target"] * (not one),
                         [[r["run"], r["status"], r["refs"], megabytes(r["bytes"]), r["uploaded"], r["deleted"],
-                          r["recovered"] or "", r["target"]] for r in shown])
+                          r["recovered"] or "", *[r["target"]] * (not one)] for r in shown],
+                        title=f"to {next(iter(targets))}" if one else None)
         elif not left:
             info("no run to tier")
         for run_id, reason in outcome.skipped.items():

@@ -24,8 +24,8 @@ def _verify(args: argparse.Namespace) -> int:
         # Tiering finishes crashed moves first (recovery), then adds its remote check.
         checks = verify_checks(store, target.cold_stores(), rehash=args.verify_remote)
         if args.run is not None:
-            store.run(args.run)  # StoreError for an unknown run
-        total = 1 if args.run is not None else len(store.run_ids())
+            store.runs.run(args.run)  # StoreError for an unknown run
+        total = 1 if args.run is not None else len(store.runs.run_ids())
         with progress("verifying", total) as advance:
             report = verify(store, [args.run] if args.run is not None else None, extra_checks=checks,
                             progress=advance)

@@ -21,7 +21,7 @@ from kvjudge.judge.evaluate import evaluate, grade_score, truth
 from kvjudge.judge.ranking import BOOTSTRAP, agent_of, rank
 from kvjudge.retention import RunState
 from kvjudge.retention import events as ev
-from kvjudge.retention.store import Store
+from kvjudge.retention.store import EventRecorder, Store
 
 # Verdict fields the report shows by name; any other field of Verdict.to_json() is listed as it is.
 KNOWN_VERDICT_FIELDS = frozenset({
@@ -144,11 +144,11 @@ def _where(state: RunState) -> dict[str, list[str]]:
     return places
 
 
-def reductions(store: Store, state: RunState) -> tuple[Reduction, ...]:
+def reductions(log: EventRecorder, state: RunState) -> tuple[Reduction, ...]:
     """What reduction removed from the run, in log order, one row per Reduced / BranchReduced / Dropped."""
     places = _where(state)
     found = []
-    for _lsn, event in store.iter_events(state.id):
+    for _lsn, event in log.iter_events(state.id):
         if isinstance(event, ev.Reduced):
             found.append(Reduction("Reduced", ", ".join(places.get(event.original, ["(no transition)"])),
                                    event.tokens_before, event.tokens_after, event.counter))
@@ -174,7 +174,7 @@ def build_report(store: Store, judge: Judge, verdicts: Sequence[Verdict], *,
     ``effective``, ``winner``), or ``ceiling_note`` saying why none is known; ``pairing``: how the pairs were
     chosen (one line, as ``eval`` prints it).
     """
-    states = {run_id: store.run(run_id) for v in verdicts for run_id in (v.a, v.b)}
+    states = {run_id: store.runs.run(run_id) for v in verdicts for run_id in (v.a, v.b)}
     agents = {run_id: agent_of(state) for run_id, state in states.items()}
     evaluation = evaluate(store, verdicts)
     evaluation["manifest"] = judge.manifest()
@@ -216,7 +216,7 @@ def build_report(store: Store, judge: Judge, verdicts: Sequence[Verdict], *,
         counted = tokens[run_id]
         runs.append(RunRow(id=run_id, agent=agents[run_id], task=state.task_id, state=state.state,
                            grade=grade_score(state), full_tokens=counted.full, view_tokens=counted.reduced,
-                           reductions=reductions(store, state),
+                           reductions=reductions(store.events, state),
                            tiered=_tier_status(state)))
     when = (now or datetime.datetime.now(datetime.timezone.utc)).isoformat(timespec="seconds")
     header = {"judge": judge_description(judge), "framing": judge.framing.name,
@@ -233,5 +233,5 @@ def _tier_status(state: RunState) -> str | None:
 
 def with_tier_status(report: Report, store: Store) -> Report:
     """``report`` with each run's tier status as ``store`` says now (a report built before its runs were moved)."""
-    runs = tuple(dataclasses.replace(run, tiered=_tier_status(store.run(run.id))) for run in report.runs)
+    runs = tuple(dataclasses.replace(run, tiered=_tier_status(store.runs.run(run.id))) for run in report.runs)
     return dataclasses.replace(report, runs=runs)

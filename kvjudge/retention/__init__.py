@@ -4,7 +4,7 @@ Public API (ARCHITECTURE.md says which layers use it)::
 
     from kvjudge.retention import Store, fold, RunState, plan_reduction, apply_plan, verify
     from kvjudge.retention import reduce_runs, RunsReduction             # `kvjudge reduce`: a selection of runs
-    from kvjudge.retention import ingest_paths, IngestReport          # getting runs in (or store.ingest)
+    from kvjudge.retention import ingest_paths, IngestReport          # getting runs in: ingest_paths(store, paths)
     from kvjudge.retention import attach_grades, GradeReport          # grades that arrive after the import
     from kvjudge.retention import find_evidence, measure              # a run's decisive evidence, and a view's share
     from kvjudge.retention import open_cold_store, tier_run, rehydrate_run   # tiering (kvjudge.retention.tiering)
@@ -49,13 +49,14 @@ _LOADED_ON_USE = {
     "kvjudge.retention.extract": ("diff_extract", "head_tail_extract"),
     "kvjudge.retention.ingest": ("IngestReport", "ingest_paths"),
     "kvjudge.retention.late_grades": ("GradeReport", "attach_grades"),
-    "kvjudge.retention.reduce": ("ReductionPlan", "ReductionResult", "RunInColdStorage", "RunsReduction", "StalePlan",
-                                 "apply_plan", "plan_reduction", "reduce_run", "reduce_runs", "run_tokens",
-                                 "stored_tokens", "view_refs"),
+    "kvjudge.retention.reduce": ("ReductionPlan", "plan_reduction", "view_refs"),
+    "kvjudge.retention.reduce_apply": ("ReductionResult", "RunInColdStorage", "StalePlan", "apply_plan", "reduce_run"),
+    "kvjudge.retention.reduce_runs": ("RunsReduction", "reduce_runs"),
+    "kvjudge.retention.stored_tokens": ("run_tokens", "stored_tokens"),
     "kvjudge.retention.tiering": ("REHYDRATE_POINTS", "TIER_POINTS", "ColdReader", "ColdStores", "Manifest",
                                   "RehydrateResult", "TierGate", "TierPlan", "TierResult", "fallback_reader",
                                   "local_body_bytes", "plan_all", "recover", "rehydrate_run", "resolve_endpoint",
-                                  "resolve_target", "tier_run", "tier_runs", "verify_checks"),
+                                  "resolve_cold_target", "tier_run", "tier_runs", "verify_checks"),
 }
 _MODULE_OF = {name: module for module, names in _LOADED_ON_USE.items() for name in names}
 
@@ -65,20 +66,10 @@ if TYPE_CHECKING:
     from kvjudge.retention.extract import diff_extract, head_tail_extract
     from kvjudge.retention.ingest import IngestReport, ingest_paths
     from kvjudge.retention.late_grades import GradeReport, attach_grades
-    from kvjudge.retention.reduce import (
-        ReductionPlan,
-        ReductionResult,
-        RunInColdStorage,
-        RunsReduction,
-        StalePlan,
-        apply_plan,
-        plan_reduction,
-        reduce_run,
-        reduce_runs,
-        run_tokens,
-        stored_tokens,
-        view_refs,
-    )
+    from kvjudge.retention.reduce import ReductionPlan, plan_reduction, view_refs
+    from kvjudge.retention.reduce_apply import ReductionResult, RunInColdStorage, StalePlan, apply_plan, reduce_run
+    from kvjudge.retention.reduce_runs import RunsReduction, reduce_runs
+    from kvjudge.retention.stored_tokens import run_tokens, stored_tokens
     from kvjudge.retention.tiering import (
         REHYDRATE_POINTS,
         TIER_POINTS,
@@ -95,7 +86,7 @@ if TYPE_CHECKING:
         recover,
         rehydrate_run,
         resolve_endpoint,
-        resolve_target,
+        resolve_cold_target,
         tier_run,
         tier_runs,
         verify_checks,
@@ -127,6 +118,6 @@ __all__ = [
     "plan_reduction", "reduce_run", "reduce_runs", "run_tokens", "stored_tokens", "verify", "view_refs",
     "REHYDRATE_POINTS", "TIER_POINTS", "ColdReader", "ColdStore", "ColdStores", "LocalDirColdStore", "Manifest",
     "RehydrateResult", "S3ColdStore", "TierGate", "TierPlan", "TierResult", "fallback_reader", "local_body_bytes",
-    "open_cold_store", "plan_all", "recover", "rehydrate_run", "resolve_endpoint", "resolve_target", "tier_run",
+    "open_cold_store", "plan_all", "recover", "rehydrate_run", "resolve_endpoint", "resolve_cold_target", "tier_run",
     "tier_runs", "verify_checks",
 ]

@@ -75,8 +75,8 @@ def attach_grades(store: Store, results: Sequence[str], run_ids: Sequence[str] |
     index = ResultsIndex(load_results(results))  # read before the write lock is taken
     report = GradeReport(store=str(store.path))
     with store.transaction(LABEL):
-        states = [store.run(run_id) for run_id in dict.fromkeys(run_ids)] if run_ids is not None \
-            else [state for state in store.iter_runs(tenant) if trial is None or state.trial == trial]
+        states = [store.runs.run(run_id) for run_id in dict.fromkeys(run_ids)] if run_ids is not None \
+            else [state for state in store.runs.iter_runs(tenant) if trial is None or state.trial == trial]
         index.bind_agents(state.agent for state in states if state.agent)
         plans = [(state, index.grade_for(state.agent, state.task_id, state.id, state.trial)) for state in states]
         if run_ids is not None and len(plans) == 1 and plans[0][1] is None and plans[0][0].task_id is None:
@@ -108,7 +108,7 @@ def _bind_sole_result(store: Store, index: ResultsIndex, state: RunState, report
         return None
     file, run_id = sole
     path = index.files[file].path
-    if store.has_run(run_id):
+    if store.runs.has_run(run_id):
         raise IngestError(f"--results {path}: is the result of run {run_id}, which the store holds; grade that run "
                           f"(kvjudge grade {run_id} --results {path}); nothing was graded")
     report.bound = {"run": state.id, "result_for": run_id, "results": str(path)}
@@ -123,8 +123,8 @@ def _apply(store: Store, report: GradeReport, state: RunState, grade: dict[str, 
         report.unchanged.append(state.id)
         return
     events = _events(state, grade)
-    store.append_many(state.id, events, label=LABEL)
-    entry = {"run": state.id, "grade": grade, "state": store.run(state.id).state}
+    store.events.append_many(state.id, events, label=LABEL)
+    entry = {"run": state.id, "grade": grade, "state": store.runs.run(state.id).state}
     if state.grades:
         report.replaced.append({**entry, "replaces": list(state.grades)})
     else:

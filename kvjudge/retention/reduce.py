@@ -1,4 +1,4 @@
-"""Reduction: shrink a run to a token target without rewriting a blob or editing the log.
+"""Reduction planning: what shrinking one run to a token target takes, decided without writing anything.
 
 Loss order, fixed (stop as soon as the run fits):
 
@@ -14,14 +14,8 @@ Transitions, context partitions, tool info, usage, verifier results and grades a
 
 :func:`plan_reduction` is pure: it reads the folded state, texts and counts, and returns a
 :class:`ReductionPlan` (the events to append, the summary blobs to put, the state they fold to) — the
-judge uses it to derive a further-reduced *view* without storing anything. :func:`apply_plan` executes a
-plan in three durable steps, each committed before the next starts:
-
-    put summary blobs → commit Reduced / BranchReduced / Dropped events → delete the original bodies
-
-A crash anywhere leaves either an unreferenced summary blob (harmless; the re-run puts the same bytes
-under the same ref) or a body the log already explains (the re-run deletes it). Never a missing body the
-log does not explain.
+judge uses it to derive a further-reduced *view* without storing anything. Applying a plan to a store is
+:mod:`kvjudge.retention.reduce_apply`'s job; reducing a selection of runs, :mod:`kvjudge.retention.reduce_runs`'s.
 """
 
 from __future__ import annotations
@@ -30,21 +24,18 @@ import hashlib
 import math
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvjudge.errors import ColdStoreError, IntegrityError, RunStateError, UsageError
+from kvjudge.errors import IntegrityError, RunStateError, UsageError
 from kvjudge.retention import events as ev
 from kvjudge.retention.blobs import ref_of, short
-from kvjudge.retention.faults import fault_point
 from kvjudge.retention.evidence import find_evidence, is_patch
 from kvjudge.retention.extract import HeadTail, diff_extract, head_tail_cut, head_tail_extract
 from kvjudge.retention.state import (
     DROPPED,
     LOCAL,
     REDUCED,
-    TIERED,
     Branch,
     RunState,
     branch_view,
@@ -52,9 +43,8 @@ from kvjudge.retention.state import (
     resolve,
     view_refs,
 )
-from kvjudge.retention.store import Store
 from kvjudge.retention.worth import body_worth
-from kvjudge.tokens import BatchCounter, SplicingCounter, TokenCounter, TokenEnds, count_texts
+from kvjudge.tokens import SplicingCounter, TokenCounter, TokenEnds, count_texts
 
 TextOf = Callable[[str], "str | None"]
 CountFn = Callable[[str], int]
@@ -86,11 +76,11 @@ def view_tokens(state: RunState, counts: Mapping[str, int]) -> int:
 # ------------------------------------------------------------------------ the plan
 @dataclass(frozen=True)
 class ReductionPlan:
-    """What reducing one run to ``target_tokens`` takes. Pure data: nothing is written by planning."""
+    """What reducing one run to ``token_target`` takes. Pure data: nothing is written by planning."""
 
     run_id: str
     counter: str
-    target_tokens: int
+    token_target: int
     tokens_before: int
     tokens_after: int
     events: tuple[ev.Event, ...]
@@ -102,7 +92,7 @@ class ReductionPlan:
 
     @property
     def fits(self) -> bool:
-        return self.tokens_after <= self.target_tokens
+        return self.tokens_after <= self.token_target
 
     @property
     def noop(self) -> bool:
@@ -113,12 +103,13 @@ class ReductionPlan:
         return self.blobs[ref] if ref in self.blobs else fallback(ref)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"run": self.run_id, "counter": self.counter, "target_tokens": self.target_tokens,
+        return {"run": self.run_id, "counter": self.counter, "target_tokens": self.token_target,
                 "tokens_before": self.tokens_before, "tokens_after": self.tokens_after, "fits": self.fits,
                 "events": len(self.events), "steps": dict(self.steps)}
 
 
-def _state_digest(state: RunState) -> str:
+def state_digest(state: RunState) -> str:
+    """sha256 of ``state``'s canonical bytes: what a plan records of the state it was made from."""
     return hashlib.sha256(state.canonical_bytes()).hexdigest()
 
 
@@ -198,10 +189,10 @@ class _Planner:
         self.state = fold_onto(self.state, self.state.id, [(0, event) for event in batch])
 
 
-def plan_reduction(state: RunState, text_of: TextOf, count: TokenCounter | CountFn, target_tokens: int, *,
+def plan_reduction(state: RunState, text_of: TextOf, count: TokenCounter | CountFn, token_target: int, *,
                    counts: Mapping[str, int] | None = None, counter_name: str | None = None,
                    quoted_elsewhere: Mapping[str, int] | None = None) -> ReductionPlan:
-    """Plan the reduction of ``state`` to at most ``target_tokens`` tokens of visible text. Pure.
+    """Plan the reduction of ``state`` to at most ``token_target`` tokens of visible text. Pure.
 
     ``text_of(ref)`` returns a body's text (or None); ``count`` is a TokenCounter or ``text → int``;
     ``counts`` are already-known counts by ref under this counter (so no body is counted twice).
@@ -213,8 +204,8 @@ def plan_reduction(state: RunState, text_of: TextOf, count: TokenCounter | Count
     if not state.is_reducible:
         raise RunStateError(f"run {state.id} is {state.state}; only graded, ungraded or archived runs can be "
                             f"reduced (finish grading first: `kvjudge mark {state.id} graded|ungraded`)")
-    if not isinstance(target_tokens, int) or isinstance(target_tokens, bool) or target_tokens <= 0:
-        raise UsageError(f"the reduction target must be a positive number of tokens, got {target_tokens!r}")
+    if not isinstance(token_target, int) or isinstance(token_target, bool) or token_target <= 0:
+        raise UsageError(f"the reduction target must be a positive number of tokens, got {token_target!r}")
     ends_of: EndsFn | None = None
     if isinstance(count, TokenCounter):
         counter = count
@@ -233,16 +224,16 @@ def plan_reduction(state: RunState, text_of: TextOf, count: TokenCounter | Count
     planner = _Planner(state, text_of, count_fn, count_many, name, counts or {}, quoted_elsewhere or {}, ends_of)
     tokens_before = planner.tokens()
     steps = {"bodies_reduced": 0, "branches_reduced": 0, "dropped": 0}
-    if tokens_before > target_tokens:
-        steps["bodies_reduced"] = _reduce_bodies(planner, target_tokens)
-    if planner.tokens() > target_tokens:
-        steps["branches_reduced"] = _extract_dead_branches(planner, target_tokens)
-    if planner.tokens() > target_tokens:
-        steps["dropped"] = _drop_dead_text(planner, target_tokens)
+    if tokens_before > token_target:
+        steps["bodies_reduced"] = _reduce_bodies(planner, token_target)
+    if planner.tokens() > token_target:
+        steps["branches_reduced"] = _extract_dead_branches(planner, token_target)
+    if planner.tokens() > token_target:
+        steps["dropped"] = _drop_dead_text(planner, token_target)
     return ReductionPlan(
-        run_id=state.id, counter=name, target_tokens=target_tokens, tokens_before=tokens_before,
+        run_id=state.id, counter=name, token_target=token_target, tokens_before=tokens_before,
         tokens_after=planner.tokens(), events=tuple(planner.events), blobs=dict(planner.blobs),
-        new_counts=dict(planner.new_counts), state_after=planner.state, base_digest=_state_digest(state),
+        new_counts=dict(planner.new_counts), state_after=planner.state, base_digest=state_digest(state),
         steps=steps)
 
 
@@ -375,7 +366,7 @@ def _extract(shape: str, text: str, tokens: int, keep: int) -> tuple[str, HeadTa
     return (text, None) if cut is None else (cut.of(text), cut)
 
 
-def _reduce_bodies(planner: _Planner, target: int) -> int:
+def _reduce_bodies(planner: _Planner, token_target: int) -> int:
     """Step 1: cut bodies to extracts in the order of their worth (:mod:`kvjudge.retention.worth`): the cheapest
     to lose first, earlier before later, the run's decisive evidence last; the least cutting that fits wins."""
     step = _Step1(planner)
@@ -409,12 +400,12 @@ def _reduce_bodies(planner: _Planner, target: int) -> int:
     # The estimate counts each cut body as its keep plus its marker; real extracts differ a little. An overshoot
     # is taken from the earliest bodies of the last group cut (a few extracts made again, not all); failing that,
     # plan again for a budget smaller by the overshoot, until the extracts fit or everything is cut.
-    budget, deepest = target, (len(step.groups) - 1, 0)
+    budget, deepest = token_target, (len(step.groups) - 1, 0)
     for _ in range(_ROUNDS):
         level, cap = step.setting(budget)
         keeps = step.keeps(level, cap)
         step.prepare((shapes[ref], keep) for ref, keep in keeps.items())
-        over = total(keeps) - target
+        over = total(keeps) - token_target
         if over <= 0 or trimmed(level, keeps, over) <= 0 or (level, cap) == deepest:
             break
         budget -= max(1, over)
@@ -443,26 +434,26 @@ def _dead_branches_by_size(planner: _Planner) -> list[int]:
             if size > 0]
 
 
-def _dead_branches_while_over(planner: _Planner, target: int) -> Iterator[tuple[RunState, int, Branch]]:
+def _dead_branches_while_over(planner: _Planner, token_target: int) -> Iterator[tuple[RunState, int, Branch]]:
     """Each dead branch with text, largest first, with its index and the run as it stands, while the run is over
-    ``target`` (what steps 2 and 3 go through)."""
+    ``token_target`` (what steps 2 and 3 go through)."""
     for index in _dead_branches_by_size(planner):
-        if planner.tokens() <= target:
+        if planner.tokens() <= token_target:
             return
         state = planner.state
         yield state, index, state.branches[index]
 
 
-def _extract_dead_branches(planner: _Planner, target: int) -> int:
+def _extract_dead_branches(planner: _Planner, token_target: int) -> int:
     """Step 2: each dead branch (largest first) is read as one head-and-tail extract of its text."""
     done = 0
-    for state, index, branch in _dead_branches_while_over(planner, target):
+    for state, index, branch in _dead_branches_while_over(planner, token_target):
         if branch.summary_ref is not None:
             continue
         refs = branch_view(state, index)
         before = sum(planner.count(ref) for ref in refs)
         body = "\n".join(planner.text(ref) for ref in refs)
-        keep = max(0, min(before // 4, target // (2 * max(1, len(state.branches)))))
+        keep = max(0, min(before // 4, token_target // (2 * max(1, len(state.branches)))))
         text = head_tail_extract(body, tokens=before, keep_tokens=keep)
         summary_ref, after = planner.add_blob(text)
         if after >= before:
@@ -473,24 +464,24 @@ def _extract_dead_branches(planner: _Planner, target: int) -> int:
     return done
 
 
-def _drop_dead_text(planner: _Planner, target: int) -> int:
+def _drop_dead_text(planner: _Planner, token_target: int) -> int:
     """Step 3: drop the text of dead branches (largest first); refs a live reader still sees are kept.
 
     Passes repeat until one drops nothing: a ref two dead branches share (an extract can equal another body's)
     is kept while either still shows it, so it may only become droppable once the other has gone. Without the
     repeat, reducing the same run again to the same target would drop it then — not idempotent."""
     dropped = 0
-    while planner.tokens() > target:
-        dropped_now = _drop_dead_text_once(planner, target)
+    while planner.tokens() > token_target:
+        dropped_now = _drop_dead_text_once(planner, token_target)
         dropped += dropped_now
         if dropped_now == 0:
             break
     return dropped
 
 
-def _drop_dead_text_once(planner: _Planner, target: int) -> int:
+def _drop_dead_text_once(planner: _Planner, token_target: int) -> int:
     dropped = 0
-    for state, index, branch in _dead_branches_while_over(planner, target):
+    for state, index, branch in _dead_branches_while_over(planner, token_target):
         elsewhere: set[str] = set()
         if state.task_prompt_ref:
             elsewhere.add(state.task_prompt_ref)
@@ -528,429 +519,5 @@ def _closure(state: RunState, refs: Iterable[str]) -> set[str]:
     return found
 
 
-# ----------------------------------------------------------------------- applying
-@dataclass(frozen=True)
-class ReductionResult:
-    """What :func:`apply_plan` did."""
-
-    plan: ReductionPlan
-    appended: int  # events committed
-    blobs_put: int
-    bodies_deleted: int
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**self.plan.to_dict(), "appended": self.appended, "blobs_put": self.blobs_put,
-                "bodies_deleted": self.bodies_deleted, "reduced": self.plan.state_after.reduced}
-
-
-class StalePlan(RunStateError):
-    """The run changed (another process reduced or tiered it) since the plan was made: plan again."""
-
-
-class RunInColdStorage(RunStateError):
-    """The run's bodies are in cold storage (or on their way there): reduction reads local bodies only, so the
-    run must be rehydrated first. Carries the run's visible ``tokens`` and the ``target`` it is above."""
-
-    def __init__(self, state: RunState, tokens: int, target: int) -> None:
-        tier = state.tier or {}
-        where = "are in cold storage" if tier.get("status") == "tiered" else "are being moved to cold storage"
-        super().__init__(f"run {state.id}: {tokens} tokens, above the target {target}; its bodies {where} at "
-                         f"{tier.get('target')} — run `kvjudge rehydrate {state.id}`, then reduce it")
-        self.run_id, self.tokens, self.target = state.id, tokens, target
-
-
-def in_cold_storage(state: RunState) -> bool:
-    """True when a move of the run's bodies to cold storage has started or finished (and no rehydrate since)."""
-    return bool(state.tier) and state.tier["status"] in ("started", "tiered")  # type: ignore[index]
-
-
-def _check_applicable(store: Store, plan: ReductionPlan, *, unchanged_only: bool = False) -> None:
-    """Raise unless ``plan`` applies to the run's committed state; ``unchanged_only``: only check that the run is
-    still the state it was planned from. The stored state's bytes are hashed as they are (they are its canonical
-    bytes, as written); parsed and hashed again only when they differ."""
-    raw = store.projected_bytes(plan.run_id)
-    if raw is None:
-        store.run(plan.run_id)  # raises: no such run
-    assert raw is not None
-    unchanged = hashlib.sha256(raw).hexdigest() == plan.base_digest
-    if unchanged and unchanged_only:
-        return
-    state = RunState.from_bytes(raw)
-    unchanged = unchanged or _state_digest(state) == plan.base_digest
-    if not state.is_reducible:
-        raise RunStateError(f"run {state.id} is {state.state}; only graded, ungraded or archived runs can be reduced")
-    if not unchanged:
-        raise StalePlan(f"run {plan.run_id} changed since this reduction was planned; plan it again")
-    if plan.events and in_cold_storage(state):
-        raise RunInColdStorage(state, plan.tokens_before, plan.target_tokens)
-
-
-def apply_plan(store: Store, plan: ReductionPlan) -> ReductionResult:
-    """Execute ``plan`` on ``store``: put summaries → commit events → delete bodies, each durable first.
-
-    Also finishes a crashed earlier reduction: a body the log already explains is deleted here. Whether the
-    events commit is decided inside their own write transaction, on the committed state: a plan made from a
-    state the run no longer has (another process reduced or tiered it meanwhile) raises :class:`StalePlan`,
-    and nothing of it is appended.
-    """
-    _check_applicable(store, plan, unchanged_only=True)  # early: no summaries put for a plan already stale
-    put = 0
-    if plan.blobs or plan.new_counts:
-        # Not waited for on disk: the commit of the events below syncs the log, and these pages are before them in
-        # it; lost at a power cut before that, the summaries were named by nothing and the counts are redone.
-        with store.transaction("put_summary", durable=False):
-            for text in plan.blobs.values():
-                store.blobs.put(text.encode("utf-8"))
-                put += 1
-            store.put_counts(plan.counter, plan.new_counts)
-        if plan.blobs:
-            fault_point("after_put_summary")
-    appended = 0
-    if plan.events:
-        with store.transaction("commit_reduction"):
-            _check_applicable(store, plan)
-            appended = len(store.append_many(plan.run_id, list(plan.events), label="commit_reduction"))
-        fault_point("after_commit_reduction")
-    # The run's statuses as just committed (a later change by another process can only reduce, drop or tier more).
-    deleted = finish_deletions(store, plan.run_id, plan.state_after)
-    return ReductionResult(plan=plan, appended=appended, blobs_put=put, bodies_deleted=deleted)
-
-
-def finish_deletions(store: Store, run_id: str, state: RunState | None = None) -> int:
-    """Delete every local body the run's log says is reduced or dropped (and no other run reads). Idempotent.
-    ``state``: the run's state when the caller has just read or committed it (else it is read here)."""
-    state = state if state is not None else store.run(run_id)
-    pending = [ref for ref, loc in state.bodies.items()
-               if loc.status in (REDUCED, DROPPED) and store.blobs.has_body(ref)]
-    if not pending:
-        return 0
-    deleted = store.release_bodies(pending, label="delete_body", durable=False)
-    fault_point("after_delete_body")
-    return len(deleted)
-
-
-def store_counter_view(store: Store, state: RunState, counter: TokenCounter) -> dict[str, int]:
-    """Stored counts of every ref ``state`` names (so planning recounts nothing already counted)."""
-    return store.cached_counts(state.bodies.keys(), counter.name)
-
-
-def plan_stored(store: Store, state: RunState, target_tokens: int, counter: TokenCounter) -> ReductionPlan:
-    """:func:`plan_reduction` of a stored run (its texts, its stored counts).
-
-    A run in cold storage is never planned from its cold bodies: RunInColdStorage when it is above
-    ``target_tokens`` (counted from stored counts, reading through the store's fallback only for bodies never
-    counted), else the no-op plan.
-    """
-    if in_cold_storage(state):
-        tokens = run_tokens(store, state, counter)
-        if tokens > target_tokens:
-            raise RunInColdStorage(state, tokens, target_tokens)
-    if isinstance(counter, BatchCounter):  # the run's bodies counted in one batch, not one request each
-        count_ahead(store, state, counter)
-    return plan_reduction(state, store.text, counter, target_tokens, counts=store_counter_view(store, state, counter))
-
-
-def reduce_run(store: Store, run_id: str, target_tokens: int, counter: TokenCounter, *,
-               attempts: int = 5) -> ReductionResult:
-    """Plan and apply the reduction of one run (a no-op when it already fits; resumes a crashed one).
-
-    When another process changes the run between planning and committing, the reduction is planned again from
-    the new state (up to ``attempts`` times). A run in cold storage above the target is refused
-    (:class:`RunInColdStorage`: ``kvjudge rehydrate`` it first); the deletions a crashed reduction left are
-    finished first all the same.
-    """
-    for _ in range(attempts):
-        state = store.run(run_id)
-        try:
-            plan = plan_stored(store, state, target_tokens, counter)
-        except RunInColdStorage:
-            finish_deletions(store, run_id)
-            raise
-        except IntegrityError:
-            if _state_digest(store.run(run_id)) != _state_digest(state):
-                continue  # a body went with another process's reduction while this one read it: plan again
-            raise
-        try:
-            return apply_plan(store, plan)
-        except StalePlan:
-            continue
-    raise RunStateError(f"run {run_id} changed {attempts} times while its reduction was planned; run `kvjudge "
-                        f"reduce {run_id}` again")
-
-
-def run_tokens(store: Store, state: RunState, counter: TokenCounter) -> int:
-    """Tokens of visible text in ``state`` under ``counter``, counting (and storing) only bodies never counted."""
-    total = _count_view(store, state, counter, missing_ok=False)
-    assert total is not None
-    return total
-
-
-def stored_tokens(store: Store, state: RunState, counter_name: str) -> int | None:
-    """Tokens of visible text in ``state`` from the counts the store already has under ``counter_name``; None
-    when a body it shows was never counted (nothing is read or counted here: it costs one query)."""
-    known = store.cached_counts(state.bodies.keys(), counter_name)
-    if not known:  # never counted (the common case before a reduction): no need to work out what a reader sees
-        return None
-    refs = view_refs(state)
-    if any(ref not in known for ref in refs):
-        return None
-    return sum(known[ref] for ref in refs)
-
-
-def count_ahead(store: Store, state: RunState, counter: TokenCounter) -> None:
-    """Count and store what :func:`run_tokens` of ``state`` would count, without holding any lock, so a later
-    :func:`run_tokens` under a write lock reads stored counts only. Best effort: a body gone meanwhile (another
-    process reduced or tiered the run) is skipped — the later call counts whatever the new state shows."""
-    _count_view(store, state, counter, missing_ok=True)
-
-
-def _count_view(store: Store, state: RunState, counter: TokenCounter, *, missing_ok: bool) -> int | None:
-    known = store.cached_counts(state.bodies.keys(), counter.name)
-    refs = view_refs(state)
-    texts: dict[str, str] = {}
-    missing = False
-    for ref in refs:
-        if ref in known or ref in texts:
-            continue
-        text = store.text(ref)
-        if text is None:
-            if missing_ok:
-                missing = True
-                continue
-            location = state.bodies[ref]
-            if location.status == TIERED:  # a store opened without its cold reader
-                raise ColdStoreError(f"run {state.id}: {short(ref)} is in cold storage at {location.target}; "
-                                     "counting it needs the store's cold reader")
-            raise IntegrityError(f"run {state.id}: the body of {short(ref)} is missing and no event explains it; "
-                                 f"run `kvjudge verify`")
-        texts[ref] = text
-    # One batch: a counter that asks servers has every body of the run in flight at once.
-    fresh = dict(zip(texts, count_texts(counter, list(texts.values()))))
-    store.put_counts(counter.name, fresh)
-    if missing:
-        return None
-    return sum(known.get(ref, fresh.get(ref, 0)) for ref in refs)
-
-
-# ------------------------------------------------------------------------------------- a selection of runs
-# What each loss step did, as ReductionPlan.steps names it.
-_STEPS = (("bodies_reduced", "bodies reduced to extracts"), ("branches_reduced", "dead branches reduced to extracts"),
-          ("dropped", "dead-branch texts dropped"))
-
-
-def left_above(plan: ReductionPlan) -> str:
-    """Why a planned run stays above its target: only the loss steps that were taken are named."""
-    taken = [f"{plan.steps.get(key, 0)} {label}" for key, label in _STEPS if plan.steps.get(key, 0)]
-    how = f"after every loss step ({', '.join(taken)})" if taken else "and no loss step could shrink it"
-    return (f"run {plan.run_id}: {plan.tokens_after} tokens remain above the target {plan.target_tokens} {how}; "
-            "kept: transitions, live-branch markers")
-
-
-@dataclass(frozen=True)
-class RunsReduction:
-    """What :func:`reduce_runs` did (or, for a dry run, planned) over a selection of runs.
-
-    ``runs``: each reducible run's outcome (``ReductionPlan.to_dict`` or ``ReductionResult.to_dict``, with its
-    ``tenant``; ``in_cold_storage`` for a tiered run left alone); ``above``: every run left above its target, with
-    the ``reason`` and the command that would let it reduce (``fix``, or None); ``refused``: runs whose grading has
-    not terminated (only with a whole selection: a named run is refused with RunStateError).
-    """
-
-    counter: str
-    dry_run: bool
-    targets: Mapping[str, int]
-    runs: tuple[dict[str, Any], ...]
-    above: tuple[dict[str, Any], ...]
-    refused: tuple[dict[str, str], ...]
-
-
-RunFn = Callable[[str, int, int], None]
-# Texts up to this long have their counts remembered through a selection of runs (cut markers, short extracts).
-_REMEMBERED_CHARS = 256
-
-
-class _RememberedShortTexts:
-    """A batch counter with the counts of short texts remembered: the cut markers (``[212 lines cut]``) recur in
-    every run, and a counter that asks servers would be asked for each again, run after run."""
-
-    def __init__(self, counter: BatchCounter) -> None:
-        self.counter = counter
-        self.known: dict[str, int] = {}
-
-    @property
-    def name(self) -> str:
-        return self.counter.name
-
-    def count(self, text: str) -> int:
-        return self.count_many([text])[0]
-
-    def count_many(self, texts: Sequence[str]) -> list[int]:
-        asked = [text for text in dict.fromkeys(texts) if text not in self.known]
-        fresh = dict(zip(asked, self.counter.count_many(asked))) if asked else {}
-        self.known.update((text, tokens) for text, tokens in fresh.items() if len(text) <= _REMEMBERED_CHARS)
-        return [self.known[text] if text in self.known else fresh[text] for text in texts]
-
-
-# A run whose bodies hold more text than this is only counted ahead, and planned in its turn (planning ahead holds
-# every body of the run in memory until its turn).
-_AHEAD_RUN_CHARS = 8 << 20
-
-
-class _PlanningAhead:
-    """Counts and plans the next run in a background thread while the current run is written: the writes wait on
-    the disk, the counting on the servers, so neither waits for the other.
-
-    The store stays on its own thread: the run's state, stored counts and texts are read here, the background thread
-    counts the uncounted bodies (one batch) and plans from them (:func:`plan_reduction`, pure: the same plan as in
-    its turn). In its turn the counts are stored and the plan applied; :func:`apply_plan` refuses a plan whose run
-    changed meanwhile (StalePlan), which is then planned again in turn. A run in cold storage, or with more text than
-    ``_AHEAD_RUN_CHARS``, is only counted ahead; a run that cannot be planned ahead (not reducible now, a body
-    missing) is planned in its turn, where its error is raised as before."""
-
-    def __init__(self, store: Store, counter: BatchCounter, targets: Mapping[str, int]) -> None:
-        self.store, self.counter, self.targets = store, counter, targets
-        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvjudge-plan-ahead")
-        self.pending: Future[tuple[dict[str, int], ReductionPlan | None]] | None = None
-
-    def start(self, run_id: str) -> None:
-        state = self.store.run(run_id)
-        if in_cold_storage(state) or any(loc.status == TIERED for loc in state.bodies.values()):
-            return
-        known = self.store.cached_counts(state.bodies.keys(), self.counter.name)
-        texts: dict[str, str | None] = {}
-        chars = 0
-        for ref in state.bodies:
-            texts[ref] = text = self.store.text(ref)
-            chars += len(text) if text is not None else 0
-        uncounted = {ref: text for ref in dict.fromkeys(view_refs(state))
-                     if ref not in known and (text := texts.get(ref)) is not None}
-        target = self.targets.get(state.tenant)
-        plan_too = chars <= _AHEAD_RUN_CHARS and state.is_reducible and target is not None
-        if not (uncounted or plan_too):
-            return
-        kept = texts if plan_too else {}  # held until the run's turn only when it is planned ahead
-        del texts
-
-        def job() -> tuple[dict[str, int], ReductionPlan | None]:
-            fresh = dict(zip(uncounted, self.counter.count_many(list(uncounted.values())))) if uncounted else {}
-            if not plan_too:
-                return fresh, None
-            assert target is not None
-            try:
-                plan = plan_reduction(state, kept.get, self.counter, target, counts={**known, **fresh})
-            except (IntegrityError, RunStateError, UsageError):
-                plan = None  # planned again in its turn, which raises or handles it as it always has
-            return fresh, plan
-
-        self.pending = self.executor.submit(job)
-
-    def settle(self) -> ReductionPlan | None:
-        """Store the counts of the run started last and return its plan (None: plan it in turn). A counting error is
-        raised here, as if counted now."""
-        if self.pending is None:
-            return None
-        pending, self.pending = self.pending, None
-        fresh, plan = pending.result()
-        self.store.put_counts(self.counter.name, fresh)
-        return plan
-
-    def close(self) -> None:
-        self.executor.shutdown(wait=True, cancel_futures=True)
-
-
-def reduce_runs(store: Store, run_ids: Sequence[str] | None, target_of: Callable[[str], int],
-                counter: TokenCounter | Callable[[], TokenCounter], *, tenant: str | None = None,
-                dry_run: bool = False, on_run: RunFn | None = None) -> RunsReduction:
-    """Reduce the runs named (None: every run of the store, or of ``tenant``) to their tenant's target.
-
-    ``target_of(tenant)`` is the tenant's target in tokens; every tenant's is asked for before anything is counted
-    or written (a ceiling without a probe figure raises there). A named run whose grading has not terminated is
-    refused (RunStateError); in a whole selection such runs are listed in ``refused``. With ``dry_run`` each run
-    is planned and nothing is written. ``counter`` may be a function that builds it: it is called once the targets
-    are known. ``on_run(run_id, done, total)`` hears of each run as it starts.
-
-    A counter that counts batches (a served tokenizer: :class:`~kvjudge.tokens.BatchCounter`) is asked as little
-    as it can be, and never waited for while there is writing to do: each run is counted (its bodies in one batch)
-    and planned (its cut markers and each round of extracts in one batch) in a background thread while the run before
-    is being written; a short text's count is remembered from run to run.
-    """
-    chosen = run_ids if run_ids is not None else store.run_ids(tenant)
-    candidates = [store.run(run_id) for run_id in chosen]
-    refused = [state for state in candidates if not state.is_reducible]
-    if run_ids is not None and refused:
-        state = refused[0]
-        raise RunStateError(f"run {state.id} is {state.state}; only graded, ungraded or archived runs can be "
-                            f"reduced (finish grading first: `kvjudge mark {state.id} graded|ungraded`)")
-    reducible = [state.id for state in candidates if state.is_reducible]
-    targets = {name: target_of(name) for name in sorted({state.tenant for state in candidates if state.is_reducible})}
-    del candidates  # each run is read again as it is reduced (another process may have changed it meanwhile)
-    if not isinstance(counter, TokenCounter):
-        counter = counter()
-    ahead: _PlanningAhead | None = None
-    if isinstance(counter, BatchCounter):  # a counter that asks servers: no round trip it can spare or overlap
-        counter = _RememberedShortTexts(counter)
-        ahead = _PlanningAhead(store, counter, targets)
-    try:
-        outcomes, above = _reduce_each(store, reducible, targets, counter, ahead, dry_run, on_run)
-    finally:
-        if ahead is not None:
-            ahead.close()
-    return RunsReduction(counter=counter.name, dry_run=dry_run, targets=targets, runs=tuple(outcomes),
-                         above=tuple(above),
-                         refused=tuple({"run": state.id, "state": state.state,
-                                        "reason": "grading has not terminated (only graded, ungraded, archived reduce)"}
-                                       for state in refused))
-
-
-def _reduce_each(store: Store, reducible: Sequence[str], targets: Mapping[str, int], counter: TokenCounter,
-                 ahead: _PlanningAhead | None, dry_run: bool,
-                 on_run: RunFn | None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    outcomes: list[dict[str, Any]] = []
-    above: list[dict[str, Any]] = []
-    if ahead is not None and reducible:
-        ahead.start(reducible[0])
-    for done, run_id in enumerate(reducible):
-        if on_run is not None:
-            on_run(run_id, done, len(reducible))
-        planned = None
-        if ahead is not None:
-            planned = ahead.settle()
-            if done + 1 < len(reducible):
-                ahead.start(reducible[done + 1])
-        state = store.run(run_id)
-        target = targets[state.tenant]
-        try:
-            if dry_run:
-                if planned is None or planned.base_digest != _state_digest(state):
-                    planned = plan_stored(store, state, target, counter)
-                plan, outcome = planned, {**planned.to_dict(), "dry_run": True}
-            else:
-                result = _applied_ahead(store, planned) if planned is not None else None
-                if result is None:
-                    result = reduce_run(store, run_id, target, counter)
-                plan, outcome = result.plan, result.to_dict()
-            if not plan.fits:
-                above.append({"run": run_id, "tokens": plan.tokens_after, "target": target,
-                              "reason": left_above(plan), "fix": None})
-        except RunInColdStorage as exc:
-            outcome = {"run": run_id, "counter": counter.name, "target_tokens": target, "tokens_before": exc.tokens,
-                       "tokens_after": exc.tokens, "fits": False, "events": 0, "in_cold_storage": True}
-            above.append({"run": run_id, "tokens": exc.tokens, "target": target, "reason": str(exc),
-                          "fix": f"kvjudge rehydrate {run_id}"})
-        outcome["tenant"] = state.tenant
-        outcomes.append(outcome)
-    return outcomes, above
-
-
-def _applied_ahead(store: Store, plan: ReductionPlan) -> ReductionResult | None:
-    """``plan``, made ahead, applied; None when its run changed since (it is then planned again in its turn)."""
-    try:
-        return apply_plan(store, plan)
-    except StalePlan:
-        return None
-
-
-__all__ = ["ReductionPlan", "ReductionResult", "RunInColdStorage", "RunsReduction", "StalePlan", "apply_plan",
-           "branch_view", "count_ahead", "finish_deletions", "in_cold_storage", "left_above", "plan_reduction",
-           "plan_stored", "reduce_run", "reduce_runs", "resolve", "run_tokens", "stored_tokens", "view_refs",
-           "view_tokens"]
+__all__ = ["CountFn", "ReductionPlan", "TextOf", "branch_view", "plan_reduction", "resolve", "state_digest",
+           "view_refs", "view_tokens"]

@@ -74,7 +74,7 @@ def verify(store: Store, run_ids: Sequence[str] | None = None, *, extra_checks: 
            progress: Callable[[int], None] | None = None) -> VerifyReport:
     """Check ``run_ids`` (all runs when None; then every body in the store is re-hashed too)."""
     report = VerifyReport()
-    for name in store.missing_log_triggers():
+    for name in store.events.missing_log_triggers():
         report.violations.append(Violation("log", None, None, f"trigger {name} is missing: the event log is "
                                                               f"no longer protected against edits"))
     whole_store = run_ids is None
@@ -84,11 +84,11 @@ def verify(store: Store, run_ids: Sequence[str] | None = None, *, extra_checks: 
             report.blobs_rehashed += 1
             if (violation := _rehash(ref, body)) is not None:
                 report.violations.append(violation)
-        orphans = store.unnamed_bodies()
+        orphans = store.runs.unnamed_bodies()
         if orphans:
             report.notes.append(f"{orphans} stored bodies are named by no run (e.g. summaries put before a crash); "
                                 f"harmless")
-        run_ids = store.logged_runs()
+        run_ids = store.events.logged_runs()
     shared: set[str] = set()
     for run_id in run_ids:
         # A whole-store check has re-hashed every body already; a per-run check re-hashes the run's bodies.
@@ -102,8 +102,8 @@ def verify(store: Store, run_ids: Sequence[str] | None = None, *, extra_checks: 
 
 def _verify_run(store: Store, run_id: str, report: VerifyReport, shared: set[str], *, rehash_bodies: bool,
                 extra_checks: Sequence[Check]) -> None:
-    refolded = store.refold(run_id)  # from LSN 0, straight from the log
-    projected = store.projected_bytes(run_id)
+    refolded = store.runs.refold(run_id)  # from LSN 0, straight from the log
+    projected = store.runs.projected_bytes(run_id)
     fresh = refolded.canonical_bytes()
     if projected is None:
         report.violations.append(Violation("refold", run_id, None, "the log has this run but the projection does "
@@ -128,7 +128,7 @@ def _verify_run(store: Store, run_id: str, report: VerifyReport, shared: set[str
             # Content-addressed bodies are shared: one another run still reads here is kept on purpose. Only a
             # body no run reads any more is a deletion a reduction left unfinished, noted once: for the run
             # whose event came last (the reduction that stopped).
-            explanation = store.explain(ref)
+            explanation = store.runs.explain(ref)
             if explanation.status == LOCAL:
                 shared.add(ref)
             elif explanation.run == run_id and explanation.status in (REDUCED, DROPPED):

@@ -41,6 +41,6 @@ def seed_judgments(judge: Judge, store: Store, choices: Mapping[tuple[str, str],
             for prompt in judge.order_prompts(view_a, view_b):
                 first = p_ab if prompt.order == "ab" else 1.0 - p_ba
                 score = LabelScore(probs={"A": first, "B": 1.0 - first}, label_mass=label_mass, prompt_tokens=tokens)
-                store.put_judgment(prompt.key, score_payload(score, manifest))
+                store.caches.put_judgment(prompt.key, score_payload(score, manifest))
                 written += 1
     return written

@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from kvjudge.errors import IngestError
+from kvjudge.retention.ingest.format import Format
 from kvjudge.retention.ingest.model import DocumentError, JsonPath, ParseContext, ParsedRun, content_text, dig
 from kvjudge.retention.ingest.model import get_field, need, scalars, settle_events, subpath, usage_of, with_marker
 
@@ -58,7 +59,10 @@ CONFIG = "config.json"
 AGENT_DIR = "agent"
 TASK_MARKER = "{{task}}"
 GRADER = "harbor"
-_TRAJECTORY = re.compile(r"(?:^|/)trajectory(?:\.cont-(\d+))?\.json\Z")
+#: An ATIF file's name: ``[<stem>.]trajectory[.cont-N | .<subagent>].json`` (under a folder, in a trial). The stem
+#: groups a run's files outside Harbor's layout; ``cont-N`` is a continuation; any other middle part a subagent's
+#: trajectory (Terminus 2's ``trajectory.summarization-1-summary.json``).
+_TRAJECTORY = re.compile(r"(?:^|/)(?P<stem>[^/]*?\.)?trajectory(?:\.(?:cont-(?P<cont>\d+)|(?P<sub>[^/]+?)))?\.json\Z")
 _VERSION = re.compile(r"ATIF-v(\d+)\.(\d+)\Z")
 #: How an ATIF document opens (Harbor writes ``schema_version`` first): what a directory walk reads it by.
 _ATIF_HEAD = re.compile(rb'\A\s*\{\s*"schema_version"\s*:\s*"ATIF-')
@@ -67,14 +71,28 @@ _SOURCES = ("system", "user", "agent")
 
 
 def is_trajectory_name(name: str) -> bool:
-    """``trajectory.json`` or ``trajectory.cont-N.json`` (optionally under a folder)."""
+    """An ATIF file's name: ``trajectory.json``, ``trajectory.cont-N.json``, a subagent's
+    ``trajectory.<name>.json``, each optionally ``<stem>.``-prefixed (and under a folder)."""
     return _TRAJECTORY.search(name) is not None
 
 
-def continuation_index(name: str) -> int:
-    """0 for ``trajectory.json``, N for ``trajectory.cont-N.json``."""
+def trajectory_stem(name: str) -> str:
+    """The stem that groups an ATIF file with its continuations and subagents (``""`` for ``trajectory.json``)."""
     found = _TRAJECTORY.search(name)
-    return int(found.group(1)) if found and found.group(1) else 0
+    return found.group("stem") or "" if found else ""
+
+
+def is_subagent_name(name: str) -> bool:
+    """A subagent's trajectory (``trajectory.summarization-1-summary.json``): neither the run's nor a
+    continuation."""
+    found = _TRAJECTORY.search(name)
+    return found is not None and found.group("sub") is not None
+
+
+def continuation_index(name: str) -> int:
+    """0 for ``trajectory.json`` (and a subagent's), N for ``trajectory.cont-N.json``."""
+    found = _TRAJECTORY.search(name)
+    return int(found.group("cont")) if found and found.group("cont") else 0
 
 
 def is_trial_dir(path: Path) -> bool:
@@ -97,10 +115,16 @@ def is_atif_file(path: Path) -> bool:
         return False
 
 
-def trajectory_files(folder: Path) -> list[Path]:
-    """``trajectory.json`` and its continuations in ``folder``, in order."""
-    found = [path for path in folder.glob("trajectory*.json") if path.is_file() and is_trajectory_name(path.name)]
-    return sorted(found, key=lambda path: continuation_index(path.name))
+def trajectory_files(folder: Path, stem: str = "") -> list[Path]:
+    """``<stem>trajectory.json``, its continuations in order, then its subagents' trajectories (by name), in
+    ``folder``."""
+    found = [path for path in folder.glob(f"{glob_escape(stem)}trajectory*.json")
+             if path.is_file() and is_trajectory_name(path.name) and trajectory_stem(path.name) == stem]
+    return sorted(found, key=lambda path: (is_subagent_name(path.name), continuation_index(path.name), path.name))
+
+
+def glob_escape(text: str) -> str:
+    return re.sub(r"([*?\[])", r"[\1]", text)
 
 
 def is_atif(obj: Any) -> bool:
@@ -190,18 +214,24 @@ def _grade(verifier: Any, path: JsonPath) -> tuple[dict[str, Any] | None, str | 
 def parse_harbor(obj: Any, context: ParseContext) -> ParsedRun:
     """A trial (``{file name: decoded file}``) or one ATIF document → ParsedRun (DocumentError names the path)."""
     need(isinstance(obj, dict), "$", "a Harbor trial or ATIF trajectory must be a JSON object")
+    subagents: list[tuple[JsonPath, dict[str, Any]]] = []
     if is_atif(obj):
         parts: list[tuple[JsonPath, dict[str, Any]]] = [("$", obj)]
         result = None
     else:
-        names = sorted((key for key in obj if is_trajectory_name(key)), key=continuation_index)
-        need(bool(names), "$", "no trajectory.json in this trial")
+        names = sorted((key for key in obj if is_trajectory_name(key) and not is_subagent_name(key)),
+                       key=continuation_index) or sorted(key for key in obj if is_trajectory_name(key))[:1]
+        need(bool(names), "$", "no trajectory.json in this trial")  # (a subagent's file alone is read as its own)
         need(continuation_index(names[0]) == 0, ("$", names[0]),
              "a continuation without its trajectory.json (the run's first part)")
         parts = []
         for name in names:
             need(isinstance(obj[name], dict), ("$", name), "an ATIF trajectory must be a JSON object")
             parts.append((("$", name), obj[name]))
+        for name in sorted(key for key in obj if is_trajectory_name(key) and is_subagent_name(key)
+                           and key not in names):
+            need(isinstance(obj[name], dict), ("$", name), "an ATIF trajectory must be a JSON object")
+            subagents.append((("$", name), obj[name]))
         result = read_result(obj[RESULT], ("$", RESULT)) if RESULT in obj else None
     main_path, main = parts[0]
     for path, part in parts:
@@ -218,16 +248,31 @@ def parse_harbor(obj: Any, context: ParseContext) -> ParsedRun:
         task, trial = unfinished["task"], unfinished["trial"]
         run_id = f"{agent}/{task}/{trial}"
     else:
+        session = session or (main.get("trajectory_id") if isinstance(main.get("trajectory_id"), str) else None)
         need(bool(session), subpath(main_path, "session_id"), "missing (a lone trajectory is named by its session)")
-        run_id, task, trial = f"{agent}/{session}", None, session
+        # Outside a trial, ``<task>.trajectory.json`` names its task; a bare trajectory.json names none.
+        stem = trajectory_stem(main_path[1]) if isinstance(main_path, tuple) else ""
+        task = stem.rstrip(".") or None
+        run_id, trial = f"{agent}/{task}/{session}" if task else f"{agent}/{session}", session
     run = context.new_run(run_id, "harbor", agent=agent, grading_open=result is None)
     branch = run.branch("main")
     prompt, copied = _transitions(run, branch, parts)
+    for base, part in parts:  # ATIF 1.6 may embed its subagents' trajectories
+        embedded = part.get("subagent_trajectories")
+        if isinstance(embedded, list):
+            subagents.extend((subpath(base, "subagent_trajectories", index), sub) for index, sub in enumerate(embedded))
+    for index, (path, sub) in enumerate(subagents):
+        need(isinstance(sub, dict), path, "a subagent trajectory must be an ATIF object")
+        _check_header(sub, path)
+        # A subagent's work (a summary, an answer) is read beside the run: a branch of its own, cut first.
+        forked = run.branch(f"subagent-{index + 1}", "dead", parent=branch, fork_at=run.transitions(branch))
+        _transitions(run, forked, [(path, sub)], prompted=True)
     last_metrics = parts[-1][1].get("final_metrics") if isinstance(parts[-1][1].get("final_metrics"), dict) else {}
     version = result.agent_version if result else atif_agent.get("version")
     metadata = scalars({
         "format": main["schema_version"], "harness": f"harbor {name} {version}" if version else f"harbor {name}",
         "model": model, "session_id": session, "continuations": len(parts) - 1 or None, "copied_steps": copied or None,
+        "subagents": len(subagents) or None,
         "exception": result.exception if result else None,
         "ungraded_because": result.ungraded_because if result else None,
         "trial_finished": False if unfinished is not None else None,
@@ -276,11 +321,12 @@ def _check_header(part: dict[str, Any], path: JsonPath) -> None:
     need(len(steps) > 0, subpath(path, "steps"), "must not be empty")
 
 
-def _transitions(run: ParsedRun, branch: str, parts: list[tuple[JsonPath, dict[str, Any]]]) -> tuple[str | None, int]:
+def _transitions(run: ParsedRun, branch: str, parts: list[tuple[JsonPath, dict[str, Any]]], *,
+                 prompted: bool = False) -> tuple[str | None, int]:
     """Every step of every part, checked and turned into its transitions in one pass; copied context checked, left
-    out and counted. Returns the task prompt (the first user step's text) and how many steps were copied."""
+    out and counted. Returns the task prompt (the first user step's text, unless ``prompted``: a subagent's) and
+    how many steps were copied."""
     prompt: str | None = None
-    prompted = False
     copied = 0
     for base, part in parts:
         previous = 0
@@ -344,7 +390,7 @@ def _calls_and_outputs(step: dict[str, Any], base: JsonPath,
             if not isinstance(result, dict):
                 raise DocumentError(subpath(where, "results", number), "must be an object")
             source_call = result.get("source_call_id")
-            if source_call is not None and source_call not in names:
+            if source_call is not None and (not isinstance(source_call, str) or source_call not in names):
                 raise DocumentError(subpath(where, "results", number, "source_call_id"),
                                     f"names tool call {source_call!r}, which is not among this step's tool_calls")
             content = result.get("content")
@@ -379,3 +425,9 @@ def read_trial_result(path: Path) -> TrialResult:
         return read_result(data)
     except DocumentError as exc:
         raise IngestError(f"{path}: {exc.path}: {exc.message}") from None
+
+
+FORMAT = Format(
+    name="harbor", summary="Harbor trials (`result.json` beside `agent/`) and ATIF trajectories "
+                           "(`[<stem>.]trajectory.json`, its continuations and subagents' trajectories)",
+    recognises=is_harbor, parse=lambda obj, context, document: parse_harbor(obj, context))

@@ -31,24 +31,18 @@ from typing import TYPE_CHECKING, Any
 
 from kvjudge.errors import IngestError
 from kvjudge.retention import events as ev
-from kvjudge.retention.ingest.ahead import parse_ahead
-from kvjudge.retention.ingest.harbor import finished_since, is_harbor, parse_harbor
-from kvjudge.retention.ingest.inspect_log import is_inspect_sample, parse_inspect_sample
-from kvjudge.retention.ingest.mini_swe_agent import is_mini_swe_agent, parse_mini_swe_agent
 from kvjudge.retention.faults import fault_point
+from kvjudge.retention.ingest import registry
+from kvjudge.retention.ingest.ahead import parse_ahead
+from kvjudge.retention.ingest.harbor import finished_since
 from kvjudge.retention.ingest.model import DocumentError, ParseContext, ParsedRun
-from kvjudge.retention.ingest.native import parse_native
-from kvjudge.retention.ingest.openai import parse_openai
-from kvjudge.retention.ingest.openhands import is_openhands, parse_openhands
 from kvjudge.retention.ingest.results import ResultsIndex, load_results
-from kvjudge.retention.ingest.sources import Document, Source, collect_sources, iter_documents
-from kvjudge.retention.ingest.swe_agent import is_swe_agent, parse_swe_agent
+from kvjudge.retention.ingest.sources import Document, Source, Walk, iter_documents, walk
 from kvjudge.retention.text_check import TextError, parse_checked
 
 if TYPE_CHECKING:
     from kvjudge.retention.store import Store
 
-FORMATS = ("auto", "native", "openai", "mini-swe-agent", "swe-agent", "openhands", "harbor", "inspect")
 BATCH_RUNS = 64
 BATCH_BYTES = 8 << 20
 #: The store's page cache during an import, in MiB: a batch's changed pages (its bodies, BATCH_BYTES at most,
@@ -65,25 +59,16 @@ AHEAD_MIN_BYTES = 1 << 20
 Progress = Callable[[int, str], None]
 
 
+def formats() -> tuple[str, ...]:
+    """The ``--format`` choices: ``auto`` and every registered format (:mod:`.registry`)."""
+    return registry.names()
+
+
 def detect_format(obj: Any) -> str | None:
-    """The format of one decoded document, or None when it is none of them."""
-    if not isinstance(obj, dict):
-        return None
-    if is_mini_swe_agent(obj):
-        return "mini-swe-agent"
-    if is_swe_agent(obj):
-        return "swe-agent"
-    if is_openhands(obj):
-        return "openhands"
-    if is_harbor(obj):
-        return "harbor"
-    if is_inspect_sample(obj):
-        return "inspect"
-    if "branches" in obj or ("id" in obj and "messages" not in obj):
-        return "native"
-    if "messages" in obj:
-        return "openai"
-    return None
+    """The format of one decoded document (its top-level keys asked of each format, :func:`.registry.detect`), or
+    None when it is none of them."""
+    found = registry.detect(obj)
+    return found.name if found is not None else None
 
 
 def parse_document(document: Document, fmt: str, context: ParseContext) -> ParsedRun:
@@ -93,7 +78,7 @@ def parse_document(document: Document, fmt: str, context: ParseContext) -> Parse
     is refused, or with ``context.repair_text`` stored as U+FFFD and noted by a TextRepaired event.
     """
     obj = document.decode(repair_text=context.repair_text)
-    chosen = detect_format(obj) if fmt == "auto" else fmt
+    chosen = detect_format(obj) if fmt == registry.AUTO else fmt
     suffix = f" ({chosen} format)" if chosen else ""
     try:
         return parse_checked(obj, lambda checked: _parse_as(chosen, checked, context, document),
@@ -105,22 +90,10 @@ def parse_document(document: Document, fmt: str, context: ParseContext) -> Parse
 
 
 def _parse_as(fmt: str | None, obj: Any, context: ParseContext, document: Document) -> ParsedRun:
-    if fmt is None:
-        raise DocumentError("$", "is none of the formats kvjudge reads (native, openai, mini-swe-agent, swe-agent, "
-                                 "openhands, harbor, inspect); name one with --format")
-    if fmt == "native":
-        return parse_native(obj, context)
-    if fmt == "openai":
-        return parse_openai(obj, context, document.text)
-    if fmt == "mini-swe-agent":
-        return parse_mini_swe_agent(obj, context)
-    if fmt == "openhands":
-        return parse_openhands(obj, context, document)
-    if fmt == "harbor":
-        return parse_harbor(obj, context)
-    if fmt == "inspect":
-        return parse_inspect_sample(obj, context)
-    return parse_swe_agent(obj, context)
+    found = registry.get(fmt) if fmt is not None else None
+    if found is None:
+        raise DocumentError("$", registry.unknown_message())
+    return found.parse(obj, context, document)
 
 
 @dataclass
@@ -131,6 +104,12 @@ class IngestReport:
     files: int = 0
     bytes: int = 0
     ignored_files: int = 0
+    #: Files read beside the runs (companions such as SWE-agent's ``all_preds.jsonl``) and those passed over as the
+    #: harness's settings, by path.
+    companion_files: list[str] = field(default_factory=list)
+    settings_files: list[str] = field(default_factory=list)
+    #: One line each: what was passed over or read beside the runs, a file that held no runs, a format left out.
+    notes: list[str] = field(default_factory=list)
     runs: list[str] = field(default_factory=list)
     imported: list[str] = field(default_factory=list)
     already_present: list[str] = field(default_factory=list)
@@ -152,6 +131,9 @@ class IngestReport:
 
     def to_dict(self) -> dict[str, Any]:
         return {"store": self.store, "files": self.files, "bytes": self.bytes, "ignored_files": self.ignored_files,
+                "companion_files": len(self.companion_files), "settings_files": len(self.settings_files),
+                "companions": {"read": self.companion_files, "passed_over": self.settings_files},
+                "notes": self.notes,
                 "imported": len(self.imported), "already_present": len(self.already_present),
                 "skipped": len(self.skipped), "ingested": self.imported, "already_present_ids": self.already_present,
                 "skipped_files": self.skipped, "finished_since": self.finished_since, "count": len(self.imported),
@@ -224,8 +206,8 @@ class _FileOutcome:
 class _Importer:
     def __init__(self, store: Store, *, fmt: str, tenant: str | None, agent: str | None, results: Sequence[str],
                  skip_bad: bool, repair_text: bool, progress: Progress | None, trial: str | None = None) -> None:
-        if fmt not in FORMATS:
-            raise IngestError(f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")
+        if fmt not in registry.names():
+            raise IngestError(f"unknown format {fmt!r}; use one of {', '.join(registry.names())}")
         _check_trial_label(trial)
         self.store = store
         self.fmt = fmt
@@ -278,7 +260,7 @@ class _Importer:
         for number, source in enumerate(sources, start=1):
             try:
                 found = [parse_document(document, self.fmt, self.context(source, hashing=False))
-                         for document in iter_documents(source)]
+                         for document in self._documents(source)]
             except IngestError as exc:
                 self._bad(source, exc)
                 continue
@@ -310,8 +292,13 @@ class _Importer:
 
     def _parsed(self, source: Source) -> Iterator[tuple[str, ParsedRun]]:
         """Each document of ``source``, read once and parsed: (where, run); IngestError where one is refused."""
-        for document in iter_documents(source):
+        for document in self._documents(source):
             yield document.where, parse_document(document, self.fmt, self.context(source))
+
+    def _documents(self, source: Source) -> Iterator[Document]:
+        """The documents of ``source``; a JSONL file is one session when ``--format`` names a session format."""
+        forced = registry.get(self.fmt)
+        return iter_documents(source, records=forced is not None and forced.recognises_record is not None)
 
     def _parsed_ahead(self, source: Source) -> Iterator[tuple[str, ParsedRun]]:
         """:meth:`_parsed`, each event's canonical JSON made as well (in the child: it travels with the event, and
@@ -352,9 +339,12 @@ class _Importer:
         except IngestError as exc:
             self._bad(source, exc)
             return
+        if not outcome.runs:
+            self.report.notes.append(f"{source.path}: holds no runs (an inspect log whose eval ran no samples, an "
+                                     f"empty file): nothing imported from it")
         for run_id, state, repaired in outcome.imported:
             if repaired:
-                self.report.repaired[run_id] = [dict(note) for note in self.store.run(run_id).text_repairs]
+                self.report.repaired[run_id] = [dict(note) for note in self.store.runs.run(run_id).text_repairs]
             self.report.imported.append(run_id)
             self.report.states[state] += 1
         self.report.already_present.extend(outcome.present)
@@ -370,8 +360,9 @@ class _Importer:
         to write, or None when it is here already with the same content; IngestError when it is refused."""
         if self.trial is not None and run.trial != self.trial:
             own = f"names its own trial {run.trial!r}" if run.trial is not None else "is named by its file alone"
-            raise IngestError(f"{where}: --trial labels mini-swe-agent, SWE-agent and OpenHands runs (their "
-                              f"files name no trial); this {run.fmt} run {own}")
+            labelled = ", ".join(fmt.name for fmt in registry.formats() if fmt.trial_label)
+            raise IngestError(f"{where}: --trial labels runs whose files name no trial ({labelled}); this "
+                              f"{run.fmt} run {own}")
         if run.grading_open and run.agent:
             self.agents.add(run.agent)
         grade = self.results.grade_for(run.agent, run.task_id, run.run_id, run.trial) if run.grading_open else None
@@ -388,7 +379,7 @@ class _Importer:
         stored = stored_content_hash(self.store, run.run_id, len(run.events))
         if stored is not None:
             if stored != digest:
-                if not finished_since(self.store.run(run.run_id).metadata, run):
+                if not finished_since(self.store.runs.run(run.run_id).metadata, run):
                     raise _conflict(where, run.run_id, stored, digest)
                 outcome.finished_since.append(run.run_id)  # kept as imported: its result comes with `grade`
             outcome.present.append(run.run_id)
@@ -396,7 +387,7 @@ class _Importer:
         return run
 
     def _write_run(self, run: ParsedRun, outcome: _FileOutcome) -> None:
-        outcome.stored_bytes += self.store.write_parsed(run)
+        outcome.stored_bytes += write_parsed(self.store, run)
         outcome.body_bytes += run.body_bytes
         outcome.imported.append((run.run_id, _final_state(run),
                                  any(isinstance(event, ev.TextRepaired) for event in run.events)))
@@ -437,28 +428,37 @@ def _conflict(where: str, run_id: str, stored: str, new: str) -> IngestError:
                        f"--tenant are part of it (grades that came later: kvjudge grade RUN --results FILE)")
 
 
+def write_parsed(store: Store, run: ParsedRun) -> int:
+    """Settle a parsed run's content hash, then write its bodies and events in one transaction; the bytes of
+    bodies stored (the others were stored already)."""
+    if run.content_hash is None:
+        run.settle(None)
+    return store.write_run(run.run_id, run.bodies.items(), run.events)
+
+
 def stored_content_hash(store: Store, run_id: str, n_events: int) -> str | None:
     """The content hash of ``run_id`` as imported, or None when the store has no such run.
 
     Runs imported since content hashes exist carry theirs in RunStarted. For an older run it is computed over
     its first ``n_events`` logged events — the length of the run it is compared with.
     """
-    if not store.has_run(run_id):
+    if not store.runs.has_run(run_id):
         return None
-    first = next(iter(store.iter_events(run_id)))[1]
+    first = next(iter(store.events.iter_events(run_id)))[1]
     if isinstance(first, ev.RunStarted) and first.content_hash:
         return first.content_hash
-    return ev.content_hash(event for _, event in itertools.islice(store.iter_events(run_id), n_events))
+    return ev.content_hash(event for _, event in itertools.islice(store.events.iter_events(run_id), n_events))
 
 
-def ingest_sources(store: Store, sources: list[Source], *, ignored_files: int = 0, fmt: str = "auto",
-                   tenant: str | None = None, agent: str | None = None, results: Sequence[str] = (),
-                   skip_bad: bool = False, repair_text: bool = False, trial: str | None = None,
-                   progress: Progress | None = None) -> IngestReport:
-    """Import ``sources`` (see :func:`collect_sources`) into ``store``; the module docstring says how.
+def ingest_sources(store: Store, sources: list[Source], *, ignored_files: int = 0, walked: Walk | None = None,
+                   fmt: str = "auto", tenant: str | None = None, agent: str | None = None,
+                   results: Sequence[str] = (), skip_bad: bool = False, repair_text: bool = False,
+                   trial: str | None = None, progress: Progress | None = None) -> IngestReport:
+    """Import ``sources`` (see :func:`~.sources.walk`) into ``store``; the module docstring says how. ``walked``:
+    the walk that found them, whose companions and passed-over files the report counts and notes.
 
     ``repair_text``: text that is not Unicode is stored as U+FFFD and noted on the run (else refused).
-    ``trial``: the trial of every run (mini-swe-agent, SWE-agent, OpenHands: their files name none), whose id
+    ``trial``: the trial of every run whose format names none (mini-swe-agent, SWE-agent, OpenHands), whose id
     becomes ``<agent>/<instance>/<trial>``; a run that names a trial of its own is refused.
     """
     importer = _Importer(store, fmt=fmt, tenant=tenant, agent=agent, results=results, skip_bad=skip_bad,
@@ -467,12 +467,17 @@ def ingest_sources(store: Store, sources: list[Source], *, ignored_files: int = 
     report = importer.report
     report.files = len(sources)
     report.bytes = sum(source.size for source in sources)
-    report.ignored_files = ignored_files
+    report.ignored_files = walked.ignored if walked is not None else ignored_files
+    if walked is not None:
+        report.companion_files = walked.companions_used
+        report.settings_files = walked.companions_passed
+        report.notes[:0] = walked.notes()
+    report.notes[:0] = list(registry.load_problems())
     report.runs = list(dict.fromkeys(report.runs))
     return report
 
 
 def ingest_paths(store: Store, paths: Iterable[Any], **options: Any) -> IngestReport:
     """Import files and directories (walked recursively); options as :func:`ingest_sources`."""
-    sources, ignored = collect_sources(paths)
-    return ingest_sources(store, sources, ignored_files=ignored, **options)
+    walked = walk(paths)
+    return ingest_sources(store, walked.sources, walked=walked, **options)

@@ -17,7 +17,8 @@ Shapes, as inspect writes them (``EvalSpec``, ``EvalSample`` and ``ChatMessage``
   explanation}}``, ``error``, ``limit``, ``attachments`` (``attachment://<hash>`` strings stand for these).
 
 Mapping: agent = the eval's model, ``<solver>@<model>`` when the eval named a solver; task id =
-``<task>/<sample id>``; trial = the epoch; run id ``<agent>/<task>/<sample id>/<epoch>``. The task prompt is the
+``<task>/<sample id>``; trial = the epoch and the eval (``<epoch>-<eval_id[:8]>``: two evals of one task and
+model are two trials, not one run twice); run id ``<agent>/<task>/<sample id>/<trial>``. The task prompt is the
 sample's input (the first user message when the input is a message list); each assistant message is an
 assistant transition per tool call (reasoning, then text, on the first) with its model call's usage (input =
 ``input_tokens`` + cache reads + cache writes, which inspect counts apart; output = ``output_tokens``), each
@@ -33,6 +34,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from kvjudge.retention.ingest.format import Format
 from kvjudge.retention.ingest.model import (
     DocumentError,
     JsonPath,
@@ -110,9 +112,16 @@ def eval_agent(spec: dict[str, Any]) -> str:
     return f"{solver}@{model}" if isinstance(solver, str) and solver else str(model)
 
 
+def sample_trial(spec: dict[str, Any], epoch: Any) -> str:
+    """The trial of a sample: its epoch, and the eval it is of (``<epoch>-<eval_id[:8]>``) — the same task run
+    twice on one model is two evals, and each sample of each a trial of its own."""
+    eval_id = spec.get("eval_id")
+    return f"{epoch}-{eval_id[:8]}" if isinstance(eval_id, str) and eval_id else str(epoch)
+
+
 def sample_run_id(spec: dict[str, Any], sample_id: Any, epoch: Any, agent: str | None = None) -> str:
-    """``<agent>/<task>/<sample id>/<epoch>``."""
-    return f"{agent or eval_agent(spec)}/{spec.get('task')}/{sample_id}/{epoch}"
+    """``<agent>/<task>/<sample id>/<trial>`` (:func:`sample_trial`)."""
+    return f"{agent or eval_agent(spec)}/{spec.get('task')}/{sample_id}/{sample_trial(spec, epoch)}"
 
 
 def score_grade(scores: Any, path: JsonPath) -> tuple[dict[str, Any] | None, str | None]:
@@ -176,7 +185,7 @@ def parse_inspect_sample(obj: Any, context: ParseContext) -> ParsedRun:
         "limit": f"{limit.get('type')} {limit.get('limit')}" if limit else None,
         "total_time": sample.get("total_time"), "working_time": sample.get("working_time"),
         "ungraded_because": because if scored else None})
-    run.start(task_id=f"{task}/{sample_id}", prompt=prompt, metadata=metadata, trial=str(epoch))
+    run.start(task_id=f"{task}/{sample_id}", prompt=prompt, metadata=metadata, trial=sample_trial(spec, epoch))
     branch = run.branch("main")
     prompted = False
     for index, message in enumerate(messages):
@@ -289,3 +298,9 @@ def _first_line(text: Any) -> str | None:
     if not isinstance(text, str) or not text.strip():
         return None
     return text.strip().splitlines()[0][:200]
+
+
+FORMAT = Format(
+    name="inspect", summary="inspect_ai eval logs (`*.eval`, `.json`), each sample of each epoch and eval a run",
+    recognises=is_inspect_sample, parse=lambda obj, context, document: parse_inspect_sample(obj, context),
+    files=("*.eval",))

@@ -27,6 +27,7 @@ import json
 import re
 from typing import Any
 
+from kvjudge.retention.ingest.format import Format
 from kvjudge.retention.ingest.model import ROLES, DocumentError, JsonPath, ParseContext, ParsedRun, as_object
 from kvjudge.retention.ingest.model import content_text, dig, get_field, need, scalars, usage_of, with_marker
 from kvjudge.retention.ingest.openai import parse_tool_calls
@@ -245,3 +246,9 @@ def _observation(message: dict[str, Any], where: JsonPath) -> tuple[str, int | N
         raise DocumentError((*where, "extra", "returncode"), "must be an integer")
     whole = _OUTPUT.fullmatch(text)
     return (whole.group(1) if whole else text), exit_code
+
+
+FORMAT = Format(
+    name="mini-swe-agent", summary="mini-swe-agent trajectories (`*.traj.json`, mini-swe-agent-1 and -1.1)",
+    recognises=is_mini_swe_agent, parse=lambda obj, context, document: parse_mini_swe_agent(obj, context),
+    trial_label=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -177,6 +178,10 @@ class ParsedRun:
                                            fork_at=fork_at))
         return branch_id
 
+    def transitions(self, branch_id: str) -> int:
+        """How many transitions ``branch_id`` holds so far (where a branch forking from it now forks)."""
+        return self._seq[branch_id]
+
     def step(self, branch_id: str, role: str, *, text: str | None = None,
              call: tuple[str, Any] | None = None, output: tuple[str | None, str | None, int | None] | None = None,
              usage: dict[str, int] | None = None, context: dict[str, int] | None = None) -> int:
@@ -245,6 +250,17 @@ class ParseContext:
         """An empty ParsedRun: ``--agent`` wins over ``agent``; ``tenant`` (the document's) over ``--tenant``."""
         return ParsedRun(run_id=run_id, tenant=tenant or self.tenant or DEFAULT_TENANT, fmt=fmt,
                          agent=self.agent or agent, grading_open=grading_open, hashing=self.hashing)
+
+
+def task_from_prompt(prompt: str | None, workdir: str | None) -> str | None:
+    """The task of a session that names none (Claude Code, Codex CLI, OpenHands conversations): the folder it ran
+    in and a digest of its first prompt, ``<folder>/<sha256[:12]>`` — so two agents given the same prompt in the
+    same project (or two sessions of one agent) are runs of one task, whichever tool recorded them."""
+    if not prompt:
+        return None
+    folder = workdir.replace("\\", "/").rstrip("/").rsplit("/", 1)[-1] if isinstance(workdir, str) and workdir else ""
+    digest = hashlib.sha256(prompt.strip().encode("utf-8", "surrogateescape")).hexdigest()[:12]
+    return f"{folder or 'session'}/{digest}"
 
 
 def usage_of(response_usage: Any) -> dict[str, int] | None:

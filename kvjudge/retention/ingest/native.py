@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvjudge.errors import RunStateError
 from kvjudge.retention import events as ev
+from kvjudge.retention.ingest.format import Format
 from kvjudge.retention.ingest.model import DocumentError, ParseContext, ParsedRun, jpath, need
 from kvjudge.retention.lifecycle import GRADING, RUNNING, check_path
 
@@ -109,3 +110,10 @@ def parse_native(obj: Any, context: ParseContext | None = None) -> ParsedRun:
         if state == GRADING:
             run.events.extend(facts)
     return run
+
+
+FORMAT = Format(
+    name="native", summary="kvjudge's own runs, one JSON object per run (JSONL), checked against "
+                           "`kvjudge/schemas/run.schema.json`",
+    recognises=lambda obj: "branches" in obj or ("id" in obj and "messages" not in obj),
+    parse=lambda obj, context, document: parse_native(obj, context))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
+from kvjudge.retention.ingest.format import Format
 from kvjudge.retention.ingest.model import (
     ROLES,
     DocumentError,
@@ -67,3 +68,9 @@ def parse_tool_calls(calls: Any, path: JsonPath, call_names: dict[str, str] | No
             call_names[call["id"]] = function["name"]
         parsed.append((function["name"], function.get("arguments")))
     return parsed
+
+
+FORMAT = Format(
+    name="openai", summary="OpenAI chat lines (`messages`, `tool_calls`), each a run landing ungraded",
+    recognises=lambda obj: "messages" in obj,
+    parse=lambda obj, context, document: parse_openai(obj, context, document.text))

@@ -39,12 +39,14 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
+from kvjudge.retention.ingest import openhands_v1
+from kvjudge.retention.ingest.format import Companion, Format, companion_data, json_object_reader
 from kvjudge.retention.ingest.model import DocumentError, JsonPath, ParseContext, ParsedRun, as_object, content_text
 from kvjudge.retention.ingest.model import dig, get_field, need, scalars, settle_events, subpath, usage_of, with_marker
 from kvjudge.retention.ingest.openai import parse_tool_calls
-from kvjudge.retention.ingest.results import openhands_report_grade
+from kvjudge.retention.ingest.swebench import openhands_report_grade, read_predictions
 
-FORMAT = "openhands"
+NAME = "openhands"
 HARNESS = "OpenHands"
 TASK_MARKER = "{{ instance.problem_statement }}"
 SUBMIT = "submit"
@@ -72,11 +74,24 @@ _EXECUTION_RESULT = re.compile(r"^EXECUTION RESULT of \[([^\]]+)\]:\n")
 
 
 def is_openhands(obj: dict[str, Any]) -> bool:
-    """An OpenHands output.jsonl line (an instance with its history or test result and metadata), or one
-    ``llm_completions`` log (a model call's messages and response)."""
-    if isinstance(obj.get("instance_id"), str) and "metadata" in obj and ("history" in obj or "test_result" in obj):
+    """An OpenHands output.jsonl line (an instance with its history or test result, and its metadata, instance
+    row or instruction — the 2024 harness's lines may lack metadata), or one ``llm_completions`` log (a model
+    call's messages and response)."""
+    if isinstance(_instance_id(obj), str) and ("history" in obj or "test_result" in obj) \
+            and ("metadata" in obj or "instance" in obj or "instruction" in obj):
         return True
     return "response" in obj and "messages" in obj and ("kwargs" in obj or "fncall_messages" in obj)
+
+
+def _instance_id(obj: dict[str, Any]) -> Any:
+    """The line's ``instance_id``, else its SWE-bench row's (``instance.instance_id``)."""
+    return obj["instance_id"] if "instance_id" in obj else dig(obj, "instance", "instance_id")
+
+
+METADATA = Companion("metadata.json", "the evaluation's agent class and model, for lines that name none",
+                     json_object_reader("OpenHands' evaluation metadata: agent_class, llm_config.model, …"))
+PATCHES = Companion("patch.jsonl", "the final patch of each instance, for lines without test_result.git_patch",
+                    read_predictions)
 
 
 def agent_from_metadata(metadata: Any) -> str | None:
@@ -99,36 +114,41 @@ def parse_openhands(obj: Any, context: ParseContext, document: Any) -> ParsedRun
     """One output.jsonl line, or the last ``llm_completions`` log of an instance (``document.source.series``
     holds the earlier ones) → ParsedRun (raises DocumentError naming the JSON path)."""
     need(isinstance(obj, dict), "$", "an OpenHands document must be a JSON object")
-    if "instance_id" in obj:
-        return _parse_output(obj, context)
+    if "instance_id" in obj or "instance" in obj:
+        return _parse_output(obj, context, document)
     return _parse_completions(obj, context, document)
 
 
 # ---------------------------------------------------------------------------------------------- output.jsonl
-def _parse_output(obj: dict[str, Any], context: ParseContext) -> ParsedRun:
-    instance_id = get_field(obj, "instance_id", "$", str, "a string")
-    need(instance_id != "", "$.instance_id", "must not be empty")
+def _parse_output(obj: dict[str, Any], context: ParseContext, document: Any) -> ParsedRun:
+    instance_id = _instance_id(obj)
+    need(isinstance(instance_id, str) and instance_id != "", "$.instance_id",
+         "must be a non-empty string (or the line's instance row names none)")
     history = obj.get("history")
     need(history is not None, "$.history", "missing: this line holds no trajectory (evaluation output such as "
                                            "output.swebench_eval.jsonl is results: pass it with --results)")
     need(isinstance(history, list), "$.history", "must be a list of events")
-    metadata = get_field(obj, "metadata", "$", dict, "an object", required=False) or {}
+    metadata = get_field(obj, "metadata", "$", dict, "an object", required=False) \
+        or (companion_data(document, METADATA) if document is not None else None) or {}
     model = dig(metadata, "llm_config", "model")
     agent = context.agent or agent_from_metadata(metadata) or HARNESS
     instruction = get_field(obj, "instruction", "$", str, "a string", required=False)
     statement = dig(obj, "instance", "problem_statement")
     prompt = statement if isinstance(statement, str) and statement else _statement_in(instruction)
     test_result = get_field(obj, "test_result", "$", dict, "an object", required=False) or {}
-    patch = get_field(test_result, "git_patch", "$.test_result", str, "a string", required=False)
+    patch = get_field(test_result, "git_patch", "$.test_result", str, "a string", required=False) \
+        or get_field(obj, "git_patch", "$", str, "a string", required=False)
+    if not patch and document is not None:
+        patch = ((companion_data(document, PATCHES) or {}).get(instance_id) or {}).get("patch")
     error = get_field(obj, "error", "$", str, "a string", required=False)
     metrics = as_object(obj.get("metrics"))
     events = list(_events(history))
     version = next((dig(event, "args", "openhands_version") for event, _ in events
                     if isinstance(event, dict) and event.get("action") == "system"), None)
-    run = context.new_run(context.with_trial(run_id_for(agent, instance_id)), FORMAT, agent=agent,
+    run = context.new_run(context.with_trial(run_id_for(agent, instance_id)), NAME, agent=agent,
                           grading_open=True)
     run.start(task_id=instance_id, prompt=prompt, metadata=scalars({
-        "format": FORMAT, "agent_class": metadata.get("agent_class"), "model": model,
+        "format": NAME, "agent_class": metadata.get("agent_class"), "model": model,
         "max_iterations": metadata.get("max_iterations"), "dataset": metadata.get("dataset"),
         "cost": metrics.get("accumulated_cost"), "error": error,
         "harness": f"{HARNESS} {version}" if isinstance(version, str) else HARNESS}), trial=context.trial)
@@ -136,8 +156,13 @@ def _parse_output(obj: dict[str, Any], context: ParseContext) -> ParsedRun:
     history_run = _History(run, branch, prompt, _usage_by_response(metrics))
     if instruction is not None and not any(_is_user_message(event) for event, _ in events):
         history_run.user_message(instruction)
-    for event, where in events:
-        history_run.add(event, where)
+    if any(isinstance(event, dict) and "kind" in event for event, _ in events[:1]):  # a V1 evaluation's history
+        v1 = openhands_v1.EventWriter(run, branch, prompt)
+        for event, where in events:
+            v1.add(event, where)
+    else:
+        for event, where in events:
+            history_run.add(event, where)
     if patch and patch.strip():
         run.step(branch, "assistant", call=(SUBMIT, patch))
     grade = _line_grade(obj)
@@ -234,10 +259,14 @@ class _History:
         usage = self.usage.pop(response_id, None) if isinstance(response_id, str) else None
         self.run.step(self.branch, "assistant", text=thought if isinstance(thought, str) and thought else None,
                       call=(name, _arguments(kind, args)), usage=usage)
-        if event.get("id") is not None:
+        if _is_id(event.get("id")):
             self.names[event["id"]] = name
         if isinstance(metadata.get("tool_call_id"), str):
             self.names[metadata["tool_call_id"]] = name
+
+    def _name(self, call: Any) -> str | None:
+        """The name of the call an id names (None: not an id, or no call of this run)."""
+        return self.names.get(call) if _is_id(call) else None
 
     def _observation(self, event: dict[str, Any], where: JsonPath) -> None:
         kind = get_field(event, "observation", where, str, "a string")
@@ -247,7 +276,7 @@ class _History:
         extras = get_field(event, "extras", where, dict, "an object", required=False) or {}
         metadata = as_object(event.get("tool_call_metadata"))
         name = (metadata.get("function_name") if isinstance(metadata.get("function_name"), str) else None) \
-            or self.names.get(metadata.get("tool_call_id")) or self.names.get(event.get("cause")) or kind
+            or self._name(metadata.get("tool_call_id")) or self._name(event.get("cause")) or kind
         exit_code = None
         if kind == "run":
             exit_code = dig(extras, "metadata", "exit_code")
@@ -256,6 +285,11 @@ class _History:
                 raise DocumentError(subpath(where, "extras", "metadata", "exit_code"), "must be an integer")
             exit_code = None if exit_code == -1 else exit_code  # -1: OpenHands saw no exit code
         self.run.step(self.branch, "tool", output=(name, content, exit_code))
+
+
+def _is_id(value: Any) -> bool:
+    """An event or tool call id: a string or a whole number (the document may put any value there)."""
+    return isinstance(value, str | int) and not isinstance(value, bool)
 
 
 def _text(args: dict[str, Any], key: str, where: JsonPath) -> str | None:
@@ -308,7 +342,7 @@ def _parse_completions(obj: dict[str, Any], context: ParseContext, document: Any
     response = get_field(obj, response_key, "$", dict, "an object")
     model = completion_model(document.source.name) or response.get("model")
     agent = context.agent or (f"{HARNESS}/{model}" if isinstance(model, str) and model else HARNESS)
-    run = context.new_run(context.with_trial(run_id_for(agent, instance_id)), FORMAT, agent=agent,
+    run = context.new_run(context.with_trial(run_id_for(agent, instance_id)), NAME, agent=agent,
                           grading_open=True)
     calls = [usage_of(dig(earlier, "response", "usage")) for earlier in document.companions()]
     calls.append(usage_of(response.get("usage")))
@@ -322,7 +356,7 @@ def _parse_completions(obj: dict[str, Any], context: ParseContext, document: Any
             prompt = _statement_in(content_text(message.get("content"), (*where, "content")))
             break
     run.start(task_id=instance_id, prompt=prompt, metadata=scalars({
-        "format": FORMAT, "model": model, "api_calls": len(calls), "harness": HARNESS,
+        "format": NAME, "model": model, "api_calls": len(calls), "harness": HARNESS,
         "function_calling": "mocked" if mocked else None}), trial=context.trial)
     _Conversation(run, run.branch("main"), prompt, calls).add_all(turns)
     return run
@@ -409,3 +443,9 @@ def _mocked_calls(text: str) -> tuple[str | None, list[tuple[str, Any]]]:
     first = _FUNCTION.search(text)
     before = text[:first.start()].rstrip() if first else text
     return (before or None), calls
+
+
+FORMAT = Format(
+    name=NAME, summary="OpenHands evaluation `output.jsonl` (2024 and later) and `llm_completions` logs",
+    recognises=is_openhands, parse=parse_openhands, files=("output.jsonl",),
+    companions=(METADATA, PATCHES, Companion("config.json", "the evaluation's settings")), trial_label=True)

@@ -45,10 +45,9 @@ from typing import Any
 from kvjudge.errors import IngestError
 from kvjudge.retention.ingest import harbor, inspect_log, inspect_reader
 from kvjudge.retention.ingest.model import DocumentError
+from kvjudge.retention.ingest.openhands import agent_from_metadata, run_id_for
+from kvjudge.retention.ingest.swebench import RESOLVED, UNRESOLVED, openhands_report_grade
 
-GRADER = "swe-bench"
-RESOLVED = {"grader": GRADER, "score": 1.0, "label": "resolved"}
-UNRESOLVED = {"grader": GRADER, "score": 0.0, "label": "unresolved"}
 REPORT_NAME = "report.json"
 #: What a ``--results`` directory is searched for: per-instance SWE-bench reports and OpenHands evaluation output.
 RESULT_PATTERNS = (REPORT_NAME, "*.swebench_eval.jsonl")
@@ -171,26 +170,9 @@ def _put(results: ResultsFile, instance: str, grade: dict[str, Any] | None, key:
     grades[instance] = grade
 
 
-def openhands_report_grade(report: dict[str, Any]) -> dict[str, Any] | None:
-    """The grade an OpenHands evaluation ``report`` gives (None: the evaluation errored or timed out).
-
-    Raises ValueError naming the field that is wrong."""
-    resolved = report.get("resolved")
-    if not isinstance(resolved, bool):
-        raise ValueError("resolved must be true or false")
-    for flag in ("error_eval", "test_timeout"):
-        if report.get(flag) not in (None, True, False):
-            raise ValueError(f"{flag} must be true or false")
-    if report.get("error_eval") or report.get("test_timeout"):
-        return None
-    return RESOLVED if resolved else UNRESOLVED
-
-
 def _read_openhands(path: Path, agent: str | None) -> ResultsFile:
     """OpenHands evaluation output, line by line: each line's report grades the run its ``metadata`` names
     (``run_grades``), or with ``AGENT=`` (or no metadata) the instance (``grades``)."""
-    from kvjudge.retention.ingest.openhands import agent_from_metadata, run_id_for  # its parser names the runs
-
     results = ResultsFile(path=path, agent=agent, named=agent is not None)
     try:
         with path.open("rb") as handle:

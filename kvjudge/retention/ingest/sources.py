@@ -16,18 +16,20 @@ folder beside an ``output.jsonl`` (the same runs; output.jsonl is the fuller rec
 
 from __future__ import annotations
 
+import dataclasses
+import fnmatch
 import gzip
 import json
 import os
 import re
 import zlib
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
 from kvjudge.errors import IngestError
-from kvjudge.retention.ingest import harbor, inspect_reader
+from kvjudge.retention.ingest import harbor, inspect_reader, registry
 
 #: Names a directory walk picks up (each also with ``.gz``); a file named on the command line is read whatever
 #: its name. Beside them a walk reads Harbor trials, inspect ``*.eval`` archives and inspect ``.json`` logs.
@@ -36,7 +38,10 @@ _WHOLE_SUFFIXES = (".traj.json", ".traj", ".json")  # one JSON document per file
 _READ_ERRORS = (OSError, EOFError, zlib.error)
 #: Source kinds: a plain file, a Harbor trial (a trial directory, or an ATIF trajectory with its continuations),
 #: an inspect ``.eval`` archive.
-FILE, HARBOR, EVAL = "file", "harbor", "eval"
+FILE, HARBOR, EVAL, EVENTS = "file", "harbor", "eval", "events"
+#: An OpenHands V1 conversation persisted event by event: ``<conversation>/events/event-<n>-<id>.json``.
+_EVENTS_DIR = "events"
+_EVENT_FILE = re.compile(r"^event-(\d+)(?:-[^/]*)?\.json$")
 #: OpenHands' files beside its output.jsonl that hold no runs (a directory walk passes over them).
 _SIDE_FILES = re.compile(r"(\.swebench_eval\.jsonl|\.swebench\.jsonl|\.critic_attempt_\d+\.jsonl"
                          r"|^maximum_retries_exceeded\.jsonl)(\.gz)?$")
@@ -57,6 +62,8 @@ class Source:
     #: The files a Harbor source is read from, found once by the walk: a trial's ``result.json`` (or
     #: ``config.json``) and ``agent/trajectory*.json``, or an ATIF trajectory and its continuations.
     parts: tuple[Path, ...] = ()
+    #: The companion files beside it (a run directory's predictions, an evaluation's metadata), for its parser.
+    companions: tuple[Path, ...] = ()
 
     @property
     def name(self) -> str:
@@ -73,58 +80,177 @@ class Source:
         return None
 
 
+@dataclass
+class Walk:
+    """What the directory walks found: the sources, and the files beside them — companions (read for their runs,
+    or passed over as settings) and files no format reads — counted and named for the report."""
+
+    sources: list[Source] = field(default_factory=list)
+    ignored: int = 0  # files read neither as runs nor as companions
+    companions_used: list[str] = field(default_factory=list)
+    companions_passed: list[str] = field(default_factory=list)
+    side: list[str] = field(default_factory=list)  # OpenHands' side files (results, predictions, attempts)
+    others: list[str] = field(default_factory=list)  # the files no format reads (the first few named in a note)
+
+    def notes(self) -> list[str]:
+        """One line per kind of file passed over or read beside the runs."""
+        notes = []
+        for files, what in ((self.companions_used, "read beside the runs (companions)"),
+                            (self.companions_passed, "passed over (the harness's settings, not runs)"),
+                            (self.side, "passed over (OpenHands' evaluation results — give them with --results —, "
+                                        "predictions and attempts: not the runs)"),
+                            (self.others, "passed over (no format kvjudge reads)")):
+            if files:
+                named = ", ".join(files[:_NAMED]) + (f" and {len(files) - _NAMED} more" if len(files) > _NAMED else "")
+                notes.append(f"{len(files)} file(s) {what}: {named}")
+        return notes
+
+
+_NAMED = 5
+
+
 def collect_sources(paths: Iterable[str | os.PathLike[str]]) -> tuple[list[Source], int]:
-    """The files to import, in a stable order, and how many other files the directory walks passed over.
+    """The files to import, in a stable order, and how many other files the directory walks passed over (see
+    :func:`walk`)."""
+    found = walk(paths)
+    return found.sources, found.ignored
+
+
+def walk(paths: Iterable[str | os.PathLike[str]]) -> Walk:
+    """The files to import, in a stable order, with the files beside them.
 
     A directory is walked recursively for run files (``*.jsonl``, ``*.traj.json``, ``*.traj``, each optionally
-    ``.gz``; ``*.eval``; inspect ``.json`` logs; ATIF ``trajectory.json`` files, by how they open) and Harbor
-    trials (``result.json`` beside ``agent/``: one source, its other files passed over; a trial not finished —
-    ``config.json`` beside ``agent/``, no ``result.json`` — is read from its config and trajectory when that is
-    ATIF, else passed over whole); a file named directly is always read (an ATIF ``trajectory.json`` with its
-    trial, or with its continuations). A path named twice is read once.
+    ``.gz``; ``*.eval``; inspect ``.json`` logs; ATIF ``[<stem>.]trajectory[.…].json`` files, by how they open;
+    the names each format adds) and Harbor trials (``result.json`` beside ``agent/``: one source, its other files
+    passed over; a trial not finished — ``config.json`` beside ``agent/``, no ``result.json`` — is read from its
+    config and trajectory when that is ATIF, else passed over whole). A format's companion files (SWE-agent's
+    ``all_preds.jsonl``, OpenHands' ``metadata.json``) in a folder that holds its run files, or above them, go
+    with the runs under that folder. A file named directly is always read (an ATIF trajectory with its trial, or
+    with its continuations and subagents). A path named twice is read once.
     """
-    sources: list[Source] = []
+    found = Walk()
     seen: set[Path] = set()
-    ignored = 0
     for raw in paths:
         path = Path(raw)
         if path.is_dir():
-            found = 0
+            count = 0
+            inherited: dict[Path, tuple[Path, ...]] = {}
             for root, dirs, files in os.walk(path):
                 here = Path(root)
                 if harbor.is_trial_dir(here) or harbor.is_unfinished_trial_dir(here):
                     dirs.clear()  # a trial is read as one source; nothing under it is a run file of its own
                     trial = _trial(here) if _is_read_trial(here) else None
-                    found += _add(sources, seen, trial) if trial is not None else 0
-                    ignored += _files_under(here) - (len(trial.parts) if trial is not None else 0)
+                    count += _add(found.sources, seen, trial) if trial is not None else 0
+                    found.ignored += _files_under(here) - (len(trial.parts) if trial is not None else 0)
                     continue
                 dirs.sort()
                 if _COMPLETIONS_DIR in dirs and any(name in files for name in ("output.jsonl", "output.jsonl.gz")):
                     dirs.remove(_COMPLETIONS_DIR)  # the same runs as output.jsonl: passed over
-                    ignored += sum(len(names) for _, _, names in os.walk(Path(root) / _COMPLETIONS_DIR))
-                for name in sorted(files):
-                    if _is_run_file(name) or is_completions_log(here / name) \
-                            or (harbor.is_trajectory_name(name) and harbor.is_atif_file(here / name)) \
-                            or (name.endswith(".json") and inspect_reader.is_json_log(here / name)):
-                        found += _add(sources, seen, _file(here / name))
-                    else:
-                        ignored += 1
-            if found == 0 and not any(s.path.is_relative_to(path) for s in sources):
+                    found.ignored += sum(len(names) for _, _, names in os.walk(Path(root) / _COMPLETIONS_DIR))
+                count += _walk_folder(found, seen, here, sorted(files), inherited)
+            if count == 0 and not any(s.path.is_relative_to(path) for s in found.sources):
                 raise IngestError(f"{path}: no run files in this directory (looked for "
                                   f"{', '.join('*' + s for s in RUN_SUFFIXES)}, optionally .gz, *.eval, inspect "
-                                  f"logs, Harbor trials and OpenHands {_COMPLETIONS_DIR}/<instance_id>/*.json)")
+                                  f"logs, ATIF trajectories, Harbor trials, OpenHands "
+                                  f"{_COMPLETIONS_DIR}/<instance_id>/*.json and "
+                                  f"{', '.join(registry.walked_names())})")
         elif path.is_file():
-            _add(sources, seen, _file(path))
+            _add(found.sources, seen, _with_companions(_file(path), _companions_beside(path)))
         else:
             raise IngestError(f"{path} does not exist; pass run files (JSONL, *.traj.json, *.traj) or directories")
-    if not sources:
+    if not found.sources:
         raise IngestError("nothing to import; pass run files or directories")
-    return _series(sources), ignored
+    found.sources = _series(found.sources)
+    return found
+
+
+def _walk_folder(found: Walk, seen: set[Path], here: Path, files: list[str],
+                 inherited: dict[Path, tuple[Path, ...]]) -> int:
+    """One folder of a walk: its run files become sources (with the companions here and above), its companions
+    are kept for them, the rest counted. Returns how many sources it added."""
+    runs = []
+    companions: list[Path] = list(inherited.get(here.parent, ()))
+    events = _events_source(here, files, companions + _companions_beside(here))
+    if events is not None:  # one run: the conversation's events, one per file
+        found.ignored += len(files) - len(events.parts)
+        return _add(found.sources, seen, events)
+    added = 0
+    for name in files:
+        known = registry.companion(_base(name))
+        if known is not None and _holds_runs_of(here, known[0]):
+            companions.append(here / name)
+            (found.companions_used if known[1].read else found.companions_passed).append(str(here / name))
+        elif _is_walked_run(here, name):
+            runs.append(name)
+        else:
+            found.ignored += 1
+            (found.side if _SIDE_FILES.search(name) else found.others).append(str(here / name))
+    inherited[here] = tuple(companions)
+    for name in runs:
+        added += _add(found.sources, seen, _with_companions(_file(here / name), companions))
+    return added
+
+
+def _events_source(folder: Path, files: list[str], companions: list[Path]) -> Source | None:
+    """An OpenHands V1 ``events/`` folder (``event-<n>-<id>.json`` files) as one source, its events in order."""
+    if folder.name != _EVENTS_DIR:
+        return None
+    parts = sorted((folder / name for name in files if _EVENT_FILE.match(name)),
+                   key=lambda path: (int(_EVENT_FILE.match(path.name).group(1)), path.name))  # type: ignore[union-attr]
+    if not parts:
+        return None
+    return Source(path=folder, size=sum(p.stat().st_size for p in parts), kind=EVENTS, parts=tuple(parts),
+                  companions=tuple(dict.fromkeys(companions)))
+
+
+def _is_walked_run(here: Path, name: str) -> bool:
+    return _is_run_file(name) or is_completions_log(here / name) \
+        or (harbor.is_trajectory_name(name) and harbor.is_atif_file(here / name)) \
+        or (name.endswith(".json") and inspect_reader.is_json_log(here / name))
+
+
+def _holds_runs_of(folder: Path, fmt: Any) -> bool:
+    """Whether ``folder`` (or a folder under it) holds a file named as ``fmt``'s run files are."""
+    patterns = (*fmt.files, *fmt.marks)
+    if not patterns:
+        return False
+    for _, _, files in os.walk(folder):
+        if any(fnmatch.fnmatchcase(_base(name), pattern) for name in files for pattern in patterns):
+            return True
+    return False
+
+
+def _companions_beside(path: Path) -> list[Path]:
+    """The companions of a file named directly: those beside it, and one folder up those of its format (by its
+    name: a SWE-agent 1.x run keeps ``preds.json`` above its instances' folders). Each parser reads only its own."""
+    found = []
+    for folder in (path.parent, path.parent.parent):
+        try:
+            names = sorted(os.listdir(folder))
+        except OSError:
+            continue
+        for name in names:
+            known = registry.companion(_base(name))
+            if known is None or not (folder / name).is_file():
+                continue
+            if folder == path.parent or any(fnmatch.fnmatchcase(_base(path.name), p) for p in known[0].files):
+                found.append(folder / name)
+    return found
+
+
+def _with_companions(source: Source, companions: Iterable[Path]) -> Source:
+    companions = tuple(companions)
+    return dataclasses.replace(source, companions=companions) if companions else source
+
+
+def _base(name: str) -> str:
+    return name[:-3] if name.endswith(".gz") else name
 
 
 def _is_run_file(name: str) -> bool:
-    base = name[:-3] if name.endswith(".gz") else name
-    return (base.endswith(RUN_SUFFIXES) and not _SIDE_FILES.search(name)) or name.endswith(inspect_reader.EVAL_SUFFIX)
+    base = _base(name)
+    return ((base.endswith(RUN_SUFFIXES) or any(fnmatch.fnmatchcase(base, p) for p in registry.walked_names()))
+            and not _SIDE_FILES.search(name)) or name.endswith(inspect_reader.EVAL_SUFFIX)
 
 
 
@@ -165,8 +291,9 @@ def _file(path: Path) -> Source:
         in_trial = harbor.is_trial_dir(trial) or harbor.is_unfinished_trial_dir(trial)
         if path.parent.name == harbor.AGENT_DIR and in_trial:
             return _trial(trial)
-        main = path.parent / "trajectory.json"
-        parts = harbor.trajectory_files(path.parent) if main.is_file() else [path]
+        stem = harbor.trajectory_stem(path.name)
+        main = path.parent / f"{stem}trajectory.json"
+        parts = harbor.trajectory_files(path.parent, stem) if main.is_file() else [path]
         return Source(path=parts[0], size=sum(p.stat().st_size for p in parts), kind=HARBOR, parts=tuple(parts))
     kind = EVAL if path.name.endswith(inspect_reader.EVAL_SUFFIX) else FILE
     return Source(path=path, size=path.stat().st_size, kind=kind)
@@ -224,6 +351,9 @@ class Document:
     #: A document of several parts (a Harbor trial's files; an eval's spec and one sample), decoded into one
     #: object: part name → its raw JSON bytes, or a value already decoded.
     parts: dict[str, Any] | None = None
+    #: A session file whose every line is one record of one run (Claude Code, Codex CLI): decoded into the list
+    #: of its lines' values, a line that is not JSON refusing the whole file.
+    records: bool = False
 
     @property
     def where(self) -> str:
@@ -242,6 +372,12 @@ class Document:
         With ``repair_text``, bytes that are not UTF-8 pass as lone surrogates, for
         :func:`~kvjudge.retention.text_check.parse_checked` to store as U+FFFD.
         """
+        if self.records and self.parts is not None:
+            return [decode_json(part, f"{self.source.path}/{name}", repair_text=repair_text)
+                    for name, part in self.parts.items()]
+        if self.records:
+            return [decode_json(line, f"{self.source.path}:{number}", line=number, repair_text=repair_text)
+                    for number, line in enumerate(self.raw.split(b"\n"), start=1) if line.strip()]
         if self.parts is None:
             return decode_json(self.raw, self.where, line=self.line, repair_text=repair_text)
         return {name: decode_json(part, self.where if self.member else f"{self.where}:{name}",
@@ -278,11 +414,16 @@ def decode_json(raw: bytes, where: str, *, line: int | None = None, repair_text:
         raise IngestError(f"{where}: not valid JSON for kvjudge ({str(exc).split(';')[0]})") from None
 
 
-def iter_documents(source: Source) -> Iterator[Document]:
-    """The documents of ``source`` in order, read as a stream (JSONL line by line; a log sample by sample)."""
+def iter_documents(source: Source, *, records: bool = False) -> Iterator[Document]:
+    """The documents of ``source`` in order, read as a stream (JSONL line by line; a log sample by sample).
+    ``records``: a JSONL file is one document of records (``--format`` named a session format)."""
     try:
         if source.kind == HARBOR:
             yield Document(source, None, b"", parts=harbor_parts(source))
+            return
+        if source.kind == EVENTS:  # the events in order, decoded into the list a saved trajectory is
+            yield Document(source, None, b"", parts={path.name: path.read_bytes() for path in source.parts},
+                           records=True)
             return
         if source.kind == EVAL:
             for member, parts in inspect_reader.eval_samples(source.path):
@@ -300,11 +441,27 @@ def iter_documents(source: Source) -> Iterator[Document]:
                     return
                 yield Document(source, None, head + handle.read())
                 return
+            first = b""
             for number, line in enumerate(handle, start=1):
-                if line.strip():
-                    yield Document(source, number, line)
+                if not line.strip():
+                    continue
+                if not first:
+                    first = line
+                    if records or _is_session(first):  # one run in every line: the file is one document
+                        yield Document(source, None, first + handle.read(), records=True)
+                        return
+                yield Document(source, number, line)
     except _READ_ERRORS as exc:
         raise IngestError(f"{source.path}: cannot be read ({_reason(exc)}); is it a complete file?") from None
+
+
+def _is_session(first_line: bytes) -> bool:
+    """Whether a JSONL file whose first line is ``first_line`` is a session: one run, a record per line (the sniff:
+    one line decoded, asked of the formats whose runs are records)."""
+    try:
+        return registry.record_format(json.loads(first_line)) is not None
+    except (ValueError, RecursionError):
+        return False
 
 
 def _open(source: Source) -> IO[bytes]:

@@ -1,4 +1,5 @@
-"""The ``blobs`` table: bodies under their content-addressed refs (:mod:`kvjudge.retention.blobs`).
+"""The blob store on SQLite (the ``blobs`` table): bodies under their content-addressed refs
+(:mod:`kvjudge.retention.blobs`), and readers of them for several threads at once.
 
 A body is never rewritten under its ref. Putting the same bytes twice is a no-op (or brings back a body
 that reduction or tiering had deleted — the same bytes, so the ref stays true). Deleting a body keeps the
@@ -11,12 +12,13 @@ import contextlib
 import itertools
 import sqlite3
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from kvjudge.errors import IntegrityError, UsageError
 from kvjudge.retention.blobs import ref_of, short
-from kvjudge.retention.store.database import REFS_PER_QUERY
+from kvjudge.retention.store.database import REFS_PER_QUERY, Database
+from kvjudge.retention.store.interfaces import FallbackReader
 
 _MMAP_BYTES = 1 << 40  # SQLite caps it at its compile-time maximum
 
@@ -24,11 +26,17 @@ _MMAP_BYTES = 1 << 40  # SQLite caps it at its compile-time maximum
 Blob = sqlite3.Blob
 
 
-class BlobStore:
-    """The ``blobs`` table of a store. Writes happen inside the caller's transaction."""
+class SqliteBlobStore:
+    """:class:`~kvjudge.retention.store.interfaces.BlobStore` on the ``blobs`` table. Each write is a transaction
+    of its own or joins the caller's. ``read_locally`` says whether some run's log still reads a body here (the
+    projection knows): :meth:`release` keeps those."""
 
-    def __init__(self, conn: sqlite3.Connection) -> None:
-        self._conn = conn
+    def __init__(self, db: Database, read_locally: Callable[[str], bool]) -> None:
+        self._conn = db.conn
+        self._transaction = db.transaction
+        self._read_locally = read_locally
+        #: Reader for bodies that are not local (e.g. the cold store); set by tiering.
+        self.fallback: FallbackReader | None = None
 
     def get(self, ref: str) -> bytes | None:
         """The body of ``ref``, or None when it is not (or no longer) here."""
@@ -50,12 +58,18 @@ class BlobStore:
         """True when the ref has a row (its body may be gone)."""
         return self._conn.execute("SELECT 1 FROM blobs WHERE ref = ?", (ref,)).fetchone() is not None
 
-    def put(self, body: bytes, expected_ref: str | None = None) -> str:
+    def text(self, ref: str) -> str | None:
+        """The body of ``ref`` as text: local, else through :attr:`fallback` (cold store), else None."""
+        body = self.get(ref)
+        if body is None and self.fallback is not None:
+            body = self.fallback(ref)
+        return None if body is None else body.decode("utf-8")
+
+    def put(self, body: bytes, expected_ref: str | None = None, *, label: str = "put_blob") -> str:
         """Store ``body`` under its sha256 ref and return the ref. Idempotent.
 
         ``expected_ref``: the ref the caller believes the bytes have (an import that names refs);
         a mismatch is an :class:`IntegrityError` and nothing is written.
-        Call inside a store transaction (``Store.put_blob`` does this for you).
         """
         if not isinstance(body, bytes | bytearray):
             raise UsageError("a blob body must be bytes")
@@ -63,14 +77,19 @@ class BlobStore:
         if expected_ref is not None and expected_ref != ref:
             raise IntegrityError(f"body does not hash to {short(expected_ref)} (it hashes to {short(ref)}); "
                                  f"the import is corrupt — re-export it")
-        self.put_hashed([(ref, bytes(body))])
+        with self._transaction(label):
+            self._put_hashed([(ref, bytes(body))])
         return ref
 
     def put_hashed(self, items: Iterable[tuple[str, bytes]]) -> int:
         """Store bodies whose refs the caller computed with :func:`ref_of` from these very bytes, or checked
         them against (an importer hashes each body once, to name it in events; a cold read checks each body
-        against its ref). Returns the bytes really stored: bodies already here cost nothing. Call inside a
-        store transaction."""
+        against its ref). Returns the bytes really stored: bodies already here cost nothing. Joins the caller's
+        transaction (or opens one)."""
+        with self._transaction("put_blob"):
+            return self._put_hashed(items)
+
+    def _put_hashed(self, items: Iterable[tuple[str, bytes]]) -> int:
         stored = 0
         pending = iter(items)
         # A chunk at a time: one query finds the bodies already here (most of a run's prompts and templates), one
@@ -88,13 +107,30 @@ class BlobStore:
             stored += sum(size for _, size, _ in missing)
         return stored
 
-    def delete_body(self, ref: str) -> bool:
-        """Forget the body of ``ref`` (the row stays). True when a body was deleted. Inside a transaction."""
+    def release(self, refs: Iterable[str], *, label: str = "delete_body", scrub: bool = True,
+                durable: bool = True) -> list[str]:
+        """Delete the local bodies of ``refs`` that no run still reads locally; returns those deleted.
+
+        A body shared by two runs stays as long as the log of either still says it is local there.
+        Call only after the event explaining the loss (Reduced, Dropped, Tiered) has committed. ``scrub=False``
+        for bodies that live on elsewhere (tiered): their freed pages are zeroed only when that is free to do.
+        ``durable=False``: the deletion does not wait for the disk (see ``transaction``; a deletion lost at a power
+        cut leaves a body the log explains, deleted again by the next run).
+        """
+        deleted: list[str] = []
+        with self._scrubbing(scrub), self._transaction(label, durable=durable):
+            for ref in dict.fromkeys(refs):
+                if not self._read_locally(ref) and self._delete_body(ref):
+                    deleted.append(ref)
+        return deleted
+
+    def _delete_body(self, ref: str) -> bool:
+        """Forget the body of ``ref`` (the row stays). True when a body was deleted."""
         cursor = self._conn.execute("UPDATE blobs SET body = NULL WHERE ref = ? AND body IS NOT NULL", (ref,))
         return cursor.rowcount > 0
 
     @contextlib.contextmanager
-    def scrubbing(self, scrub: bool) -> Iterator[None]:
+    def _scrubbing(self, scrub: bool) -> Iterator[None]:
         """Within: deleted bodies' pages are zeroed (``scrub``, this SQLite build's default), or only where that
         costs nothing (``secure_delete = FAST``). Zeroing writes every deleted body once more to the WAL and again
         at checkpoint (2x the I/O of a move); a body that lives on elsewhere (tiered) is not a secret to scrub."""

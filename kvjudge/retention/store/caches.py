@@ -1,4 +1,4 @@
-"""Caches the store keeps beside the log (not history, so not events): token counts and the judge's judgments."""
+"""The caches on SQLite, kept beside the log (not history, so not events): token counts and the judge's judgments."""
 
 from __future__ import annotations
 
@@ -7,14 +7,20 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from kvjudge.retention.events import canonical_json
-from kvjudge.retention.store.database import REFS_PER_QUERY
-from kvjudge.retention.store.projection import Projection
+from kvjudge.retention.store.database import REFS_PER_QUERY, Database
+from kvjudge.retention.store.projection import Projector
 
 
-class Caches(Projection):
-    """``blob_tokens`` (a count is a fact about immutable bytes: stored once per body and counter, never
-    recounted; each run's total follows in the projection) and ``judgments`` (the judge's verdict cache, keyed by
-    what identifies a verdict)."""
+class SqliteCaches:
+    """:class:`~kvjudge.retention.store.interfaces.TokenCounts` on ``blob_tokens`` (a count is a fact about
+    immutable bytes: stored once per body and counter, never recounted; each run's total follows in the projection,
+    through ``projector``) and :class:`~kvjudge.retention.store.interfaces.Judgments` on ``judgments`` (the judge's
+    verdict cache, keyed by what identifies a verdict)."""
+
+    def __init__(self, db: Database, projector: Projector) -> None:
+        self._conn = db.conn
+        self._transaction = db.transaction
+        self._total_runs_naming = projector.total_runs_naming
 
     def cached_counts(self, refs: Iterable[str], counter: str) -> dict[str, int]:
         """Stored counts of ``refs`` under ``counter`` (refs never counted are absent)."""
@@ -34,7 +40,7 @@ class Caches(Projection):
         lost at a power cut are counted again; a later durable commit syncs them)."""
         if not counts:
             return
-        with self.transaction(label, durable=False):
+        with self._transaction(label, durable=False):
             self._conn.executemany("INSERT OR IGNORE INTO blob_tokens(ref, counter, tokens) VALUES (?, ?, ?)",
                                    [(ref, counter, int(n)) for ref, n in counts.items()])
             self._total_runs_naming(list(counts), counter)
@@ -57,6 +63,6 @@ class Caches(Projection):
 
     def put_judgment(self, key: str, payload: dict[str, Any]) -> None:
         """Cache a judgment payload under ``key`` (replaces an older one: a cache, not history)."""
-        with self.transaction("put_judgment"):
+        with self._transaction("put_judgment"):
             self._conn.execute("INSERT OR REPLACE INTO judgments(key, payload) VALUES (?, ?)",
                                (key, canonical_json(payload)))

@@ -11,9 +11,8 @@ import contextlib
 import os
 import sqlite3
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TypeVar
 
 from kvjudge.errors import StoreError, UsageError
 from kvjudge.retention.faults import fault_point
@@ -31,8 +30,6 @@ from kvjudge.settings import data_dir
 STORE_FILENAME = "store.sqlite"
 #: Refs bound in one ``IN (…)`` look-up (SQLite's limit on bound values is far above; more buys nothing).
 REFS_PER_QUERY = 500
-
-_Opened = TypeVar("_Opened", bound="Database")
 
 _WRITE_LOCKS: dict[Path, threading.RLock] = {}
 _WRITE_LOCKS_GUARD = threading.Lock()
@@ -65,19 +62,18 @@ def storable(name: str) -> bool:
 
 
 class Database:
-    """One connection to a store file; the other parts of :class:`~kvjudge.retention.store.Store` read and write
-    through it. Open with :meth:`open`; use as a context manager."""
+    """One connection to a store file, and its transactions: the store's parts read and write through it (each
+    holds the connection and this object's :meth:`transaction`). Open with :meth:`connect`, then :meth:`prepare`."""
 
     def __init__(self, conn: sqlite3.Connection, path: Path) -> None:
-        self._conn = conn
+        self.conn = conn
         self.path = path
         self._in_txn = False
         self._write_lock = _write_lock(path)
 
     @classmethod
-    def open(cls: type[_Opened], path: str | os.PathLike[str] | None = None, **parts: object) -> _Opened:
-        """Open (creating when absent) the store at ``path`` (None: ``data_dir()/store.sqlite``); ``parts`` go to
-        the constructor."""
+    def connect(cls, path: str | os.PathLike[str] | None = None) -> Database:
+        """Connect to (creating when absent) the store file at ``path`` (None: ``data_dir()/store.sqlite``)."""
         target = Path(path).expanduser() if path is not None else default_store_path()
         if target.is_dir():
             raise StoreError(f"{target} is a directory; --store takes the path of a store file")
@@ -86,19 +82,24 @@ class Database:
             conn = sqlite3.connect(str(target), isolation_level=None, timeout=30.0)
         except sqlite3.Error as exc:
             raise StoreError(f"cannot open store {target} ({exc}); check the path and its permissions") from exc
-        try:
-            store = cls(conn, target, **parts)
-            store._prepare()
-        except sqlite3.DatabaseError as exc:
-            conn.close()
-            raise StoreError(f"{target} is not a kvjudge store (SQLite says: {exc}); pass the right --store") from exc
-        except BaseException:
-            conn.close()
-            raise
-        return store
+        return cls(conn, target)
 
-    def _prepare(self) -> None:
-        conn = self._conn
+    def prepare(self, *, rebuild: Callable[[], object], reproject: Callable[[], object]) -> None:
+        """Check the file is a kvjudge store, set its pragmas and migrate it; ``rebuild`` folds the projection
+        afresh from the log (when its tables were dropped), ``reproject`` writes it again from the states it holds
+        (after a migration adds columns). Closes the connection on failure."""
+        try:
+            self._prepare(rebuild, reproject)
+        except sqlite3.DatabaseError as exc:
+            self.conn.close()
+            raise StoreError(f"{self.path} is not a kvjudge store (SQLite says: {exc}); pass the right --store") \
+                from exc
+        except BaseException:
+            self.conn.close()
+            raise
+
+    def _prepare(self, rebuild: Callable[[], object], reproject: Callable[[], object]) -> None:
+        conn = self.conn
         # Reading the header first makes a non-SQLite file fail here, before anything is written.
         version = conn.execute("PRAGMA user_version").fetchone()[0]
         app_id = conn.execute("PRAGMA application_id").fetchone()[0]
@@ -121,42 +122,28 @@ class Database:
         # Projections are derived: when someone dropped them, they are folded back from the log.
         dropped = version > 0 and not PROJECTION_TABLES <= tables
         if version < SCHEMA_VERSION:
-            self._migrate(version, projection_dropped=dropped)
+            with self.transaction("migrate"):
+                self._migrate(version, projection_dropped=dropped)
+                if dropped:
+                    rebuild()
+                elif version > 0 and REPROJECTING_MIGRATIONS.intersection(range(version + 1, SCHEMA_VERSION + 1)):
+                    reproject()
         elif dropped:
-            self.rebuild_projection()
+            rebuild()
 
     def _migrate(self, version: int, *, projection_dropped: bool) -> None:
-        steps = range(version + 1, SCHEMA_VERSION + 1)
-        with self.transaction("migrate"):
-            for target in steps:
-                if not (projection_dropped and target in PROJECTION_MIGRATIONS):
-                    for statement in statements(MIGRATIONS[target]):
-                        self._conn.execute(statement)
-                self._conn.execute(f"PRAGMA user_version = {int(target)}")
-            self._conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
-            if projection_dropped:
-                self.rebuild_projection()
-            elif version > 0 and REPROJECTING_MIGRATIONS.intersection(steps):
-                self.reproject()
-
-    # Supplied by the projection (:mod:`.projection`).
-    def rebuild_projection(self) -> int:
-        raise NotImplementedError
-
-    def reproject(self) -> int:
-        raise NotImplementedError
+        for target in range(version + 1, SCHEMA_VERSION + 1):
+            if not (projection_dropped and target in PROJECTION_MIGRATIONS):
+                for statement in statements(MIGRATIONS[target]):
+                    self.conn.execute(statement)
+            self.conn.execute(f"PRAGMA user_version = {int(target)}")
+        self.conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
 
     def close(self) -> None:
-        self._conn.close()
-
-    def __enter__(self: _Opened) -> _Opened:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        self.conn.close()
 
     def schema_version(self) -> int:
-        return int(self._conn.execute("PRAGMA user_version").fetchone()[0])
+        return int(self.conn.execute("PRAGMA user_version").fetchone()[0])
 
     @contextlib.contextmanager
     def transaction(self, label: str, *, durable: bool = True) -> Iterator[None]:
@@ -172,24 +159,24 @@ class Database:
             yield
             return
         if not durable:
-            self._conn.execute("PRAGMA synchronous=NORMAL")
+            self.conn.execute("PRAGMA synchronous=NORMAL")
         try:
             with self._write_lock:
-                self._conn.execute("BEGIN IMMEDIATE")
+                self.conn.execute("BEGIN IMMEDIATE")
                 self._in_txn = True
                 try:
                     yield
                     fault_point(f"{label}.txn")
-                    self._conn.execute("COMMIT")
+                    self.conn.execute("COMMIT")
                 except BaseException:
-                    if self._conn.in_transaction:
-                        self._conn.execute("ROLLBACK")
+                    if self.conn.in_transaction:
+                        self.conn.execute("ROLLBACK")
                     raise
                 finally:
                     self._in_txn = False
         finally:
             if not durable:
-                self._conn.execute("PRAGMA synchronous=FULL")
+                self.conn.execute("PRAGMA synchronous=FULL")
 
     @contextlib.contextmanager
     def page_cache(self, mib: int) -> Iterator[None]:
@@ -197,12 +184,12 @@ class Database:
         the previous size again. For writes in large transactions (an import's batches): a transaction whose
         changed pages outgrow the cache writes them to the WAL before COMMIT (and again when changed again), and
         each index page it evicted is read back for the next insert."""
-        previous = int(self._conn.execute("PRAGMA cache_size").fetchone()[0])
-        self._conn.execute(f"PRAGMA cache_size = {-int(mib) * 1024}")
+        previous = int(self.conn.execute("PRAGMA cache_size").fetchone()[0])
+        self.conn.execute(f"PRAGMA cache_size = {-int(mib) * 1024}")
         try:
             yield
         finally:
-            self._conn.execute(f"PRAGMA cache_size = {previous}")
+            self.conn.execute(f"PRAGMA cache_size = {previous}")
 
     @contextlib.contextmanager
     def savepoint(self, name: str) -> Iterator[None]:
@@ -210,11 +197,11 @@ class Database:
         raises (the rest of the transaction stays), so one part of a batch can fail alone."""
         if not self._in_txn:
             raise UsageError("a savepoint needs an open transaction (Store.transaction)")
-        self._conn.execute(f"SAVEPOINT {name}")
+        self.conn.execute(f"SAVEPOINT {name}")
         try:
             yield
         except BaseException:
-            self._conn.execute(f"ROLLBACK TO {name}")
-            self._conn.execute(f"RELEASE {name}")
+            self.conn.execute(f"ROLLBACK TO {name}")
+            self.conn.execute(f"RELEASE {name}")
             raise
-        self._conn.execute(f"RELEASE {name}")
+        self.conn.execute(f"RELEASE {name}")

@@ -1,30 +1,32 @@
-"""The event log: appending events (each checked against the state the run is in) and reading them back."""
+"""The event recorder on SQLite (the ``events`` table): appending events, each checked against the state the run is
+in, with the run's projection written in the same transaction; and reading them back."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from kvjudge.errors import IntegrityError, StoreError, UsageError
 from kvjudge.retention import events as ev
 from kvjudge.retention.blobs import short
 from kvjudge.retention.events import canonical_json, event_from
-from kvjudge.retention.lifecycle import check_transition
-from kvjudge.retention.state import DROPPED, LOCAL, RunFolder, RunState
-from kvjudge.retention.store.blobs import BlobStore
+from kvjudge.retention.lifecycle import check_state_name, check_transition
+from kvjudge.retention.state import DROPPED, LOCAL, RunFolder
 from kvjudge.retention.store.database import Database
+from kvjudge.retention.store.projection import Projector
 
 
-class EventLog(Database):
-    """The ``events`` table of a store: append-only (its triggers refuse UPDATE and DELETE)."""
+class SqliteEventRecorder:
+    """:class:`~kvjudge.retention.store.interfaces.EventRecorder` on the ``events`` table: append-only (its
+    triggers refuse UPDATE and DELETE). ``projector`` holds each run's committed state and takes its new one;
+    ``has_body`` says whether a summary an event names is stored (the blob store's)."""
 
-    blobs: BlobStore
-
-    # Supplied by the projection (:mod:`.projection`): a run's committed state, and writing its new one.
-    def _projected(self, run_id: str) -> RunState | None:
-        raise NotImplementedError
-
-    def _project(self, state: RunState, last_lsn: int) -> None:
-        raise NotImplementedError
+    def __init__(self, db: Database, projector: Projector, has_body: Callable[[str], bool]) -> None:
+        self._conn = db.conn
+        self._path = db.path
+        self._transaction = db.transaction
+        self._projected = projector.state
+        self._project = projector.project
+        self._has_body = has_body
 
     def append(self, run_id: str, event: ev.Event, *, label: str = "append") -> int:
         """Append one event in its own transaction (checked against the run's state); returns its LSN."""
@@ -33,7 +35,7 @@ class EventLog(Database):
     def append_many(self, run_id: str, events: Sequence[ev.Event], *, label: str = "append") -> list[int]:
         """Append events of one run atomically, each checked against the state the ones before it left; the run's
         projection is written in the same transaction."""
-        with self.transaction(label):
+        with self._transaction(label):
             current = self._projected(run_id)
             folder = RunFolder.thaw(current) if current is not None else None
             # AUTOINCREMENT gives each new row one more than the largest LSN the table ever had, and this
@@ -52,10 +54,15 @@ class EventLog(Database):
             self._conn.executemany("INSERT INTO events(run, kind, payload) VALUES (?, ?, ?)",
                                    [(run_id, event.kind, event.to_json()) for event in events])
             if lsns and self._next_lsn() != lsns[-1] + 1:
-                raise IntegrityError(f"the log of {self.path} assigned unexpected LSNs; nothing was appended")
+                raise IntegrityError(f"the log of {self._path} assigned unexpected LSNs; nothing was appended")
             if folder is not None and lsns:
                 self._project(folder.freeze(), lsns[-1])
         return lsns
+
+    def mark(self, run_id: str, state: str) -> int:
+        """Append a lifecycle step; RunStateError when it is not a legal one. Returns its LSN."""
+        new = check_state_name(state)
+        return self.append(run_id, ev.StateChanged(run=run_id, state=new), label="mark")
 
     def _next_lsn(self) -> int:
         row = self._conn.execute(
@@ -102,7 +109,7 @@ class EventLog(Database):
 
     def _require_body(self, ref: str, kind: str) -> None:
         # The summary must be durable before the event that points readers at it.
-        if not self.blobs.has_body(ref):
+        if not self._has_body(ref):
             raise IntegrityError(f"{kind} names summary {short(ref)} whose body is not stored; put it first")
 
     def iter_events(self, run_id: str | None = None, *, kind: str | None = None) -> Iterator[tuple[int, ev.Event]]:

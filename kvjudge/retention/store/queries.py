@@ -1,45 +1,63 @@
-"""Named read queries across the store's tables, for what listing, tiering and verify need to know.
+"""Run queries on SQLite: each run's folded state and what listing, judging, tiering and verify ask of it, read
+from the projection (:mod:`.projection`) by name.
 
-Each answers one question in SQL (no run decoded); the tables stay the store's own business.
+Each answers one question in SQL (no run decoded unless its state is what is asked for); the tables stay the
+store's own business.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator
 
-from kvjudge.retention.state import LOCAL, TIERED
-from kvjudge.retention.store.caches import Caches
-from kvjudge.retention.store.projection import runs_where
-
-
-@dataclass(frozen=True)
-class RunListing:
-    """What a listing shows of one run, read from the projection (the run's state is not decoded).
-
-    ``agent`` as :func:`~kvjudge.retention.state.agent_of` names it; ``bodies_gone`` counts bodies reduced or
-    dropped; ``tokens`` is the run's visible text under the counter asked for, from stored counts only (None:
-    not asked, or a body it shows was never counted)."""
-
-    id: str
-    tenant: str
-    agent: str
-    task_id: str | None
-    trial: str | None
-    state: str
-    grades: tuple[dict[str, Any], ...]
-    reduced: bool
-    branches: int
-    transitions: int
-    bodies: int
-    bodies_gone: int
-    bodies_tiered: int
-    tokens: int | None = None
+from kvjudge.errors import StoreError
+from kvjudge.retention.state import LOCAL, TIERED, BodyLocation, RunState
+from kvjudge.retention.store.database import REFS_PER_QUERY, Database, storable
+from kvjudge.retention.store.interfaces import EventRecorder, Explanation, RunListing
+from kvjudge.retention.store.projection import Projector, refold
 
 
-class Queries(Caches):
-    """Read queries other parts of kvjudge need, named for what they answer."""
+class SqliteRunQueries:
+    """:class:`~kvjudge.retention.store.interfaces.RunQueries` on the projection tables. ``has_body`` answers
+    whether a body is here (the blob store's), ``events`` is the log (a re-fold reads it, an explanation names
+    the kind of the event it cites)."""
+
+    def __init__(self, db: Database, projector: Projector, has_body: Callable[[str], bool],
+                 events: EventRecorder) -> None:
+        self._conn = db.conn
+        self._path = db.path
+        self._state = projector.state
+        self._read_locally = projector.read_locally
+        self._has_body = has_body
+        self._events = events
+
+    def run(self, run_id: str) -> RunState:
+        """The folded state of ``run_id``; StoreError when the store has no such run."""
+        state = self._state(run_id)
+        if state is None:
+            raise StoreError(f"no run {run_id!r} in the store {self._path}; list runs with `kvjudge runs`")
+        return state
+
+    def has_run(self, run_id: str) -> bool:
+        if not storable(run_id):
+            return False
+        return self._conn.execute("SELECT 1 FROM runs WHERE id = ?", (run_id,)).fetchone() is not None
+
+    def run_ids(self, tenant: str | None = None, *, task: str | None = None, state: str | None = None,
+                agent: str | None = None) -> list[str]:
+        """Run ids, sorted; only those of ``tenant``, on ``task`` (its id), in lifecycle ``state`` and of ``agent``
+        (as :func:`~kvjudge.retention.state.agent_of` names it) when given (read in SQL, no run decoded)."""
+        where = runs_where(tenant=tenant, task=task, state=state, agent=agent)
+        if where is None:
+            return []
+        clause, values = where
+        return [row[0] for row in self._conn.execute(f"SELECT id FROM runs{clause} ORDER BY id", values)]
+
+    def iter_runs(self, tenant: str | None = None, **filters: str | None) -> Iterator[RunState]:
+        """Folded states one at a time (never the whole store in memory); ``filters`` as :meth:`run_ids`."""
+        for run_id in self.run_ids(tenant, **filters):
+            yield self.run(run_id)
 
     def listing(self, tenant: str | None = None, *, task: str | None = None, state: str | None = None,
                 agent: str | None = None, counter: str | None = None) -> list[RunListing]:
@@ -62,6 +80,56 @@ class Queries(Caches):
                            tokens=tokens)
                 for (run_id, run_tenant, run_agent, task_id, trial, run_state, grades, reduced, branches, transitions,
                      bodies, gone, tiered, tokens) in rows]
+
+    def state_digests(self, run_ids: Iterable[str]) -> dict[str, str]:
+        """sha256 of each run's folded state as stored (its canonical bytes), by id; runs the store lacks are
+        absent. Equal digests are equal states, and any event that changes a run changes its digest: what is
+        derived from a state alone may be kept under it (nothing is decoded here)."""
+        wanted = [run_id for run_id in dict.fromkeys(run_ids) if storable(run_id)]
+        digests: dict[str, str] = {}
+        for start in range(0, len(wanted), REFS_PER_QUERY):
+            chunk = wanted[start:start + REFS_PER_QUERY]
+            marks = ",".join("?" * len(chunk))
+            for run_id, raw in self._conn.execute(f"SELECT id, state_json FROM runs WHERE id IN ({marks})", chunk):
+                digests[run_id] = hashlib.sha256(raw).hexdigest()
+        return digests
+
+    def projected_bytes(self, run_id: str) -> bytes | None:
+        """The projection's canonical bytes for ``run_id`` (what verify compares a re-fold against)."""
+        row = self._conn.execute("SELECT state_json FROM runs WHERE id = ?", (run_id,)).fetchone()
+        return None if row is None else bytes(row[0])
+
+    def refold(self, run_id: str) -> RunState:
+        """Fold one run from LSN 0 straight from the log (ignoring projections)."""
+        return refold(self._events, run_id)
+
+    def run_ids_with_tier_status(self, status: str) -> list[str]:
+        """Run ids whose projected state has ``tier.status == status``, sorted (read in SQL, no run decoded)."""
+        return [row[0] for row in self._conn.execute(
+            "SELECT id FROM runs WHERE json_extract(CAST(state_json AS TEXT), '$.tier.status') = ? ORDER BY id",
+            (status,))]
+
+    def read_locally(self, ref: str) -> bool:
+        """True while the log of some run still says ``ref`` is local there (so its body must stay)."""
+        return self._read_locally(ref)
+
+    def explain(self, ref: str) -> Explanation:
+        """Whether ``ref``'s body is here, and if not, which event of which run says where it went."""
+        rows = self._conn.execute(
+            "SELECT run, status, summary_ref, lsn, target, manifest_ref FROM run_bodies WHERE ref = ? ORDER BY lsn, run",
+            (ref,)).fetchall()
+        locations = tuple((run, BodyLocation(ref=ref, status=status, summary_ref=summary, lsn=int(lsn), target=target,
+                                             manifest_ref=manifest))
+                          for run, status, summary, lsn, target, manifest in rows)
+        present = self._has_body(ref)
+        if not locations:
+            return Explanation(ref, present, "unknown", None, None, None, None, None, ())
+        local = [item for item in locations if item[1].status == LOCAL]
+        # A body any run still reads here is "local"; otherwise the latest fact about it explains it.
+        run, loc = local[0] if local else locations[-1]
+        kind = None if loc.status == LOCAL else self._events.event_kind(loc.lsn)
+        return Explanation(ref=ref, body_present=present, status=loc.status, summary_ref=loc.summary_ref, run=run,
+                           lsn=loc.lsn, event=kind, target=loc.target, locations=locations)
 
     # ------------------------------------------------------------------ tiering
     def local_body_bytes(self, run_id: str) -> int:
@@ -89,3 +157,16 @@ class Queries(Caches):
         return int(self._conn.execute(
             "SELECT COUNT(*) FROM blobs WHERE body IS NOT NULL AND ref NOT IN (SELECT ref FROM run_bodies)"
         ).fetchone()[0])
+
+
+def runs_where(**filters: str | None) -> tuple[str, list[str]] | None:
+    """A WHERE clause on the ``runs`` columns named by ``filters`` (those not None) and its values; None when a
+    value is one no run can have (see :func:`~kvjudge.retention.store.database.storable`)."""
+    where, values = [], []
+    for column, value in filters.items():
+        if value is not None:
+            if not storable(value):
+                return None
+            where.append(f"{column} = ?")
+            values.append(value)
+    return (f" WHERE {' AND '.join(where)}" if where else "", values)

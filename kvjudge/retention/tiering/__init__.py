@@ -33,13 +33,13 @@ from kvjudge.retention.tiering.move import (
 from kvjudge.retention.tiering.reader import ColdReader, fallback_reader
 from kvjudge.retention.tiering.rehydrate import REHYDRATE_POINTS, RehydrateResult, rehydrate_run
 from kvjudge.retention.tiering.requested import TierOutcome, TierProgress, tier_requested
-from kvjudge.retention.tiering.targets import ColdStores, default_target, resolve_endpoint, resolve_target
+from kvjudge.retention.tiering.targets import ColdStores, default_cold_target, resolve_endpoint, resolve_cold_target
 from kvjudge.retention.tiering.transfer import check_remote, fetch_body
 
 __all__ = [
     "REHYDRATE_POINTS", "TIER_POINTS", "ColdReader", "ColdStores", "Manifest", "ManifestEntry", "RehydrateResult",
     "RemoteObject", "TierGate", "TierOutcome", "TierPlan", "TierProgress", "TierResult", "check_remote",
-    "default_target", "fallback_reader", "fetch_body", "local_body_bytes", "pending_runs", "plan_all", "recover",
-    "recover_run", "rehydrate_run", "resolve_endpoint", "resolve_target", "tier_check", "tier_requested", "tier_run",
+    "default_cold_target", "fallback_reader", "fetch_body", "local_body_bytes", "pending_runs", "plan_all", "recover",
+    "recover_run", "rehydrate_run", "resolve_endpoint", "resolve_cold_target", "tier_check", "tier_requested", "tier_run",
     "tier_runs", "verify_checks", "verify_tiered_run",
 ]

@@ -25,7 +25,7 @@ from kvjudge.retention.blobs import ref_of, short
 from kvjudge.retention.cold import blob_key, manifest_key, pack_key
 from kvjudge.retention.events import canonical_json
 from kvjudge.retention.state import LOCAL, RunState, fold
-from kvjudge.retention.store import Store
+from kvjudge.retention.store import BlobStore, EventRecorder, Store
 
 #: The format new moves write, and the one before it (read, rebuilt and finished after a crash; never started).
 MANIFEST_FORMAT = "kvjudge-tier-manifest/2"
@@ -151,14 +151,14 @@ class Manifest:
         return dataclasses.replace(self, format=manifest_format, entries=tuple(packed))
 
 
-def build_manifest(store: Store, state: RunState, target: str, first_lsn: int, last_lsn: int, *,
+def build_manifest(blobs: BlobStore, state: RunState, target: str, first_lsn: int, last_lsn: int, *,
                     require_bodies: bool, manifest_format: str = MANIFEST_FORMAT) -> Manifest:
     """The manifest of every body of ``state`` the log says is local (sizes from the blob rows, which stay), in
     ``manifest_format``."""
     refs = sorted(ref for ref, loc in state.bodies.items() if loc.status == LOCAL)
     entries = []
     for ref in refs:
-        row = store.blobs.stat(ref)
+        row = blobs.stat(ref)
         if row is None or (require_bodies and not row[1]):
             raise IntegrityError(
                 f"run {state.id}: the log says {short(ref)} is local but its body is missing; "
@@ -168,9 +168,9 @@ def build_manifest(store: Store, state: RunState, target: str, first_lsn: int, l
                     entries=tuple(entries), format=LOOSE_FORMAT).in_format(manifest_format)
 
 
-def started_event(store: Store, run_id: str, manifest_ref: str) -> ev.TierStarted:
+def started_event(log: EventRecorder, run_id: str, manifest_ref: str) -> ev.TierStarted:
     """The ``TierStarted`` of ``run_id`` that names ``manifest_ref`` (where that move went, and how)."""
-    for _lsn, event in store.iter_events(run_id, kind=ev.TierStarted.kind):
+    for _lsn, event in log.iter_events(run_id, kind=ev.TierStarted.kind):
         if isinstance(event, ev.TierStarted) and event.manifest_ref == manifest_ref:
             return event
     raise IntegrityError(f"run {run_id}: no TierStarted names manifest {short(manifest_ref)}; the store is damaged")
@@ -185,7 +185,7 @@ def logged_manifest(store: Store, run_id: str, manifest_ref: str) -> Manifest:
     """
     before: list[tuple[int, ev.Event]] = []
     started: ev.TierStarted | None = None
-    for lsn, event in store.iter_events(run_id):
+    for lsn, event in store.events.iter_events(run_id):
         if isinstance(event, ev.TierStarted) and event.manifest_ref == manifest_ref:
             started = event
             break
@@ -193,7 +193,7 @@ def logged_manifest(store: Store, run_id: str, manifest_ref: str) -> Manifest:
     if started is None or not before:
         raise IntegrityError(f"run {run_id}: no TierStarted names manifest {short(manifest_ref)}; the store is damaged")
     state = fold(before)[run_id]
-    manifest = build_manifest(store, state, started.target, before[0][0], before[-1][0], require_bodies=False)
+    manifest = build_manifest(store.blobs, state, started.target, before[0][0], before[-1][0], require_bodies=False)
     for manifest_format in FORMATS:
         rebuilt = manifest.in_format(manifest_format)
         if ref_of(rebuilt.to_bytes()) == manifest_ref:

@@ -43,7 +43,8 @@ from kvjudge.retention.blobs import ref_of
 from kvjudge.retention.cold import ColdStore
 from kvjudge.retention.faults import fault_point
 from kvjudge.retention.lifecycle import REDUCIBLE, is_reducible
-from kvjudge.retention.reduce import count_ahead, in_cold_storage, run_tokens
+from kvjudge.retention.reduce_apply import in_cold_storage
+from kvjudge.retention.stored_tokens import count_ahead, run_tokens
 from kvjudge.retention.state import RunState
 from kvjudge.retention.store import Store
 from kvjudge.retention.tiering.manifest import Manifest, build_manifest, logged_manifest
@@ -130,7 +131,7 @@ class TierGate:
 
 def local_body_bytes(store: Store, run_id: str) -> int:
     """Bytes of the bodies of ``run_id`` the log says are local (what a move would upload)."""
-    return store.local_body_bytes(run_id)
+    return store.runs.local_body_bytes(run_id)
 
 
 def check_eligible(state: RunState) -> None:
@@ -175,7 +176,7 @@ def tier_runs(store: Store, run_ids: Sequence[str], cold: ColdStore, *,
             _Finisher(store.path, cold, verify_remote=verify_remote) as finisher:
         for run_id in run_ids:
             finisher.raise_failure()
-            state = store.run(run_id)
+            state = store.runs.run(run_id)
             check_eligible(state)
             if not in_cold_storage(state):
                 if not checked:
@@ -191,7 +192,7 @@ def tier_runs(store: Store, run_ids: Sequence[str], cold: ColdStore, *,
                 # order); what the move wrote remotely is what a new move of the same log writes again, under the
                 # same keys — the events before it were durable, so the same last LSN means the same manifest.
                 with store.transaction("tier_start", durable=False):
-                    current = store.run(run_id)  # the committed state, under the write lock
+                    current = store.runs.run(run_id)  # the committed state, under the write lock
                     check_eligible(current)
                     if not in_cold_storage(current):
                         started = _start(store, current, cold, gate)
@@ -229,7 +230,7 @@ def _send(store: Store, started: _Started, cold: ColdStore, uploader: Uploader, 
 
 def _already_tiered(store: Store, run_id: str) -> TierResult:
     """Nothing to do: the run's move is committed (by this process earlier, or by another)."""
-    tier = store.run(run_id).tier or {}
+    tier = store.runs.run(run_id).tier or {}
     return TierResult(run_id, "already_tiered", tier.get("target"), tier.get("manifest_ref"),
                       endpoint=tier.get("endpoint"))
 
@@ -338,13 +339,13 @@ def _start(store: Store, state: RunState, cold: ColdStore, gate: TierGate | None
                 return TierResult(state.id, "above_ceiling", cold.url, None, endpoint=cold.endpoint_url,
                                   tokens=tokens, ceiling=ceiling)
             unreduced = {"tokens": tokens, "ceiling": ceiling, "counter": gate.counter.name}
-    first_lsn, last_lsn = store.event_range(state.id)
-    manifest = build_manifest(store, state, cold.url, first_lsn, last_lsn, require_bodies=True)
+    first_lsn, last_lsn = store.events.event_range(state.id)
+    manifest = build_manifest(store.blobs, state, cold.url, first_lsn, last_lsn, require_bodies=True)
     if not manifest.entries:
         return TierResult(state.id, "nothing_local", cold.url, None, endpoint=cold.endpoint_url, tokens=tokens,
                           ceiling=ceiling)
     manifest_ref = ref_of(manifest.to_bytes())
-    store.append(state.id, ev.TierStarted(run=state.id, target=cold.url, manifest_ref=manifest_ref,
+    store.events.append(state.id, ev.TierStarted(run=state.id, target=cold.url, manifest_ref=manifest_ref,
                                           endpoint=cold.endpoint_url, unreduced=unreduced))
     return _Started(manifest, manifest_ref, tokens, ceiling, unreduced)
 
@@ -407,14 +408,14 @@ def _commit_move(store: Store, manifest: Manifest, manifest_ref: str, cold: Cold
                              "nothing was deleted locally — check the cold store and re-run `kvjudge tier`")
     fault_point("tier.after_verify")
     with store.transaction("tiered"):
-        current = store.run(manifest.run)
+        current = store.runs.run(manifest.run)
         tier = current.tier or {}
         finished_elsewhere = tier.get("status") == "tiered" and tier.get("manifest_ref") == manifest_ref
         if not finished_elsewhere:
             if not (tier.get("status") == "started" and tier.get("manifest_ref") == manifest_ref):
                 raise StoreError(f"run {manifest.run}'s move changed under it (now {tier.get('status')}); "
                                  "run `kvjudge verify`")
-            store.append(manifest.run, ev.Tiered(run=manifest.run, target=manifest.target, manifest_ref=manifest_ref,
+            store.events.append(manifest.run, ev.Tiered(run=manifest.run, target=manifest.target, manifest_ref=manifest_ref,
                                                  refs=manifest.refs, endpoint=endpoint))
     fault_point("tier.after_tiered")
     deleted = _release(store, manifest.run)
@@ -426,19 +427,19 @@ def _commit_move(store: Store, manifest: Manifest, manifest_ref: str, cold: Cold
 
 def _release(store: Store, run_id: str) -> int:
     """Step 6: delete the local bodies the log says are tiered (one transaction). Returns how many went."""
-    tiered = store.tiered_bodies_here(run_id)
+    tiered = store.runs.tiered_bodies_here(run_id)
     if not tiered:
         return 0
     # A tiered body lives on in the cold store: not a secret to scrub, and zeroing it would double the move's I/O.
     # Nor is the deletion waited for on disk: lost at a power cut, it leaves bodies the log says are tiered, which
     # recovery deletes (the Tiered event before it was).
-    return len(store.release_bodies(tiered, label="tier_delete", scrub=False, durable=False))
+    return len(store.blobs.release(tiered, label="tier_delete", scrub=False, durable=False))
 
 
 def recover_run(store: Store, run_id: str, stores: ColdStores, *, verify_remote: bool = False,
                 progress: ProgressFn | None = None) -> TierResult | None:
     """Finish a crashed move of ``run_id``; None when there is nothing to finish."""
-    state = store.run(run_id)
+    state = store.runs.run(run_id)
     tier = state.tier
     if not tier:
         return None
@@ -472,7 +473,7 @@ def recover(store: Store, stores: ColdStores, *, verify_remote: bool = False,
 
 def pending_runs(store: Store) -> list[str]:
     """Runs whose move is unfinished: TierStarted without Tiered, or Tiered with local bodies left."""
-    return sorted(set(store.runs_with_tiered_bodies_here()) | set(store.run_ids_with_tier_status("started")))
+    return sorted(set(store.runs.runs_with_tiered_bodies_here()) | set(store.runs.run_ids_with_tier_status("started")))
 
 
 
@@ -487,7 +488,7 @@ class TierPlan:
 def plan_all(store: Store) -> TierPlan:
     """Eligible runs for ``tier --all``; ineligible ones are listed with the reason (not an error)."""
     plan = TierPlan()
-    for state in store.iter_runs():
+    for state in store.runs.iter_runs():
         if not is_reducible(state.state):
             plan.skipped[state.id] = f"{state.state} (not terminal)"
         elif state.tier and state.tier["status"] == "tiered":

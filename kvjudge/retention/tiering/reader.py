@@ -29,7 +29,7 @@ class ColdReader:
     def __call__(self, ref: str) -> bytes | None:
         colds: dict[int, ColdStore] = {}
         entries: dict[int, list[ManifestEntry]] = {}
-        for run_id, loc in self._store.explain(ref).locations:
+        for run_id, loc in self._store.runs.explain(ref).locations:
             if loc.status == TIERED and loc.manifest_ref:
                 cold = self._stores.for_move(self._store, run_id, loc.manifest_ref)
                 colds.setdefault(id(cold), cold)
@@ -53,7 +53,7 @@ class ColdReader:
 
 def fallback_reader(retention: RetentionSettings | None, store: Store, *, endpoint_url: str | None = None,
                     notice: Notice | None = None) -> ColdReader:
-    """The reader ``kvjudge`` commands plug into ``store.fallback``, so reading a tiered run fetches its bodies.
+    """The reader ``kvjudge`` commands plug into ``store.blobs.fallback``, so reading a tiered run fetches its bodies.
 
     Each body is read where its move recorded; ``endpoint_url`` (``--endpoint-url``) says an S3 store moved
     (checked against each run's manifest before anything is read, see :mod:`.targets`).

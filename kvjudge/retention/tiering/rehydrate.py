@@ -40,7 +40,7 @@ def rehydrate_run(store: Store, run_id: str, stores: ColdStores, *, progress: Pr
     stays true), the event last. The remote copies stay: cold storage is never deleted from.
     """
     recover_run(store, run_id, stores)  # a move left half done is finished first
-    state = store.run(run_id)
+    state = store.runs.run(run_id)
     refs = sorted(ref for ref, loc in state.bodies.items() if loc.status == TIERED)
     if not refs:
         return RehydrateResult(run_id, "not_tiered")
@@ -73,7 +73,7 @@ def rehydrate_run(store: Store, run_id: str, stores: ColdStores, *, progress: Pr
         for ref in refs:
             if not store.blobs.has_body(ref):
                 store.blobs.put_hashed([(ref, _fetch(store, stores, run_id, state.bodies[ref]))])
-        store.append(run_id, ev.Rehydrated(run=run_id, refs=refs))
+        store.events.append(run_id, ev.Rehydrated(run=run_id, refs=refs))
     return RehydrateResult(run_id, "rehydrated", refs=len(refs), bytes=total,
                            target=state.tier["target"] if state.tier else None,
                            endpoint=state.tier.get("endpoint") if state.tier else None)

@@ -59,8 +59,8 @@ def tier_requested(store: Store, cold: ColdStore, stores: ColdStores, *, run_id:
         run_ids, skipped = plan.runs, plan.skipped
     else:
         run_ids = [run_id]
-    run_ids = [run for run in run_ids if not (run in finished and store.run(run).tier["status"] == "tiered")]
-    ceilings = {tenant: ceiling(tenant) for tenant in sorted({store.run(run).tenant for run in run_ids})}
+    run_ids = [run for run in run_ids if not (run in finished and store.runs.run(run).tier["status"] == "tiered")]
+    ceilings = {tenant: ceiling(tenant) for tenant in sorted({store.runs.run(run).tenant for run in run_ids})}
     gates: dict[str, TierGate] = {}
     if run_ids:
         counted_by = counter()

@@ -1,5 +1,5 @@
-"""Where tiered bodies go and where they are read back from: target URLs, S3 endpoints, and the cold stores
-a command opens (each once).
+"""Where tiered bodies go and where they are read back from: cold targets (:data:`~kvjudge.retention.cold.ColdTarget`,
+a cold store's URL), S3 endpoints, and the cold stores a command opens (each once).
 
 A new move goes to the endpoint the command resolves (``--endpoint-url``, else ``[retention] endpoint_url``,
 else boto3's own resolution: ``AWS_ENDPOINT_URL``, ``~/.aws``), and its ``TierStarted`` / ``Tiered`` record the
@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from kvjudge.errors import ColdStoreError
 from kvjudge.retention.blobs import ref_of, short
-from kvjudge.retention.cold import ColdStore, open_cold_store
+from kvjudge.retention.cold import ColdStore, ColdTarget, open_cold_store
 from kvjudge.retention.store import Store
 from kvjudge.retention.tiering.manifest import Manifest, logged_manifest, started_event
 from kvjudge.settings import RetentionSettings, data_dir
@@ -25,14 +25,14 @@ from kvjudge.settings import RetentionSettings, data_dir
 Notice = Callable[[str], None]
 
 
-def default_target() -> str:
+def default_cold_target() -> ColdTarget:
     """The built-in cold store: a ``cold`` directory next to the default store."""
     return "file://" + str(data_dir() / "cold")
 
 
-def resolve_target(retention: RetentionSettings, to: str | None = None) -> str:
-    """The target URL: ``to`` (``--to``), else ``[retention] cold``, else :func:`default_target`."""
-    return to or retention.cold or default_target()
+def resolve_cold_target(retention: RetentionSettings, to: ColdTarget | None = None) -> ColdTarget:
+    """The cold target: ``to`` (``--to``), else ``[retention] cold``, else :func:`default_cold_target`."""
+    return to or retention.cold or default_cold_target()
 
 
 def resolve_endpoint(retention: RetentionSettings, endpoint_url: str | None = None) -> str | None:
@@ -40,8 +40,8 @@ def resolve_endpoint(retention: RetentionSettings, endpoint_url: str | None = No
     return endpoint_url or retention.endpoint_url
 
 
-def _is_s3(target: str) -> bool:
-    return urllib.parse.urlparse(target).scheme == "s3"
+def _is_s3(cold_target: ColdTarget) -> bool:
+    return urllib.parse.urlparse(cold_target).scheme == "s3"
 
 
 class ColdStores:
@@ -62,7 +62,7 @@ class ColdStores:
         self.override = override
         self._notice = notice
         self._noticed = False
-        self._open: dict[tuple[str, str | None], ColdStore] = {}
+        self._open: dict[tuple[ColdTarget, str | None], ColdStore] = {}
         self._moves: dict[tuple[str, str], ColdStore] = {}
         self._manifests: dict[tuple[str, str], Manifest] = {}
 
@@ -72,16 +72,16 @@ class ColdStores:
         """A command's cold stores: ``endpoint_url`` is its ``--endpoint-url`` (None when not given)."""
         return cls(resolve_endpoint(retention, endpoint_url), override=endpoint_url, notice=notice)
 
-    def get(self, target: str) -> ColdStore:
-        """The cold store at ``target`` for a new move (at :attr:`endpoint_url`)."""
-        return self.at(target, self.endpoint_url)
+    def get(self, cold_target: ColdTarget) -> ColdStore:
+        """The cold store at ``cold_target`` for a new move (at :attr:`endpoint_url`)."""
+        return self.at(cold_target, self.endpoint_url)
 
-    def at(self, target: str, endpoint: str | None) -> ColdStore:
-        """The cold store at ``target`` reached through ``endpoint`` (ignored for a local directory)."""
-        key = (target, endpoint if _is_s3(target) else None)
+    def at(self, cold_target: ColdTarget, endpoint: str | None) -> ColdStore:
+        """The cold store at ``cold_target`` reached through ``endpoint`` (ignored for a local directory)."""
+        key = (cold_target, endpoint if _is_s3(cold_target) else None)
         store = self._open.get(key)
         if store is None:
-            store = open_cold_store(target, endpoint_url=endpoint, create=target == default_target())
+            store = open_cold_store(cold_target, endpoint_url=endpoint, create=cold_target == default_cold_target())
             self._open[key] = store
         return store
 
@@ -94,16 +94,16 @@ class ColdStores:
         cached = self._moves.get((run_id, manifest_ref))
         if cached is not None:
             return cached
-        started = started_event(store, run_id, manifest_ref)
-        target, recorded = started.target, started.endpoint
-        if not _is_s3(target):
-            cold = self.at(target, None)
+        started = started_event(store.events, run_id, manifest_ref)
+        cold_target, recorded = started.target, started.endpoint
+        if not _is_s3(cold_target):
+            cold = self.at(cold_target, None)
         elif recorded is None:
-            cold = self._unrecorded(run_id, target)
+            cold = self._unrecorded(run_id, cold_target)
         elif self.override is None or self.override == recorded:
-            cold = self.at(target, recorded)
+            cold = self.at(cold_target, recorded)
         else:
-            cold = self.at(target, self.override)
+            cold = self.at(cold_target, self.override)
             self._check_moved(store, run_id, manifest_ref, cold, recorded)
         self._moves[(run_id, manifest_ref)] = cold
         return cold
@@ -116,16 +116,16 @@ class ColdStores:
             manifest = self._manifests[(run_id, manifest_ref)] = logged_manifest(store, run_id, manifest_ref)
         return manifest
 
-    def _unrecorded(self, run_id: str, target: str) -> ColdStore:
+    def _unrecorded(self, run_id: str, cold_target: ColdTarget) -> ColdStore:
         """A move logged before endpoints were recorded: today's resolution, said once."""
         endpoint = self.override or self.endpoint_url
-        cold = self.at(target, endpoint)
+        cold = self.at(cold_target, endpoint)
         if self._notice is not None and not self._noticed:
             self._noticed = True
             source = ("--endpoint-url" if self.override else "[retention] endpoint_url" if endpoint
                       else "AWS_ENDPOINT_URL / AWS config")
             self._notice(f"note: run {run_id} (and any like it) was tiered before kvjudge recorded S3 endpoints; "
-                         f"reading {target} at {cold.endpoint_url} (from {source})")
+                         f"reading {cold_target} at {cold.endpoint_url} (from {source})")
         return cold
 
     @staticmethod

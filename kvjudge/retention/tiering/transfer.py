@@ -45,7 +45,7 @@ class BodyVanished(IntegrityError):
 def vanished(store: Store, manifest: Manifest, exc: BodyVanished) -> Exception:
     """What a vanished body means: FinishedElsewhere when the log says this very move was committed by another
     process (which then released the bodies), else the IntegrityError it is."""
-    tier = store.run(manifest.run).tier or {}
+    tier = store.runs.run(manifest.run).tier or {}
     if tier.get("status") == "tiered" and tier.get("manifest_ref") == ref_of(manifest.to_bytes()):
         return FinishedElsewhere(manifest.run)
     return exc
