@@ -35,7 +35,7 @@ from kvjudge.judge.pairing import ALL, same_task_pairs
 from kvjudge.judge.pointwise import score_runs, summarize_scores
 from kvjudge.judge.protocols import PROTOCOLS, make_protocol
 from kvjudge.judge.metrics import roc_auc
-from kvjudge.retention import Store
+from kvjudge.retention import Store, ingest_paths
 from kvjudge.testing.graded_runs import swe_run
 from kvjudge.testing.sim_judge import AnswerKey, Settings, SimJudgeServer
 
@@ -50,7 +50,7 @@ def _sim_world(root: Path, tasks: int) -> tuple[Path, AnswerKey, list[Any]]:
     source = root / "sim.jsonl"
     source.write_text("".join(json.dumps(r.run) + "\n" for r in runs))
     with Store.open(path) as store:
-        store.ingest_file(source)
+        ingest_paths(store, [source])
     return path, key, runs
 
 
@@ -101,10 +101,10 @@ def bundled(root: Path) -> dict[str, Any]:
 
     path = root / "demo.sqlite"
     with Store.open(path) as store:
-        run_ids = store.ingest_file(sample_runs_path())
+        run_ids = ingest_paths(store, [sample_runs_path()]).runs
         for run_id in run_ids:
-            store.mark(run_id, "grading")
-            store.mark(run_id, "graded")
+            store.events.mark(run_id, "grading")
+            store.events.mark(run_id, "graded")
     out: dict[str, Any] = {}
     with Store.open(path) as store:
         states = {run_id: store.run(run_id) for run_id in run_ids}

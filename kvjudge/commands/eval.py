@@ -75,7 +75,7 @@ def _eval_pointwise(args: argparse.Namespace, target: JudgeTarget) -> int:
         if args.runs or args.pairs is not None:
             run_ids = sorted({run for pair in select_pairs(args, store).pairs for run in pair})
         else:
-            run_ids = store.run_ids(task=args.task)
+            run_ids = store.runs.run_ids(task=args.task)
         if not run_ids:
             raise UsageError("no runs to score: ingest runs, or name them")
         with opened_judge(args, target, template=None if args.template == "both" else args.template) as judge:

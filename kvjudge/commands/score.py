@@ -42,7 +42,7 @@ def _score(args: argparse.Namespace) -> int:
     protocol = args.protocol or (configured if PROTOCOLS.get(configured, None) is not None
                                  and configured in POINTWISE else POINTWISE[0])
     with target.open_store() as store:
-        run_ids = list(args.runs) or store.run_ids(task=args.task)
+        run_ids = list(args.runs) or store.runs.run_ids(task=args.task)
         if not run_ids:
             raise UsageError("no runs to score: ingest runs, or name them")
         for run_id in args.runs:
