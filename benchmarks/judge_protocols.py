@@ -22,6 +22,7 @@ import argparse
 import dataclasses
 import json
 import random
+import sys
 import tempfile
 import time
 from collections import Counter
@@ -112,6 +113,7 @@ def bundled(root: Path) -> dict[str, Any]:
         out["runs"], out["pairs"] = len(run_ids), len(pairs)
         target = JudgeTarget.resolve(KvSettings())
         for name, cls in PROTOCOLS.items():
+            print(f"bundled judge: {name} on {len(pairs)} pairs / {len(run_ids)} runs…", file=sys.stderr, flush=True)
             judge = target.open_judge(protocol=name, certify=False)  # each window size certified: minutes on CPU
             started = time.perf_counter()
             try:
