@@ -31,6 +31,7 @@ COMMAND_MODULES = (
     "kvjudge.commands.tier",
     "kvjudge.commands.rehydrate",
     "kvjudge.commands.judge",
+    "kvjudge.commands.score",
     "kvjudge.commands.eval",
     "kvjudge.commands.rank",
     "kvjudge.commands.select",

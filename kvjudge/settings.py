@@ -17,7 +17,10 @@ Sections (every key optional)::
     [judge]               model = "path.gguf", server = "http://host:port" | servers = ["http://…", …],
                           tokenizer_model = "path.gguf", parallel = 2, timeout = 600, margin = 0.05,
                           template = "auto" | "chat" | "raw", threads = N,
-                          api_key_env = "NAME" (the environment variable holding the servers' API key)
+                          api_key_env = "NAME" (the environment variable holding the servers' API key),
+                          protocol = "letter" | "pairwise-scale" | "pointwise", levels = 10, repeats = 1,
+                          rubric = ["name: text", …] | "rubric.toml", min_label_mass = 0.5,
+                          jury = ["http://…", "path.gguf", "http://a,http://b", …]
 
 Locations are environment settings, not file settings: the capability cache and the assembled models live in
 the user cache dir (``KVJUDGE_CACHE_DIR``), the store in the user data dir (``KVJUDGE_DATA_DIR``).
@@ -49,6 +52,12 @@ APP_NAME = "kvjudge"
 DEFAULT_MARGIN = 0.05
 DEFAULT_PARALLEL = 2  # requests in flight per judge server
 DEFAULT_TIMEOUT_S = 600.0  # seconds one judge-server request may take
+# The judge protocol unless [judge] protocol says otherwise (the registry: kvjudge.judge.protocols; why this one:
+# the README's judge-protocols figures).
+DEFAULT_PROTOCOL = "letter"
+DEFAULT_LEVELS = 10  # levels of a scale protocol's letter scale (why: kvjudge.judge.scale)
+DEFAULT_MIN_LABEL_MASS = 0.5  # the least probability a scale reading must put on the levels (why: kvjudge.judge.scale)
+MAX_REPEATS = 8  # question variants a protocol has (kvjudge.judge.protocols.base)
 
 
 def cache_dir() -> Path:
@@ -152,6 +161,14 @@ class JudgeSettings:
     # The NAME of the environment variable that holds the servers' API key: the key itself is never a setting.
     api_key_env: str | None = field(default=None, metadata=_limit(
         lambda v: bool(re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", v)), "an environment variable name"))
+    protocol: str = field(default=DEFAULT_PROTOCOL, metadata=_limit(lambda v: bool(v.strip()), "a protocol name"))
+    levels: int = field(default=DEFAULT_LEVELS, metadata=_limit(lambda v: 2 <= v <= 26, "2 to 26 levels"))
+    repeats: int = field(default=1, metadata=_limit(lambda v: 1 <= v <= MAX_REPEATS, f"1 to {MAX_REPEATS}"))
+    rubric: tuple[str, ...] | str | None = None  # "name: text" criteria, or a rubric file's path
+    min_label_mass: float = field(default=DEFAULT_MIN_LABEL_MASS, metadata=_limit(lambda v: 0 <= v <= 1,
+                                                                                   "in [0, 1]"))
+    jury: tuple[str, ...] | None = field(default=None, metadata=_limit(lambda v: len(v) >= 2 and all(v),
+                                                                       "a list of at least two judges"))
 
     @property
     def server_urls(self) -> tuple[str, ...]:
@@ -223,6 +240,19 @@ class Settings:
             _build(Settings, single, (), (flags or {}).get(dotted, f"the option for {dotted}"))
         built = _build(Settings, merged, (), "the options")
         return dataclasses.replace(built, source=self.source)
+
+
+def read_toml(path: str | os.PathLike[str], what: str) -> dict[str, Any]:
+    """A TOML file a setting names (a rubric file), parsed here, by the one reader of TOML; a one-line error
+    naming ``what`` when it cannot be read or parsed."""
+    candidate = Path(path)
+    try:
+        with candidate.open("rb") as handle:
+            return tomllib.load(handle)
+    except OSError as exc:
+        raise ConfigError(f"cannot read the {what} {candidate}: {exc.strerror or exc}; check the path") from exc
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"the {what} {candidate} is not valid TOML ({exc}); fix the file") from exc
 
 
 def _as_mapping(value: Any) -> Any:

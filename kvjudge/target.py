@@ -48,6 +48,8 @@ if TYPE_CHECKING:
     from kvjudge.tokens import TokenCounter
     from kvjudge.judge import Backend, Judge
     from kvjudge.judge.pipeline import VerdictFn
+    from kvjudge.judge.jury import Absent
+    from kvjudge.judge.protocols import JudgeProtocol
     from kvjudge.judge.stillgrades import ProgressFactory, StillGradesCheck
 
 Say = Callable[[str], None]
@@ -370,9 +372,10 @@ class JudgeTarget:
     # ------------------------------------------------------------------------------------------ the judge
     def open_judge(self, *, n_ctx: int | None = None, certify: bool = True, template: str | None = None,
                    margin: float | None = None, show_verifier: bool = False, show_grades: bool = False,
-                   use_cache: bool = True) -> Judge:
+                   use_cache: bool = True, protocol: str | None = None) -> Judge:
         """The Judge: its backend (not yet loaded: the planner sizes the window to the pairs), framing (``template``,
-        else ``[judge] template``), tie margin (``[judge] margin``) and held-out inputs.
+        else ``[judge] template``), tie margin (``[judge] margin``), held-out inputs and protocol (``protocol``, else
+        ``[judge] protocol``, with ``[judge] levels``, ``repeats``, ``rubric``: :meth:`protocol`).
 
         With servers the backend is a :class:`~kvjudge.judge.ServerPool` windowed from each member's capability
         entry (a member without one is probed first); ``n_ctx`` only lowers the window (and, given, lets a member
@@ -380,6 +383,7 @@ class JudgeTarget:
         from kvjudge.judge import Judge, LlamaBackend, WindowPlanner, open_servers
 
         chosen = self.settings.judge
+        asked = self.protocol(protocol)  # a bad protocol, rubric or scale fails before any backend opens
         if self.served:
             if n_ctx is None:  # a member without an entry is probed first, where the pool would refuse it
                 self.entries()
@@ -395,10 +399,46 @@ class JudgeTarget:
                                     say=self.say)
             return Judge(backend, margin=chosen.margin if margin is None else margin, show_grades=show_grades,
                          show_verifier=show_verifier, use_cache=use_cache, template=template or chosen.template,
-                         planner=planner)
+                         planner=planner, protocol=asked)
         except Exception:
             backend.close()
             raise
+
+    def open_jury(self, *, n_ctx: int | None = None, certify: bool = True, show_verifier: bool = False,
+                  show_grades: bool = False, use_cache: bool = True) -> list[tuple[str, Judge | Absent]]:
+        """``[judge] jury``'s judges, each with this target's protocol: a member is a GGUF path, a server URL, or
+        several URLs joined by commas (a pool). One that cannot be opened is :class:`~kvjudge.judge.jury.Absent`
+        (its verdicts errors, never scores)."""
+        from kvjudge.judge.jury import Absent
+
+        named = self.settings.judge.jury or ()
+        if len(named) < 2:
+            raise UsageError("a jury needs at least two judges: set [judge] jury or pass --jury JUDGE twice or more")
+        members: list[tuple[str, Judge | Absent]] = []
+        for member in named:
+            urls = tuple(url.strip() for url in member.split(",") if url.strip())
+            served = all("://" in url for url in urls)
+            values = {"judge.servers": urls} if served else {"judge.model": member}
+            unset = ("judge.server", "judge.model") if served else ("judge.server", "judge.servers")
+            settings = self.settings.with_overrides({**values, "judge.jury": None}, unset=(*unset, "judge.jury"))
+            target = JudgeTarget(settings, capabilities=self.capabilities, ceiling=self.lowered_to,
+                                 endpoint_url=self.endpoint_url, say=self.say)
+            try:
+                members.append((member, target.open_judge(n_ctx=n_ctx, certify=certify, show_verifier=show_verifier,
+                                                          show_grades=show_grades, use_cache=use_cache)))
+            except KvjudgeError as exc:
+                self.say(f"jury member {member} is absent: {exc}")
+                members.append((member, Absent(str(exc))))
+        return members
+
+    def protocol(self, name: str | None = None) -> JudgeProtocol:
+        """The judge protocol ``name`` (else ``[judge] protocol``) with the settings' scale, K and rubric; a bad one
+        is a one-line error before any backend opens."""
+        from kvjudge.judge.protocols import make_protocol
+
+        chosen = self.settings.judge
+        return make_protocol(name or chosen.protocol, levels=chosen.levels, min_mass=chosen.min_label_mass,
+                             rubric=chosen.rubric, repeats=chosen.repeats)
 
     # ------------------------------------------------------------------------------------------ still grades
     def still_grades(self, judge: Judge, store: Store, pairs: Sequence[tuple[str, str]], *,

@@ -284,3 +284,21 @@ def test_the_prefill_speed_sample_fits_whatever_window_is_loaded(default_model: 
         assert backend.measure_prefill(256) > 0 and backend.n_ctx == 512 and backend.loads == 2
     finally:
         backend.close()
+
+
+def test_the_in_process_backend_reads_a_scale_from_the_logits(default_model: Path, store: Store) -> None:
+    from kvjudge.judge import make_protocol, score_runs
+    from kvjudge.judge.protocols import Criterion, Rubric
+
+    one = Rubric((Criterion("overall", "The run accomplished its task."),))
+    judge = Judge(LlamaBackend(model_path=default_model, n_ctx=1024),
+                  protocol=make_protocol("pointwise", levels=5, rubric=one, min_mass=0.0))
+    try:
+        [score] = score_runs(judge, store, ["good"])
+    finally:
+        judge.backend.close()
+    assert score.outcome == "scored" and len(score.readings) == 1
+    reading = score.readings[0]
+    assert 0.0 < reading.label_mass <= 1.0 and 0.0 <= reading.score <= 1.0
+    assert score.p_success == reading.score  # one criterion, one repeat
+    assert score.manifest["levels"] == ["A", "B", "C", "D", "E"]

@@ -212,9 +212,9 @@ class Recording(LlamaBackend):
         super().__post_init__()
         self.sent: list[list[str]] = []
 
-    def score(self, segments, shared: int = 0):  # type: ignore[no-untyped-def]
+    def score(self, segments, shared: int = 0, scale=None):  # type: ignore[no-untyped-def]
         self.sent.append(list(segments))
-        return super().score(segments, shared=shared)
+        return super().score(segments, shared=shared, scale=scale)
 
 
 @pytest.mark.model

@@ -31,6 +31,11 @@ SETTING_FLAGS: dict[str, tuple[str, str]] = {
     "template": ("judge.template", "--template"),
     "threads": ("judge.threads", "--threads"),
     "api_key_env": ("judge.api_key_env", "--api-key-env"),
+    "protocol": ("judge.protocol", "--protocol"),
+    "levels": ("judge.levels", "--levels"),
+    "repeats": ("judge.repeats", "--repeats"),
+    "rubric": ("judge.rubric", "--rubric"),
+    "jury": ("judge.jury", "--jury"),
     "memory_budget": ("probe.memory_budget", "--memory-budget"),
 }
 # --model and --server choose the judge: --server URL (repeatable) the pool, --model PATH the local GGUF (then no

@@ -17,16 +17,18 @@ from kvjudge.judge.ledger import Ledger, plan_line
 from kvjudge.judge.pairing import DEFAULT_POLICY, POLICIES, PairSelection, describe_pairs, same_task_pairs
 from kvjudge.retention import Store
 from kvjudge.retention.state import RunState
-from kvjudge.settings import DEFAULT_PARALLEL, DEFAULT_TIMEOUT_S
+from kvjudge.judge.protocols import PROTOCOLS
+from kvjudge.settings import DEFAULT_LEVELS, DEFAULT_PARALLEL, DEFAULT_PROTOCOL, DEFAULT_TIMEOUT_S
 from kvjudge.target import JudgeTarget
 
 
-def add_judge_args(parser: argparse.ArgumentParser, *, also_templates: tuple[str, ...] = ()) -> None:
+def add_judge_args(parser: argparse.ArgumentParser, *, also_templates: tuple[str, ...] = (),
+                   kinds: tuple[str, ...] = ("pairwise",)) -> None:
     """What ``judge``, ``eval``, ``rank`` and ``report`` share: the pairs, the backend, the framing, the window (the
     store and the endpoint tiered runs are read from: :data:`READS_TIERED`, after the command's own options).
 
     ``also_templates``: further ``--template`` values a command understands (``eval``'s ``both``: then the
-    command passes the framing to the judge itself)."""
+    command passes the framing to the judge itself); ``kinds``: the protocols it runs (pairwise, pointwise)."""
     parser.add_argument("runs", nargs="*", metavar="RUN", help="two run ids: RUN_A RUN_B")
     parser.add_argument("--pairs", metavar="FILE", help='JSONL file of pairs, one {"a": RUN, "b": RUN} per line')
     parser.add_argument("--task", metavar="TASK", help="every pair of runs on this task id")
@@ -34,6 +36,13 @@ def add_judge_args(parser: argparse.ArgumentParser, *, also_templates: tuple[str
                         help="when an agent ran a task several times: matched pairs trial i with trial i of each "
                              "other agent, all pairs every two runs on the task (default: matched; runs without a "
                              "trial pair with every run on their task)")
+    add_backend_args(parser, also_templates=also_templates, kinds=kinds)
+
+
+def add_backend_args(parser: argparse.ArgumentParser, *, also_templates: tuple[str, ...] = (),
+                     kinds: tuple[str, ...] = ("pairwise",)) -> None:
+    """The judge itself (``add_judge_args`` without the pairs; ``kvjudge score`` reads runs, not pairs): the
+    backend, the framing, the window, the protocol."""
     backend = parser.add_mutually_exclusive_group()
     backend.add_argument("--model", metavar="PATH", help="judge model GGUF (default: [judge] model, else the "
                                                          "default judge model)")
@@ -67,19 +76,41 @@ def add_judge_args(parser: argparse.ArgumentParser, *, also_templates: tuple[str
     parser.add_argument("--show-grades", action="store_true", help="show recorded grades to the judge "
                                                                    "(experiments only)")
     parser.add_argument("--no-cache", action="store_true", help="do not read or write cached judgments")
+    add_protocol_args(parser, kinds=kinds)
     records_settings(parser, *JUDGE_CHOICE, "parallel", "timeout", "tokenizer_model", "threads", "margin",
                      *(() if also_templates else ("template",)))
     add_api_key_args(parser)
 
 
+def add_protocol_args(parser: argparse.ArgumentParser, *, kinds: tuple[str, ...] = ("pairwise",)) -> None:
+    """``--protocol`` (its choices and help from the registry, :data:`~kvjudge.judge.protocols.PROTOCOLS`: those of
+    ``kinds``), ``--levels``, ``--repeats``, ``--rubric``."""
+    choices = [name for name, cls in PROTOCOLS.items() if cls.kind in kinds]
+    parser.add_argument("--protocol", choices=choices, default=None,
+                        help=f"judge protocol (default: [judge] protocol, else {DEFAULT_PROTOCOL}): "
+                             + "; ".join(f"{name}: {PROTOCOLS[name].summary}" for name in choices))
+    parser.add_argument("--levels", type=int, metavar="G",
+                        help=f"a scale protocol's levels, letters from A (worst) (default: [judge] levels or "
+                             f"{DEFAULT_LEVELS}; at most the servers' top logprobs)")
+    parser.add_argument("--repeats", type=int, metavar="K",
+                        help="a scale protocol's readings per criterion, each another question variant (default: "
+                             "[judge] repeats or 1)")
+    parser.add_argument("--rubric", metavar="FILE",
+                        help="a scale protocol's criteria: a TOML rubric file of [[criterion]] name/text tables "
+                             "(default: [judge] rubric, else the default rubric for coding-agent runs)")
+    records_settings(parser, "protocol", "levels", "repeats", "rubric")
+
+
 @contextlib.contextmanager
-def opened_judge(args: argparse.Namespace, target: JudgeTarget, *, template: str | None = None) -> Iterator[Judge]:
+def opened_judge(args: argparse.Namespace, target: JudgeTarget, *, template: str | None = None,
+                 protocol: str | None = None) -> Iterator[Judge]:
     """The judge of a judging command (``add_judge_args``: window, certification, held-out inputs, cache), its
     backend closed on the way out."""
+    target.protocol(protocol)  # a bad protocol, rubric or scale: one line, before the backend is announced
     info("loading the judge backend…")
     judge = target.open_judge(n_ctx=args.n_ctx, certify=not args.no_certify, template=template,
                               show_verifier=args.show_verifier, show_grades=args.show_grades,
-                              use_cache=not args.no_cache)
+                              use_cache=not args.no_cache, protocol=protocol)
     try:
         yield judge
     finally:
@@ -90,7 +121,7 @@ def judged(judge: Judge, store: Store, selection: PairSelection, description: st
            states: dict[str, RunState] | None = None) -> list[Verdict]:
     """:func:`~kvjudge.judge.judge_batch` of the selected pairs, with a progress bar on a terminal (a step per
     order). ``states``: folded runs already read, by id; the runs the batch folds are added to it."""
-    with progress(description, len(selection.pairs) * 2) as advance:
+    with progress(description, len(selection.pairs) * judge.protocol.calls) as advance:
         judge.planner.progress = lambda message: advance(0, description=message)
         return judge_batch(judge, store, selection.pairs, on_call=advance, states=states, on_plan=announce(judge))
 

@@ -17,11 +17,15 @@ from typing import Any
 
 from kvjudge.commands._args import READS_TIERED, command, target_from
 from kvjudge.commands._judging import add_judge_args, judged, opened_judge, select_pairs, spent
-from kvjudge.commands._output import emit, info, print_table, print_wrapped
-from kvjudge.judge.evaluate import BASELINES, EVIDENCE_SIDES, evaluate, plot_reliability
+from kvjudge.commands._output import emit, info, print_table, print_wrapped, progress
+from kvjudge.errors import UsageError
+from kvjudge.judge.critic_eval import score_figures
+from kvjudge.judge.evaluate import BASELINES, EVIDENCE_SIDES, evaluate, grade_score, plot_reliability
 from kvjudge.judge.evidence import summary_line
 from kvjudge.judge.ledger import Ledger
+from kvjudge.judge.pointwise import score_runs, summarize_scores
 from kvjudge.retention.state import RunState
+from kvjudge.target import JudgeTarget
 
 DEFAULT_PNG = "kvjudge-eval.png"
 
@@ -30,7 +34,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     with command(subparsers, "eval", _eval, shared=READS_TIERED,
                  help="score the judge against held-out grades beside simple baselines (accuracy, κ, position "
                       "bias)") as parser:
-        add_judge_args(parser, also_templates=("both",))
+        add_judge_args(parser, also_templates=("both",), kinds=("pairwise", "pointwise"))
         parser.add_argument("--png", metavar="PATH", default=DEFAULT_PNG,
                             help=f"reliability plot (p_a against the truth, binned; default ./{DEFAULT_PNG})")
 
@@ -41,6 +45,8 @@ def _eval(args: argparse.Namespace) -> int:
     consistency and bias, tie/inconsistent rates, label mass; the same for the baselines always-first,
     longer-run-wins and last-exit-code-0-wins."""
     target = target_from(args)
+    if target.protocol(args.protocol).kind == "pointwise":
+        return _eval_pointwise(args, target)
     # --template both: each framing in turn; otherwise the one named, else [judge] template.
     templates = ["chat", "raw"] if args.template == "both" else [args.template]
     results: dict[str, dict[str, Any]] = {}
@@ -64,8 +70,50 @@ def _eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _eval_pointwise(args: argparse.Namespace, target: JudgeTarget) -> int:
+    """A pointwise protocol's eval: every run of the store (or of --task, or of the pairs named) scored, and the
+    scores against the runs' grades as a critic is measured (:func:`~kvjudge.judge.critic_eval.score_figures`)."""
+    with target.open_store() as store:
+        if args.runs or args.pairs is not None:
+            run_ids = sorted({run for pair in select_pairs(args, store).pairs for run in pair})
+        else:
+            run_ids = store.runs.run_ids(task=args.task)
+        if not run_ids:
+            raise UsageError("no runs to score: ingest runs, or name them")
+        with opened_judge(args, target, template=None if args.template == "both" else args.template) as judge:
+            with progress("scoring", len(run_ids) * judge.protocol.calls) as advance:
+                judge.planner.progress = lambda message: advance(0, description=message)
+                scores = score_runs(judge, store, run_ids, on_call=advance)
+            grades = {run_id: grade_score(store.run(run_id)) for run_id in run_ids}
+            figures = score_figures(scores, grades)
+            payload = {"protocol": judge.protocol.name, "pointwise": figures, "summary": summarize_scores(scores),
+                       "manifest": judge.manifest()}
+    emit(args, payload, lambda: _print_pointwise(payload))
+    return 0
+
+
+def _print_pointwise(payload: dict[str, Any]) -> None:
+    f = payload["pointwise"]
+    rows: list[list[Any]] = [["runs scored / graded", f"{f['scored']} / {f['graded']} ({f['succeeded']} succeeded)"],
+                             ["ROC AUC [95 %]", _interval(f["auc"], f["auc_ci95"])], ["Brier", _fmt(f["brier"])],
+                             ["ECE (10 equal-mass bins)", _fmt(f["ece"])]]
+    for method, held in f["calibration"].items():
+        rows.append([f"held-out {method} map: ECE before → after", f"{_fmt(held['before']['ece'])} → "
+                                                                    f"{_fmt(held['after']['ece'])} "
+                                                                    f"(fit {held['fit']}, measured {held['held_out']})"])
+    for name, c in f["criteria"].items():
+        rows.append([f"criterion {name}: AUC [95 %]", _interval(c["auc"], c["auc_ci95"])])
+    print_table(["", "value"], rows, title=f"{payload['manifest'].get('model')}, {payload['protocol']} protocol")
+    print_wrapped("reliability (mean P(success) → observed): " + ", ".join(
+        f"{b['mean_p']:.2f}→{b['observed']:.2f}" for b in f["reliability"]))
+
+
 def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
+
+
+def _ci(interval: Any) -> str:
+    return f"[{interval[0]:+.3f}, {interval[1]:+.3f}]" if interval else ""
 
 
 def _interval(value: float | None, interval: Any) -> str:
@@ -104,6 +152,16 @@ def _print(results: dict[str, dict[str, Any]], pairing: str | None = None) -> No
                                          f"grades ({result['equal_grades']} equal, {result['ungraded']} ungraded "
                                          f"left out)")
         print_wrapped(result["conclusion"])
+        score = result["score"]
+        print_wrapped(f"p_a as a score of 'a is better': AUC {_interval(score['auc'], score['auc_ci95'])} over "
+                      f"{score['pairs']} pairs" + "".join(f"; {name} {_interval(c['auc'], c['auc_ci95'])}"
+                                                          for name, c in score["criteria"].items()))
+        length = result["length_controlled"]
+        if length is not None and length["slope"] is not None:
+            print_wrapped(f"length: p_a moves {length['slope']:+.3f} per {length['unit_chars']} characters of length "
+                          f"difference {_ci(length['slope_ci95'])}; the longer run preferred in "
+                          f"{_fmt(length['longer_preferred'])} of the pairs that lean (beside position bias "
+                          f"{_fmt(result['judge']['position_bias'])})")
         print_wrapped(summary_line(result["evidence"], EVIDENCE_SIDES))
         print_wrapped(calibration_line(result["judge"]))
         print_wrapped(Ledger.from_json(result["cost"]).line())

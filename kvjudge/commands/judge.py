@@ -16,12 +16,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from kvjudge.commands._args import READS_TIERED, command, target_from
+from kvjudge.commands._args import READS_TIERED, command, records_settings, target_from
 from kvjudge.commands._judging import add_judge_args, announce, opened_judge, select_pairs
 from kvjudge.commands._output import emit, print_fields, print_table, print_wrapped, progress
 from kvjudge.judge import Judge, StillGrades, Verdict, judge_batch, summarize_verdicts
 from kvjudge.judge.evidence import describe, summary_line
+from kvjudge.judge.jury import JuryVerdict, jury_verdicts, summarize_jury
 from kvjudge.judge.ledger import Ledger
+from kvjudge.target import JudgeTarget
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -36,20 +38,27 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                             help="with --still-grades: reduce each run's bodies to N tokens, as retention counts "
                                  "them (the view adds its markup, so it comes out somewhat above N; default: the "
                                  "effective ceiling, min(configured, max_context_tokens // 2))")
+        parser.add_argument("--jury", metavar="JUDGE", action="append",
+                            help="a jury member: a GGUF path, a server URL, or URLs joined by commas (a pool); "
+                                 "repeat for each (default: [judge] jury, else no jury). The members' verdicts are "
+                                 "combined: the mean p_a, the majority label")
         add_judge_args(parser)
+        records_settings(parser, "jury")
 
 
 def _judge(args: argparse.Namespace) -> int:
     """Judge which of two runs is better from the model's own next-token probabilities, asked in both orders.
     Outcomes: a, b, tie, inconsistent (the orders disagree), overflow, error. Verifier results and grades are held
-    out of the judge's input unless asked for."""
+    out of the judge's input unless asked for. With a jury, each member judges and the verdicts are combined."""
     target = target_from(args)
+    if target.settings.judge.jury and not args.still_grades:
+        return _judge_by_jury(args, target)
     with target.open_store() as store:
         selection = select_pairs(args, store)
         pairs = selection.pairs
         with opened_judge(args, target) as judge:
             sides = 2 if args.still_grades else 1
-            with progress("judging", len(pairs) * 2 * sides) as advance:
+            with progress("judging", len(pairs) * judge.protocol.calls * sides) as advance:
                 judge.planner.progress = lambda message: advance(0, description=message)
                 tracker = _PairProgress(advance, len(pairs) * sides)
                 if args.still_grades:
@@ -75,6 +84,41 @@ def _judge(args: argparse.Namespace) -> int:
                 summary["reduce_to"] = check.reduce_to
     emit(args, {"summary": summary}, lambda: _print_summary(summary, args.still_grades))
     return 0
+
+
+def _judge_by_jury(args: argparse.Namespace, target: JudgeTarget) -> int:
+    with target.open_store() as store:
+        selection = select_pairs(args, store)
+        target.protocol()  # a bad protocol, rubric or scale: one line, before any member opens
+        members = target.open_jury(n_ctx=args.n_ctx, certify=not args.no_certify, show_verifier=args.show_verifier,
+                                   show_grades=args.show_grades, use_cache=not args.no_cache)
+        try:
+            present = [m for _, m in members if isinstance(m, Judge)]
+            calls = sum(m.protocol.calls for m in present) * len(selection.pairs)
+            with progress("judging (jury)", calls) as advance:
+                verdicts = jury_verdicts(members, store, selection.pairs,
+                                         judge=lambda m, pairs: judge_batch(m, store, pairs, on_call=advance))
+        finally:
+            for _, member in members:
+                if isinstance(member, Judge):
+                    member.backend.close()
+    for verdict in verdicts:
+        emit(args, verdict.to_json(), lambda v=verdict: _print_jury_pair(v))
+    summary = {**summarize_jury(verdicts), "pairing": selection.to_json()}
+    emit(args, {"summary": summary}, lambda: print_table(
+        ["", "value"], [["pairs", summary["pairs"]], ["jury outcomes", ", ".join(f"{k} {v}" for k, v in
+                                                                                  summary["outcomes"].items())],
+                        ["coverage", _fmt(summary["coverage"])],
+                        *[[f"member {name}", ", ".join(f"{k} {v}" for k, v in counts.items())]
+                          for name, counts in summary["members"].items()]], title="jury summary"))
+    return 0
+
+
+def _print_jury_pair(verdict: JuryVerdict) -> None:
+    rows = [[m.member, m.outcome, _fmt(m.verdict.p_a if m.verdict else None), m.error or
+             (m.verdict.error if m.verdict else "") or ""] for m in verdict.members]
+    rows.append(["jury", verdict.outcome, _fmt(verdict.p_a), ""])
+    print_table(["judge", "outcome", "p_a", "error"], rows, title=f"{verdict.a} vs {verdict.b}")
 
 
 def _run_figures(judge: Judge, tracker: _PairProgress, judged: int) -> dict[str, Any]:
@@ -145,6 +189,10 @@ def _print_pair(verdict: Verdict, still: StillGrades | None) -> None:
         read = "; ".join(f"{name} {describe(e.view)}" for name, e in verdict.evidence.items())
         print_wrapped(f"evidence read: {read}"
                       + (" — the views hide evidence their full runs show" if verdict.evidence_hidden else ""))
+    criteria = verdict.reading_figures().get("criteria", {})
+    if criteria:
+        print_wrapped("criteria (p_a ± sd over repeats and orders): " + "; ".join(
+            f"{name} {_fmt(c['mean'])} ± {_fmt(c['spread'])}" for name, c in criteria.items()))
     for v in ([still.full, still.reduced] if still is not None else [verdict]):
         if v.error:
             print_wrapped(f"{v.outcome}: {v.error}", indent="  ")

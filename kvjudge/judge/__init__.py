@@ -26,6 +26,11 @@ prompts → scores → verdicts, through :func:`judge_batch` for every caller.
 - still grades: :func:`check_still_grades` judges pairs full, then reduced (the judge target's
   ``still_grades`` gives it each tenant's target); :func:`still_grades` compares the two sides' verdicts
   (agreement, flips, κ, Δp_a).
+- protocols (:mod:`kvjudge.judge.protocols`): the registry :data:`PROTOCOLS` (letter, pairwise-scale, pointwise),
+  :func:`make_protocol`, the :class:`Scale` a scale protocol answers on (:mod:`kvjudge.judge.scale`) and its
+  :class:`Rubric`; :func:`score_runs` scores runs one at a time with a pointwise protocol (:class:`RunScore`,
+  cached), :func:`jury_verdicts` combines several judges (:class:`JuryVerdict`), :mod:`kvjudge.judge.critic_eval`
+  measures scores as critics are measured.
 - evidence retention (:mod:`kvjudge.judge.evidence`): how much of each run's final submission and last test
   outcome the views judged show (:class:`RunEvidence`, on every verdict), flagged when a reduction hides some.
 """
@@ -47,6 +52,10 @@ from kvjudge.judge.pack import (
     pair_bases,
 )
 from kvjudge.judge.pipeline import Judge, judge_batch, judge_pair
+from kvjudge.judge.pointwise import RunScore, score_runs
+from kvjudge.judge.jury import JuryVerdict, jury_verdicts
+from kvjudge.judge.protocols import PROTOCOLS, JudgeProtocol, Rubric, make_protocol
+from kvjudge.judge.scale import Scale, letter_scale
 from kvjudge.judge.prompt import RAW, TEMPLATE_CHOICES, TEMPLATE_VERSION, Framing, Prompt, TemplateText, choose_framing
 from kvjudge.judge.render import ViewParts, body_resolver, escape, render_parts, render_view, view_source
 from kvjudge.judge.servers import ServerBackend, ServerPool, open_servers
@@ -78,6 +87,8 @@ from kvjudge.judge.viewcount import ViewCounter
 from kvjudge.judge.window import Window, WindowPlanner, window_tokens
 
 __all__ = [
+    "JudgeProtocol", "JuryVerdict", "PROTOCOLS", "Rubric", "RunScore", "Scale", "jury_verdicts", "letter_scale",
+    "make_protocol", "score_runs",
     "Backend", "BaseView", "CommonBlock", "DEFAULT_MARGIN", "Framing", "FullCut", "Judge", "LABELS", "LabelScore",
     "LlamaBackend", "OUTCOMES", "OrderPrompt", "OrderScore", "PackedPair", "PackedView", "PairBases", "Prompt",
     "PromptOverflow", "RAW", "RunEvidence", "RunTokens", "SCORED", "ServerBackend", "ServerPool", "StillGrades",

@@ -24,6 +24,7 @@ from kvjudge.errors import JudgeError, ModelError
 from kvjudge.judge.labels import SPELLINGS, LabelScore, PromptOverflow, ResultFn, renormalise, score_in_turn
 from kvjudge.judge.ledger import CallCost, Ledger
 from kvjudge.judge.prompt import Framing, Prompt, TemplateText, choose_framing
+from kvjudge.judge.scale import Scale
 from kvjudge.tokens import model_counter_name, tokenize_exact
 
 __all__ = ["Backend", "LlamaBackend", "PromptOverflow"]
@@ -46,6 +47,8 @@ class Backend(Protocol):
     tokens_saved: int
     #: Every answered call's cost, as its answerer measured it (:mod:`kvjudge.judge.ledger`), added up.
     ledger: Ledger
+    #: The most levels a scale may have to be read whole (a server's top-logprobs limit; None: every token is read).
+    label_limit: int | None
 
     @property
     def counter_name(self) -> str:
@@ -86,8 +89,9 @@ class Backend(Protocol):
         """Prompt tokens per second of the model here (in-process only; a server raises JudgeError)."""
         ...
 
-    def score(self, segments: Sequence[str], shared: int = 0) -> LabelScore:
-        """Forced-choice label probabilities for the prompt ``"".join(segments)``.
+    def score(self, segments: Sequence[str], shared: int = 0, scale: Scale | None = None) -> LabelScore:
+        """Forced-choice label probabilities for the prompt ``"".join(segments)``: of the letters A and B, or of the
+        levels of ``scale`` (too little mass on them is a JudgeError, :meth:`~kvjudge.judge.scale.Scale.read`).
 
         The first ``shared`` segments are the same in every call (the instructions): a backend may keep
         their KV cache and evaluate only the rest.
@@ -135,9 +139,11 @@ class LlamaBackend:
     window_fixed: bool = False
     certified: bool = False
     ledger: Ledger = field(default_factory=Ledger)
+    label_limit: int | None = None  # the whole distribution is read from the logits
     _vocab: Any = field(default=None, repr=False)
     _llama: Any = field(default=None, repr=False)
     _label_ids: dict[str, tuple[int, ...]] = field(default_factory=dict, repr=False)
+    _scale_ids: dict[tuple[str, ...], dict[str, tuple[int, ...]]] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         from llama_cpp import Llama
@@ -153,19 +159,32 @@ class LlamaBackend:
                 self._vocab = Llama(model_path=str(self.model_path), vocab_only=True, verbose=False)
         except (ValueError, RuntimeError) as exc:
             raise ModelError(f"cannot read the tokenizer of {self.model_path} ({exc}); check the file") from exc
-        for label, spellings in SPELLINGS.items():
-            ids: set[int] = set()
-            for spelling in spellings:
-                tokens = self._vocab.tokenize(spelling.encode(), add_bos=False, special=False)
-                if len(tokens) == 1:  # a spelling that takes two tokens cannot be a one-token answer
-                    ids.add(tokens[0])
-            if not ids:
-                raise ModelError(f"{self.model_path.name} has no single-token spelling of the label {label!r}; "
-                                 f"this model cannot be used as a forced-choice judge")
-            self._label_ids[label] = tuple(sorted(ids))
+        self._label_ids = self._one_token_ids(SPELLINGS)
         if self.n_ctx is not None:
             requested, self.n_ctx = self.n_ctx, None
             self.resize(requested, source=self.n_ctx_source)
+
+    def _one_token_ids(self, spellings: dict[str, tuple[str, ...]]) -> dict[str, tuple[int, ...]]:
+        """Each label's token ids: the spellings that are one token (one that takes two cannot be a one-token
+        answer); a label without one is a ModelError."""
+        found: dict[str, tuple[int, ...]] = {}
+        for label, spelled in spellings.items():
+            ids: set[int] = set()
+            for spelling in spelled:
+                tokens = self._vocab.tokenize(spelling.encode(), add_bos=False, special=False)
+                if len(tokens) == 1:
+                    ids.add(tokens[0])
+            if not ids:
+                raise ModelError(f"{self.model_path.name} has no single-token spelling of the label {label!r}; "
+                                 f"this model cannot be used as a forced-choice judge on it")
+            found[label] = tuple(sorted(ids))
+        return found
+
+    def _ids_of(self, scale: Scale) -> dict[str, tuple[int, ...]]:
+        if scale.levels not in self._scale_ids:
+            self._scale_ids[scale.levels] = self._one_token_ids({level: scale.spellings(level)
+                                                                 for level in scale.levels})
+        return self._scale_ids[scale.levels]
 
     @property
     def chat_template(self) -> str | None:
@@ -272,7 +291,7 @@ class LlamaBackend:
         return {"calls": self.calls, "tokens_evaluated": self.tokens_evaluated, "tokens_saved": self.tokens_saved,
                 "loads": self.loads, "ledger": self.ledger.to_json()}
 
-    def score(self, segments: Sequence[str], shared: int = 0) -> LabelScore:
+    def score(self, segments: Sequence[str], shared: int = 0, scale: Scale | None = None) -> LabelScore:
         import time
 
         import numpy as np
@@ -280,6 +299,7 @@ class LlamaBackend:
         started = time.perf_counter()
         if self._vocab is None:
             raise JudgeError("the judge backend is closed; open a new one")
+        label_ids = self._label_ids if scale is None else self._ids_of(scale)
         if self._llama is None or self.n_ctx is None:
             raise JudgeError("the judge backend has no window yet; size it with resize(n_ctx) first")
         prefix = self.prompt_tokens(segments[:shared])
@@ -307,8 +327,8 @@ class LlamaBackend:
         logits = last_logits(llama, llama.n_vocab()).astype(np.float64)
         top = float(logits.max())
         log_z = top + math.log(float(np.exp(logits - top).sum()))
-        raw = {label: sum(math.exp(float(logits[i]) - log_z) for i in ids) for label, ids in self._label_ids.items()}
-        probs, mass = renormalise(raw)
+        raw = {label: sum(math.exp(float(logits[i]) - log_z) for i in ids) for label, ids in label_ids.items()}
+        probs, mass = renormalise(raw) if scale is None else scale.read(raw)
         self.calls += 1
         self.tokens_evaluated += len(tokens) - keep
         self.tokens_saved += keep

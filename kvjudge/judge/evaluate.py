@@ -33,6 +33,8 @@ from kvjudge.judge.render import body_resolver, render_parts, render_view
 from kvjudge.judge.runfacts import RunFacts
 from kvjudge.judge.stillgrades import cohen_kappa
 from kvjudge.judge.verdict import SCORED, VIEW_MODULES, Verdict, code_digest
+from kvjudge.judge.critic_eval import pairwise_score_figures
+from kvjudge.judge.metrics import length_controlled
 from kvjudge.retention.state import RunState, best_grade
 
 if TYPE_CHECKING:
@@ -239,7 +241,18 @@ def evaluate(store: Store, verdicts: Sequence[Verdict], states: Mapping[str, Run
         "baselines": baselines,
         "conclusion": conclusion(judge, baselines),
         "evidence": batch([(v.a, v.b, list(v.evidence.values())) for v in verdicts], EVIDENCE_SIDES),
+        "score": pairwise_score_figures(verdicts, truths),
+        "length_controlled": _length_controlled(verdicts, inputs),
     }
+
+
+def _length_controlled(verdicts: Sequence[Verdict], inputs: Mapping[str, Mapping[str, Any]]) -> dict[str, Any] | None:
+    """How far the judge's p_a moves with the length difference of the two runs' views (None under two scores)."""
+    scored = [v for v in verdicts if v.scored and v.p_a is not None]
+    if len(scored) < 2:
+        return None
+    return length_controlled([float(v.p_a) for v in scored],  # type: ignore[arg-type]
+                             [inputs[v.a]["length"] - inputs[v.b]["length"] for v in scored])
 
 
 def plot_reliability(results: Mapping[str, Mapping[str, Any]], path: Any) -> None:

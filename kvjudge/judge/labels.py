@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from kvjudge.errors import AuthRefused, JudgeError
 from kvjudge.judge.ledger import CallCost
 from kvjudge.judge.prompt import Prompt
+from kvjudge.judge.scale import Scale
 
 # The answer labels and the spellings whose probabilities count for each.
 LABELS: tuple[str, str] = ("A", "B")
@@ -60,7 +61,7 @@ def renormalise(raw: dict[str, float]) -> tuple[dict[str, float], float]:
 ResultFn = Callable[[int, int, "LabelScore | None", "JudgeError | None", "str | None", float], None]
 
 
-def score_in_turn(score: Callable[[Sequence[str], int], LabelScore], groups: Iterable[Sequence[Prompt]],
+def score_in_turn(score: Callable[[Sequence[str], int, Scale | None], LabelScore], groups: Iterable[Sequence[Prompt]],
                   on_result: ResultFn) -> None:
     """Score every prompt of every group, one call at a time, in order (groups are taken as they are needed).
 
@@ -71,7 +72,7 @@ def score_in_turn(score: Callable[[Sequence[str], int], LabelScore], groups: Ite
         for position, prompt in enumerate(group):
             started = time.perf_counter()
             try:
-                answer = score(prompt.segments, prompt.shared)
+                answer = score(prompt.segments, prompt.shared, prompt.scale)
             except JudgeError as exc:
                 on_result(index, position, None, exc, None, time.perf_counter() - started)
                 continue

@@ -45,9 +45,10 @@ from kvjudge.judge.pack import (
     pair_bases,
 )
 from kvjudge.judge.prompt import TEMPLATE_VERSION, Framing
+from kvjudge.judge.protocols import JudgeProtocol, LetterProtocol
+from kvjudge.judge.protocols.base import reading_key
 from kvjudge.judge.verdict import (
     DEFAULT_MARGIN,
-    ORDERS,
     SCORED,
     OrderPrompt,
     OrderScore,
@@ -77,6 +78,8 @@ if TYPE_CHECKING:
 VerdictFn = Callable[[int, Verdict], None]
 # on_plan(calls at most, verdicts from the cache): said once the cache has been read, before any call is sent.
 PlanFn = Callable[[int, int], None]
+# The fewest tokens a rubric's longest question may leave the views of a window.
+MIN_VIEW_ROOM = 256
 # Cache writes gathered before one transaction writes them.
 _WRITE_BATCH = 64
 
@@ -90,7 +93,8 @@ class Judge:
     judgments through ``store.get_judgment`` / ``store.put_judgment`` (one entry per order, one per verdict), so a
     re-run of the same pair costs no model call — nor, for a verdict, any rendering. ``planner`` sizes the
     backend's window to the pairs; without one a backend that has no window yet gets a default planner (certifying
-    the size it needs).
+    the size it needs). ``protocol`` turns views into prompts and answers into scores
+    (:mod:`kvjudge.judge.protocols`; default: the letter protocol).
     """
 
     backend: Backend
@@ -100,6 +104,7 @@ class Judge:
     use_cache: bool = True
     template: str = "auto"
     planner: WindowPlanner | None = None
+    protocol: JudgeProtocol = field(default_factory=LetterProtocol)
     window: Window | None = field(default=None, repr=False)
     _framing: Framing | None = field(default=None, repr=False)
     _framing_tokens: int | None = field(default=None, repr=False)
@@ -108,6 +113,10 @@ class Judge:
     def __post_init__(self) -> None:
         if not 0.0 <= self.margin < 0.5:
             raise UsageError(f"the tie margin must be in [0, 0.5), got {self.margin}; set [judge] margin")
+        scale, limit = self.protocol.scale, getattr(self.backend, "label_limit", None)
+        if scale is not None and limit is not None and scale.size > limit:
+            raise UsageError(f"a {scale.size}-level scale cannot be read from the judge server's top {limit} "
+                             f"logprobs; use --levels {limit} or fewer")
 
     @property
     def framing(self) -> Framing:
@@ -120,7 +129,7 @@ class Judge:
     def framing_tokens(self) -> int:
         """Tokens of the prompt without the two views (template, instructions, delimiters, question)."""
         if self._framing_tokens is None:
-            self._framing_tokens = self.backend.count_prompt(self.framing.framing_segments())
+            self._framing_tokens = self.backend.count_prompt(self.protocol.framing_segments(self.framing))
         return self._framing_tokens
 
     @property
@@ -157,7 +166,20 @@ class Judge:
 
     def manifest(self) -> dict[str, Any]:
         return {**self.backend.manifest(), "template_version": TEMPLATE_VERSION, **self.framing.manifest(),
-                "show_verifier": self.show_verifier, "show_grades": self.show_grades}
+                "show_verifier": self.show_verifier, "show_grades": self.show_grades, **self.protocol.manifest()}
+
+    def check_room(self, n_ctx: int) -> None:
+        """A rubric whose criterion leaves the views too little of an ``n_ctx`` window is a one-line error."""
+        criterion = self.protocol.longest_criterion()
+        if criterion is not None and self.room_at(n_ctx) < MIN_VIEW_ROOM:
+            raise UsageError(f"criterion {criterion.name!r} ({self.backend.count(criterion.text)} tokens) leaves the "
+                             f"runs {max(0, self.room_at(n_ctx))} tokens of the {n_ctx}-token window (at least "
+                             f"{MIN_VIEW_ROOM} needed); shorten it")
+
+    def reading_score(self, prompt: OrderPrompt, score: LabelScore, cached: bool) -> OrderScore:
+        """One call's answer as the protocol reads it, un-swapped."""
+        return order_score(prompt.order, score, cached, p_first=self.protocol.score_of(score),
+                           criterion=prompt.criterion, reading=prompt.reading)
 
     def base_of(self, store: Store, state: RunState, *, reduce_to: int | None = None,
                 full: bool = False) -> BaseView:
@@ -195,18 +217,25 @@ class Judge:
         self.window = planner.open(needed, bound=bound)
 
     def order_prompts(self, view_a: PackedView, view_b: PackedView) -> list[OrderPrompt]:
-        """The two orders' prompts for two views that fit."""
+        """The protocol's prompts for two views that fit (the letter protocol: the two orders)."""
         manifest = self.manifest()
         common = view_a.common_segments or view_a.common  # the same block in both orders (both views carry it)
         block = text_sha256(view_a.common)
+        protocol = self.protocol
         prompts = []
-        for order in ORDERS:
+        for reading in protocol.readings():
+            order = reading.order or "ab"
             first, second = (view_a, view_b) if order == "ab" else (view_b, view_a)
             assert first.text is not None and second.text is not None and first.sha256 and second.sha256
-            segments = self.framing.segments(first.segments or first.text, second.segments or second.text, common)
+            segments = protocol.segments(self.framing, reading, first.segments or first.text,
+                                         second.segments or second.text, common)
             key = judgment_key(manifest, first.text, second.text, view_a.common,
                                hashes=(first.sha256, second.sha256, block))
-            prompts.append(OrderPrompt(segments, self.framing.shared, order=order, key=key))
+            if reading.criterion is not None:
+                key = reading_key(key, reading, protocol)
+            prompts.append(OrderPrompt(segments, protocol.shared(self.framing), protocol.scale, order=order, key=key,
+                                       criterion=reading.criterion.name if reading.criterion else None,
+                                       reading=reading.id if reading.criterion else None))
         return prompts
 
     def conclude(self, view_a: PackedView, view_b: PackedView, orders: Sequence[OrderScore],
@@ -217,7 +246,8 @@ class Judge:
         overflow = overflow_message(over, self.room, self.backend.n_ctx) if over else None
         return conclude((SideRecord.of(view_a), SideRecord.of(view_b)), orders, failure, margin=self.margin,
                         manifest=self.manifest(), common_tokens=view_a.common_tokens,
-                        seconds=time.perf_counter() - started if seconds is None else seconds, overflow=overflow)
+                        seconds=time.perf_counter() - started if seconds is None else seconds, overflow=overflow,
+                        readings=self.protocol.calls)
 
     def judge_pairs(self, store: Store, pairs: Sequence[tuple[str, str]], *, reduce_to: PairReduce = None,
                     full: bool = False, bound: str = "certified",
@@ -254,6 +284,9 @@ def judge_batch(judge: Judge, store: Store, pairs: Sequence[tuple[str, str]], *,
     how many calls at most are about to be sent and how many verdicts came from the cache, before the first call.
     Interrupted (Ctrl-C), every verdict and order answered so far is written to the caches first.
     """
+    if judge.protocol.kind != "pairwise":
+        raise UsageError(f"the {judge.protocol.name} protocol scores one run at a time: use `kvjudge score`, or a "
+                         f"pairwise protocol to judge pairs")
     batch = _Batch(judge, store, pairs, reduce_to, full, bound, on_call, on_verdict)
     batch.on_plan = on_plan
     if isinstance(states, dict):
@@ -315,9 +348,11 @@ class _Batch:
         judge = self.judge
         self.manifest = judge.manifest()
         self.settings = judge_settings(self.manifest)
+        if judge.protocol.rubric is not None:
+            judge.check_room(judge.window_cap(self.bound))
         misses = self.known() if judge.use_cache else list(range(len(self.pairs)))
         if self.on_plan is not None:
-            self.on_plan(len(misses) * len(ORDERS), len(self.pairs) - len(misses))
+            self.on_plan(len(misses) * judge.protocol.calls, len(self.pairs) - len(misses))
         try:
             if misses:
                 if not judge.backend.window_fixed:
@@ -359,7 +394,7 @@ class _Batch:
                 continue
             verdict = dataclasses.replace(verdict_from_record(record, a, b, margin=self.judge.margin, seconds=share),
                                           cost=Ledger())  # read from the cache: no call
-            for _ in ORDERS:
+            for _ in range(self.judge.protocol.calls):
                 self.called()
             self.decided(index, verdict)
         return misses
@@ -434,11 +469,11 @@ class _Batch:
                 payload = self.store.get_judgment(prompt.key)
                 if payload is not None:
                     answer = self.answered[prompt.key] = score_from_payload(payload)
-                    pending.orders.append(order_score(prompt.order, answer, True))
+                    pending.orders.append(self.judge.reading_score(prompt, answer, True))
                     self.called()
                     continue
             if answer is not None:  # answered earlier in this batch: read as from the cache
-                pending.orders.append(order_score(prompt.order, answer, use_cache))
+                pending.orders.append(self.judge.reading_score(prompt, answer, use_cache))
                 self.called()
                 continue
             pending.waiting += 1
@@ -468,7 +503,7 @@ class _Batch:
         for place, (pending, asked) in enumerate(self.asked.pop(prompt.key, [])):
             if score is not None:
                 # The later waiters read the answer as a later batch would read the cache.
-                pending.orders.append(order_score(asked.order, score, place > 0 and self.judge.use_cache))
+                pending.orders.append(self.judge.reading_score(asked, score, place > 0 and self.judge.use_cache))
             elif pending.failure is None:
                 pending.failure = failure
             pending.waiting -= 1

@@ -40,8 +40,12 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from kvjudge.errors import ModelError, UsageError
+
+if TYPE_CHECKING:
+    from kvjudge.judge.scale import Scale
 
 # Bump when the instructions, the view layout or the escaping change: it is part of the judgment cache
 # key and of every verdict's manifest.
@@ -112,10 +116,12 @@ def common_segments(common: Quoted) -> list[str]:
 
 @dataclass(frozen=True)
 class Prompt:
-    """A prompt ready for a backend: its segments, of which the first ``shared`` are the same in every call."""
+    """A prompt ready for a backend: its segments, of which the first ``shared`` are the same in every call, and the
+    scale its answer is read on (None: the letters A and B of the pairwise letter question)."""
 
     segments: Sequence[str]
     shared: int
+    scale: Scale | None = None
 
 
 @dataclass(frozen=True)

@@ -51,6 +51,7 @@ from kvjudge.judge.labels import (
 )
 from kvjudge.judge.ledger import CallCost, Ledger
 from kvjudge.judge.prompt import Framing, Prompt, TemplateText, choose_framing, user_message
+from kvjudge.judge.scale import Scale
 from kvjudge.settings import DEFAULT_PARALLEL, DEFAULT_TIMEOUT_S
 from kvjudge.server_client import (
     Answer,
@@ -107,8 +108,18 @@ def top_logprobs(answer: Any) -> dict[str, float]:
                      "`logprobs`?")
 
 
-def label_score(top: Mapping[str, float], *, top_n: int, prompt_tokens: int, server: str | None = None) -> LabelScore:
-    """Label probabilities from a top-logprobs map (each label's spellings summed; a missing label is an error)."""
+def label_score(top: Mapping[str, float], *, top_n: int, prompt_tokens: int, server: str | None = None,
+                scale: Scale | None = None) -> LabelScore:
+    """Label probabilities from a top-logprobs map (each label's spellings summed; a missing label is an error).
+    On a ``scale`` a level missing from the top N has probability 0 there, and too little mass is an error."""
+    if scale is not None:
+        levels = {level: 0.0 for level in scale.levels}
+        for token, logprob in top.items():
+            for level in scale.levels:
+                if token in scale.spellings(level) and math.isfinite(logprob):
+                    levels[level] += math.exp(logprob)
+        probs, mass = scale.read(levels)
+        return LabelScore(probs=probs, label_mass=mass, prompt_tokens=prompt_tokens, server=server)
     raw = {label: 0.0 for label in LABELS}
     seen: set[str] = set()
     for token, logprob in top.items():
@@ -242,10 +253,17 @@ class ServerBackend:
             raise JudgeError(f"the pairs need a {n_ctx}-token window but the judge window on {self.url} is "
                              f"{self.n_ctx}; pass a smaller --n-ctx")
 
-    def request_score(self, segments: Sequence[str], affinity: str | None = None) -> LabelScore:
-        """One forced-choice call (``affinity``: the session key of its group). Raises PromptOverflow on a context
-        refusal, ServerUnavailable when the server cannot be reached after its retries (the pool sends the call
-        elsewhere), AuthRefused when it refuses the credentials, JudgeError otherwise."""
+    @property
+    def label_limit(self) -> int:
+        """The most levels a scale may have: the top logprobs asked for (each level must be able to appear)."""
+        return self.top_logprobs
+
+    def request_score(self, segments: Sequence[str], scale: Scale | None = None,
+                      affinity: str | None = None) -> LabelScore:
+        """One forced-choice call (``scale``: the levels to read, None: the letters A/B; ``affinity``: the session
+        key of its group). Raises PromptOverflow on a context refusal, ServerUnavailable when the server cannot be
+        reached after its retries (the pool sends the call elsewhere), AuthRefused when it refuses the credentials,
+        JudgeError otherwise."""
         assert self.info is not None
         try:
             answer: Answer
@@ -267,7 +285,7 @@ class ServerBackend:
         usage = usage_of(answer)
         prompt_tokens = usage.prompt_tokens or 0
         score = label_score(top_logprobs(answer), top_n=self.top_logprobs, prompt_tokens=prompt_tokens,
-                            server=self.url)
+                            server=self.url, scale=scale)
         cost = CallCost(prompt_tokens, usage.cached_tokens, usage.completion_tokens or 0, answer.tries - 1,
                         answer.seconds)
         with self._lock:  # the pool calls from several threads
@@ -276,9 +294,9 @@ class ServerBackend:
             self.ledger.add(cost)
         return dataclasses.replace(score, cost=cost, reused_tokens=usage.cached_tokens or 0)
 
-    def score(self, segments: Sequence[str], shared: int = 0) -> LabelScore:
+    def score(self, segments: Sequence[str], shared: int = 0, scale: Scale | None = None) -> LabelScore:
         try:
-            return self.request_score(segments)
+            return self.request_score(segments, scale)
         except ServerUnavailable as exc:
             raise JudgeError(f"the judge server failed: {exc}") from exc
 
@@ -313,10 +331,10 @@ def local_tokenizer(info: ServerInfo, client: ServerClient, model_path: str | Pa
     return candidate if served[offset:] == candidate.tokenize(_TOKENIZER_CHECK) else None
 
 
-def _timed(call: Callable[[Sequence[str], str | None], LabelScore], segments: Sequence[str],
-           affinity: str | None) -> tuple[LabelScore, float]:
+def _timed(call: Callable[[Sequence[str], Scale | None, str | None], LabelScore], segments: Sequence[str],
+           scale: Scale | None, affinity: str | None) -> tuple[LabelScore, float]:
     started = time.perf_counter()
-    return call(segments, affinity), time.perf_counter() - started
+    return call(segments, scale, affinity), time.perf_counter() - started
 
 
 @dataclass
@@ -328,6 +346,7 @@ class _Job:
     position: int
     segments: Sequence[str]
     affinity: str | None = None
+    scale: Scale | None = None
     then: _Job | None = None
     prefer: str | None = None
     tried: set[str] = field(default_factory=set)
@@ -339,7 +358,7 @@ def _chain(group: int, prompts: Sequence[Prompt]) -> _Job | None:
     first: _Job | None = None
     key = affinity_key(prompts) if prompts else None
     for position in reversed(range(len(prompts))):
-        first = _Job(group, position, prompts[position].segments, key, then=first)
+        first = _Job(group, position, prompts[position].segments, key, prompts[position].scale, then=first)
     return first
 
 
@@ -421,6 +440,10 @@ class ServerPool:
     def tokens_saved(self) -> int:
         return sum(b.tokens_saved for b in self.backends)
 
+    @property
+    def label_limit(self) -> int:
+        return self.backends[0].label_limit
+
     def manifest(self) -> dict[str, Any]:
         return self.backends[0].manifest()
 
@@ -461,10 +484,10 @@ class ServerPool:
                 raise JudgeError(f"cannot count tokens: {exc}") from exc
         raise JudgeError(f"no judge server could count tokens ({'; '.join(failures) or 'none is live'})")
 
-    def score(self, segments: Sequence[str], shared: int = 0) -> LabelScore:
+    def score(self, segments: Sequence[str], shared: int = 0, scale: Scale | None = None) -> LabelScore:
         """One call through the pool (failover included)."""
         results: list[tuple[LabelScore | None, JudgeError | None]] = []
-        self.score_many([[Prompt(segments, shared)]],
+        self.score_many([[Prompt(segments, shared, scale)]],
                         lambda _g, _p, score, error, _url, _s: results.append((score, error)))
         score, error = results[0]
         if error is not None:
@@ -531,7 +554,8 @@ class ServerPool:
                     continue
                 ready.remove(job)
                 busy[backend.url] += 1
-                in_flight[executor.submit(_timed, backend.request_score, job.segments, job.affinity)] = (job, backend)
+                in_flight[executor.submit(_timed, backend.request_score, job.segments, job.scale,
+                                          job.affinity)] = (job, backend)
                 progress = True
 
     def _finish(self, job: _Job, score: LabelScore | None, failure: JudgeError | None, url: str | None,

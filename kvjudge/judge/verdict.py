@@ -37,6 +37,7 @@ from kvjudge.judge.labels import LabelScore, PromptOverflow
 from kvjudge.judge.ledger import Ledger
 from kvjudge.judge.pack import PackedView, RunTokens
 from kvjudge.judge.prompt import TEMPLATE_VERSION, Prompt
+from kvjudge.judge.protocols.base import by_criterion, mean_spread
 from kvjudge.judge.render import view_source
 from kvjudge.judge.runfacts import RunFacts
 from kvjudge.settings import DEFAULT_MARGIN
@@ -78,6 +79,8 @@ class OrderScore:
     reused_tokens: int
     cached: bool
     server: str | None = None  # the server that answered (a server backend), None in-process or from the cache
+    criterion: str | None = None  # the criterion asked (None: the letter question)
+    reading: str | None = None  # the reading's id (criterion/variant/order) where the protocol has several an order
 
 
 @dataclass(frozen=True)
@@ -136,18 +139,34 @@ class Verdict:
             "evidence": {run: e.to_json() for run, e in self.evidence.items()},
             "evidence_hidden": self.evidence_hidden,
             "cost": None if self.cost is None else self.cost.to_json(),
+            **self.reading_figures(),
         }
+
+    def reading_figures(self) -> dict[str, Any]:
+        """A scale protocol's readings: each reading's un-swapped score, per criterion the mean and spread (sd)
+        over its repeats and orders, and the spread over all readings (nothing for the letter protocol)."""
+        if not any(o.criterion for o in self.orders):
+            return {}
+        _, spread = mean_spread([o.p_a for o in self.orders])
+        return {"criteria": by_criterion([(o.criterion, o.p_a) for o in self.orders]), "spread": spread,
+                "readings": [{"reading": o.reading, "p_a": o.p_a, "label_mass": o.label_mass} for o in self.orders]}
 
 
 # ------------------------------------------------------------------------------------------- the order cache
 _SETTINGS = ("model_sha256", "model", "backend", "backend_version", "n_batch", "server", "top_logprobs", "template",
              "chat_template_sha256", "show_verifier", "show_grades")
+# What a scale protocol adds (the letter protocol adds nothing: its keys are those it always had).
+_PROTOCOL_SETTINGS = ("protocol", "protocol_version", "levels", "repeats", "rubric", "min_label_mass")
 
 
 def judge_settings(manifest: Mapping[str, Any]) -> dict[str, Any]:
     """What in a manifest decides the model's answer to a prompt (not n_ctx: the window decides what fits, not
-    what the model computes for the same tokens)."""
-    return {k: manifest.get(k) for k in _SETTINGS}
+    what the model computes for the same tokens), and the protocol, its scale, K and rubric unless it is the letter
+    protocol (so a verdict of another protocol, scale, K or rubric is never read for this one)."""
+    settings = {k: manifest.get(k) for k in _SETTINGS}
+    if manifest.get("protocol") not in (None, "letter"):
+        settings.update({k: manifest.get(k) for k in _PROTOCOL_SETTINGS})
+    return settings
 
 
 def text_sha256(text: str) -> str:
@@ -184,14 +203,19 @@ class OrderPrompt(Prompt):
 
     order: str = "ab"
     key: str = ""
+    criterion: str | None = None
+    reading: str | None = None
 
 
-def order_score(order: str, score: LabelScore, cached: bool) -> OrderScore:
-    """One order's result, un-swapped: ``p_a`` is the probability that run a (not position A) is better."""
-    p_first = score.probs["A"]
+def order_score(order: str, score: LabelScore, cached: bool, *, p_first: float | None = None,
+                criterion: str | None = None, reading: str | None = None) -> OrderScore:
+    """One order's result, un-swapped: ``p_a`` is the probability that run a (not position A) is better.
+    ``p_first``: the score of the run shown first, where the protocol reads it otherwise than as label A's
+    probability (a scale's expected score)."""
+    p_first = score.probs["A"] if p_first is None else p_first
     return OrderScore(order=order, p_a=p_first if order == "ab" else 1.0 - p_first, label_mass=score.label_mass,
                       prompt_tokens=score.prompt_tokens, reused_tokens=score.reused_tokens, cached=cached,
-                      server=None if cached else score.server)
+                      server=None if cached else score.server, criterion=criterion, reading=reading)
 
 
 # ------------------------------------------------------------------------------------------------ deciding
@@ -228,10 +252,11 @@ def overflow_message(over: Sequence[str], room: int, n_ctx: int | None) -> str:
 
 def conclude(sides: tuple[SideRecord, SideRecord], orders: Sequence[OrderScore], failure: JudgeError | None, *,
              margin: float, manifest: dict[str, Any], common_tokens: int, seconds: float, overflow: str | None,
-             cached: bool | None = None) -> Verdict:
+             cached: bool | None = None, readings: int = len(ORDERS)) -> Verdict:
     """The verdict from the orders scored (in any order) and the failure that stopped the rest: overflow when a
     view does not fit (``overflow``: why) or the backend refused the prompt as too long, error on any other failure,
-    else the decision. ``cached`` overrides "every order was read from the cache"."""
+    else the decision. ``cached`` overrides "every order was read from the cache". ``readings``: the calls a
+    verdict takes (a scale protocol's criteria × repeats × orders); each order's p_a is the mean of its readings'."""
     first, second = sides
     ordered = tuple(sorted(orders, key=lambda o: ORDERS.index(o.order)))
 
@@ -251,12 +276,11 @@ def conclude(sides: tuple[SideRecord, SideRecord], orders: Sequence[OrderScore],
         return finish("overflow", None, {"ab": None, "ba": None}, error=overflow)
     if isinstance(failure, PromptOverflow):
         return finish("overflow", None, {"ab": None, "ba": None}, error=str(failure))
-    if failure is not None or len(ordered) != len(ORDERS):
-        by_order: dict[str, float | None] = {o: None for o in ORDERS}
-        by_order.update({o.order: o.p_a for o in ordered})
-        return finish("error", None, by_order, error=str(failure) if failure is not None else "an order was never scored")
-    outcome, p_a = decide(ordered[0].p_a, ordered[1].p_a, margin)
-    return finish(outcome, p_a, {o.order: o.p_a for o in ordered})
+    means = {order: mean_spread([o.p_a for o in ordered if o.order == order])[0] for order in ORDERS}
+    if failure is not None or len(ordered) != readings or None in means.values():
+        return finish("error", None, means, error=str(failure) if failure is not None else "an order was never scored")
+    outcome, p_a = decide(means["ab"], means["ba"], margin)  # type: ignore[arg-type]
+    return finish(outcome, p_a, means)
 
 
 # ----------------------------------------------------------------------------------------- the verdict cache
@@ -319,7 +343,9 @@ def verdict_record(verdict: Verdict, sides: tuple[SideRecord, SideRecord]) -> di
     the pair overflowed (the decision itself is made again on reading, with the margin asked for then)."""
     return {"sides": [side.to_json() for side in sides], "common_tokens": verdict.common_tokens,
             "orders": [{"order": o.order, "p_a": o.p_a, "label_mass": o.label_mass, "prompt_tokens": o.prompt_tokens,
-                        "reused_tokens": o.reused_tokens} for o in verdict.orders],
+                        "reused_tokens": o.reused_tokens,
+                        **({"criterion": o.criterion, "reading": o.reading} if o.criterion else {})}
+                       for o in verdict.orders],
             "overflow": verdict.error if verdict.outcome == "overflow" else None, "manifest": verdict.manifest}
 
 
@@ -327,10 +353,11 @@ def verdict_from_record(record: Mapping[str, Any], a: str, b: str, *, margin: fl
     """The verdict of runs ``a`` and ``b`` from its cache record (decided with ``margin``)."""
     first, second = (SideRecord.from_json(run, data) for run, data in zip((a, b), record["sides"]))
     orders = [OrderScore(o["order"], float(o["p_a"]), float(o["label_mass"]), int(o["prompt_tokens"]),
-                         int(o["reused_tokens"]), cached=True) for o in record["orders"]]
+                         int(o["reused_tokens"]), cached=True, criterion=o.get("criterion"), reading=o.get("reading"))
+              for o in record["orders"]]
     return conclude((first, second), orders, None, margin=margin, manifest=dict(record["manifest"]),
                     common_tokens=int(record["common_tokens"]), seconds=seconds, overflow=record["overflow"],
-                    cached=True)
+                    cached=True, readings=len(orders))
 
 
 PairReduce = int | Mapping[tuple[str, str], int] | None

@@ -48,6 +48,18 @@ given to the run shown first (what ``kvjudge eval`` reports as position bias) is
 token carries the labels' probabilities (a ``label_mass`` share of the whole; the rest on other tokens) in its
 top logprobs, in vLLM's shapes.
 
+**Scale mode** (the scale protocols, :mod:`kvjudge.judge.protocols`). A prompt that names a scale — its last line
+reading ``Scale, worst to best: A B C …`` (or ``Scale, best to worst: … C B A``: the levels in the other order) — is
+answered on that scale instead of with A or B. Each run has a latent quality: the key entry's ``quality`` (in
+[0, 1]), else its grade clipped to [0, 1]. A prompt quoting one run (``RUN A`` only: pointwise) centres the reading
+on that run's quality; one quoting two centres it on ``0.5 + (quality of A − quality of B) / 2`` plus the position
+bias ``bias − 0.5``; a run not identified or whose evidence is hidden counts as 0.5. Each reading adds noise
+``σ · z`` (``--sigma``), ``z`` a standard normal drawn from ``seed`` and the whole prompt (:func:`scale_noise`): the
+same prompt always gets the same noise, and two prompts — another criterion, wording, order or run — independent
+draws. The noisy centre, clipped to [0, 1] (and, with ``--sharpen γ`` > 1, overconfident: pushed to the ends as
+``sigmoid(γ · logit(c))``), is the answer's expected level: its probability is split between the two levels either
+side of it (:func:`scale_distribution`), so the expected score a judge reads back is exactly that value.
+
 **Endpoints** (vLLM's shapes): ``GET /v1/models`` (with ``max_model_len``), ``GET /version``, ``POST /tokenize``
 (``{"count", "max_model_len", "tokens"}``), ``POST /v1/completions`` (``logprobs.top_logprobs``: a list of
 ``{token: logprob}``) and ``POST /v1/chat/completions`` (``logprobs.content[0].top_logprobs``: a list of
@@ -102,6 +114,7 @@ _KEY_SCHEMA: dict[str, Any] = {
                 "run": {"type": ["string", "null"]},
                 "marker": {"type": "string", "pattern": r"\S"},
                 "grade": {"type": "number"},
+                "quality": {"type": ["number", "null"], "minimum": 0, "maximum": 1},
                 "evidence": {"type": "array", "items": {"type": "string"}},
             }}},
     },
@@ -135,9 +148,15 @@ class KeyEntry:
     grade: float
     evidence: tuple[str, ...]
     run: str | None = None
+    quality: float | None = None  # the latent quality the scale mode centres on (None: the grade, clipped)
 
     def to_json(self) -> dict[str, Any]:
-        return {"run": self.run, "marker": self.marker, "grade": self.grade, "evidence": list(self.evidence)}
+        entry = {"run": self.run, "marker": self.marker, "grade": self.grade, "evidence": list(self.evidence)}
+        return entry if self.quality is None else {**entry, "quality": self.quality}
+
+    @property
+    def latent(self) -> float:
+        return self.quality if self.quality is not None else min(1.0, max(0.0, self.grade))
 
 
 def changed_lines(patch: str) -> list[str]:
@@ -194,7 +213,7 @@ class AnswerKey:
             raise UsageError(f"{source}: {where.lstrip('.')}: {error.message}; see kvjudge/testing/sim_judge.py "
                              f"for the key format")
         entries = [KeyEntry(marker=item["marker"], grade=float(item["grade"]), evidence=tuple(item["evidence"]),
-                            run=item.get("run")) for item in payload["runs"]]
+                            run=item.get("run"), quality=item.get("quality")) for item in payload["runs"]]
         seen: dict[str, int] = {}
         for index, entry in enumerate(entries):
             marker = _line(entry.marker)
@@ -252,6 +271,8 @@ class Settings:
     max_model_len: int = DEFAULT_MAX_MODEL_LEN
     max_logprobs: int = DEFAULT_MAX_LOGPROBS
     model: str | None = None
+    sigma: float = 0.15  # the scale mode's noise per reading
+    sharpen: float = 1.0  # the scale mode's overconfidence (1: calibrated to the latent quality)
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.accuracy <= 1.0:
@@ -270,12 +291,17 @@ class Settings:
             raise UsageError(f"--max-model-len must be at least 64, got {self.max_model_len}")
         if self.max_logprobs < 1:
             raise UsageError(f"--max-logprobs must be at least 1, got {self.max_logprobs}")
+        if not 0.0 <= self.sigma <= 1.0:
+            raise UsageError(f"--sigma must be in [0, 1], got {self.sigma}")
+        if self.sharpen < 1.0:
+            raise UsageError(f"--sharpen must be at least 1 (1: calibrated), got {self.sharpen}")
 
     def model_name(self, key: AnswerKey) -> str:
         """The served model's id: the settings and the key's hash, so verdicts cached for one simulated judge are
         never read for another (the judgment cache is keyed by model)."""
+        scale = "" if (self.sigma, self.sharpen) == (0.15, 1.0) else f"-sigma{self.sigma:g}-sharpen{self.sharpen:g}"
         return self.model or (f"sim-judge-acc{self.accuracy:g}-bias{self.bias:g}-conf{self.confidence:g}-"
-                              f"seed{self.seed}-share{self.evidence_share:g}-key{key.digest()}")
+                              f"seed{self.seed}-share{self.evidence_share:g}{scale}-key{key.digest()}")
 
 
 @dataclass(frozen=True)
@@ -283,9 +309,10 @@ class Decision:
     """One answer: ``p_first`` is the probability that the run shown first (A) is better."""
 
     p_first: float
-    reason: str  # decided | equal_grades | evidence_hidden | unidentified | no_runs
+    reason: str  # decided | equal_grades | evidence_hidden | unidentified | no_runs | scale
     runs: tuple[str | None, str | None] = (None, None)
     right: bool | None = None  # for a decided pair: did it prefer the better run?
+    levels: dict[str, float] | None = None  # scale mode: each level's probability (they sum to 1)
 
 
 def quoted_views(prompt: str) -> dict[str, str]:
@@ -335,6 +362,9 @@ class SimJudge:
     def _decide(self, prompt: str) -> Decision:
         s = self.settings
         shift = s.bias - 0.5
+        levels = scale_levels(prompt)
+        if levels is not None:
+            return scale_decision(self, prompt, levels)
         views = quoted_views(prompt)
         if set(views) != {"A", "B"}:
             return Decision(0.5 + shift, "no_runs")
@@ -372,15 +402,87 @@ class SimJudge:
             return len(prompt) + 1
         return len(_TOKEN.findall(prompt)) + 1
 
-    def label_logprobs(self, p_first: float, spellings: tuple[str, str], n: int) -> list[tuple[str, float]]:
-        """The first token's top ``n`` (token, logprob): the labels share ``LABEL_MASS``, other tokens the rest."""
+    def label_logprobs(self, p_first: float, spellings: tuple[str, str], n: int,
+                       levels: Mapping[str, float] | None = None) -> list[tuple[str, float]]:
+        """The first token's top ``n`` (token, logprob): the labels (or, in scale mode, the ``levels`` given: each
+        level's probability) share ``LABEL_MASS``, other tokens the rest."""
         rest = 1.0 - LABEL_MASS
-        others = [(token, rest * 0.5 ** (index + 1)) for index, token in enumerate(_OTHER_TOKENS)]
         prefix = spellings[0][:-1]  # " " on the completions API, "" on chat
-        entries = [(spellings[0], LABEL_MASS * p_first), (spellings[1], LABEL_MASS * (1.0 - p_first)),
+        answer = dict(levels) if levels is not None else {spellings[0][len(prefix):]: p_first,
+                                                         spellings[1][len(prefix):]: 1.0 - p_first}
+        others = [(token, rest * 0.5 ** (index + 1))
+                  for index, token in enumerate(t for t in _OTHER_TOKENS if t not in answer)]
+        entries = [*((prefix + token, LABEL_MASS * p) for token, p in answer.items() if p > 0),
                    *((prefix + token, p) for token, p in others)]
         entries.sort(key=lambda item: -item[1])
         return [(token, math.log(p)) for token, p in entries[:n]]
+
+
+# ------------------------------------------------------------------------------------------- the scale mode
+_SCALE_LINE = re.compile(r"^Scale, (worst to best|best to worst): ((?:\S+ )*\S+)$", re.MULTILINE)
+
+
+def scale_levels(prompt: str) -> tuple[str, ...] | None:
+    """The levels, worst first, that the prompt's last ``Scale, worst to best: …`` (or ``best to worst``) line names;
+    None when there is none (a letter question)."""
+    found = list(_SCALE_LINE.finditer(prompt))
+    if not found:
+        return None
+    direction, tokens = found[-1].group(1), found[-1].group(2).split(" ")
+    return tuple(tokens) if direction == "worst to best" else tuple(reversed(tokens))
+
+
+def scale_noise(seed: int, prompt: str) -> float:
+    """A standard normal draw from ``seed`` and the whole prompt (the same prompt, the same draw)."""
+    from statistics import NormalDist
+
+    digest = hashlib.sha256(f"{seed}\nscale\n{prompt}".encode()).digest()
+    uniform = (int.from_bytes(digest[:8], "big") + 0.5) / 2**64
+    return NormalDist().inv_cdf(uniform)
+
+
+def scale_distribution(levels: Sequence[str], value: float) -> dict[str, float]:
+    """Probabilities over ``levels`` whose expected level value (level i worth i / (G-1)) is ``value``: split
+    between the two levels either side of it."""
+    position = min(1.0, max(0.0, value)) * (len(levels) - 1)
+    low = min(int(math.floor(position)), len(levels) - 2)
+    upper = position - low
+    return {level: (1.0 - upper if index == low else upper if index == low + 1 else 0.0)
+            for index, level in enumerate(levels)}
+
+
+def sharpened(value: float, gamma: float) -> float:
+    """``sigmoid(gamma · logit(value))``: the overconfident mode's push towards the ends (gamma 1: unchanged)."""
+    if gamma == 1.0:
+        return value
+    clipped = min(1.0 - 1e-9, max(1e-9, value))
+    return 1.0 / (1.0 + math.exp(-gamma * math.log(clipped / (1.0 - clipped))))
+
+
+def _quality(judge: SimJudge, lines: frozenset[str]) -> tuple[KeyEntry | None, float]:
+    """The run a view shows and the quality the reading centres on (0.5 when not identified or hidden)."""
+    entry = judge.key.identify(lines)
+    if entry is None or judge.key.visible_share(entry, lines) < judge.settings.evidence_share:
+        return entry, 0.5
+    return entry, entry.latent
+
+
+def scale_decision(judge: SimJudge, prompt: str, levels: tuple[str, ...]) -> Decision:
+    """The scale mode's answer (see the module docstring): a distribution over ``levels`` centred on the latent
+    quality (pointwise) or half the quality difference (pairwise), with noise drawn from the prompt."""
+    s = judge.settings
+    views = quoted_views(prompt)
+    pieces = common_pieces(prompt)
+    found = {position: _quality(judge, _lines(views[position], pieces)) for position in sorted(views)}
+    if set(found) == {"A"}:
+        centre = found["A"][1]
+    elif set(found) == {"A", "B"}:
+        centre = 0.5 + (found["A"][1] - found["B"][1]) / 2 + (s.bias - 0.5)
+    else:
+        centre = 0.5
+    value = sharpened(min(1.0, max(0.0, centre + s.sigma * scale_noise(s.seed, prompt))), s.sharpen)
+    runs = tuple(entry.run if entry else None for entry, _ in found.values())
+    return Decision(value, "scale", (runs + (None, None))[:2], levels=scale_distribution(levels, value))
 
 
 # ----------------------------------------------------------------------------------------------- HTTP
@@ -536,7 +638,7 @@ class _Api:
         asked = body.get("logprobs")
         self._limits(prompt_tokens, body.get("max_tokens"), asked)
         decision = self.judge.decide(prompt if isinstance(prompt, str) else "")
-        top = self.judge.label_logprobs(decision.p_first, (" A", " B"), max(1, asked or 0))
+        top = self.judge.label_logprobs(decision.p_first, (" A", " B"), max(1, asked or 0), decision.levels)
         token, logprob = top[0]
         logprobs = None if asked is None else {"text_offset": [0], "token_logprobs": [logprob], "tokens": [token],
                                                "top_logprobs": [dict(top[:asked]) if asked else {}]}
@@ -558,7 +660,7 @@ class _Api:
         self._limits(prompt_tokens, body.get("max_tokens"), asked)
         user = [m["content"] for m in messages if m.get("role") == "user"]
         decision = self.judge.decide(user[-1] if user else "")
-        top = self.judge.label_logprobs(decision.p_first, ("A", "B"), max(1, asked or 0))
+        top = self.judge.label_logprobs(decision.p_first, ("A", "B"), max(1, asked or 0), decision.levels)
         token, logprob = top[0]
 
         def entry(text: str, value: float) -> dict[str, Any]:
@@ -680,6 +782,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-logprobs", type=int, default=defaults.max_logprobs,
                         help=f"most logprobs a request may ask for (default {defaults.max_logprobs}, as vLLM)")
     parser.add_argument("--model", help="the served model's id (default: named after the settings and the key)")
+    parser.add_argument("--sigma", type=float, default=defaults.sigma,
+                        help=f"scale mode: the noise of each reading (default {defaults.sigma})")
+    parser.add_argument("--sharpen", type=float, default=defaults.sharpen,
+                        help="scale mode: overconfidence, readings pushed to the ends (default 1: calibrated)")
     parser.add_argument("--verbose", action="store_true", help="log every request on stderr")
     parser.add_argument("--json", action="store_true", help="announce the URL as one JSON line")
     return parser
@@ -690,7 +796,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = Settings(accuracy=args.accuracy, bias=args.bias, confidence=args.confidence, seed=args.seed,
                             evidence_share=args.evidence_share, max_model_len=args.max_model_len,
-                            max_logprobs=args.max_logprobs, model=args.model)
+                            max_logprobs=args.max_logprobs, model=args.model, sigma=args.sigma,
+                            sharpen=args.sharpen)
         judge = SimJudge(AnswerKey.load(args.key), settings)
         server = _Server((args.host, args.port), judge, verbose=args.verbose)
     except UsageError as exc:

@@ -1,0 +1,258 @@
+"""Pointwise scores: each run read on its own by a pointwise protocol (a critic), its readings combined into the
+probability that it succeeded — per criterion (the mean over its K repeats, and their spread) and combined (the mean
+of the criteria) — and cached in the store.
+
+:func:`score_runs` is the one entry point: a run's score is looked up by what identifies it (the judge's settings
+with the protocol, scale, K and rubric, the window's cap, what the run's view derives from and the code deriving
+it — :func:`score_key`), so a cached score of another protocol, rubric, scale or K is never read; otherwise the
+run's view is rendered, fitted into the window alone, and every reading asked (``backend.score_many``: one run's
+readings one after the other, on one server, so its prefix cache reuses the run). An overflow or a failed reading
+is an outcome of its own (``overflow``, ``error``), never a score, and is never cached.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from kvjudge.errors import JudgeError, UsageError
+from kvjudge.judge.labels import LabelScore, PromptOverflow
+from kvjudge.judge.pack import PackedView, RunTokens, fit_view
+from kvjudge.judge.prompt import TEMPLATE_VERSION, Prompt
+from kvjudge.judge.protocols.base import Reading, by_criterion, combined, mean_spread
+from kvjudge.judge.verdict import judge_settings, view_code, view_sources
+
+if TYPE_CHECKING:
+    from kvjudge.judge.pipeline import Judge
+    from kvjudge.retention import Store
+    from kvjudge.retention.state import RunState
+
+SCORE_KEY_PREFIX = "score-v1:"
+SCORE_OUTCOMES = ("scored", "overflow", "error")
+ScoreFn = Callable[[int, "RunScore"], None]
+
+
+@dataclass(frozen=True)
+class ScoreReading:
+    """One reading of a run: its id (criterion/variant), criterion, score in [0, 1] and label mass."""
+
+    reading: str
+    criterion: str
+    score: float
+    label_mass: float
+    prompt_tokens: int
+    server: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"reading": self.reading, "criterion": self.criterion, "score": self.score,
+                "label_mass": self.label_mass, "prompt_tokens": self.prompt_tokens}
+
+
+@dataclass(frozen=True)
+class RunScore:
+    """A run's pointwise score: ``p_success`` combined over the criteria (None unless ``outcome`` is scored),
+    ``criteria`` each criterion's mean, spread and count, ``spread`` the sd over all readings."""
+
+    run_id: str
+    outcome: str
+    p_success: float | None
+    criteria: dict[str, dict[str, Any]]
+    spread: float | None
+    readings: tuple[ScoreReading, ...]
+    tokens: RunTokens | None
+    manifest: dict[str, Any]
+    seconds: float
+    cached: bool = False
+    error: str | None = None
+    view_sha256: str | None = None
+
+    @property
+    def scored(self) -> bool:
+        return self.outcome == "scored"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"run": self.run_id, "outcome": self.outcome, "p_success": self.p_success, "criteria": self.criteria,
+                "spread": self.spread, "readings": [r.to_json() for r in self.readings],
+                "tokens": None if self.tokens is None else vars(self.tokens).copy(), "manifest": self.manifest,
+                "seconds": round(self.seconds, 3), "cached": self.cached, "error": self.error,
+                "view_sha256": self.view_sha256}
+
+    def record(self) -> dict[str, Any]:
+        """What the score cache keeps (the figures are computed again on reading)."""
+        return {"readings": [r.to_json() for r in self.readings], "manifest": self.manifest,
+                "tokens": None if self.tokens is None else vars(self.tokens).copy(), "view_sha256": self.view_sha256}
+
+
+def from_readings(run_id: str, readings: Sequence[ScoreReading], *, manifest: dict[str, Any], seconds: float,
+                  tokens: RunTokens | None, cached: bool, view_sha256: str | None) -> RunScore:
+    """A scored run from its readings."""
+    criteria = by_criterion([(r.criterion, r.score) for r in readings])
+    _, spread = mean_spread([r.score for r in readings])
+    return RunScore(run_id, "scored", combined(criteria), criteria, spread, tuple(readings), tokens, manifest,
+                    seconds, cached=cached, view_sha256=view_sha256)
+
+
+def from_record(run_id: str, record: Mapping[str, Any], seconds: float) -> RunScore:
+    readings = [ScoreReading(r["reading"], r["criterion"], float(r["score"]), float(r["label_mass"]),
+                             int(r["prompt_tokens"])) for r in record["readings"]]
+    tokens = None if record.get("tokens") is None else RunTokens(**record["tokens"])
+    return from_readings(run_id, readings, manifest=dict(record["manifest"]), seconds=seconds, tokens=tokens,
+                         cached=True, view_sha256=record.get("view_sha256"))
+
+
+def failed(run_id: str, outcome: str, message: str, *, manifest: dict[str, Any], seconds: float,
+           tokens: RunTokens | None = None) -> RunScore:
+    return RunScore(run_id, outcome, None, {}, None, (), tokens, manifest, seconds, error=message)
+
+
+def score_key(settings: Mapping[str, Any], *, window: int, slack: int, source: str) -> str:
+    """The score cache's key of a run: the judge's settings (protocol, scale, K, rubric included), the window's
+    cap and slack, what the run's view derives from, and the code deriving views."""
+    blob = json.dumps({"settings": dict(settings), "template_version": TEMPLATE_VERSION, "window": window,
+                       "slack": slack, "view": source, "code": view_code()}, sort_keys=True)
+    return SCORE_KEY_PREFIX + hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
+
+@dataclass
+class _Pending:
+    index: int
+    view: PackedView
+    readings: list[Reading]
+    started: float
+    answers: dict[int, ScoreReading] = field(default_factory=dict)
+    failure: JudgeError | None = None
+    waiting: int = 0
+
+
+def score_runs(judge: Judge, store: Store, run_ids: Sequence[str], *, on_call: Callable[[], None] | None = None,
+               on_score: ScoreFn | None = None, states: dict[str, RunState] | None = None,
+               bound: str = "certified") -> list[RunScore]:
+    """Score ``run_ids`` of ``store`` with ``judge`` (a pointwise protocol), each run's readings asked on its own
+    (see the module docstring). ``on_call()`` hears of each reading asked or read from the cache, ``on_score(index,
+    score)`` of each run's score as it is decided; ``states`` as :func:`~kvjudge.judge.pipeline.judge_batch`."""
+    protocol = judge.protocol
+    if protocol.kind != "pointwise":
+        raise UsageError(f"the {protocol.name} protocol judges pairs; score runs with a pointwise protocol "
+                         f"(--protocol pointwise)")
+    folded: dict[str, RunState] = states if states is not None else {}
+
+    def state(run_id: str) -> RunState:
+        if run_id not in folded:
+            folded[run_id] = store.run(run_id)
+        return folded[run_id]
+
+    manifest = judge.manifest()
+    settings = judge_settings(manifest)
+    cap = judge.window_cap(bound)
+    judge.check_room(cap)
+    sources = view_sources(store, run_ids, state, show_grades=judge.show_grades, show_verifier=judge.show_verifier)
+    keys = [score_key(settings, window=cap, slack=judge.backend.slack_tokens, source=sources[r]) for r in run_ids]
+    records = store.get_judgments(keys) if judge.use_cache else {}
+    scores: list[RunScore | None] = [None] * len(run_ids)
+    calls = protocol.calls
+
+    def decided(index: int, score: RunScore) -> None:
+        scores[index] = score
+        if on_score is not None:
+            on_score(index, score)
+
+    misses = []
+    for index, (run_id, key) in enumerate(zip(run_ids, keys)):
+        if key in records:
+            for _ in range(calls):
+                if on_call is not None:
+                    on_call()
+            decided(index, from_record(run_id, records[key], 0.0))
+        else:
+            misses.append(index)
+    if misses:
+        _score_misses(judge, store, run_ids, misses, state, keys, manifest, settings, on_call, decided, bound)
+    judge.counter.save(store)
+    return [score for score in scores if score is not None]
+
+
+def _score_misses(judge: Judge, store: Store, run_ids: Sequence[str], misses: list[int],
+                  state: Callable[[str], RunState], keys: list[str], manifest: dict[str, Any],
+                  settings: dict[str, Any], on_call: Callable[[], None] | None, decided: ScoreFn, bound: str) -> None:
+    protocol, backend = judge.protocol, judge.backend
+    started = time.perf_counter()
+    bases = {}
+    for index in misses:
+        try:
+            bases[index] = judge.base_of(store, state(run_ids[index]))
+        except JudgeError as exc:  # counting failed: an outcome, never a crash
+            decided(index, failed(run_ids[index], "error", str(exc), manifest=manifest,
+                                  seconds=time.perf_counter() - started))
+    needed = max((judge.framing_tokens + base.tokens for base in bases.values()), default=0)
+    if needed and not backend.window_fixed:
+        judge.open_window(needed, bound)
+    pending: list[_Pending] = []
+    groups: list[list[Prompt]] = []
+    for index, base in bases.items():
+        view = fit_view(base, judge.counter, judge.room)
+        if view.text is None:
+            decided(index, failed(run_ids[index], "overflow", f"even the skeleton of {run_ids[index]} exceeds the "
+                                  f"{judge.room}-token room for its view (n_ctx {backend.n_ctx})", manifest=manifest,
+                                  seconds=time.perf_counter() - started, tokens=view.tokens))
+            continue
+        readings = protocol.readings()
+        item = _Pending(index, view, readings, time.perf_counter(), waiting=len(readings))
+        pending.append(item)
+        groups.append([Prompt(protocol.segments(judge.framing, reading, view.segments or view.text),
+                              protocol.shared(judge.framing), protocol.scale) for reading in readings])
+    writes: dict[str, dict[str, Any]] = {}
+
+    def on_result(group: int, position: int, answer: LabelScore | None, failure: JudgeError | None,
+                  server: str | None, _seconds: float) -> None:
+        item = pending[group]
+        reading = item.readings[position]
+        if answer is not None:
+            assert reading.criterion is not None
+            item.answers[position] = ScoreReading(reading.id, reading.criterion.name, protocol.score_of(answer),
+                                                  answer.label_mass, answer.prompt_tokens, server)
+        elif item.failure is None:
+            item.failure = failure
+        item.waiting -= 1
+        if on_call is not None:
+            on_call()
+        if item.waiting:
+            return
+        run_id, seconds = run_ids[item.index], time.perf_counter() - item.started
+        if item.failure is not None:
+            outcome = "overflow" if isinstance(item.failure, PromptOverflow) else "error"
+            decided(item.index, failed(run_id, outcome, str(item.failure), manifest=manifest, seconds=seconds,
+                                       tokens=item.view.tokens))
+            return
+        score = from_readings(run_id, [item.answers[p] for p in sorted(item.answers)], manifest=manifest,
+                              seconds=seconds, tokens=item.view.tokens, cached=False, view_sha256=item.view.sha256)
+        if judge.use_cache and judge_settings(score.manifest) == settings and item.view.missing == 0:
+            writes[keys[item.index]] = score.record()
+        decided(item.index, score)
+
+    backend.score_many(groups, on_result)
+    if needed and backend.window_fixed:
+        judge.open_window(needed, bound)
+    if writes:
+        with store.transaction("put_judgments"):
+            for key, payload in writes.items():
+                store.put_judgment(key, payload)
+
+
+def summarize_scores(scores: Sequence[RunScore]) -> dict[str, Any]:
+    """Outcome counts, coverage, the mean spread over repeats and the mean label mass of the scores."""
+    outcomes = {outcome: sum(s.outcome == outcome for s in scores) for outcome in SCORE_OUTCOMES}
+    scored = [s for s in scores if s.scored]
+    spreads = [s.spread for s in scored if s.spread is not None]
+    masses = [r.label_mass for s in scored for r in s.readings]
+    return {"runs": len(scores), "outcomes": outcomes, "coverage": len(scored) / len(scores) if scores else None,
+            "cached": sum(s.cached for s in scores),
+            "mean_spread": sum(spreads) / len(spreads) if spreads else None,
+            "mean_label_mass": sum(masses) / len(masses) if masses else None}
+
+
+__all__ = ["RunScore", "SCORE_KEY_PREFIX", "SCORE_OUTCOMES", "ScoreReading", "score_key", "score_runs",
+           "summarize_scores"]
