@@ -4,6 +4,7 @@ strategy must pick — computed here from the draws, not by kvjudge."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from html import unescape
@@ -38,23 +39,30 @@ def _runs() -> list[GradedRun]:
     return runs
 
 
-def _expected_knockout(runs: list[GradedRun]) -> str:
-    """The documented knockout: 1st v 2nd, 3rd v 4th, …; the judge prefers the better run when the pair's draw is
-    below its accuracy, has no preference on equal grades (the earlier advances)."""
+def _knockout(runs: list[GradedRun], winner: Callable[[GradedRun, GradedRun], GradedRun]) -> str:
+    """The documented knockout: 1st v 2nd, 3rd v 4th, …, an odd one out advancing unplayed; ``winner`` of each
+    match advances."""
     alive = list(runs)
     while len(alive) > 1:
-        advancing = []
-        for first, second in zip(alive[0::2], alive[1::2]):
-            if first.key.grade == second.key.grade:
-                advancing.append(first)
-                continue
-            right = draw(SETTINGS.seed, first.key.marker, second.key.marker) < SETTINGS.accuracy
-            better, worse = (first, second) if first.key.grade > second.key.grade else (second, first)
-            advancing.append(better if right else worse)
+        advancing = [winner(first, second) for first, second in zip(alive[0::2], alive[1::2])]
         if len(alive) % 2:
             advancing.append(alive[-1])
         alive = advancing
     return alive[0].id
+
+
+def _letter_winner(first: GradedRun, second: GradedRun) -> GradedRun:
+    """The letter judge prefers the better run when the pair's draw is below its accuracy, has no preference on
+    equal grades (the earlier advances)."""
+    if first.key.grade == second.key.grade:
+        return first
+    right = draw(SETTINGS.seed, first.key.marker, second.key.marker) < SETTINGS.accuracy
+    better, worse = (first, second) if first.key.grade > second.key.grade else (second, first)
+    return better if right else worse
+
+
+def _expected_knockout(runs: list[GradedRun]) -> str:
+    return _knockout(runs, _letter_winner)
 
 
 def _expected_all_pairs(runs: list[GradedRun]) -> str:
@@ -141,14 +149,96 @@ def test_select_picks_what_the_judges_draws_say_and_reports_what_the_picks_are_w
             assert row[:row.index("</tr>")].count(pick["picked"]) >= 2  # the picked column and its marked candidate
 
 
+# ------------------------------------------------------------------------------- the scale protocols' picks
+SCALE = Settings(sigma=0.0, seed=5)  # no reading noise: each reading's expected level is the run's latent quality
+
+
+def _scaled_runs() -> list[GradedRun]:
+    """Tasks of 4, 3, 2 and 1 runs, each run with a latent quality in eighths (equal ones are ties)."""
+    rng = random.Random(43)
+    runs = []
+    for number, n in enumerate([4] * 5 + [3] * 2 + [2] * 2 + [1]):
+        task = f"task-{number:02d}"
+        for i in range(n):
+            run = swe_run(f"{task}/trial-{i}", task=task, passed=rng.random() < 0.4, seed=number, explore=1,
+                          file_lines=12)
+            runs.append(dataclasses.replace(run, key=dataclasses.replace(run.key, quality=rng.randint(1, 7) / 8)))
+    return runs
+
+
+def _scale_winner(first: GradedRun, second: GradedRun) -> GradedRun:
+    """The pairwise-scale judge without noise reads p_a = 0.5 + (quality of a − quality of b) / 2 in both orders
+    (no position bias): a tie under the default 0.05 margin — the earlier advances — when the qualities are equal
+    (qualities in eighths differ by at least 1/8 otherwise)."""
+    assert first.key.quality is not None and second.key.quality is not None
+    if abs(first.key.quality - second.key.quality) / 2 < 0.05:
+        return first
+    return first if first.key.quality > second.key.quality else second
+
+
+def _completions(server: SimJudgeServer) -> int:
+    """The judge readings the server answered on a scale (certifying the window asks other questions)."""
+    return server.judge.reasons["scale"]
+
+
+def test_select_pointwise_picks_the_best_scored_run_reuses_its_scores_and_pairwise_scale_picks_by_p_a(
+        tmp_path: Path, start_sim: Callable[[Path, Settings], SimJudgeServer]) -> None:
+    runs = _scaled_runs()
+    runs_file, key = write_graded(tmp_path, runs)
+    store = tmp_path / "store.sqlite"
+    assert kvjudge_json("ingest", str(runs_file), "--store", str(store))["imported"] == len(runs)
+    server = start_sim(key, SCALE)
+    common = ["--server", server.url, "--store", str(store), "--parallel", "4", "--picks", str(tmp_path / "p.jsonl")]
+    by_task: dict[str, list[GradedRun]] = {}
+    for run in runs:
+        by_task.setdefault(str(run.run["task"]["id"]), []).append(run)
+    # --protocol pointwise alone chooses the pointwise strategy.
+    result = kvjudge_json("select", *common, "--protocol", "pointwise", "--repeats", "2")
+    assert result["strategy"] == "pointwise"
+    asked = _completions(server)
+    picks = {p["task"]: p for p in result["picks"]}
+    assert set(picks) == set(by_task)
+    for task, candidates in by_task.items():
+        pick = picks[task]
+        if len(candidates) == 1:
+            assert pick["status"] == "nothing to choose" and pick["comparisons"] == 0
+            continue
+        best = max(r.key.quality for r in candidates)  # type: ignore[type-var]
+        assert pick["picked"] == next(r.id for r in candidates if r.key.quality == best), task
+        assert pick["scores"] == {r.id: pytest.approx(r.key.quality) for r in candidates}
+        assert pick["comparisons"] == len(candidates) and pick["errors"] == 0 and pick["tokens"] > 0
+    # Each run with a choice was read 3 criteria × 2 repeats times; a second select reads the cached scores.
+    assert asked == 6 * sum(len(c) for c in by_task.values() if len(c) > 1)
+    again = kvjudge_json("select", *common, "--strategy", "pointwise", "--repeats", "2")
+    assert _completions(server) == asked and [p["picked"] for p in again["picks"]] == [p["picked"] for p in
+                                                                                     result["picks"]]
+    # The knockout on the pairwise scale's p_a.
+    result = kvjudge_json("select", *common, "--protocol", "pairwise-scale")
+    assert result["strategy"] == "tournament"
+    for pick in result["picks"]:
+        candidates = by_task[pick["task"]]
+        assert pick["picked"] == _knockout(candidates, _scale_winner), pick["task"]
+        assert pick["comparisons"] == len(candidates) - 1 and pick["errors"] == 0
+    # A strategy and a protocol that do not fit: one line, before any judge call.
+    asked = _completions(server)
+    done = kvjudge("select", *common, "--strategy", "tournament", "--protocol", "pointwise", cwd=tmp_path)
+    assert done.returncode != 0 and done.stderr.count("\n") == 1 and "needs a pairwise protocol" in done.stderr
+    assert _completions(server) == asked
+
+
+def test_select_takes_the_protocol_flags_and_no_pairs(tmp_path: Path) -> None:
+    shown = kvjudge("select", "--help", cwd=tmp_path).stdout
+    assert all(flag in shown for flag in ("--protocol", "--levels", "--repeats", "--rubric", "--task", "--strategy"))
+    assert "RUN" not in shown.replace("RUNS", "") and "--pairs" not in shown and "--trials" not in shown
+
+
 def test_select_refuses_pairs_and_an_unknown_task_in_one_line(tmp_path: Path) -> None:
     runs_file, _key = write_graded(tmp_path, [swe_run("t/one", task="t", passed=True, explore=1, file_lines=12)])
     store = tmp_path / "store.sqlite"
     kvjudge_json("ingest", str(runs_file), "--store", str(store))
-    done = kvjudge("select", "a", "b", "--store", str(store), cwd=tmp_path)
-    assert done.returncode != 0 and done.stderr.count("\n") == 1 and "--task" in done.stderr
-    done = kvjudge("select", "--store", str(store), "--trials", "all", cwd=tmp_path)
-    assert done.returncode != 0 and done.stderr.count("\n") == 1 and "--strategy" in done.stderr
+    for extra in (["a", "b"], ["--trials", "all"]):
+        done = kvjudge("select", *extra, "--store", str(store), cwd=tmp_path)
+        assert done.returncode == 2 and "unrecognized arguments" in done.stderr
     done = kvjudge("select", "--store", str(store), "--task", "nope", "--server", "http://127.0.0.1:9", cwd=tmp_path)
     assert done.returncode != 0 and done.stderr.count("\n") == 1 and "task 'nope' holds no runs" in done.stderr
     assert not (tmp_path / "kvjudge-picks.jsonl").exists()  # nothing written before the error

@@ -1,11 +1,13 @@
 """`kvjudge select`: best of N — pick the run most likely to pass from each task's runs, and what the pick is worth.
 
     kvjudge select [--task TASK] [--agent AGENT] [--strategy tournament|all-pairs|pointwise] [--pass-score S]
-                   [--picks PATH] [--html PATH] (+ the judge options) [--json]
+                   [--picks PATH] [--html PATH] [--protocol P] [--levels G] [--repeats K] [--rubric FILE]
+                   (+ the backend options) [--json]
 
 Every task of the store with its runs as candidates (several trials of one agent, or several agents' runs pooled;
-:mod:`kvjudge.judge.candidates`), one pick per task by the strategy (:mod:`kvjudge.judge.select`); the picks go to a
-JSONL file, one line per task; where grades exist, the selection table (:mod:`kvjudge.judge.selection_table`).
+:mod:`kvjudge.judge.candidates`), one pick per task by the strategy (:mod:`kvjudge.judge.select`) — the pairwise
+strategies with a pairwise protocol's verdicts (``letter``, ``pairwise-scale``), ``pointwise`` with a critic's scores
+(cached per run: selecting again costs no model call); the picks go to a JSONL file, one line per task; where grades exist, the selection table (:mod:`kvjudge.judge.selection_table`).
 """
 
 from __future__ import annotations
@@ -17,13 +19,16 @@ from typing import Any
 
 from kvjudge.atomic import atomic_write
 from kvjudge.commands._args import READS_TIERED, command, target_from
-from kvjudge.commands._judging import add_judge_args, judged, opened_judge
-from kvjudge.commands._output import emit, info, print_table, print_wrapped
+from kvjudge.commands._judging import add_backend_args, judged, opened_judge
+from kvjudge.commands._output import emit, info, print_table, print_wrapped, progress
 from kvjudge.errors import UsageError
-from kvjudge.judge.best_of_n import best_of_n, candidates_of
+from kvjudge.judge.best_of_n import best_of_n, candidates_of, check_protocol, protocol_kind
 from kvjudge.judge.candidates import DEFAULT_PASS_SCORE
-from kvjudge.judge.pairing import DEFAULT_POLICY, PairSelection
+from kvjudge.judge.pairing import PairSelection
+from kvjudge.judge.pointwise import score_runs
+from kvjudge.judge.protocols import PROTOCOLS
 from kvjudge.judge.select import DEFAULT_STRATEGY, POINTWISE, STRATEGIES
+from kvjudge.target import JudgeTarget
 
 DEFAULT_PICKS = "kvjudge-picks.jsonl"
 SHOWN_PICKS = 20  # the terminal lists each task's pick up to this many tasks (the JSONL file has them all)
@@ -33,13 +38,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     with command(subparsers, "select", _select, shared=READS_TIERED,
                  help="best of N: pick one run per task with the judge, beside random, first, longest, "
                       "last-exit-0 and oracle picks") as parser:
-        add_judge_args(parser)
+        parser.add_argument("--task", metavar="TASK", help="only this task (default: every task of the store)")
+        add_backend_args(parser, kinds=("pairwise", "pointwise"))
         parser.add_argument("--agent", metavar="AGENT", help="only this agent's runs compete (default: every run "
                                                              "on the task, agents pooled)")
-        parser.add_argument("--strategy", choices=STRATEGIES, default=DEFAULT_STRATEGY,
-                            help=f"how to pick (default {DEFAULT_STRATEGY}): tournament, a knockout (N-1 "
-                                 f"comparisons per task); all-pairs, Bradley-Terry over every pair (N(N-1)/2); "
-                                 f"pointwise, the best critic score (N readings)")
+        parser.add_argument("--strategy", choices=STRATEGIES, default=None,
+                            help=f"how to pick (default: pointwise with a pointwise --protocol, else "
+                                 f"{DEFAULT_STRATEGY}): tournament, a knockout (N-1 comparisons per task); "
+                                 f"all-pairs, Bradley-Terry over every pair (N(N-1)/2); pointwise, the best critic "
+                                 f"score (N runs scored, each cached)")
         parser.add_argument("--pass-score", type=float, default=DEFAULT_PASS_SCORE, metavar="S",
                             help=f"a run passed when its best held-out grade is at least S (default "
                                  f"{DEFAULT_PASS_SCORE:g})")
@@ -54,16 +61,6 @@ def _select(args: argparse.Namespace) -> int:
     to choose; ties and errors go to the run earliest in the task's order (trial, then run id). Where grades exist:
     pass@pick with Wilson 95 % intervals beside a random pick (expected), the first run, the longest run, the last
     run whose last test command exited 0, and the oracle; the gap closed; judge readings and tokens per task."""
-    if args.runs or args.pairs is not None:
-        raise UsageError("select picks among each task's runs: name a task with --task (or none: every task), "
-                         "not runs or pairs")
-    if args.trials != DEFAULT_POLICY:
-        raise UsageError("--trials chooses pairs for judge, eval and rank; select compares a task's runs as its "
-                         "--strategy says (--agent narrows them to one agent's)")
-    if args.strategy == POINTWISE:
-        # The seam: a Scorer (score_runs(run_ids) → {run: score | None}) over the pointwise protocol goes here.
-        raise UsageError("--strategy pointwise needs the pointwise critic protocol, which this build lacks; use "
-                         "--strategy tournament or all-pairs")
     picks_path = Path(args.picks)
     if picks_path.is_dir():
         raise UsageError(f"--picks {picks_path} is a directory; name the JSONL file")
@@ -72,15 +69,22 @@ def _select(args: argparse.Namespace) -> int:
 
         check_selection_path(Path(args.html))
     target = target_from(args)
+    strategy, protocol = _strategy_protocol(args, target)
+    asks = "run(s) to score" if strategy == POINTWISE else "comparison(s)"
     with target.open_store() as store:
         states: dict[str, Any] = {}
         candidates = candidates_of(store, task=args.task, agent=args.agent, pass_score=args.pass_score,
                                    use_cache=not args.no_cache, states=states)
-        with opened_judge(args, target) as judge:
-            payload = best_of_n(store, judge, candidates, args.strategy, pass_score=args.pass_score, states=states,
+        with opened_judge(args, target, protocol=protocol) as judge:
+            def scored(run_ids: list[str]) -> list[Any]:
+                with progress(f"scoring {len(run_ids)} run(s)", len(run_ids) * judge.protocol.calls) as advance:
+                    judge.planner.progress = lambda message: advance(0, description=message)
+                    return score_runs(judge, store, run_ids, on_call=advance, states=states)
+
+            payload = best_of_n(store, judge, candidates, strategy, pass_score=args.pass_score, states=states,
                                 judge_pairs=lambda pairs: judged(judge, store, PairSelection(list(pairs), "named"),
                                                                  f"comparing {len(pairs)} pair(s)", states=states),
-                                on_round=lambda number, asked: info(f"round {number}: {asked} comparison(s)"))
+                                score=scored, on_round=lambda number, asked: info(f"round {number}: {asked} {asks}"))
     atomic_write(picks_path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in payload["picks"]).encode("utf-8"))
     payload["picks_file"] = str(picks_path)
     info(f"picks: {picks_path}")
@@ -91,6 +95,22 @@ def _select(args: argparse.Namespace) -> int:
         info(f"best-of-N page: {payload['html']}")
     emit(args, payload, lambda: _print(payload))
     return 0
+
+
+def _strategy_protocol(args: argparse.Namespace, target: JudgeTarget) -> tuple[str, str]:
+    """The strategy and the protocol its judge asks: ``--strategy`` (default pointwise with a pointwise
+    ``--protocol``, else the default strategy) and ``--protocol`` (default ``[judge] protocol`` when it is of the
+    kind the strategy needs, else the first protocol of that kind); a strategy and protocol that do not fit are a
+    one-line error before any judge opens."""
+    named = PROTOCOLS[args.protocol].kind if args.protocol is not None else None
+    strategy = args.strategy or (POINTWISE if named == "pointwise" else DEFAULT_STRATEGY)
+    kind = protocol_kind(strategy)
+    configured = target.settings.judge.protocol
+    fallback = configured if PROTOCOLS.get(configured) is not None and PROTOCOLS[configured].kind == kind else \
+        next(name for name, cls in PROTOCOLS.items() if cls.kind == kind)
+    protocol = args.protocol or fallback
+    check_protocol(strategy, protocol, PROTOCOLS[protocol].kind)
+    return strategy, protocol
 
 
 def _fmt(value: float | None, digits: int = 2) -> str:
