@@ -89,3 +89,55 @@ def test_how_a_verdict_stands_against_the_grades() -> None:
     assert judged_against("tie", "b") == judged_against("inconsistent", "a") == "no preference"
     assert judged_against("error", "a") == "unscored" and judged_against("overflow", "b") == "unscored"
     assert judged_against("a", "equal") == "equal grades" and judged_against("a", None) == "ungraded"
+
+
+def test_the_index_shows_the_pointwise_critics_figures_as_the_library_computes_them(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`report --protocol pointwise` against the simulated judge's scale mode (noisy readings): the critic's AUC,
+    Brier, ECE and per-criterion AUC on the index are eval's (the library's score_figures), and the AUC and Brier
+    are also what the runs' own scores give, computed here from `kvjudge score`'s P(success) and the answer key."""
+    import json
+
+    from kvjudge.testing.graded_runs import swe_run, write_graded
+    from kvjudge.testing.sim_judge import Settings, SimJudgeServer
+
+    runs = [swe_run(f"{side}/t{n}", task=f"t{n}", passed=side == "pass", seed=n, explore=0, file_lines=3, changed=2)
+            for n in range(8) for side in ("pass", "fail")]
+    # Latent qualities close together (0.6 passed, 0.4 failed) under noise: a critic better than chance, not perfect.
+    runs = [dataclasses.replace(r, key=dataclasses.replace(r.key, quality=0.6 if r.key.grade == 1.0 else 0.4))
+            for r in runs]
+    runs_file, key = write_graded(tmp_path, runs)
+    store, out = tmp_path / "store.sqlite", tmp_path / "report.html"
+    assert main(["ingest", str(runs_file), "--store", str(store), "--json"]) == 0
+    capsys.readouterr()
+    with SimJudgeServer(key, Settings(sigma=0.3, seed=3)) as server:
+        common = ["--server", server.url, "--n-ctx", "8192", "--store", str(store), "--protocol", "pointwise",
+                  "--repeats", "2"]
+        assert main(["report", *common, "--out", str(out), "--bootstrap", "20", "--json"]) == 0
+        capsys.readouterr()
+        asked = server.judge.reasons["scale"]
+        # Each run read 3 criteria × 2 repeats; each task's pair (pairwise-scale) the same in both orders.
+        assert asked == len(runs) * 3 * 2 + len(runs) // 2 * 2 * 3 * 2
+        assert main(["eval", *common, "--json"]) == 0
+        library = json.loads(capsys.readouterr().out)["pointwise"]
+        assert main(["score", *common, "--json"]) == 0
+        scored = [json.loads(line) for line in capsys.readouterr().out.splitlines()][:-1]
+        assert server.judge.reasons["scale"] == asked  # eval and score read the scores the report cached
+    index = out.read_text()
+    shown = {m[1]: json.loads(unescape(m[2])) for m in re.finditer(r'data-figure="(critic\.[^"]+)" data-value="([^"]*)"',
+                                                                       index)}
+    assert shown["critic.auc"] == library["auc"] and shown["critic.brier"] == library["brier"]
+    assert shown["critic.ece"] == library["ece"]
+    assert set(library["criteria"]) == {"correctness", "verification", "conduct"}
+    for name, figures in library["criteria"].items():
+        assert shown[f"critic.criteria.{name}.auc"] == figures["auc"]
+    low, high = library["auc_ci95"]
+    assert f"{library['auc']:.2f} [{low:.2f}, {high:.2f}]" in index
+    assert 'id="critic-chart"' in index and index.count('data-who="critic"') == 1
+    # The AUC and Brier from the runs' scores and their grades, by hand: P(a passing run outscores a failing one).
+    passed = {r.id: r.key.grade == 1.0 for r in runs}
+    p = {s["run"]: s["p_success"] for s in scored}
+    wins = [1.0 if p[x] > p[y] else 0.5 if p[x] == p[y] else 0.0 for x in p if passed[x] for y in p if not passed[y]]
+    assert shown["critic.auc"] == pytest.approx(sum(wins) / len(wins))
+    assert 0.5 < shown["critic.auc"] < 1.0  # the noise makes the critic imperfect, and better than chance
+    assert shown["critic.brier"] == pytest.approx(sum((p[r] - passed[r]) ** 2 for r in p) / len(p))

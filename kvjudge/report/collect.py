@@ -114,6 +114,8 @@ class Report:
     pairs: tuple[PairDetail, ...]
     runs: tuple[RunRow, ...]
     selection: dict[str, Any] | None = None  # kvjudge select --json's object, for the best-of-N section (None: none)
+    critic: dict[str, Any] | None = None  # a pointwise critic's figures over the runs (kvjudge eval --protocol
+    # pointwise's "pointwise" object, critic_eval.score_figures), for the index's critic section (None: none)
 
 
 def judge_description(judge: Judge) -> dict[str, Any]:

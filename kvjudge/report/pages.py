@@ -181,7 +181,10 @@ def render_index(report: Report, pair_href: str) -> str:
         strengths=ranking_chart(report.ranking), selection=report.selection, calibrated=calibrated,
         calibration=calibration_chart(calibrated["reliability"], "Calibration of p_a: equal-mass bins against the "
                                       "share of pairs where run a has the higher grade") if calibrated else None,
-        figures={"eval": report.evaluation, "rank": report.ranking})
+        critic=report.critic, critic_chart=None if report.critic is None else calibration_chart(
+            [(b["mean_p"], b["observed"], b["runs"]) for b in report.critic["reliability"]],
+            "Reliability of the critic's P(success): equal-mass bins against the share of runs that passed"),
+        figures={"eval": report.evaluation, "rank": report.ranking, "critic": report.critic})
 
 
 def render_pair(report: Report, pair: PairDetail, index_href: str) -> str:
