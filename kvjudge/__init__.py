@@ -18,6 +18,11 @@ makes (a command is parse → library call → render)::
         judge.backend.close()
         figures = kvjudge.evaluate(store, verdicts, selection.runs)  # `kvjudge eval`
         ranking = kvjudge.rank(verdicts, lambda run: kvjudge.agent_of(store.runs.run(run)))  # `kvjudge rank`
+        critic = target.open_judge(protocol="pointwise")    # a pointwise critic (kvjudge.make_protocol's names)
+        scores = kvjudge.score_runs(critic, store, store.runs.run_ids())   # `kvjudge score`: P(success), cached
+        picks = kvjudge.best_of_n(store, critic, kvjudge.candidates_of(store), "pointwise")  # `kvjudge select`
+        print(critic.backend.ledger.line())                 # a kvjudge.Ledger: calls, tokens, seconds spent
+        critic.backend.close()
 
 - settings and the judge target: :class:`Settings`, :class:`JudgeTarget`;
 - probe: :func:`probe_model` (a local GGUF: :func:`kvjudge.probe.probe`), :func:`probe_server`, their reports
@@ -28,6 +33,12 @@ makes (a command is parse → library call → render)::
 - reduce: :func:`reduce_runs` (a :class:`RunsReduction`), :func:`reduce_run` (one run);
 - judge: :func:`same_task_pairs` (a :class:`PairSelection`), :class:`Judge`, :func:`judge_batch`, :class:`Verdict`;
 - eval and rank: :func:`evaluate`, :func:`rank`, :func:`agent_of`;
+- protocols, critics, juries: :func:`make_protocol` (letter, pairwise-scale, pointwise: a judge's ``protocol``),
+  :func:`score_runs` (each run scored alone by a pointwise protocol, cached), :func:`jury_verdicts` (several
+  judges' verdicts combined);
+- select: :func:`candidates_of` (each task's runs), :func:`best_of_n` (one run picked per task, and what the picks
+  are worth);
+- cost: :class:`Ledger` (the calls, tokens and seconds a backend spent: ``judge.backend.ledger``);
 - errors: :class:`KvjudgeError` (every error kvjudge raises; its message says what to do).
 
 Importing kvjudge loads nothing but its errors: each name above is imported from its own module on first use
@@ -71,6 +82,12 @@ _API = {
     "evaluate": "kvjudge.judge.evaluate",
     "rank": "kvjudge.judge.ranking",
     "agent_of": "kvjudge.retention.state",
+    "make_protocol": "kvjudge.judge.protocols",
+    "score_runs": "kvjudge.judge.pointwise",
+    "jury_verdicts": "kvjudge.judge.jury",
+    "candidates_of": "kvjudge.judge.best_of_n",
+    "best_of_n": "kvjudge.judge.best_of_n",
+    "Ledger": "kvjudge.judge.ledger",
 }
 
 

@@ -18,11 +18,12 @@ PACKAGE = Path(kvjudge.__file__).parent
 # the package's surface (and ARCHITECTURE.md's "The library API" for the top level).
 SURFACE: dict[str, list[str]] = {
     "kvjudge": [
-        "CapabilityEntry", "IngestReport", "Judge", "JudgeTarget", "KvjudgeError", "PairSelection", "ProbeReport",
-        "ResolvedBudget", "RunsReduction", "ServedProbeReport", "Settings", "Store", "TokenBudget", "Verdict",
-        "__version__", "agent_of", "attach_grades", "budget_from_settings", "effective_ceiling", "evaluate",
-        "ingest_paths", "judge_batch", "probe_model", "probe_server", "rank", "reduce_run", "reduce_runs",
-        "same_task_pairs", "sample_runs_path",
+        "CapabilityEntry", "IngestReport", "Judge", "JudgeTarget", "KvjudgeError", "Ledger", "PairSelection",
+        "ProbeReport", "ResolvedBudget", "RunsReduction", "ServedProbeReport", "Settings", "Store", "TokenBudget",
+        "Verdict", "__version__", "agent_of", "attach_grades", "best_of_n", "budget_from_settings", "candidates_of",
+        "effective_ceiling", "evaluate", "ingest_paths", "judge_batch", "jury_verdicts", "make_protocol",
+        "probe_model", "probe_server", "rank", "reduce_run", "reduce_runs", "same_task_pairs", "sample_runs_path",
+        "score_runs",
     ],
     "kvjudge.budget": [
         "BudgetSource", "CeilingBound", "ConversationTurn", "MemMessage", "MemoryProvider", "ResolvedBudget",
@@ -58,22 +59,22 @@ SURFACE: dict[str, list[str]] = {
         "TierResult", "default_cold_target", "fallback_reader", "plan_all", "recover", "rehydrate_run",
         "resolve_cold_target", "resolve_endpoint", "tier_requested", "tier_run", "tier_runs", "verify_checks",
     ],
+    "kvjudge.judge.protocols": [
+        "Criterion", "DEFAULT_RUBRIC", "JudgeProtocol", "LetterProtocol", "MAX_REPEATS", "PAIRWISE", "POINTWISE",
+        "PROTOCOLS", "PairwiseScaleProtocol", "PointwiseProtocol", "Rubric", "Scale", "letter_scale", "make_protocol",
+    ],
     "kvjudge.report": ["Report", "Written", "build_report", "check_output", "write_report"],
     "kvjudge.server_client": ["AFFINITY_HEADER", "Answer", "CONNECT_TIMEOUT_S", "Credentials", "IDENTIFY_TIMEOUT_S", "KINDS",
                               "RetryPolicy", "ServerClient", "ServerInfo", "ServerTokenCounter", "TOKENIZE_ROUTES", "Usage",
                               "context_refusal", "credentials_from", "normalize_url", "usage_of"],
-    # The judge's surface as it stands: its trimmed list is applied (here and in kvjudge/judge/__init__.py) once the
-    # work in flight in kvjudge/judge/ has landed.
     "kvjudge.judge": [
-        "Backend", "BaseView", "CommonBlock", "DEFAULT_MARGIN", "Framing", "FullCut", "Judge", "LABELS", "LabelScore",
-        "LlamaBackend", "OUTCOMES", "OrderPrompt", "OrderScore", "PackedPair", "PackedView", "PairBases", "Prompt",
-        "PromptOverflow", "RAW", "RunEvidence", "RunTokens", "SCORED", "ServerBackend", "ServerPool", "StillGrades",
-        "StillGradesCheck", "TEMPLATE_CHOICES", "TEMPLATE_VERSION", "TemplateText", "Verdict", "ViewCounter",
-        "ViewParts", "Window", "WindowPlanner", "base_view", "body_resolver", "check_still_grades", "choose_framing",
-        "cohen_kappa", "common_block", "decide", "escape", "fit_view", "judge_batch", "judge_pair", "judgment_key",
-        "open_servers", "order_score", "pack_pair", "pack_run", "pair_bases", "render_parts", "render_view",
-        "split_full_cut", "still_grades", "still_grades_summary", "summarize_verdicts", "verdict_key",
-        "view_source", "window_tokens",
+        "Backend", "CallCost", "Criterion", "DEFAULT_MARGIN", "DEFAULT_RUBRIC", "Framing", "Judge", "JudgeProtocol",
+        "JuryVerdict", "LabelScore", "Ledger", "LlamaBackend", "OUTCOMES", "PROTOCOLS", "Pick", "Prompt",
+        "PromptOverflow", "Rubric", "RunEvidence", "RunScore", "SCORED", "STRATEGIES", "Scale", "ServerBackend",
+        "ServerPool", "StillGrades", "StillGradesCheck", "TEMPLATE_CHOICES", "Verdict", "Window", "WindowPlanner",
+        "brier", "candidates_of", "check_still_grades", "cohen_kappa", "escape", "expected_calibration_error",
+        "judge_batch", "judge_pair", "jury_verdicts", "letter_scale", "make_protocol", "open_servers",
+        "reliability_bins", "roc_auc", "score_figures", "score_runs", "still_grades", "summarize_verdicts",
     ],
 }
 # Packages without a public surface of their own: the CLI's commands, and test material.
@@ -143,7 +144,7 @@ def test_every_public_class_and_function_has_a_docstring() -> None:
 
 def test_the_top_level_names_are_the_library_calls_the_commands_make() -> None:
     # One implementation: what a notebook calls is what the command calls, not a copy beside it.
-    from kvjudge.commands import _judging, eval, ingest, probe, rank, reduce
+    from kvjudge.commands import _judging, eval, ingest, probe, rank, reduce, score, select
 
     assert kvjudge.probe_model is probe.probe and kvjudge.probe_server is probe.probe_server
     assert kvjudge.reduce_runs is reduce.reduce_runs
@@ -152,6 +153,9 @@ def test_the_top_level_names_are_the_library_calls_the_commands_make() -> None:
     assert kvjudge.IngestReport is ingest.IngestReport
     assert kvjudge.ingest_paths is importlib.import_module("kvjudge.retention.ingest").ingest_paths
     assert kvjudge.JudgeTarget is _judging.JudgeTarget and kvjudge.Store is _judging.Store
+    assert kvjudge.score_runs is score.score_runs and kvjudge.best_of_n is select.best_of_n
+    assert kvjudge.candidates_of is select.candidates_of and kvjudge.Ledger is _judging.Ledger
+    assert kvjudge.make_protocol is importlib.import_module("kvjudge.judge.protocols").make_protocol
 
 
 def test_importing_kvjudge_loads_only_its_errors() -> None:

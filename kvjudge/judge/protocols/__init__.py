@@ -5,14 +5,17 @@
 - ``pairwise-scale`` and ``pointwise`` (:mod:`~kvjudge.judge.protocols.scaled`): one level of a G-level scale per
   criterion of the rubric (:mod:`~kvjudge.judge.protocols.rubric`) and repeat, read as an expected score.
 
-A protocol turns views into prompts and answers into scores (:mod:`~kvjudge.judge.protocols.base`); the pipeline
+Public API: :data:`PROTOCOLS` (by kind: :data:`PAIRWISE`, :data:`POINTWISE`), :func:`make_protocol`, the protocol
+classes, the :class:`Scale` (:func:`letter_scale`) and :class:`Rubric` of :class:`Criterion` (:data:`DEFAULT_RUBRIC`,
+at most :data:`MAX_REPEATS` repeats). A protocol turns views into prompts and answers into scores
+(:mod:`~kvjudge.judge.protocols.base`, whose readings and their combination are imported from there); the pipeline
 (pairwise) and :mod:`kvjudge.judge.pointwise` (one run at a time) run its calls and combine its readings.
 """
 
 from __future__ import annotations
 
 from kvjudge.errors import UsageError
-from kvjudge.judge.protocols.base import MAX_REPEATS, ORDERS, JudgeProtocol, Reading, by_criterion, combined
+from kvjudge.judge.protocols.base import MAX_REPEATS, JudgeProtocol
 from kvjudge.judge.protocols.letter import LetterProtocol
 from kvjudge.judge.protocols.rubric import DEFAULT_RUBRIC, Criterion, Rubric, rubric_from_setting
 from kvjudge.judge.protocols.scaled import PairwiseScaleProtocol, PointwiseProtocol
@@ -22,11 +25,6 @@ PROTOCOLS: dict[str, type[JudgeProtocol]] = {cls.name: cls for cls in (LetterPro
                                                                         PointwiseProtocol)}
 PAIRWISE = tuple(name for name, cls in PROTOCOLS.items() if cls.kind == "pairwise")
 POINTWISE = tuple(name for name, cls in PROTOCOLS.items() if cls.kind == "pointwise")
-
-
-def protocol_help() -> str:
-    """One line per protocol, for ``--protocol``'s help."""
-    return "; ".join(f"{name}: {cls.summary}" for name, cls in PROTOCOLS.items())
 
 
 def make_protocol(name: str, *, levels: int = DEFAULT_LEVELS, min_mass: float = DEFAULT_MIN_MASS,
@@ -47,6 +45,6 @@ def make_protocol(name: str, *, levels: int = DEFAULT_LEVELS, min_mass: float = 
     return cls(letter_scale(levels, min_mass), chosen, repeats)
 
 
-__all__ = ["Criterion", "DEFAULT_RUBRIC", "JudgeProtocol", "LetterProtocol", "MAX_REPEATS", "ORDERS", "PAIRWISE",
-           "POINTWISE", "PROTOCOLS", "PairwiseScaleProtocol", "PointwiseProtocol", "Reading", "Rubric", "Scale",
-           "by_criterion", "combined", "make_protocol", "protocol_help"]
+__all__ = ["Criterion", "DEFAULT_RUBRIC", "JudgeProtocol", "LetterProtocol", "MAX_REPEATS", "PAIRWISE", "POINTWISE",
+           "PROTOCOLS", "PairwiseScaleProtocol", "PointwiseProtocol", "Rubric", "Scale", "letter_scale",
+           "make_protocol"]

@@ -15,6 +15,9 @@ from kvjudge.judge.protocols.base import ORDERS, JudgeProtocol, Reading
 
 
 class LetterProtocol(JudgeProtocol):
+    """Which run is better, A or B: the probability of one letter in each order, un-swapped (today's forced
+    choice; no scale, rubric or repeats)."""
+
     name = "letter"
     kind = "pairwise"
     summary = "which run is better, A or B: one letter's probability, both orders (no rubric, no repeats)"

@@ -62,6 +62,9 @@ class _Scaled(JudgeProtocol):
 
 
 class PairwiseScaleProtocol(_Scaled):
+    """How much better the run shown first is: one level of a letter scale (the top: the first is much better)
+    per criterion and repeat, in both orders, read as an expected score."""
+
     name = "pairwise-scale"
     kind = "pairwise"
     summary = ("how much better the run shown first is, one level of a letter scale per criterion and repeat, "
@@ -85,6 +88,9 @@ class PairwiseScaleProtocol(_Scaled):
 
 
 class PointwiseProtocol(_Scaled):
+    """A critic: one run at a time, one level of a letter scale (A: certainly failed) per criterion and repeat,
+    read as an expected score, P(success)."""
+
     name = "pointwise"
     kind = "pointwise"
     summary = ("one run at a time, a critic: P(success) as the expected level of a letter scale, per criterion "
