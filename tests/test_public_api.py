@@ -74,7 +74,8 @@ SURFACE: dict[str, list[str]] = {
         "ServerPool", "StillGrades", "StillGradesCheck", "TEMPLATE_CHOICES", "Verdict", "Window", "WindowPlanner",
         "brier", "candidates_of", "check_still_grades", "cohen_kappa", "escape", "expected_calibration_error",
         "judge_batch", "judge_pair", "jury_verdicts", "letter_scale", "make_protocol", "open_servers",
-        "reliability_bins", "roc_auc", "score_figures", "score_runs", "still_grades", "summarize_verdicts",
+        "reliability_bins", "render_view", "roc_auc", "score_figures", "score_runs", "still_grades",
+        "summarize_verdicts",
     ],
 }
 # Packages without a public surface of their own: the CLI's commands, and test material.

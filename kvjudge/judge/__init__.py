@@ -72,6 +72,7 @@ __all__ = [
     "PromptOverflow", "Rubric", "RunEvidence", "RunScore", "SCORED", "STRATEGIES", "Scale", "ServerBackend",
     "ServerPool", "StillGrades", "StillGradesCheck", "TEMPLATE_CHOICES", "Verdict", "Window", "WindowPlanner",
     "brier", "candidates_of", "check_still_grades", "cohen_kappa", "escape", "expected_calibration_error",
-    "judge_batch", "judge_pair", "jury_verdicts", "letter_scale", "make_protocol", "open_servers", "reliability_bins",
-    "roc_auc", "score_figures", "score_runs", "still_grades", "summarize_verdicts",
+    "judge_batch", "judge_pair", "jury_verdicts", "letter_scale", "make_protocol", "open_servers",
+    "reliability_bins", "render_view", "roc_auc", "score_figures", "score_runs", "still_grades",
+    "summarize_verdicts",
 ]
