@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import hashlib
+import json
 import re
 from collections.abc import Sequence
 from html import unescape
@@ -20,6 +21,8 @@ from kvjudge.judge import Verdict
 from kvjudge.report import write_report
 from kvjudge.report.collect import judged_against
 from kvjudge.report.pages import pair_dir_for
+from kvjudge.testing.graded_runs import swe_run, write_graded
+from kvjudge.testing.sim_judge import Settings, SimJudgeServer
 
 
 class _WithEvidence(Verdict):
@@ -96,11 +99,6 @@ def test_the_index_shows_the_pointwise_critics_figures_as_the_library_computes_t
     """`report --protocol pointwise` against the simulated judge's scale mode (noisy readings): the critic's AUC,
     Brier, ECE and per-criterion AUC on the index are eval's (the library's score_figures), and the AUC and Brier
     are also what the runs' own scores give, computed here from `kvjudge score`'s P(success) and the answer key."""
-    import json
-
-    from kvjudge.testing.graded_runs import swe_run, write_graded
-    from kvjudge.testing.sim_judge import Settings, SimJudgeServer
-
     runs = [swe_run(f"{side}/t{n}", task=f"t{n}", passed=side == "pass", seed=n, explore=0, file_lines=3, changed=2)
             for n in range(8) for side in ("pass", "fail")]
     # Latent qualities close together (0.6 passed, 0.4 failed) under noise: a critic better than chance, not perfect.
@@ -124,8 +122,8 @@ def test_the_index_shows_the_pointwise_critics_figures_as_the_library_computes_t
         scored = [json.loads(line) for line in capsys.readouterr().out.splitlines()][:-1]
         assert server.judge.reasons["scale"] == asked  # eval and score read the scores the report cached
     index = out.read_text()
-    shown = {m[1]: json.loads(unescape(m[2])) for m in re.finditer(r'data-figure="(critic\.[^"]+)" data-value="([^"]*)"',
-                                                                       index)}
+    figure = r'data-figure="(critic\.[^"]+)" data-value="([^"]*)"'
+    shown = {m[1]: json.loads(unescape(m[2])) for m in re.finditer(figure, index)}
     assert shown["critic.auc"] == library["auc"] and shown["critic.brier"] == library["brier"]
     assert shown["critic.ece"] == library["ece"]
     assert set(library["criteria"]) == {"correctness", "verification", "conduct"}

@@ -7,7 +7,8 @@
 Every task of the store with its runs as candidates (several trials of one agent, or several agents' runs pooled;
 :mod:`kvjudge.judge.candidates`), one pick per task by the strategy (:mod:`kvjudge.judge.select`) — the pairwise
 strategies with a pairwise protocol's verdicts (``letter``, ``pairwise-scale``), ``pointwise`` with a critic's scores
-(cached per run: selecting again costs no model call); the picks go to a JSONL file, one line per task; where grades exist, the selection table (:mod:`kvjudge.judge.selection_table`).
+(cached per run: selecting again costs no model call); the picks go to a JSONL file, one line per task; where
+grades exist, the selection table (:mod:`kvjudge.judge.selection_table`).
 """
 
 from __future__ import annotations
