@@ -147,6 +147,8 @@ class RetentionSettings:
 class JudgeSettings:
     """``[judge]``: which judge (a local GGUF, or OpenAI-compatible servers of one model) and how it is asked."""
 
+    # The backend kind (kvjudge/judge/backend_registry.py checks the name); None: servers when any, else in-process.
+    backend: str | None = field(default=None, metadata=_limit(lambda v: bool(v.strip()), "a judge backend name"))
     model: str | None = None
     server: str | None = None
     servers: tuple[str, ...] | None = field(default=None, metadata=_limit(lambda v: len(v) > 0 and all(v),

@@ -24,6 +24,7 @@ from kvjudge.target import JudgeTarget
 SETTING_FLAGS: dict[str, tuple[str, str]] = {
     "store": ("retention.store", "--store"),
     "to": ("retention.cold", "--to"),
+    "backend": ("judge.backend", "--backend"),
     "tokenizer_model": ("judge.tokenizer_model", "--tokenizer-model"),
     "parallel": ("judge.parallel", "--parallel"),
     "timeout": ("judge.timeout", "--timeout"),
