@@ -17,11 +17,11 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kvjudge.errors import UsageError
+from kvjudge.plugins import load_group
 from kvjudge.settings import Settings
 
 if TYPE_CHECKING:
@@ -105,24 +105,7 @@ _OWN = (
 
 @functools.cache
 def _loaded() -> tuple[tuple[BackendKind, ...], tuple[str, ...]]:
-    added: list[BackendKind] = []
-    problems: list[str] = []
-    taken = {kind.name for kind in _OWN}
-    for entry in sorted(metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
-        try:
-            kind = entry.load()
-        except Exception as exc:  # a plugin's import error is its own: said in one line, never a traceback
-            first = str(exc).splitlines()[0] if str(exc) else ""
-            problems.append(f"judge backend {entry.name!r} ({entry.value}) cannot be loaded: "
-                            f"{type(exc).__name__}: {first}".rstrip(": "))
-            continue
-        if not isinstance(kind, BackendKind):
-            problems.append(f"judge backend {entry.name!r} ({entry.value}) is not a kvjudge BackendKind")
-        elif kind.name in taken:
-            problems.append(f"judge backend {entry.name!r} ({entry.value}) reuses the name {kind.name!r}: left out")
-        else:
-            taken.add(kind.name)
-            added.append(kind)
+    added, problems = load_group(ENTRY_POINT_GROUP, "judge backend", BackendKind, {kind.name for kind in _OWN})
     return (*_OWN, *added), tuple(problems)
 
 
