@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 from helpers import kvjudge, store_from_runs
 
-from kvjudge.cli import main
+from kvjudge.cli import build_parser, main
+from kvjudge.commands._args import settings_from
+from kvjudge.errors import UsageError
 from kvjudge.judge import backend_registry
 from kvjudge.settings import Settings
 from kvjudge.target import JudgeTarget
@@ -114,3 +116,18 @@ def test_an_unknown_backend_is_one_line_naming_the_kinds(tmp_path: Path) -> None
     assert done.stderr.strip().splitlines()[-1] == "kvjudge: error: " + backend_registry.unknown_message("no-such")
     assert done.stderr.strip().count("\n") == 0  # nothing loaded, nothing said before it
     assert all(f"{name} (" in done.stderr for name in backend_registry.names())
+
+
+def test_flags_choose_the_kind_as_they_always_did(tmp_path: Path) -> None:
+    config = tmp_path / "kvjudge.toml"
+    config.write_text('[judge]\nbackend = "llama"\nservers = ["http://127.0.0.1:1"]\n')
+
+    def kind_of(*argv: str) -> str:
+        args = build_parser("judge").parse_args(["judge", "a", "b", "--config", str(config), *argv])
+        return JudgeTarget(settings_from(args)).backend_kind.name
+
+    assert kind_of() == "llama"  # named in the file: the configured servers do not apply
+    assert kind_of("--server", "http://127.0.0.1:2") == "servers"  # --server without --backend: the servers
+    assert kind_of("--backend", "servers") == "servers"
+    with pytest.raises(UsageError, match="only apply to judge servers"):
+        kind_of("--parallel", "2")  # the in-process kind, named in the file, takes no server options
