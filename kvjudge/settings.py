@@ -145,7 +145,8 @@ class RetentionSettings:
 
 @dataclass(frozen=True)
 class JudgeSettings:
-    """``[judge]``: which judge (a local GGUF, or OpenAI-compatible servers of one model) and how it is asked."""
+    """``[judge]``: which judge (a local GGUF, OpenAI-compatible servers of one model, or another ``backend``) and how
+    it is asked."""
 
     model: str | None = None
     server: str | None = None
@@ -169,6 +170,8 @@ class JudgeSettings:
                                                                                    "in [0, 1]"))
     jury: tuple[str, ...] | None = field(default=None, metadata=_limit(lambda v: len(v) >= 2 and all(v),
                                                                        "a list of at least two judges"))
+    # The backend kind (kvjudge/judge/backend_registry.py checks the name); None: servers when any, else in-process.
+    backend: str | None = field(default=None, metadata=_limit(lambda v: bool(v.strip()), "a judge backend name"))
 
     @property
     def server_urls(self) -> tuple[str, ...]:

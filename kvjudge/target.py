@@ -4,7 +4,8 @@ One object, resolved from :class:`~kvjudge.settings.Settings`, answers what ever
 Python API need to know about the judge; nothing is loaded, asked or probed until a figure is wanted:
 
 - **the judge**: a local GGUF judged in-process (``[judge] model``, else the bundled judge model), or a pool of
-  OpenAI-compatible servers of one model (``[judge] servers``, or ``server`` alone);
+  OpenAI-compatible servers of one model (``[judge] servers``, or ``server`` alone), or another kind of backend
+  ``[judge] backend`` names (:mod:`kvjudge.judge.backend_registry` opens every kind);
 - **its capability entries**: the local model's on this device, looked up under ``[probe] memory_budget``; each
   server's ``kvjudge probe --server`` entry. A pool member without an entry is probed on first use (at most three
   requests, announced on one line); one that cannot be reached leaves the figure unknown;
@@ -47,6 +48,7 @@ if TYPE_CHECKING:
     from kvjudge.server_client import Credentials, ServerClient, ServerInfo
     from kvjudge.tokens import TokenCounter
     from kvjudge.judge import Backend, Judge
+    from kvjudge.judge.backend_registry import BackendKind
     from kvjudge.judge.pipeline import VerdictFn
     from kvjudge.judge.jury import Absent
     from kvjudge.judge.protocols import JudgeProtocol
@@ -112,9 +114,20 @@ class JudgeTarget:
         return self._credentials
 
     @property
+    def backend_kind(self) -> BackendKind:
+        """The kind of judge backend (``[judge] backend``, else servers when any are named, else in-process): from
+        :mod:`kvjudge.judge.backend_registry`; an unknown name is a one-line error listing the kinds."""
+        from kvjudge.judge import backend_registry
+
+        return backend_registry.chosen(self.settings)
+
+    @property
     def servers(self) -> tuple[str, ...]:
-        """The judge servers (a pool of one model); empty when the judge runs in-process."""
-        return self.settings.judge.server_urls
+        """The judge servers (a pool of one model); empty when the judge is not a kind that serves (in-process)."""
+        urls = self.settings.judge.server_urls
+        if not self.settings.judge.backend:  # the default kind: the servers when there are any
+            return urls
+        return urls if self.backend_kind.serves else ()
 
     @property
     def served(self) -> bool:
@@ -380,20 +393,18 @@ class JudgeTarget:
         With servers the backend is a :class:`~kvjudge.judge.ServerPool` windowed from each member's capability
         entry (a member without one is probed first); ``n_ctx`` only lowers the window (and, given, lets a member
         without an entry judge within its reported context, not certified, without probing it)."""
-        from kvjudge.judge import Judge, LlamaBackend, WindowPlanner, open_servers
+        from kvjudge.judge import Judge, WindowPlanner
+        from kvjudge.judge.backend_registry import BackendOpening
 
         chosen = self.settings.judge
         asked = self.protocol(protocol)  # a bad protocol, rubric or scale fails before any backend opens
-        if self.served:
-            if n_ctx is None:  # a member without an entry is probed first, where the pool would refuse it
-                self.entries()
-            backend: Backend = open_servers(
-                self.servers, n_ctx=n_ctx, tokenizer_model=chosen.tokenizer_model, parallel=chosen.parallel,
-                timeout_s=chosen.timeout, cache_path=self.capabilities,
-                staleness_days=self.settings.probe.staleness_days,
-                on_drop=lambda url, why: self.say(f"judge server {url} dropped: {why}"), credentials=self.credentials)
-        else:
-            backend = LlamaBackend(model_path=self.model_path, n_threads=chosen.threads)
+        kind = self.backend_kind
+        if kind.serves and n_ctx is None:  # a member without an entry is probed first, where the pool would refuse it
+            self.entries()
+        backend: Backend = kind.open(BackendOpening(
+            self.settings, n_ctx=n_ctx, capabilities=self.capabilities,
+            credentials=self.credentials, say=self.say,
+            local_model=lambda: self.model_path))
         try:
             planner = WindowPlanner(backend, requested=n_ctx, certify=certify, capabilities=self.local_capabilities,
                                     say=self.say)
@@ -420,7 +431,9 @@ class JudgeTarget:
             served = all("://" in url for url in urls)
             values = {"judge.servers": urls} if served else {"judge.model": member}
             unset = ("judge.server", "judge.model") if served else ("judge.server", "judge.servers")
-            settings = self.settings.with_overrides({**values, "judge.jury": None}, unset=(*unset, "judge.jury"))
+            # A member is a GGUF or servers: its kind is the default one, whatever [judge] backend names.
+            settings = self.settings.with_overrides({**values, "judge.jury": None},
+                                                    unset=(*unset, "judge.jury", "judge.backend"))
             target = JudgeTarget(settings, capabilities=self.capabilities, ceiling=self.lowered_to,
                                  endpoint_url=self.endpoint_url, say=self.say)
             try:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "kvjudge"
 LAYERS = [
-    {"errors", "settings", "atomic", "models", "display", "_llama", "__init__"},
+    {"errors", "settings", "atomic", "plugins", "models", "display", "_llama", "__init__"},
     {"tokens", "server_client"},
     {"probe"},
     {"budget"},

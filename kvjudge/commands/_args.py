@@ -24,6 +24,7 @@ from kvjudge.target import JudgeTarget
 SETTING_FLAGS: dict[str, tuple[str, str]] = {
     "store": ("retention.store", "--store"),
     "to": ("retention.cold", "--to"),
+    "backend": ("judge.backend", "--backend"),
     "tokenizer_model": ("judge.tokenizer_model", "--tokenizer-model"),
     "parallel": ("judge.parallel", "--parallel"),
     "timeout": ("judge.timeout", "--timeout"),
@@ -158,6 +159,8 @@ def settings_from(args: argparse.Namespace) -> Settings:
         elif model:
             values["judge.model"], names["judge.model"] = model, "--model"
             unset = ("judge.server", "judge.servers")
+        if (servers or model) and getattr(args, "backend", None) is None:
+            unset = (*unset, "judge.backend")  # --server / --model choose the judge as they always did
     settings = settings.with_overrides(values, names, unset=unset)
     _check_server_flags(args, dests, settings)
     return settings
@@ -165,9 +168,13 @@ def settings_from(args: argparse.Namespace) -> Settings:
 
 def _check_server_flags(args: argparse.Namespace, dests: tuple[str, ...], settings: Settings) -> None:
     given = [SETTING_FLAGS[dest][1] for dest in _SERVER_ONLY if dest in dests and getattr(args, dest) is not None]
-    if not settings.judge.server_urls and given:
+    threads = "threads" in dests and args.threads is not None
+    if not given and not threads:
+        return
+    served = bool(JudgeTarget(settings).servers)  # the kind [judge] backend names decides, not the URLs alone
+    if not served and given:
         raise UsageError(f"{', '.join(given)} only apply to judge servers (--server URL)")
-    if settings.judge.server_urls and "threads" in dests and args.threads is not None:
+    if served and threads:
         raise UsageError("--threads applies to the in-process judge; a server uses its own threads")
 
 

@@ -13,6 +13,7 @@ from kvjudge.commands._args import JUDGE_CHOICE, add_api_key_args, jsonl_objects
 from kvjudge.commands._output import info, progress
 from kvjudge.errors import UsageError
 from kvjudge.judge import DEFAULT_MARGIN, TEMPLATE_CHOICES, Judge, Verdict, judge_batch
+from kvjudge.judge import backend_registry
 from kvjudge.judge.ledger import Ledger, plan_line
 from kvjudge.judge.pairing import DEFAULT_POLICY, POLICIES, PairSelection, describe_pairs, same_task_pairs
 from kvjudge.retention import Store
@@ -43,6 +44,8 @@ def add_backend_args(parser: argparse.ArgumentParser, *, also_templates: tuple[s
                      kinds: tuple[str, ...] = ("pairwise",)) -> None:
     """The judge itself (``add_judge_args`` without the pairs; ``kvjudge score`` reads runs, not pairs): the
     backend, the framing, the window, the protocol."""
+    # Not argparse choices: an unknown name is the registry's one line, the same for the flag and [judge] backend.
+    parser.add_argument("--backend", metavar="NAME", help=backend_registry.help_text())
     backend = parser.add_mutually_exclusive_group()
     backend.add_argument("--model", metavar="PATH", help="judge model GGUF (default: [judge] model, else the "
                                                          "default judge model)")
@@ -77,7 +80,7 @@ def add_backend_args(parser: argparse.ArgumentParser, *, also_templates: tuple[s
                                                                    "(experiments only)")
     parser.add_argument("--no-cache", action="store_true", help="do not read or write cached judgments")
     add_protocol_args(parser, kinds=kinds)
-    records_settings(parser, *JUDGE_CHOICE, "parallel", "timeout", "tokenizer_model", "threads", "margin",
+    records_settings(parser, *JUDGE_CHOICE, "backend", "parallel", "timeout", "tokenizer_model", "threads", "margin",
                      *(() if also_templates else ("template",)))
     add_api_key_args(parser)
 
@@ -107,7 +110,10 @@ def opened_judge(args: argparse.Namespace, target: JudgeTarget, *, template: str
     """The judge of a judging command (``add_judge_args``: window, certification, held-out inputs, cache), its
     backend closed on the way out."""
     target.protocol(protocol)  # a bad protocol, rubric or scale: one line, before the backend is announced
-    info("loading the judge backend…")
+    for problem in backend_registry.load_problems():  # a plugin that did not load: one note, never a traceback
+        info(problem)
+    kind = target.backend_kind  # an unknown backend: one line, as early
+    info(f"loading the judge backend ({kind.name})…")
     judge = target.open_judge(n_ctx=args.n_ctx, certify=not args.no_certify, template=template,
                               show_verifier=args.show_verifier, show_grades=args.show_grades,
                               use_cache=not args.no_cache, protocol=protocol)

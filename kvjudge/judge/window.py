@@ -103,6 +103,8 @@ class WindowPlanner:
             cap = self.requested or self.backend.n_ctx
             if cap is None:
                 raise JudgeError("the judge server reports no context size; pass --n-ctx N")
+            if not self.backend.servers:  # another kind of backend with a window of its own (backend_registry)
+                return cap, "the backend's certified window" if self.backend.certified else "the backend's window"
             source = "the servers' certified safe_context" if self.backend.certified else "the server's context"
             return cap, source
         return self._local(bound)[:2]

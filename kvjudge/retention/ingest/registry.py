@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import fnmatch
 import functools
-from importlib import metadata
 from typing import Any
 
+from kvjudge.plugins import load_group
 from kvjudge.retention.ingest import (
     claude_code,
     codex,
@@ -39,23 +39,8 @@ _FALLBACK = (native.FORMAT, openai.FORMAT)
 
 @functools.cache
 def _loaded() -> tuple[tuple[Format, ...], tuple[str, ...]]:
-    added: list[Format] = []
-    problems: list[str] = []
-    taken = {fmt.name for fmt in (*_OWN, *_FALLBACK)} | {AUTO}
-    for entry in sorted(metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
-        try:
-            fmt = entry.load()
-        except Exception as exc:  # a plugin's import error is its own: said in one line, never a traceback
-            problems.append(f"format {entry.name!r} ({entry.value}) cannot be loaded: "
-                            f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}".rstrip(": "))
-            continue
-        if not isinstance(fmt, Format):
-            problems.append(f"format {entry.name!r} ({entry.value}) is not a kvjudge Format")
-        elif fmt.name in taken:
-            problems.append(f"format {entry.name!r} ({entry.value}) reuses the name {fmt.name!r}: left out")
-        else:
-            taken.add(fmt.name)
-            added.append(fmt)
+    added, problems = load_group(ENTRY_POINT_GROUP, "format", Format,
+                                 {fmt.name for fmt in (*_OWN, *_FALLBACK)} | {AUTO})
     return (*_OWN, *added, *_FALLBACK), tuple(problems)
 
 
