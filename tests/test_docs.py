@@ -94,6 +94,14 @@ def test_benchmarks_md_has_a_section_per_benchmark() -> None:
     assert {path.name for path in BENCHMARKS} <= set(re.findall(r"`([a-z_]+\.py)`", headlines))
 
 
+def test_no_benchmark_shadows_a_standard_module() -> None:
+    # A script's own folder is first on sys.path: benchmarks/select.py once replaced the standard library's select
+    # (and with it every socket server) in every other benchmark.
+    import sys
+
+    assert [path.name for path in BENCHMARKS if path.stem in sys.stdlib_module_names] == []
+
+
 def test_no_document_refers_to_one_the_repository_does_not_contain() -> None:
     outside = re.compile(r"DESIGN\.md|seeds/|\bthe seed\b|\bseed's\b|contracts\.md", flags=re.I)
     sources = [README, ARCHITECTURE, *DOCS, ROOT / "Makefile", ROOT / "pyproject.toml",

@@ -14,7 +14,7 @@ machine are noisy; the minimum is the harness's own cost).
 
 Prints one JSON line (and writes ``select.json`` to ``--out`` when given).
 
-    python benchmarks/select.py [--tasks 500] [--n 16] [--sigma 0.8] [--base-rate 0.3] [--seed 0] [--repeats 5]
+    python benchmarks/best_of_n.py [--tasks 500] [--n 16] [--sigma 0.8] [--base-rate 0.3] [--seed 0] [--repeats 5]
                                 [--out DIR]
 """
 
