@@ -17,9 +17,10 @@ and wall seconds. One JSON line.
 
     python benchmarks/judge_pool.py [--pairs 40] [--out DIR]
 
-TODO(protocols merge): add the 3 criteria × 3 repeats pointwise protocol to ``PROTOCOLS`` (its eval flags), so the
-same run reports its cached share beside today's letter protocol (issue 36's target: ≥ 75 % through the router and
-through the direct pool). Until then ``--protocol-args`` passes extra eval flags for an ad-hoc row.
+The protocols: today's letter protocol (both orders of each pair) and the pointwise protocol with the default rubric's
+3 criteria × 3 repeats (9 readings of each run, one group with one affinity key; issue 36's target: ≥ 75 % of
+prompt tokens from the prefix cache through the router and through the direct pool). ``--protocol-args`` passes
+extra eval flags for one more row.
 """
 
 from __future__ import annotations
@@ -46,8 +47,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from router import VllmRouter  # noqa: E402  (the same launcher the tests use)
 
 TARGET_CPU_MS_PER_CALL = 10.0
-#: Protocol name → extra `kvjudge eval` flags. TODO(protocols merge): "pointwise 3 criteria x 3 repeats": [...].
-PROTOCOLS: dict[str, list[str]] = {"letter (today)": []}
+TARGET_CACHED_SHARE = 0.75
+#: Protocol name → extra `kvjudge eval` flags.
+PROTOCOLS: dict[str, list[str]] = {"letter (today)": [],
+                                   "pointwise 3 criteria x 3 repeats": ["--protocol", "pointwise", "--repeats", "3"]}
 
 
 def _store(out: Path, pairs: int, name: str) -> tuple[Path, Path]:
@@ -80,7 +83,10 @@ def _eval(servers: list[str], copy: Path, work: Path, extra: list[str]) -> tuple
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode != 0:
         raise SystemExit(f"eval failed: {done.stderr[-2000:]}")
-    [(_, figures)] = json.loads(done.stdout)["templates"].items()
+    payload = json.loads(done.stdout)
+    if "templates" in payload:  # a pairwise eval: one framing's figures
+        [(_, payload)] = payload["templates"].items()
+    figures = payload
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     return figures["cost"], cpu, wall
 
@@ -144,7 +150,8 @@ def run(pairs: int, out: Path, extra: list[str]) -> dict[str, Any]:
     return {"benchmark": "judge_pool", "pairs": pairs, "replicas": 2, "router": "vllm-router consistent_hash",
             "run_kb": round(len(json.dumps(swe_run("x/1", task="t", passed=True, seed=1, explore=10,
                                                    file_lines=120).run)) / 1000, 1),
-            "target_cpu_ms_per_call": TARGET_CPU_MS_PER_CALL, "rows": rows}
+            "target_cpu_ms_per_call": TARGET_CPU_MS_PER_CALL, "target_cached_share": TARGET_CACHED_SHARE,
+            "rows": rows}
 
 
 def main() -> int:
