@@ -1,8 +1,8 @@
 """A judge pool's figures: the share of prompt tokens served from the replicas' prefix caches through a real router
 and through the direct pool, the ledger against the replicas' own usage, and the harness's own CPU per call.
 
-Two simulated replicas (:class:`~kvjudge.testing.sim_replica.SimReplica`: a prefix cache each, ``cached_tokens``
-reported as vLLM reports it) serve one simulated judge; ``vllm-router --policy consistent_hash`` stands in front of
+Two simulated replicas (:class:`~kvjudge.testing.sim_replica.SimReplica`: a prefix cache each of one GPU's KV
+cache, :data:`~kvjudge.testing.sim_replica.GPU_KV_TOKENS` tokens, ``cached_tokens`` reported as vLLM reports it) serve one simulated judge; ``vllm-router --policy consistent_hash`` stands in front of
 them (tests/router.py, the launcher the tests use). The runs are SWE-bench-shaped graded runs of about 40 KB
 (:mod:`kvjudge.testing.graded_runs`, 10 files of 120 lines read while exploring), ``--pairs`` same-task pairs, and
 twice as many for the linearity check. For each way in (``router``, ``direct``) and each protocol, ``kvjudge eval``
@@ -41,7 +41,7 @@ from typing import Any
 
 from kvjudge.testing.graded_runs import swe_run, write_graded
 from kvjudge.testing.sim_judge import AnswerKey, Settings
-from kvjudge.testing.sim_replica import ReplicaSettings, SimReplica
+from kvjudge.testing.sim_replica import GPU_KV_TOKENS, ReplicaSettings, SimReplica
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from router import VllmRouter  # noqa: E402  (the same launcher the tests use)
@@ -106,7 +106,7 @@ def run(pairs: int, out: Path, extra: list[str]) -> dict[str, Any]:
     if extra:
         protocols["--protocol-args " + shlex.join(extra)] = extra
     rows = []
-    replicas = [SimReplica(key, Settings(seed=1), replica=ReplicaSettings(capacity_tokens=4_000_000)).start()
+    replicas = [SimReplica(key, Settings(seed=1), replica=ReplicaSettings(capacity_tokens=GPU_KV_TOKENS)).start()
                 for _ in range(2)]
     try:
         with VllmRouter([r.url for r in replicas], "consistent_hash", log_dir=out) as router:
@@ -148,6 +148,7 @@ def run(pairs: int, out: Path, extra: list[str]) -> dict[str, Any]:
         for replica in replicas:
             replica.stop()
     return {"benchmark": "judge_pool", "pairs": pairs, "replicas": 2, "router": "vllm-router consistent_hash",
+            "replica_cache_tokens": GPU_KV_TOKENS,
             "run_kb": round(len(json.dumps(swe_run("x/1", task="t", passed=True, seed=1, explore=10,
                                                    file_lines=120).run)) / 1000, 1),
             "target_cpu_ms_per_call": TARGET_CPU_MS_PER_CALL, "target_cached_share": TARGET_CACHED_SHARE,
