@@ -107,7 +107,7 @@ class Ledger:
 
 def plan_line(calls: int, cached: int, window: int | None, what: str = "verdict") -> str:
     """The line said before long work: the calls about to be sent and the tokens they may take, and the way out
-    (``cached``: the ``what``\ s — verdicts, scores — read from the cache)."""
+    (``cached``: how many of ``what`` — verdict, score — were read from the cache)."""
     bound = f", at most {calls * window:,} prompt tokens ({window:,}-token window)" if window else ""
     return (f"about to send up to {calls:,} judge calls{bound}; {cached:,} {what}s from the cache; "
             f"Ctrl-C stops: every finished {what} stays cached")
