@@ -300,6 +300,9 @@ def test_pointwise_3x3_through_the_router_meets_one_replica_per_run_and_the_ledg
         "score", *SCORED, "--server", router.url, "--protocol", "pointwise", "--repeats", "3",
         "--store", str(store), "--json").stdout.splitlines()]
     assert all(r["cached"] and r["cost"]["calls"] == 0 for r in again[:-1]) and again[-1]["summary"]["cost"]["calls"] == 0
+    shown = kvjudge("score", *SCORED, "--server", router.url, "--protocol", "pointwise", "--repeats", "3",
+                    "--store", str(store)).stdout
+    assert "(cached)" in shown and "cost: 0 calls, 0 prompt tokens" in shown
     assert _total(replicas, before)["calls"] == cost["calls"]
 
 
