@@ -329,3 +329,22 @@ def test_a_replica_killed_mid_run_under_pointwise_leaves_every_run_scored_once(g
     assert ledger.calls == READINGS * len(SCORED) == sum(s.cost.calls for s in scores)
     assert ledger.prompt_tokens == sum(s.cost.prompt_tokens for s in scores)
     assert _total(replicas)["calls"] >= ledger.calls and replicas[1].usage["calls"] > 0
+
+
+def test_counting_locally_with_a_tokenizer_model_sends_no_tokenize_through_the_router(graded, start, tmp_path,
+                                                                                       judge_model) -> None:
+    store, key = graded
+    replicas = _replicas(start, key, 2)
+    router = start.enter_context(VllmRouter([r.url for r in replicas], "consistent_hash", log_dir=tmp_path))
+    assert kvjudge_json("probe", "--server", router.url)["certified"]
+    asked = sum(r.requests["/tokenize"] for r in replicas)
+    before = [Counter(r.usage) for r in replicas]
+    done = kvjudge("score", *SCORED[:2], "--server", router.url, "--tokenizer-model", str(judge_model),
+                   "--protocol", "pointwise", "--store", str(store), "--json")
+    assert done.returncode == 0, done.stderr
+    *runs, last = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [r["outcome"] for r in runs] == ["scored"] * 2
+    # Every count was made here, with the served model's own tokenizer file: not one /tokenize reached a replica.
+    assert sum(r.requests["/tokenize"] for r in replicas) == asked
+    # The tokens spent are still the replicas' own figures.
+    assert _ledger(last["summary"]["cost"]) == _total(replicas, before)
