@@ -15,7 +15,13 @@ call between them (start-up excluded: target ≤ 10 ms) — with the bodies coun
 on the way (a fresh store), and again with their counts kept (``--no-cache``: the same calls, the calls' own CPU) —
 and wall seconds. One JSON line.
 
-    python benchmarks/judge_pool.py [--pairs 40] [--out DIR]
+    python -m benchmarks.judge_pool [--pairs 40] [--out DIR] [--harness-only]
+
+``--harness-only``: the harness's CPU per call measured in this process instead, around the judging alone
+(``judge_batch`` / ``score_runs`` through a direct pool of two replicas served by a child process, so neither
+start-up, imports nor eval's figures are in it), at N and 2N pairs, counting through ``/tokenize`` and with the
+counts kept. (Run it with ``-m`` from the repository root: ``benchmarks/select.py`` would shadow the standard
+library's ``select`` for a script run from its folder.)
 
 The protocols: today's letter protocol (both orders of each pair) and the pointwise protocol with the default rubric's
 3 criteria × 3 repeats (9 readings of each run, one group with one affinity key; issue 36's target: ≥ 75 % of
@@ -155,14 +161,82 @@ def run(pairs: int, out: Path, extra: list[str]) -> dict[str, Any]:
             "rows": rows}
 
 
+_SERVE = """
+import sys, time
+from kvjudge.testing.sim_judge import AnswerKey, Settings
+from kvjudge.testing.sim_replica import SimReplica
+replicas = [SimReplica(AnswerKey.load(sys.argv[1]), Settings(seed=1)).start() for _ in range(2)]
+print(" ".join(r.url for r in replicas), flush=True)
+sys.stdin.read()  # until the benchmark closes the pipe
+"""
+
+
+def harness_cpu(pairs: int, out: Path) -> dict[str, Any]:
+    """This process's CPU seconds per call around the judging alone (the replicas in a child process)."""
+    from kvjudge.judge import Judge, judge_batch, open_servers
+    from kvjudge.judge.pointwise import score_runs
+    from kvjudge.judge.protocols import make_protocol
+    from kvjudge.retention import Store
+
+    os.environ["KVJUDGE_CACHE_DIR"] = str(out / "cache")
+    store, key = _store(out, 2 * pairs, "harness")
+    server = subprocess.Popen([sys.executable, "-c", _SERVE, str(key)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    rows = []
+    try:
+        assert server.stdout is not None
+        urls = server.stdout.readline().split()
+        for url in urls:
+            subprocess.run([sys.executable, "-m", "kvjudge", "probe", "--server", url, "--json"], check=True,
+                           capture_output=True)
+        protocols = {"letter (today)": make_protocol("letter"),
+                     "pointwise 3 criteria x 3 repeats": make_protocol("pointwise", repeats=3)}
+        for name, protocol in protocols.items():
+            for n in (pairs, 2 * pairs):
+                copy = _fresh(store, out)
+                for kept in (False, True):
+                    backend = open_servers(urls, parallel=4)
+                    judge = Judge(backend, protocol=protocol, use_cache=False)
+                    chosen = [(f"t{i}/a", f"t{i}/b") for i in range(n)]
+                    with Store.open(copy) as opened:
+                        started = time.process_time()
+                        if protocol.kind == "pointwise":
+                            score_runs(judge, opened, [run for pair in chosen for run in pair])
+                        else:
+                            judge_batch(judge, opened, chosen)
+                        cpu = time.process_time() - started
+                    calls = backend.ledger.calls
+                    backend.close()
+                    rows.append({"protocol": name, "pairs": n, "counts_kept": kept, "calls": calls,
+                                 "cpu_s": round(cpu, 3), "cpu_ms_per_call": round(1000 * cpu / calls, 2)})
+    finally:
+        if server.stdin is not None:
+            server.stdin.close()
+        server.wait(timeout=30)
+    marginal = {}
+    for name in protocols:
+        for kept in (False, True):
+            small, large = (next(r for r in rows if (r["protocol"], r["pairs"], r["counts_kept"]) == (name, n, kept))
+                            for n in (pairs, 2 * pairs))
+            marginal[f"{name}{', counts kept' if kept else ''}"] = round(
+                1000 * (large["cpu_s"] - small["cpu_s"]) / max(1, large["calls"] - small["calls"]), 2)
+    return {"benchmark": "judge_pool --harness-only", "pairs": pairs,
+            "target_cpu_ms_per_call": TARGET_CPU_MS_PER_CALL, "rows": rows, "marginal_cpu_ms_per_call": marginal}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--pairs", type=int, default=40)
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--protocol-args", default="", help="extra `kvjudge eval` flags for one more protocol row")
+    parser.add_argument("--harness-only", action="store_true",
+                        help="measure the harness's CPU per call in this process, around the judging alone")
     args = parser.parse_args()
     out = args.out or Path(tempfile.mkdtemp(prefix="kvjudge-judge-pool-"))
     out.mkdir(parents=True, exist_ok=True)
+    if args.harness_only:
+        print(json.dumps(harness_cpu(args.pairs, out)))
+        return 0
     print(json.dumps(run(args.pairs, out, shlex.split(args.protocol_args))))
     return 0
 
