@@ -191,6 +191,10 @@ def harness_cpu(pairs: int, out: Path) -> dict[str, Any]:
                            capture_output=True)
         protocols = {"letter (today)": make_protocol("letter"),
                      "pointwise 3 criteria x 3 repeats": make_protocol("pointwise", repeats=3)}
+        warm = open_servers(urls, parallel=4)  # first-use costs (regexes compiled, modules loaded) left out
+        with Store.open(_fresh(store, out)) as opened:
+            judge_batch(Judge(warm, use_cache=False), opened, [("t0/a", "t0/b")])
+        warm.close()
         for name, protocol in protocols.items():
             for n in (pairs, 2 * pairs):
                 copy = _fresh(store, out)
