@@ -303,6 +303,8 @@ def test_eval_measures_a_pointwise_critic_and_a_pairwise_scores_auc(graded, caps
         result = json.loads(capsys.readouterr().out)
         figures = result["pointwise"]
         assert figures["graded"] == len(ids) and figures["succeeded"] == len(ids) // 2
+        # Its cost: every run read once per criterion of the default rubric (3, K = 1), as the server counted them.
+        assert result["cost"]["calls"] == 3 * len(ids) == server.requests["/v1/completions"]
         # The simulated judge centres each reading on the grade (1 or 0) with σ = 0.15: it ranks every pair right.
         assert figures["auc"] == 1.0 and figures["auc_ci95"] is not None
         assert set(figures["criteria"]) == {"correctness", "verification", "conduct"}
