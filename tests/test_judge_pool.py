@@ -22,6 +22,8 @@ from helpers import kvjudge, kvjudge_json
 from router import VllmRouter
 
 from kvjudge.judge import Judge, judge_batch, open_servers
+from kvjudge.judge.pointwise import score_runs
+from kvjudge.judge.protocols import make_protocol
 from kvjudge.retention import Store
 from kvjudge.server_client import RetryPolicy
 from kvjudge.testing.graded_runs import GradedRun, swe_run, write_graded
@@ -132,9 +134,10 @@ def test_through_a_router_every_call_of_a_pair_meets_one_replica_and_the_ledger_
     assert figures["cost"]["cached_prompt_tokens"] > 0
 
 
-def _pool_judge(url: str, store: Path, *, retry: RetryPolicy | None = None) -> tuple[Judge, Store]:
+def _pool_judge(url: str, store: Path, *, retry: RetryPolicy | None = None,
+                protocol: str = "letter", repeats: int = 1) -> tuple[Judge, Store]:
     backend = open_servers([url], n_ctx=8192, parallel=2, retry=retry)
-    return Judge(backend), Store.open(store)
+    return Judge(backend, protocol=make_protocol(protocol, repeats=repeats)), Store.open(store)
 
 
 def _pairs() -> list[tuple[str, str]]:
@@ -257,3 +260,91 @@ def test_ctrl_c_mid_run_leaves_every_finished_verdict_cached(graded, start) -> N
     assert finished == [0, 1, 2, 3, 4]
     assert all(verdicts[i].cached for i in finished)  # the five reported before Ctrl-C, and any decided after
     assert rerun.backend.ledger.calls == 2 * sum(not v.cached for v in verdicts) < 2 * PAIRS
+
+
+#: Pointwise 3 criteria (the default rubric) × 3 repeats: nine readings of each run.
+READINGS = 3 * 3
+SCORED = [f"t{n}/{side}" for n in range(3) for side in ("pass", "fail")]
+
+
+def test_pointwise_3x3_through_the_router_meets_one_replica_per_run_and_the_ledger_is_exact(graded, start,
+                                                                                          tmp_path) -> None:
+    store, key = graded
+    replicas = _replicas(start, key, 2)
+    router = start.enter_context(VllmRouter([r.url for r in replicas], "consistent_hash", log_dir=tmp_path))
+    assert kvjudge_json("probe", "--server", router.url)["certified"]  # the probe's calls are its own, not scoring's
+    before = [Counter(r.usage) for r in replicas]
+    for replica in replicas:
+        replica.sessions.clear()
+    done = kvjudge("score", *SCORED, "--server", router.url, "--protocol", "pointwise", "--repeats", "3",
+                   "--store", str(store), "--json")
+    assert done.returncode == 0, done.stderr
+    *runs, last = [json.loads(line) for line in done.stdout.splitlines()]
+    cost = last["summary"]["cost"]
+    assert [r["outcome"] for r in runs] == ["scored"] * len(SCORED)
+    # The command's ledger is the replicas' own usage, exactly, and the sum of the scores' own costs.
+    assert _ledger(cost) == _total(replicas, before)
+    assert cost["calls"] == READINGS * len(SCORED) == sum(r["cost"]["calls"] for r in runs)
+    assert cost["prompt_tokens"] == sum(r["cost"]["prompt_tokens"] for r in runs)
+    assert f"about to send up to {READINGS * len(SCORED)} judge calls" in done.stderr
+    # One run's nine readings: one key, all on one replica, so each after the first reuses the run's prefix.
+    keys = [k for r in replicas for k in r.sessions]
+    assert len(keys) == len(set(keys)) == len(SCORED)
+    assert all(calls == READINGS for r in replicas for calls in r.sessions.values())
+    for run in runs:
+        # The first reading of a run is cold but for the instructions; the eight after it share all but the
+        # criterion and question at the end (one block of 16 tokens or a few), so well over 3/4 is cached.
+        assert run["cost"]["cached_prompt_tokens"] >= 0.75 * run["cost"]["prompt_tokens"]
+    # Scored again: every score from the cache, each costing nothing, the replicas asked nothing.
+    again = [json.loads(line) for line in kvjudge(
+        "score", *SCORED, "--server", router.url, "--protocol", "pointwise", "--repeats", "3",
+        "--store", str(store), "--json").stdout.splitlines()]
+    assert all(r["cached"] and r["cost"]["calls"] == 0 for r in again[:-1]) and again[-1]["summary"]["cost"]["calls"] == 0
+    shown = kvjudge("score", *SCORED, "--server", router.url, "--protocol", "pointwise", "--repeats", "3",
+                    "--store", str(store)).stdout
+    assert "(cached)" in shown and "cost: 0 calls, 0 prompt tokens" in shown
+    assert _total(replicas, before)["calls"] == cost["calls"]
+
+
+def test_a_replica_killed_mid_run_under_pointwise_leaves_every_run_scored_once(graded, start, tmp_path) -> None:
+    store_path, key = graded
+    replicas = _replicas(start, key, 2)
+    router = start.enter_context(VllmRouter([r.url for r in replicas], "consistent_hash", log_dir=tmp_path))
+    judge, store = _pool_judge(router.url, store_path, retry=RetryPolicy(attempts=6, backoff_s=0.3),
+                               protocol="pointwise", repeats=3)
+    killed = threading.Event()
+
+    def on_score(_index: int, _score: object) -> None:
+        if not killed.is_set():
+            killed.set()
+            replicas[0].kill()
+
+    with store:
+        scores = score_runs(judge, store, SCORED, on_score=on_score)
+    judge.backend.close()
+    assert killed.is_set()
+    assert sorted(s.run_id for s in scores) == sorted(SCORED) and all(s.scored for s in scores)
+    ledger = judge.backend.ledger
+    # Every reading counted once, when answered; an answer the crash lost was counted by its replica only.
+    assert ledger.calls == READINGS * len(SCORED) == sum(s.cost.calls for s in scores)
+    assert ledger.prompt_tokens == sum(s.cost.prompt_tokens for s in scores)
+    assert _total(replicas)["calls"] >= ledger.calls and replicas[1].usage["calls"] > 0
+
+
+def test_counting_locally_with_a_tokenizer_model_sends_no_tokenize_through_the_router(graded, start, tmp_path,
+                                                                                       judge_model) -> None:
+    store, key = graded
+    replicas = _replicas(start, key, 2)
+    router = start.enter_context(VllmRouter([r.url for r in replicas], "consistent_hash", log_dir=tmp_path))
+    assert kvjudge_json("probe", "--server", router.url)["certified"]
+    asked = sum(r.requests["/tokenize"] for r in replicas)
+    before = [Counter(r.usage) for r in replicas]
+    done = kvjudge("score", *SCORED[:2], "--server", router.url, "--tokenizer-model", str(judge_model),
+                   "--protocol", "pointwise", "--store", str(store), "--json")
+    assert done.returncode == 0, done.stderr
+    *runs, last = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [r["outcome"] for r in runs] == ["scored"] * 2
+    # Every count was made here, with the served model's own tokenizer file: not one /tokenize reached a replica.
+    assert sum(r.requests["/tokenize"] for r in replicas) == asked
+    # The tokens spent are still the replicas' own figures.
+    assert _ledger(last["summary"]["cost"]) == _total(replicas, before)

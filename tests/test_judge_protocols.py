@@ -283,6 +283,13 @@ def test_a_jury_combines_its_members_and_an_unreachable_member_gives_errors_neve
         assert verdict["p_a"] == pytest.approx(sum(scored) / 2)  # the mean of the members that scored
         assert verdict["outcome"] == better and verdict["votes"] == {better: 2}
     assert summary["members"][dead] == {"error": 2}
+    # The jury's cost: each member's own (3 criteria × 2 orders per pair; the unreachable one spent nothing), the
+    # total their sum, a verdict's cost its members' verdicts'.
+    each = summary["member_costs"]
+    assert each[right.url]["calls"] == each[other.url]["calls"] == 2 * 3 * 2 and each[dead]["calls"] == 0
+    assert summary["cost"]["calls"] == sum(c["calls"] for c in each.values())
+    assert summary["cost"]["prompt_tokens"] == sum(c["prompt_tokens"] for c in each.values()) > 0
+    assert sum(v["cost"]["prompt_tokens"] for v in verdicts) == summary["cost"]["prompt_tokens"]
     # The majority of the labels given; no majority is a tie; nobody scored is an error.
     fake = [MemberVerdict(name, None, "down") for name in ("x", "y")]
     assert combine("a", "b", fake).outcome == "error" and combine("a", "b", fake).p_a is None
@@ -296,6 +303,8 @@ def test_eval_measures_a_pointwise_critic_and_a_pairwise_scores_auc(graded, caps
         result = json.loads(capsys.readouterr().out)
         figures = result["pointwise"]
         assert figures["graded"] == len(ids) and figures["succeeded"] == len(ids) // 2
+        # Its cost: every run read once per criterion of the default rubric (3, K = 1), as the server counted them.
+        assert result["cost"]["calls"] == 3 * len(ids) == server.requests["/v1/completions"]
         # The simulated judge centres each reading on the grade (1 or 0) with σ = 0.15: it ranks every pair right.
         assert figures["auc"] == 1.0 and figures["auc_ci95"] is not None
         assert set(figures["criteria"]) == {"correctness", "verification", "conduct"}

@@ -20,3 +20,4 @@ def test_cached_tokens_not_reported_are_none_and_a_mix_is_not_a_share() -> None:
     assert (total.calls, total.prompt_tokens, total.cached_tokens, total.cached_calls) == (6, 750, 80, 3)
     assert Ledger.from_json(total.to_json()) == total
     assert "up to 12 judge calls" in plan_line(12, 3, 4096) and "49,152" in plan_line(12, 3, 4096)
+    assert "3 scores from the cache" in plan_line(12, 3, None, "score") and "finished score" in plan_line(1, 0, None, "score")

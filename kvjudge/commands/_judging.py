@@ -132,13 +132,13 @@ def judged(judge: Judge, store: Store, selection: PairSelection, description: st
         return judge_batch(judge, store, selection.pairs, on_call=advance, states=states, on_plan=announce(judge))
 
 
-def announce(judge: Judge) -> Callable[[int, int], None]:
+def announce(judge: Judge, what: str = "verdict") -> Callable[[int, int], None]:
     """The ``on_plan`` of a judging command: before the first call, one line with the calls it is about to send,
-    the prompt tokens they may take at most, and the way out (nothing said when every verdict is cached)."""
+    the prompt tokens they may take at most, and the way out (nothing said when every ``what`` is cached)."""
 
     def say(calls: int, cached: int) -> None:
         if calls:
-            info(plan_line(calls, cached, judge.backend.n_ctx or judge.window_cap()))
+            info(plan_line(calls, cached, judge.backend.n_ctx or judge.window_cap(), what))
 
     return say
 

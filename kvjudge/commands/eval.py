@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from kvjudge.commands._args import READS_TIERED, command, target_from
-from kvjudge.commands._judging import add_judge_args, judged, opened_judge, select_pairs, spent
+from kvjudge.commands._judging import add_judge_args, announce, judged, opened_judge, select_pairs, spent
 from kvjudge.commands._output import emit, info, print_table, print_wrapped, progress
 from kvjudge.errors import UsageError
 from kvjudge.judge.critic_eval import score_figures
@@ -83,11 +83,11 @@ def _eval_pointwise(args: argparse.Namespace, target: JudgeTarget) -> int:
         with opened_judge(args, target, template=None if args.template == "both" else args.template) as judge:
             with progress("scoring", len(run_ids) * judge.protocol.calls) as advance:
                 judge.planner.progress = lambda message: advance(0, description=message)
-                scores = score_runs(judge, store, run_ids, on_call=advance)
+                scores = score_runs(judge, store, run_ids, on_call=advance, on_plan=announce(judge, "score"))
             grades = {run_id: grade_score(store.run(run_id)) for run_id in run_ids}
             figures = score_figures(scores, grades)
             payload = {"protocol": judge.protocol.name, "pointwise": figures, "summary": summarize_scores(scores),
-                       "manifest": judge.manifest()}
+                       "manifest": judge.manifest(), "cost": spent(judge).to_json()}
     emit(args, payload, lambda: _print_pointwise(payload))
     return 0
 
@@ -106,6 +106,7 @@ def _print_pointwise(payload: dict[str, Any]) -> None:
     print_table(["", "value"], rows, title=f"{payload['manifest'].get('model')}, {payload['protocol']} protocol")
     print_wrapped("reliability (mean P(success) → observed): " + ", ".join(
         f"{b['mean_p']:.2f}→{b['observed']:.2f}" for b in f["reliability"]))
+    print_wrapped(Ledger.from_json(payload["cost"]).line())
 
 
 def _fmt(value: float | None) -> str:

@@ -21,7 +21,7 @@ from kvjudge.commands._judging import add_judge_args, announce, opened_judge, se
 from kvjudge.commands._output import emit, print_fields, print_table, print_wrapped, progress
 from kvjudge.judge import Judge, StillGrades, Verdict, judge_batch, summarize_verdicts
 from kvjudge.judge.evidence import describe, summary_line
-from kvjudge.judge.jury import JuryVerdict, jury_verdicts, summarize_jury
+from kvjudge.judge.jury import JuryVerdict, jury_cost, jury_verdicts, summarize_jury
 from kvjudge.judge.ledger import Ledger
 from kvjudge.target import JudgeTarget
 
@@ -97,21 +97,29 @@ def _judge_by_jury(args: argparse.Namespace, target: JudgeTarget) -> int:
             calls = sum(m.protocol.calls for m in present) * len(selection.pairs)
             with progress("judging (jury)", calls) as advance:
                 verdicts = jury_verdicts(members, store, selection.pairs,
-                                         judge=lambda m, pairs: judge_batch(m, store, pairs, on_call=advance))
+                                         judge=lambda m, pairs: judge_batch(m, store, pairs, on_call=advance,
+                                                                            on_plan=announce(m)))
+            total, each = jury_cost(members)
         finally:
             for _, member in members:
                 if isinstance(member, Judge):
                     member.backend.close()
     for verdict in verdicts:
         emit(args, verdict.to_json(), lambda v=verdict: _print_jury_pair(v))
-    summary = {**summarize_jury(verdicts), "pairing": selection.to_json()}
-    emit(args, {"summary": summary}, lambda: print_table(
-        ["", "value"], [["pairs", summary["pairs"]], ["jury outcomes", ", ".join(f"{k} {v}" for k, v in
-                                                                                  summary["outcomes"].items())],
-                        ["coverage", _fmt(summary["coverage"])],
-                        *[[f"member {name}", ", ".join(f"{k} {v}" for k, v in counts.items())]
-                          for name, counts in summary["members"].items()]], title="jury summary"))
+    summary = {**summarize_jury(verdicts), "pairing": selection.to_json(), "cost": total.to_json(),
+               "member_costs": {name: ledger.to_json() for name, ledger in each.items()}}
+    emit(args, {"summary": summary}, lambda: _print_jury_summary(summary))
     return 0
+
+
+def _print_jury_summary(summary: dict[str, Any]) -> None:
+    print_table(["", "value"], [["pairs", summary["pairs"]], ["jury outcomes", ", ".join(
+        f"{k} {v}" for k, v in summary["outcomes"].items())], ["coverage", _fmt(summary["coverage"])],
+        *[[f"member {name}", ", ".join(f"{k} {v}" for k, v in counts.items())]
+          for name, counts in summary["members"].items()]], title="jury summary")
+    for name, cost in summary["member_costs"].items():
+        print_wrapped(f"member {name}: " + Ledger.from_json(cost).line())
+    print_wrapped("jury " + Ledger.from_json(summary["cost"]).line())
 
 
 def _print_jury_pair(verdict: JuryVerdict) -> None:

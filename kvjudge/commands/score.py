@@ -5,7 +5,8 @@
 
 Without runs named, every run of the store (or of ``--task``) is scored. Scores are cached in the store under what
 identifies them (protocol, scale, K, rubric, the run's view): scoring again costs no model call. With ``--json``:
-one object per run, then one ``{"summary": …}`` object.
+one object per run (its ``cost``: the calls its readings sent), then one ``{"summary": …}`` object (its
+``cost``: the command's ledger). Before the first call, one line says how many calls it is about to send.
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ import argparse
 from typing import Any
 
 from kvjudge.commands._args import READS_TIERED, command, target_from
-from kvjudge.commands._judging import add_backend_args, opened_judge
-from kvjudge.commands._output import emit, print_table, progress
+from kvjudge.commands._judging import add_backend_args, announce, opened_judge, spent
+from kvjudge.commands._output import emit, print_table, print_wrapped, progress
 from kvjudge.errors import UsageError
+from kvjudge.judge.ledger import Ledger
 from kvjudge.judge.pointwise import RunScore, score_runs, summarize_scores
 from kvjudge.judge.protocols import POINTWISE, PROTOCOLS
 
@@ -50,9 +52,9 @@ def _score(args: argparse.Namespace) -> int:
         with opened_judge(args, target, protocol=protocol) as judge:
             with progress("scoring", len(run_ids) * judge.protocol.calls) as advance:
                 judge.planner.progress = lambda message: advance(0, description=message)
-                scores = score_runs(judge, store, run_ids, on_call=advance,
+                scores = score_runs(judge, store, run_ids, on_call=advance, on_plan=announce(judge, "score"),
                                     on_score=lambda _i, score: emit(args, score.to_json(), lambda: _print_run(score)))
-            summary = {**summarize_scores(scores), "manifest": judge.manifest()}
+            summary = {**summarize_scores(scores), "manifest": judge.manifest(), "cost": spent(judge).to_json()}
     emit(args, {"summary": summary}, lambda: _print_summary(summary))
     return 0
 
@@ -80,3 +82,4 @@ def _print_summary(summary: dict[str, Any]) -> None:
             ["protocol", f"{manifest['protocol']} (levels {' '.join(manifest['levels'])}, K {manifest['repeats']}, "
                          f"criteria {', '.join(c['name'] for c in manifest['rubric'])})"]]
     print_table(["", "value"], rows, title="summary")
+    print_wrapped(Ledger.from_json(summary["cost"]).line())

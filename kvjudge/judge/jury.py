@@ -5,6 +5,9 @@ verdicts kept beside the jury's.
 A member that could not be opened (every server of it unreachable, its model missing) is an :class:`Absent` member:
 its verdicts are ``error`` outcomes carrying why, never scores. A member's error or overflow verdict does not vote
 and adds nothing to the mean; a pair none of the members scored is an ``error`` of the jury.
+
+What a jury spent is its members' ledgers added up (:func:`jury_cost`, each member's beside the total); a jury
+verdict's cost is its members' verdicts' (an absent member's, or a verdict read from the cache, costs nothing).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from kvjudge.judge.ledger import Ledger
 from kvjudge.judge.verdict import Verdict
 
 if TYPE_CHECKING:
@@ -67,9 +71,18 @@ class JuryVerdict:
     def scored(self) -> bool:
         return self.outcome != "error"
 
+    @property
+    def cost(self) -> Ledger:
+        """The calls its members' verdicts sent, added up."""
+        total = Ledger()
+        for member in self.members:
+            if member.verdict is not None and member.verdict.cost is not None:
+                total.merge(member.verdict.cost)
+        return total
+
     def to_json(self) -> dict[str, Any]:
         return {"a": self.a, "b": self.b, "outcome": self.outcome, "p_a": self.p_a, "votes": self.votes,
-                "members": [m.to_json() for m in self.members]}
+                "members": [m.to_json() for m in self.members], "cost": self.cost.to_json()}
 
 
 def combine(a: str, b: str, members: Sequence[MemberVerdict]) -> JuryVerdict:
@@ -101,6 +114,16 @@ def jury_verdicts(members: Sequence[tuple[str, Judge | Absent]], store: Store, p
     return [combine(a, b, [column[index] for column in by_member]) for index, (a, b) in enumerate(pairs)]
 
 
+def jury_cost(members: Sequence[tuple[str, Judge | Absent]]) -> tuple[Ledger, dict[str, Ledger]]:
+    """What the jury spent (its members' backends' ledgers added up) and each member's ledger, by name (an absent
+    member: an empty ledger)."""
+    total, each = Ledger(), {}
+    for name, member in members:
+        each[name] = Ledger() if isinstance(member, Absent) else member.backend.ledger
+        total.merge(each[name])
+    return total, each
+
+
 def summarize_jury(verdicts: Sequence[JuryVerdict]) -> dict[str, Any]:
     """The jury's outcome counts and coverage, and each member's outcome counts."""
     members: dict[str, Counter[str]] = {}
@@ -112,4 +135,5 @@ def summarize_jury(verdicts: Sequence[JuryVerdict]) -> dict[str, Any]:
             "members": {name: dict(counts) for name, counts in members.items()}}
 
 
-__all__ = ["Absent", "JURY_OUTCOMES", "JuryVerdict", "MemberVerdict", "combine", "jury_verdicts", "summarize_jury"]
+__all__ = ["Absent", "JURY_OUTCOMES", "JuryVerdict", "MemberVerdict", "combine", "jury_cost", "jury_verdicts",
+           "summarize_jury"]

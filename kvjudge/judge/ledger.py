@@ -105,11 +105,12 @@ class Ledger:
                 f"{self.completion_tokens:,} completion tokens, {self.retries} retries, {self.seconds:.1f} s of calls")
 
 
-def plan_line(calls: int, cached_verdicts: int, window: int | None) -> str:
-    """The line said before long work: the calls about to be sent and the tokens they may take, and the way out."""
+def plan_line(calls: int, cached: int, window: int | None, what: str = "verdict") -> str:
+    """The line said before long work: the calls about to be sent and the tokens they may take, and the way out
+    (``cached``: how many of ``what`` — verdict, score — were read from the cache)."""
     bound = f", at most {calls * window:,} prompt tokens ({window:,}-token window)" if window else ""
-    return (f"about to send up to {calls:,} judge calls{bound}; {cached_verdicts:,} verdicts from the cache; "
-            f"Ctrl-C stops: every finished verdict stays cached")
+    return (f"about to send up to {calls:,} judge calls{bound}; {cached:,} {what}s from the cache; "
+            f"Ctrl-C stops: every finished {what} stays cached")
 
 
 __all__ = ["CallCost", "Ledger", "plan_line"]

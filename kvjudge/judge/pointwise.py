@@ -8,6 +8,10 @@ it — :func:`score_key`), so a cached score of another protocol, rubric, scale 
 run's view is rendered, fitted into the window alone, and every reading asked (``backend.score_many``: one run's
 readings one after the other, on one server, so its prefix cache reuses the run). An overflow or a failed reading
 is an outcome of its own (``overflow``, ``error``), never a score, and is never cached.
+
+Each score carries its cost (:class:`~kvjudge.judge.ledger.Ledger`: the calls its readings sent, as the answerers
+measured them; a score read from the cache cost nothing), and ``on_plan`` hears, once the cache has been read and
+before any call, how many calls the misses will send.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvjudge.errors import JudgeError, UsageError
 from kvjudge.judge.labels import LabelScore, PromptOverflow
+from kvjudge.judge.ledger import Ledger
 from kvjudge.judge.pack import PackedView, RunTokens, fit_view
 from kvjudge.judge.prompt import TEMPLATE_VERSION, Prompt
 from kvjudge.judge.protocols.base import Reading, by_criterion, combined, mean_spread
@@ -34,6 +39,7 @@ if TYPE_CHECKING:
 SCORE_KEY_PREFIX = "score-v1:"
 SCORE_OUTCOMES = ("scored", "overflow", "error")
 ScoreFn = Callable[[int, "RunScore"], None]
+PlanFn = Callable[[int, int], None]  # (calls at most, scores from the cache)
 
 
 @dataclass(frozen=True)
@@ -69,6 +75,7 @@ class RunScore:
     cached: bool = False
     error: str | None = None
     view_sha256: str | None = None
+    cost: Ledger = field(default_factory=Ledger)  # the calls its readings sent (from the cache: none)
 
     @property
     def scored(self) -> bool:
@@ -79,7 +86,7 @@ class RunScore:
                 "spread": self.spread, "readings": [r.to_json() for r in self.readings],
                 "tokens": None if self.tokens is None else vars(self.tokens).copy(), "manifest": self.manifest,
                 "seconds": round(self.seconds, 3), "cached": self.cached, "error": self.error,
-                "view_sha256": self.view_sha256}
+                "view_sha256": self.view_sha256, "cost": self.cost.to_json()}
 
     def record(self) -> dict[str, Any]:
         """What the score cache keeps (the figures are computed again on reading)."""
@@ -88,12 +95,13 @@ class RunScore:
 
 
 def from_readings(run_id: str, readings: Sequence[ScoreReading], *, manifest: dict[str, Any], seconds: float,
-                  tokens: RunTokens | None, cached: bool, view_sha256: str | None) -> RunScore:
-    """A scored run from its readings."""
+                  tokens: RunTokens | None, cached: bool, view_sha256: str | None,
+                  cost: Ledger | None = None) -> RunScore:
+    """A scored run from its readings (``cost``: what they cost; None: nothing, read from the cache)."""
     criteria = by_criterion([(r.criterion, r.score) for r in readings])
     _, spread = mean_spread([r.score for r in readings])
     return RunScore(run_id, "scored", combined(criteria), criteria, spread, tuple(readings), tokens, manifest,
-                    seconds, cached=cached, view_sha256=view_sha256)
+                    seconds, cached=cached, view_sha256=view_sha256, cost=cost or Ledger())
 
 
 def from_record(run_id: str, record: Mapping[str, Any], seconds: float) -> RunScore:
@@ -105,8 +113,10 @@ def from_record(run_id: str, record: Mapping[str, Any], seconds: float) -> RunSc
 
 
 def failed(run_id: str, outcome: str, message: str, *, manifest: dict[str, Any], seconds: float,
-           tokens: RunTokens | None = None) -> RunScore:
-    return RunScore(run_id, outcome, None, {}, None, (), tokens, manifest, seconds, error=message)
+           tokens: RunTokens | None = None, cost: Ledger | None = None) -> RunScore:
+    """A run not scored (``cost``: the readings that were answered before one failed)."""
+    return RunScore(run_id, outcome, None, {}, None, (), tokens, manifest, seconds, error=message,
+                    cost=cost or Ledger())
 
 
 def score_key(settings: Mapping[str, Any], *, window: int, slack: int, source: str) -> str:
@@ -124,16 +134,18 @@ class _Pending:
     readings: list[Reading]
     started: float
     answers: dict[int, ScoreReading] = field(default_factory=dict)
+    cost: Ledger = field(default_factory=Ledger)
     failure: JudgeError | None = None
     waiting: int = 0
 
 
 def score_runs(judge: Judge, store: Store, run_ids: Sequence[str], *, on_call: Callable[[], None] | None = None,
                on_score: ScoreFn | None = None, states: dict[str, RunState] | None = None,
-               bound: str = "certified") -> list[RunScore]:
+               bound: str = "certified", on_plan: PlanFn | None = None) -> list[RunScore]:
     """Score ``run_ids`` of ``store`` with ``judge`` (a pointwise protocol), each run's readings asked on its own
     (see the module docstring). ``on_call()`` hears of each reading asked or read from the cache, ``on_score(index,
-    score)`` of each run's score as it is decided; ``states`` as :func:`~kvjudge.judge.pipeline.judge_batch`."""
+    score)`` of each run's score as it is decided, ``on_plan(calls, cached)`` of the calls about to be sent (before
+    the first); ``states`` as :func:`~kvjudge.judge.pipeline.judge_batch`."""
     protocol = judge.protocol
     if protocol.kind != "pointwise":
         raise UsageError(f"the {protocol.name} protocol judges pairs; score runs with a pointwise protocol "
@@ -169,6 +181,8 @@ def score_runs(judge: Judge, store: Store, run_ids: Sequence[str], *, on_call: C
             decided(index, from_record(run_id, records[key], 0.0))
         else:
             misses.append(index)
+    if on_plan is not None:
+        on_plan(len(misses) * calls, len(run_ids) - len(misses))
     if misses:
         _score_misses(judge, store, run_ids, misses, state, keys, manifest, settings, on_call, decided, bound)
     judge.counter.save(store)
@@ -210,6 +224,8 @@ def _score_misses(judge: Judge, store: Store, run_ids: Sequence[str], misses: li
                   server: str | None, _seconds: float) -> None:
         item = pending[group]
         reading = item.readings[position]
+        if answer is not None and answer.cost is not None:
+            item.cost.add(answer.cost)
         if answer is not None:
             assert reading.criterion is not None
             item.answers[position] = ScoreReading(reading.id, reading.criterion.name, protocol.score_of(answer),
@@ -225,10 +241,11 @@ def _score_misses(judge: Judge, store: Store, run_ids: Sequence[str], misses: li
         if item.failure is not None:
             outcome = "overflow" if isinstance(item.failure, PromptOverflow) else "error"
             decided(item.index, failed(run_id, outcome, str(item.failure), manifest=manifest, seconds=seconds,
-                                       tokens=item.view.tokens))
+                                       tokens=item.view.tokens, cost=item.cost))
             return
         score = from_readings(run_id, [item.answers[p] for p in sorted(item.answers)], manifest=manifest,
-                              seconds=seconds, tokens=item.view.tokens, cached=False, view_sha256=item.view.sha256)
+                              seconds=seconds, tokens=item.view.tokens, cached=False, view_sha256=item.view.sha256,
+                              cost=item.cost)
         if judge.use_cache and judge_settings(score.manifest) == settings and item.view.missing == 0:
             writes[keys[item.index]] = score.record()
         decided(item.index, score)

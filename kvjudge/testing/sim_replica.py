@@ -40,6 +40,10 @@ from kvjudge.testing.sim_judge import (
 )
 
 VLLM_BLOCK_SIZE = 16  # vLLM's default --block-size on GPUs
+#: A replica's KV cache as one GPU holds it: an 8B judge (Llama-3.1-8B: 32 layers × 8 KV heads × 128 dims × K and V
+#: in bf16 = 128 KiB per token) on an 80 GB GPU at vLLM's --gpu-memory-utilization 0.9 leaves about 52 GB for KV
+#: after the 16 GB of weights and the activations: about 400k tokens, shared by every request in flight.
+GPU_KV_TOKENS = 400_000
 
 
 class PrefixCache:
@@ -84,10 +88,10 @@ class PrefixCache:
 
 @dataclass(frozen=True)
 class ReplicaSettings:
-    """What the replica adds to a simulated judge: its cache's capacity (0: no prefix caching, details ``null``),
-    the API key it asks for (None: none), and its block size."""
+    """What the replica adds to a simulated judge: its cache's capacity (0: no prefix caching, details ``null``;
+    default :data:`GPU_KV_TOKENS`, one GPU's), the API key it asks for (None: none), and its block size."""
 
-    capacity_tokens: int = 1_000_000
+    capacity_tokens: int = GPU_KV_TOKENS
     api_key: str | None = None
     block_size: int = VLLM_BLOCK_SIZE
 
