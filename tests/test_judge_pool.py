@@ -192,7 +192,11 @@ def test_a_503_while_the_replicas_restart_is_retried_within_the_policy(graded, s
 def test_a_replica_whose_window_is_smaller_refuses_its_pairs_as_overflow_never_a_verdict(graded, start,
                                                                                         tmp_path) -> None:
     store_path, key = graded
-    replicas = _replicas(start, key, windows=[32_768, 1_024])  # the second holds less than one view
+    # The second holds less than one view but reports the first's window, as the pool was probed: whichever replica
+    # the router sends the identification to, the window probed is 32,768 and the small one's pairs overflow.
+    replicas = [start.enter_context(SimReplica(AnswerKey.load(key), Settings(seed=3, max_model_len=window),
+                                               replica=ReplicaSettings(reported_window=32_768)))
+                for window in (32_768, 1_024)]
     router = start.enter_context(VllmRouter([r.url for r in replicas], "consistent_hash", log_dir=tmp_path))
     judge, store = _pool_judge(router.url, store_path)
     with store:

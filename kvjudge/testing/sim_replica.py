@@ -89,11 +89,14 @@ class PrefixCache:
 @dataclass(frozen=True)
 class ReplicaSettings:
     """What the replica adds to a simulated judge: its cache's capacity (0: no prefix caching, details ``null``;
-    default :data:`GPU_KV_TOKENS`, one GPU's), the API key it asks for (None: none), and its block size."""
+    default :data:`GPU_KV_TOKENS`, one GPU's), the API key it asks for (None: none), its block size, and the window
+    it reports in ``/v1/models`` and ``/tokenize`` (None: the one it holds; a larger one: a replica that holds less
+    than the pool was probed with, as after a restart with other flags)."""
 
     capacity_tokens: int = GPU_KV_TOKENS
     api_key: str | None = None
     block_size: int = VLLM_BLOCK_SIZE
+    reported_window: int | None = None
 
 
 class _ReplicaApi(_Api):
@@ -105,7 +108,22 @@ class _ReplicaApi(_Api):
         self.sessions = sessions
         self.cache = PrefixCache(replica.capacity_tokens, replica.block_size) if replica.capacity_tokens else None
         self.usage = usage
+        self.reported_window = replica.reported_window
         self._usage_lock = threading.Lock()
+
+    def _reported(self, answer: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, Any]:
+        if self.reported_window is not None:
+            for row in rows:
+                row["max_model_len"] = self.reported_window
+        return answer
+
+    def models(self, body: dict[str, Any]) -> dict[str, Any]:
+        answer = super().models(body)
+        return self._reported(answer, answer["data"])
+
+    def tokenize(self, body: dict[str, Any]) -> dict[str, Any]:
+        answer = super().tokenize(body)
+        return self._reported(answer, [answer])
 
     def _account(self, answer: dict[str, Any], ids: list[int], body: dict[str, Any]) -> dict[str, Any]:
         usage = answer["usage"]
