@@ -84,7 +84,7 @@ def _eval_pointwise(args: argparse.Namespace, target: JudgeTarget) -> int:
             with progress("scoring", len(run_ids) * judge.protocol.calls) as advance:
                 judge.planner.progress = lambda message: advance(0, description=message)
                 scores = score_runs(judge, store, run_ids, on_call=advance)
-            grades = {run_id: grade_score(store.run(run_id)) for run_id in run_ids}
+            grades = {run_id: grade_score(store.runs.run(run_id)) for run_id in run_ids}
             figures = score_figures(scores, grades)
             payload = {"protocol": judge.protocol.name, "pointwise": figures, "summary": summarize_scores(scores),
                        "manifest": judge.manifest()}

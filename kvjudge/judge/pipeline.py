@@ -90,7 +90,7 @@ class Judge:
 
     ``template`` (auto | chat | raw) picks the prompt framing; ``show_verifier`` / ``show_grades`` put what
     the judge is measured against into its input (experiments only). ``use_cache`` reads and writes
-    judgments through ``store.get_judgment`` / ``store.put_judgment`` (one entry per order, one per verdict), so a
+    judgments through ``store.caches.get_judgment`` / ``store.caches.put_judgment`` (one entry per order, one per verdict), so a
     re-run of the same pair costs no model call — nor, for a verdict, any rendering. ``planner`` sizes the
     backend's window to the pairs; without one a backend that has no window yet gets a default planner (certifying
     the size it needs). ``protocol`` turns views into prompts and answers into scores
@@ -189,7 +189,7 @@ class Judge:
 
     def base(self, store: Store, run_id: str, *, reduce_to: int | None = None, full: bool = False) -> BaseView:
         """One run's view before it is fitted to a window."""
-        return self.base_of(store, store.run(run_id), reduce_to=reduce_to, full=full)
+        return self.base_of(store, store.runs.run(run_id), reduce_to=reduce_to, full=full)
 
     def pack(self, store: Store, run_id: str, *, reduce_to: int | None = None, full: bool = False,
              allowance: int | None = None) -> PackedView:
@@ -341,7 +341,7 @@ class _Batch:
 
     def state(self, run_id: str) -> RunState:
         if run_id not in self.states:
-            self.states[run_id] = self.store.run(run_id)
+            self.states[run_id] = self.store.runs.run(run_id)
         return self.states[run_id]
 
     def run(self) -> list[Verdict]:
@@ -383,7 +383,7 @@ class _Batch:
                                show_grades=self.judge.show_grades, show_verifier=self.judge.show_verifier)
         keys = [verdict_key(self.settings, window=window, slack=slack, source_a=sources[a], source_b=sources[b],
                             reduce_to=self.target((a, b)), full=self.full) for a, b in self.pairs]
-        records = self.store.get_judgments(keys)
+        records = self.store.caches.get_judgments(keys)
         share = (time.perf_counter() - started) / max(1, len(self.pairs))  # each pair's part of the look-up
         misses = []
         for index, ((a, b), key) in enumerate(zip(self.pairs, keys)):
@@ -466,7 +466,7 @@ class _Batch:
         for prompt in self.judge.order_prompts(view_a, view_b):
             answer = self.answered.get(prompt.key)
             if answer is None and use_cache and prompt.key not in self.asked:
-                payload = self.store.get_judgment(prompt.key)
+                payload = self.store.caches.get_judgment(prompt.key)
                 if payload is not None:
                     answer = self.answered[prompt.key] = score_from_payload(payload)
                     pending.orders.append(self.judge.reading_score(prompt, answer, True))
@@ -544,12 +544,12 @@ class _Batch:
 
     def flush(self) -> None:
         """Write the gathered cache entries in one transaction (and the token counts made since the last)."""
-        self.judge.counter.save(self.store)
+        self.judge.counter.save(self.store.caches)
         if not self.writes:
             return
         with self.store.transaction("put_judgments"):
             for key, payload in self.writes.items():
-                self.store.put_judgment(key, payload)
+                self.store.caches.put_judgment(key, payload)
         self.writes.clear()
 
 
