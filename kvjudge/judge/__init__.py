@@ -58,7 +58,9 @@ from kvjudge.judge.protocols import PROTOCOLS, JudgeProtocol, Rubric, make_proto
 from kvjudge.judge.scale import Scale, letter_scale
 from kvjudge.judge.prompt import RAW, TEMPLATE_CHOICES, TEMPLATE_VERSION, Framing, Prompt, TemplateText, choose_framing
 from kvjudge.judge.render import ViewParts, body_resolver, escape, render_parts, render_view, view_source
-from kvjudge.judge.servers import ServerBackend, ServerPool, open_servers
+from kvjudge.judge.server_backend import ServerBackend
+from kvjudge.judge.server_pool import ServerPool
+from kvjudge.judge.servers import open_servers
 from kvjudge.judge.stillgrades import (
     FullCut,
     StillGrades,

@@ -69,7 +69,7 @@ from kvjudge.judge.verdict import (
     view_sources,
 )
 from kvjudge.judge.viewcount import ViewCounter
-from kvjudge.judge.window import Window, WindowPlanner
+from kvjudge.judge.window import Window, WindowPlanner, default_planner
 
 if TYPE_CHECKING:
     from kvjudge.retention import Store
@@ -157,12 +157,17 @@ class Judge:
     def window_cap(self, bound: str = "certified") -> int:
         """The largest window a batch may get: a pair that must be cut is cut to fit it, and only then does what a
         pair reads depend on the window (nothing is loaded or counted to know it)."""
-        planner = self.planner
+        planner = self.window_planner()
         if planner is None:
-            if self.backend.n_ctx is not None:
-                return self.backend.n_ctx  # a window chosen by the caller: pairs are fitted into it
-            planner = self.planner = WindowPlanner(self.backend)
+            assert self.backend.n_ctx is not None
+            return self.backend.n_ctx
         return planner.cap(bound)[0]
+
+    def window_planner(self) -> WindowPlanner | None:
+        """What sizes this judge's window: the planner given, else :func:`~kvjudge.judge.window.default_planner`."""
+        if self.planner is None:
+            self.planner = default_planner(self.backend)
+        return self.planner
 
     def manifest(self) -> dict[str, Any]:
         return {**self.backend.manifest(), "template_version": TEMPLATE_VERSION, **self.framing.manifest(),
@@ -209,12 +214,9 @@ class Judge:
 
     def open_window(self, needed: int, bound: str = "certified") -> None:
         """Size the backend's window for prompts of up to ``needed`` tokens (see :class:`WindowPlanner`)."""
-        planner = self.planner
-        if planner is None:
-            if self.backend.n_ctx is not None:
-                return  # a window chosen by the caller (LlamaBackend(n_ctx=...)): pairs are fitted into it
-            planner = self.planner = WindowPlanner(self.backend)
-        self.window = planner.open(needed, bound=bound)
+        planner = self.window_planner()
+        if planner is not None:
+            self.window = planner.open(needed, bound=bound)
 
     def order_prompts(self, view_a: PackedView, view_b: PackedView) -> list[OrderPrompt]:
         """The protocol's prompts for two views that fit (the letter protocol: the two orders)."""
