@@ -1,7 +1,7 @@
 """Facts derived from one run's folded state alone (what its views derive from, a baseline's inputs), kept in the
 store's judgment cache under the digest of the state's bytes: a command that needs only the facts of its runs
-decodes none of them — it hashes their stored states (:meth:`~kvjudge.retention.store.interfaces.RunQueries.state_digests`) and looks
-every fact up at once.
+decodes none of them — it hashes their stored states
+(:meth:`~kvjudge.retention.store.interfaces.RunQueries.state_digests`) and looks every fact up at once.
 
 A fact's key is the sha256 of its name, its arguments, the digest of the code computing it and the digest of the
 run's state. Equal state bytes are one state (the fold is canonical) and any event that changes a run changes them;

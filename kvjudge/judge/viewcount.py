@@ -5,10 +5,11 @@ stored. The in-process backend tokenizes a prompt segment by segment, so the sum
 prompt's length, exactly; a server tokenizes the prompt whole, where a segment boundary can only merge tokens (each
 body stands on lines of its own), within the slack a server backend keeps.
 
-So counting a view never tokenizes it: a body's count comes from the store's count cache
-(``store.caches.cached_counts``, a :class:`~kvjudge.retention.store.interfaces.TokenCounts`, under the judge's counter, filled by ingest, reduction or an earlier judgment, and
-completed here for the bodies nobody counted yet), the counts of extracts a view derives on the fly from the
-reduction plan that made them, and the markup's from a memo (the same headings recur in every run).
+So counting a view never tokenizes it: a body's count comes from the store's count cache (``store.caches``, a
+:class:`~kvjudge.retention.store.interfaces.TokenCounts`, under the judge's counter, filled by ingest, reduction or
+an earlier judgment, and completed here for the bodies nobody counted yet), the counts of extracts a view derives
+on the fly from the reduction plan that made them, and the markup's from a memo (the same headings recur in every
+run).
 """
 
 from __future__ import annotations

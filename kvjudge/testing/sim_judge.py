@@ -416,8 +416,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 # The simulated judge's front: its server, and the key and model it serves, re-exported for tests and benchmarks.
-__all__ = ["DEFAULT_MAX_LOGPROBS", "DEFAULT_MAX_MODEL_LEN", "LABEL_MASS", "VERSION", "AnswerKey", "Decision", "KeyEntry",
-           "Settings", "SimJudge", "SimJudgeServer", "changed_lines", "common_pieces", "draw", "key_entry", "main",
+__all__ = ["DEFAULT_MAX_LOGPROBS", "DEFAULT_MAX_MODEL_LEN", "LABEL_MASS", "VERSION", "AnswerKey", "Decision",
+           "KeyEntry", "Settings", "SimJudge", "SimJudgeServer", "changed_lines", "common_pieces", "draw", "key_entry", "main",
            "quoted_views", "scale_decision", "scale_distribution", "scale_levels", "scale_noise", "sharpened",
            "write_key"]
 
