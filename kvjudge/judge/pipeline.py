@@ -42,19 +42,8 @@ from kvjudge.judge.pack import (
 from kvjudge.judge.prompt import TEMPLATE_VERSION, Framing
 from kvjudge.judge.protocols import JudgeProtocol, LetterProtocol
 from kvjudge.judge.protocols.base import reading_key
-from kvjudge.judge.verdict import (
-    DEFAULT_MARGIN,
-    OrderPrompt,
-    OrderScore,
-    PairReduce,
-    SideRecord,
-    Verdict,
-    conclude,
-    judgment_key,
-    order_score,
-    overflow_message,
-    text_sha256,
-)
+from kvjudge.judge.verdict import (DEFAULT_MARGIN, OrderPrompt, OrderScore, PairReduce, SideRecord, Verdict, conclude,
+                                   judgment_key, order_score, overflow_message, text_sha256)
 from kvjudge.judge.viewcount import ViewCounter
 from kvjudge.judge.window import Window, WindowPlanner, default_planner
 
