@@ -57,7 +57,7 @@ def _report(args: argparse.Namespace) -> int:
     out = check_output(Path(args.out))
     target = target_from(args, ceiling=args.ceiling)
     with target.open_store() as store:
-        selection = select_pairs(args, store, default_all=True)
+        selection = select_pairs(args, store.runs, default_all=True)
         with opened_judge(args, target) as judge:
             verdicts = judged(judge, store, selection)
             # The ceiling as `kvjudge reduce` computes it, or no figures and the reason (no probe figure yet).
