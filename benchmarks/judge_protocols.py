@@ -108,7 +108,7 @@ def bundled(root: Path) -> dict[str, Any]:
             store.events.mark(run_id, "graded")
     out: dict[str, Any] = {}
     with Store.open(path) as store:
-        states = {run_id: store.run(run_id) for run_id in run_ids}
+        states = {run_id: store.runs.run(run_id) for run_id in run_ids}
         pairs = same_task_pairs(states.values(), policy=ALL).pairs
         out["runs"], out["pairs"] = len(run_ids), len(pairs)
         target = JudgeTarget.resolve(KvSettings())

@@ -24,12 +24,20 @@ _SUSPECT_RUN = re.compile(r"[^\t\n\x20-\x7e]+")
 _HIDDEN_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
 
 
-@functools.cache
-def invisible_class() -> str:
-    """A regex character class of the code points a reader may not see and a tokenizer may skip: controls
-    (C0 but tab and newline, DEL, C1) and format characters (Cf: bidi controls, zero-width characters, the
-    BOM, tag characters), from this Python's Unicode database. Built once per process (a scan of every
-    code point, about a tenth of a second), for code that must treat ``<\\x00<`` as ``<<``."""
+# The code points invisible_class() covers, as inclusive ranges, by the Unicode version they were scanned from (a
+# scan of every code point costs about 0.18 s of CPU at each process start that renders). Another Python's
+# Unicode database is scanned instead; tests/test_display.py checks the entry for this Python against the scan.
+INVISIBLE_RANGES: dict[str, tuple[tuple[int, int], ...]] = {
+    "14.0.0": ((0x0000, 0x0008), (0x000B, 0x001F), (0x007F, 0x009F), (0x00AD, 0x00AD), (0x0600, 0x0605),
+               (0x061C, 0x061C), (0x06DD, 0x06DD), (0x070F, 0x070F), (0x0890, 0x0891), (0x08E2, 0x08E2),
+               (0x180E, 0x180E), (0x200B, 0x200F), (0x202A, 0x202E), (0x2060, 0x2064), (0x2066, 0x206F),
+               (0xFEFF, 0xFEFF), (0xFFF9, 0xFFFB), (0x110BD, 0x110BD), (0x110CD, 0x110CD), (0x13430, 0x13438),
+               (0x1BCA0, 0x1BCA3), (0x1D173, 0x1D17A), (0xE0001, 0xE0001), (0xE0020, 0xE007F)),
+}
+
+
+def scan_invisible_ranges() -> tuple[tuple[int, int], ...]:
+    """The ranges of code points :func:`invisible_class` covers, scanned from this Python's Unicode database."""
     ranges: list[list[int]] = []
     for code in range(sys.maxunicode + 1):
         if chr(code) not in "\t\n" and unicodedata.category(chr(code)) in ("Cc", "Cf"):
@@ -37,6 +45,16 @@ def invisible_class() -> str:
                 ranges[-1][1] = code
             else:
                 ranges.append([code, code])
+    return tuple((lo, hi) for lo, hi in ranges)
+
+
+@functools.cache
+def invisible_class() -> str:
+    """A regex character class of the code points a reader may not see and a tokenizer may skip: controls
+    (C0 but tab and newline, DEL, C1) and format characters (Cf: bidi controls, zero-width characters, the
+    BOM, tag characters), from this Python's Unicode database (:data:`INVISIBLE_RANGES` for a known version, else
+    a scan), for code that must treat ``<\\x00<`` as ``<<``."""
+    ranges = INVISIBLE_RANGES.get(unicodedata.unidata_version) or scan_invisible_ranges()
     members = (re.escape(chr(lo)) + ("" if lo == hi else "-" + re.escape(chr(hi))) for lo, hi in ranges)
     return "[" + "".join(members) + "]"
 

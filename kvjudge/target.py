@@ -338,7 +338,7 @@ class JudgeTarget:
     def _checked_vocabulary(self, info: ServerInfo, client: ServerClient) -> TokenCounter | None:
         """A local GGUF that tokenizes as the server does: the served file when it is readable here, else
         ``[judge] model`` (a local copy of the same model under another path). None: count with the servers."""
-        from kvjudge.judge.servers import local_tokenizer
+        from kvjudge.judge.server_tokenizer import local_tokenizer
 
         candidates = [info.model_path, self.settings.judge.model]
         for path in dict.fromkeys(candidate for candidate in candidates if candidate):

@@ -4,6 +4,8 @@ tables, status lines, errors and the judge's human output; `--raw` passes them t
 from __future__ import annotations
 
 import json
+import re
+import sys
 import unicodedata
 from pathlib import Path
 
@@ -14,7 +16,7 @@ from hypothesis import strategies as st
 from helpers import cli_json_ok
 from kvjudge.cli import main
 from kvjudge.commands._output import info
-from kvjudge.display import visible
+from kvjudge.display import INVISIBLE_RANGES, invisible_class, scan_invisible_ranges, visible
 from kvjudge.testing.jsonl import write_jsonl
 from kvjudge.testing.native_runs import make_run
 
@@ -35,6 +37,17 @@ def test_visible_shows_controls_as_pictures_and_invisibles_by_code_point() -> No
     assert visible("\x00\x7f\u2028\u2029\ud800") == "␀␡<U+2028><U+2029><U+D800>"
     ordinary = "plain ASCII, naïve café, 日本語, emoji 😀, no-break\u00a0space, private \ue000 use"
     assert visible(ordinary) == ordinary
+
+
+def test_the_invisible_ranges_kept_for_this_python_are_what_its_unicode_database_says() -> None:
+    # The kept table saves the scan at each start; it must be the scan wherever a version has an entry.
+    scanned = scan_invisible_ranges()
+    assert INVISIBLE_RANGES.get(unicodedata.unidata_version, scanned) == scanned
+    invisible = re.compile(invisible_class())
+    expected = [code for code in range(sys.maxunicode + 1)
+                if chr(code) not in "\t\n" and unicodedata.category(chr(code)) in ("Cc", "Cf")]
+    assert [code for code in range(sys.maxunicode + 1) if invisible.fullmatch(chr(code))] == expected
+    assert {"\x00", "\u200b", "\u202e", "\ufeff", "\U000e0041"} <= {chr(c) for c in expected}
 
 
 @settings(max_examples=300, deadline=None)

@@ -45,13 +45,13 @@ def test_contract_example_imports(store: Store, tmp_path: Path) -> None:
     path = tmp_path / "runs.jsonl"
     write_jsonl(path, [CONTRACT_EXAMPLE])
     assert ingest_paths(store, [path]).runs == ["run-1"]
-    state = store.run("run-1")
+    state = store.runs.run("run-1")
     call = state.branches[0].transitions[1]
-    assert call.tool_call["name"] == "bash" and store.text(call.tool_call["arguments_ref"]) == "pytest -q"
+    assert call.tool_call["name"] == "bash" and store.blobs.text(call.tool_call["arguments_ref"]) == "pytest -q"
     assert call.usage == {"input_tokens": 1234, "output_tokens": 56} and call.context["history"] == 900
     assert state.branches[0].transitions[2].tool_output["exit_code"] == 1
     assert state.branches[1].fork_at == 2 and state.branches[1].parent == "main"
-    assert store.text(state.task_prompt_ref) == "Fix quoting."
+    assert store.blobs.text(state.task_prompt_ref) == "Fix quoting."
     assert state.agent is None and state.metadata is None
 
 
@@ -62,12 +62,12 @@ def test_agent_and_metadata_are_part_of_the_native_format(store: Store, tmp_path
     write_jsonl(tmp_path / "runs.jsonl", [run, dict(CONTRACT_EXAMPLE, id="run-3")])
     report = ingest_paths(store, [tmp_path / "runs.jsonl"], agent=None)
     assert report.imported == ["run-2", "run-3"]
-    state = store.run("run-2")
+    state = store.runs.run("run-2")
     assert state.agent == "gpt-x" and state.metadata == {"exit_status": "Submitted", "cost": 0.25, "api_calls": 7}
     # --agent names the agent of every run of the import.
     write_jsonl(tmp_path / "other.jsonl", [dict(CONTRACT_EXAMPLE, id="run-4", agent="gpt-x")])
     ingest_paths(store, [tmp_path / "other.jsonl"], agent="override")
-    assert store.run("run-4").agent == "override"
+    assert store.runs.run("run-4").agent == "override"
     assert store.runs.refold("run-2").canonical_bytes() == store.runs.projected_bytes("run-2")
 
 
@@ -280,14 +280,14 @@ def test_openai_chat_lines_land_as_ungraded_one_branch_runs(store: Store, tmp_pa
     ids = ingest_paths(store, [path], tenant="acme").runs
     assert ids[1] == "chat-tools" and ids[0].startswith("chat-")
     for run_id in ids:
-        state = store.run(run_id)
+        state = store.runs.run(run_id)
         assert state.state == "ungraded" and state.lifecycle == ("running", "grading", "ungraded")
         assert len(state.branches) == 1 and state.tenant == "acme" and state.is_reducible
-    tools = store.run("chat-tools").branches[0].transitions
-    assert store.text(tools[0].text_ref) == "list files"
+    tools = store.runs.run("chat-tools").branches[0].transitions
+    assert store.blobs.text(tools[0].text_ref) == "list files"
     assert [t.tool_call["name"] for t in tools[1:3]] == ["bash", "cat"]
-    assert store.text(tools[2].tool_call["arguments_ref"]) == '{"path":"a"}'
-    assert tools[3].tool_output["name"] == "bash" and store.text(tools[3].tool_output["output_ref"]) == "a.py"
+    assert store.blobs.text(tools[2].tool_call["arguments_ref"]) == '{"path":"a"}'
+    assert tools[3].tool_output["name"] == "bash" and store.blobs.text(tools[3].tool_output["output_ref"]) == "a.py"
 
 
 def test_the_same_file_again_is_already_present(store: Store, tmp_path: Path) -> None:
@@ -445,7 +445,7 @@ def test_a_crash_inside_the_ingest_transaction_leaves_nothing_of_that_run(tmp_pa
 def test_the_content_hash_is_recorded_and_covers_every_event(store: Store, tmp_path: Path) -> None:
     write_jsonl(tmp_path / "runs.jsonl", [make_run("h", ["a"])])
     ingest_paths(store, [tmp_path / "runs.jsonl"]).runs
-    logged = [event for _, event in store.iter_events("h")]
+    logged = [event for _, event in store.events.iter_events("h")]
     assert isinstance(logged[0], ev.RunStarted) and logged[0].content_hash == ev.content_hash(logged)
 
 

@@ -76,7 +76,7 @@ def check_finished(store_path: Path, clean_path: Path, command: tuple[str, ...])
         assert store.runs.run_ids() == reference.runs.run_ids() and len(store.runs.run_ids()) == RUNS
         for run_id in store.runs.run_ids():
             assert store.runs.refold(run_id).canonical_bytes() == reference.runs.refold(run_id).canonical_bytes(), run_id
-            logged = [event for _, event in store.iter_events(run_id)]
+            logged = [event for _, event in store.events.iter_events(run_id)]
             assert isinstance(logged[0], ev.RunStarted) and logged[0].content_hash == ev.content_hash(logged), run_id
         assert verify(store).ok
         events = sql(store).execute("SELECT COUNT(*) FROM events").fetchone()[0]

@@ -56,7 +56,7 @@ def test_two_agents_graded_reduced_verified_and_judged(tmp_path: Path, default_m
                             *common)
     assert ingested["imported"] == 4 and ingested["states"] == {"graded": 4} and ingested["ignored_files"] == 2
     with Store.open(store) as opened:
-        labels = {run_id: opened.run(run_id).grades[0]["label"] for run_id in opened.runs.run_ids()}
+        labels = {run_id: opened.runs.run(run_id).grades[0]["label"] for run_id in opened.runs.run_ids()}
     assert labels == {"anthropic/claude-3-5-sonnet/csvkit__csvkit-101": "unresolved",
                       "anthropic/claude-3-5-sonnet/csvkit__csvkit-202": "resolved",
                       "openai/gpt-4o/csvkit__csvkit-101": "resolved",

@@ -38,9 +38,9 @@ def prompt_task(prompt: str, folder: str) -> str:
 
 
 def evidence_texts(store: Store, run_id: str) -> dict[str, str]:
-    state = store.run(run_id)
-    found = find_evidence(state, store.text)
-    return {name: store.text(ref) for name, ref in found.refs().items()}
+    state = store.runs.run(run_id)
+    found = find_evidence(state, store.blobs.text)
+    return {name: store.blobs.text(ref) for name, ref in found.refs().items()}
 
 
 # ------------------------------------------------------------------------------------------------- the registry
@@ -106,7 +106,7 @@ def test_a_format_another_package_adds_through_its_entry_point_is_read(tmp_path:
     done = kvjudge("ingest", str(forced), "--format", "lab", "--store", str(store), "--json", env=env)
     assert done.returncode == 0 and json.loads(done.stdout)["ingested"] == ["lab-agent/t2"], done.stderr
     with Store.open(store) as opened:
-        assert opened.run("lab-agent/t2").task_id == "t2" and opened.run("lab-agent/t2").agent == "lab-agent"
+        assert opened.runs.run("lab-agent/t2").task_id == "t2" and opened.runs.run("lab-agent/t2").agent == "lab-agent"
 
 
 def test_an_entry_point_that_does_not_load_is_one_note_not_a_traceback(tmp_path: Path) -> None:
@@ -128,7 +128,7 @@ def test_a_swe_agent_run_directory_takes_its_patch_from_the_predictions(store: S
     report = ingest_paths(store, [tmp_path / "trajectories"])
     run_id = f"{run_name}/dev__greeter-1"
     assert report.imported == [run_id]  # all_preds.jsonl is the run's predictions, not a run file
-    state = store.run(run_id)
+    state = store.runs.run(run_id)
     assert (state.agent, state.task_id, state.trial) == (run_name, "dev__greeter-1", None)
     assert state.metadata["submission_from"] == "all_preds.jsonl" and state.state == "ungraded"
     assert evidence_texts(store, run_id)["submission"] == logs.PATCH
@@ -155,12 +155,12 @@ def test_a_swe_agent_trajectory_of_history_alone_is_read(store: Store, tmp_path:
     path = tmp_path / "dev__greeter-1.traj"
     path.write_text(json.dumps(logs.swe_agent_history_only("dev__greeter-1")))
     run_id = ingest_paths(store, [path]).imported[0]
-    state = store.run(run_id)
+    state = store.runs.run(run_id)
     assert (run_id, state.agent, state.task_id) == ("swe-agent/dev__greeter-1", "swe-agent", "dev__greeter-1")
-    assert store.text(state.task_prompt_ref) == logs.PROMPT
+    assert store.blobs.text(state.task_prompt_ref) == logs.PROMPT
     steps = state.branches[0].transitions
     assert [t.role for t in steps] == ["system", "user", "assistant", "tool", "assistant", "tool"]
-    assert store.text(steps[2].tool_call["arguments_ref"]) == "open app.py\n"
+    assert store.blobs.text(steps[2].tool_call["arguments_ref"]) == "open app.py\n"
     assert evidence_texts(store, run_id)["submission"] == logs.PATCH  # the output of `submit`: a diff
 
 
@@ -172,7 +172,7 @@ def test_an_openhands_evaluation_directory_reads_its_metadata_and_patches(store:
     report = ingest_paths(store, [tmp_path / "evaluation"])
     agent = f"CodeActAgent/{model}"
     assert report.imported == [f"{agent}/dev__greeter-1", f"{agent}/dev__greeter-2"]
-    state = store.run(f"{agent}/dev__greeter-1")
+    state = store.runs.run(f"{agent}/dev__greeter-1")
     assert (state.agent, state.task_id, state.metadata["model"]) == (agent, "dev__greeter-1", model)
     assert evidence_texts(store, f"{agent}/dev__greeter-1")["submission"] == logs.PATCH
     assert sorted(report.companion_files) == [str(folder / "metadata.json"), str(folder / "patch.jsonl")]
@@ -184,12 +184,12 @@ def test_an_openhands_2024_line_is_not_taken_for_openai_chat(store: Store, tmp_p
     report = ingest_paths(store, [path])
     run_id = "OpenHands/dev__greeter-1"  # the line names no agent class: the harness names the agent
     assert report.imported == [run_id]
-    state = store.run(run_id)
+    state = store.runs.run(run_id)
     assert (state.task_id, state.state, state.grades) == (
         "dev__greeter-1", "graded", ({"grader": "swe-bench", "score": 1.0, "label": "resolved"},))
-    assert state.metadata["format"] == "openhands" and store.text(state.task_prompt_ref) == logs.PROMPT
+    assert state.metadata["format"] == "openhands" and store.blobs.text(state.task_prompt_ref) == logs.PROMPT
     calls = [t for t in state.branches[0].transitions if t.tool_call]
-    assert store.text(calls[0].tool_call["arguments_ref"]) == "cat app.py"
+    assert store.blobs.text(calls[0].tool_call["arguments_ref"]) == "cat app.py"
     assert evidence_texts(store, run_id)["submission"] == logs.PATCH
 
 
@@ -200,13 +200,13 @@ def test_atif_files_outside_harbor_are_one_run_with_continuation_and_subagent(st
     agent = "terminus-2@openai/gpt-5"
     run_id = f"{agent}/greeter/sess-1"
     assert report.imported == [run_id] and report.ignored_files == 0
-    state = store.run(run_id)
+    state = store.runs.run(run_id)
     assert (state.agent, state.task_id, state.trial) == (agent, "greeter", "sess-1")
     assert state.metadata["continuations"] == 1 and state.metadata["copied_steps"] == 1
     assert state.metadata["subagents"] == 1 and state.metadata["model"] == "openai/gpt-5"
     main_branch, subagent = state.branches
     assert (subagent.status, subagent.parent) == ("dead", "main")
-    assert [store.text(t.text_ref) for t in subagent.transitions if t.text_ref] == [
+    assert [store.blobs.text(t.text_ref) for t in subagent.transitions if t.text_ref] == [
         "Summarise the work so far.", "Read app.py; it prints helo."]
     found = evidence_texts(store, run_id)
     assert found["final_message"] == logs.ANSWER and found["task"] == logs.PROMPT
@@ -226,7 +226,7 @@ def test_two_inspect_logs_of_one_task_and_model_are_two_trials(store: Store, tmp
     report = ingest_paths(store, [tmp_path / "logs"])
     trials = [f"1-{first['eval_id'][:8]}", f"1-{second['eval_id'][:8]}"]
     assert report.imported == [f"{model}/greet/1/{trial}" for trial in trials]
-    states = [store.run(run_id) for run_id in report.imported]
+    states = [store.runs.run(run_id) for run_id in report.imported]
     assert [(s.task_id, s.trial, s.grades[0]["label"]) for s in states] == [
         ("greet/1", trials[0], "correct"), ("greet/1", trials[1], "incorrect")]
 
@@ -247,7 +247,7 @@ def test_a_claude_code_session_is_one_run_threaded_by_parent(store: Store, tmp_p
     task = prompt_task(logs.PROMPT, "greeter")
     run_id = f"{agent}/{task}/5f1c2a90-0b1e"
     assert report.imported == [run_id]
-    state = store.run(run_id)
+    state = store.runs.run(run_id)
     assert (state.agent, state.task_id, state.trial, state.state) == (agent, task, "5f1c2a90-0b1e", "ungraded")
     assert state.metadata["harness"] == "Claude Code 2.0.14" and state.metadata["model"] == "claude-sonnet-4-5-20250929"
     main_branch, abandoned, subagent = state.branches
@@ -255,9 +255,9 @@ def test_a_claude_code_session_is_one_run_threaded_by_parent(store: Store, tmp_p
              for t in main_branch.transitions]
     assert roles == [("user", None), ("assistant", "Read"), ("tool", "Read"), ("assistant", "Task"),
                      ("tool", "Task"), ("assistant", "Edit"), ("tool", "Edit"), ("assistant", None)]
-    assert store.text(main_branch.transitions[0].text_ref) == "{{task}}"
+    assert store.blobs.text(main_branch.transitions[0].text_ref) == "{{task}}"
     assert main_branch.transitions[1].usage == {"input_tokens": 12 + 900 + 88, "output_tokens": 40}
-    assert (abandoned.status, [store.text(t.text_ref) for t in abandoned.transitions]) == (
+    assert (abandoned.status, [store.blobs.text(t.text_ref) for t in abandoned.transitions]) == (
         "dead", ["I will rewrite the whole project."])
     assert (subagent.status, subagent.fork_at) == ("dead", 4)  # forks after the Task call it answers
     assert [t.tool_output["exit_code"] for t in subagent.transitions if t.tool_output] == [1]
@@ -283,17 +283,17 @@ def test_a_codex_rollout_is_one_run_with_its_calls_and_usage(store: Store, tmp_p
     agent, task = "codex@gpt-5-codex", prompt_task(logs.PROMPT, "greeter")
     run_id = f"{agent}/{task}/0199a1b2-c3d4"
     assert report.imported == [run_id]
-    state = store.run(run_id)
+    state = store.runs.run(run_id)
     assert (state.agent, state.task_id, state.trial) == (agent, task, "0199a1b2-c3d4")
     assert state.metadata["harness"] == "Codex CLI 0.46.0"
     steps = state.branches[0].transitions
-    calls = [(t.tool_call["name"], store.text(t.tool_call["arguments_ref"])) for t in steps if t.tool_call]
+    calls = [(t.tool_call["name"], store.blobs.text(t.tool_call["arguments_ref"])) for t in steps if t.tool_call]
     assert calls == [("shell", "cat app.py"), ("apply_patch", logs.PATCH), ("shell", "pytest -q")]
     outputs = [(t.tool_output["name"], t.tool_output["exit_code"]) for t in steps if t.tool_output]
     assert outputs == [("shell", 0), ("apply_patch", 0), ("shell", 0)]
     assert [t.usage for t in steps if t.usage] == [{"input_tokens": 3200, "output_tokens": 45},
                                                   {"input_tokens": 3600, "output_tokens": 30}]
-    user_texts = [store.text(t.text_ref) for t in steps if t.role == "user"]
+    user_texts = [store.blobs.text(t.text_ref) for t in steps if t.role == "user"]
     assert user_texts[1] == "{{task}}" and user_texts[0].startswith("<environment_context>")
     found = evidence_texts(store, run_id)
     assert found["final_message"] == logs.ANSWER and found["verification"].endswith("1 passed\n")
@@ -303,8 +303,8 @@ def test_a_claude_code_and_a_codex_session_on_one_prompt_are_one_task(store: Sto
     logs.claude_code_session(tmp_path / "c.jsonl")
     logs.codex_rollout(tmp_path / "rollout-x.jsonl")
     report = ingest_paths(store, [tmp_path])
-    assert {store.run(run_id).task_id for run_id in report.imported} == {prompt_task(logs.PROMPT, "greeter")}
-    assert {store.run(run_id).agent for run_id in report.imported} == {"claude-code@claude-sonnet-4-5-20250929",
+    assert {store.runs.run(run_id).task_id for run_id in report.imported} == {prompt_task(logs.PROMPT, "greeter")}
+    assert {store.runs.run(run_id).agent for run_id in report.imported} == {"claude-code@claude-sonnet-4-5-20250929",
                                                                        "codex@gpt-5-codex"}
 
 
@@ -326,13 +326,13 @@ def test_openhands_v1_events_are_a_run_with_its_finish_as_the_answer(store: Stor
     agent, stem = "openhands@litellm_proxy/claude-sonnet-4-5", path.name.rsplit(".", 1)[0]
     task = prompt_task(logs.PROMPT, "session")
     assert report.imported == [f"{agent}/{task}/{stem}"]
-    state = store.run(report.imported[0])
+    state = store.runs.run(report.imported[0])
     assert (state.agent, state.task_id, state.trial) == (agent, task, stem)
     assert state.metadata["condensations"] == 1
     steps = state.branches[0].transitions
     assert [t.role for t in steps] == ["system", "user", "assistant", "tool", "tool", "assistant"]
     assert [t.tool_output["exit_code"] for t in steps if t.tool_output] == [1, 1]
-    assert store.text(steps[2].tool_call["arguments_ref"]) == "pytest -q"
+    assert store.blobs.text(steps[2].tool_call["arguments_ref"]) == "pytest -q"
     found = evidence_texts(store, report.imported[0])
     assert found["submission"] == logs.ANSWER and found["task"] == logs.PROMPT
 
@@ -358,7 +358,7 @@ def test_a_swe_agent_1x_run_keeps_its_predictions_above_the_instances(store: Sto
         "model_name_or_path": "gpt-4o", "instance_id": "dev__greeter-1", "model_patch": logs.PATCH}}))
     named = ingest_paths(store, [folder / "dev__greeter-1.traj"])  # named directly: the predictions one folder up
     assert named.imported == ["gpt-4o/dev__greeter-1"]
-    assert store.run("gpt-4o/dev__greeter-1").metadata["submission_from"] == "preds.json"
+    assert store.runs.run("gpt-4o/dev__greeter-1").metadata["submission_from"] == "preds.json"
     assert evidence_texts(store, "gpt-4o/dev__greeter-1")["submission"] == logs.PATCH
     walked = ingest_paths(store, [run])
     assert walked.already_present == ["gpt-4o/dev__greeter-1"] and walked.companion_files == [str(run / "preds.json")]
@@ -370,7 +370,7 @@ def test_an_openhands_v1_evaluation_line_reads_its_history_of_events(store: Stor
             "history": logs.openhands_v1_events(), "test_result": {"git_patch": logs.PATCH}}
     run_id = ingest_paths(store, [write_jsonl(tmp_path / "output.jsonl", [line])]).imported[0]
     assert run_id == "CodeActAgent/openai/gpt-5/dev__greeter-1"
-    steps = store.run(run_id).branches[0].transitions
+    steps = store.runs.run(run_id).branches[0].transitions
     assert [t.role for t in steps] == ["system", "user", "assistant", "tool", "tool", "assistant", "assistant"]
     assert evidence_texts(store, run_id)["submission"] == logs.PATCH  # the git patch, after the finish call
 
@@ -432,7 +432,7 @@ def test_a_hostile_value_anywhere_in_a_new_format_is_a_run_or_one_error(tmp_path
             assert "\n" not in str(exc)
             assert store.runs.run_ids() == []
         else:
-            assert report.imported and all(store.run(run_id).agent for run_id in report.imported)
+            assert report.imported and all(store.runs.run(run_id).agent for run_id in report.imported)
 
 
 def test_a_subagents_own_session_file_is_a_run_of_its_own(store: Store, tmp_path: Path) -> None:
@@ -443,7 +443,7 @@ def test_a_subagents_own_session_file_is_a_run_of_its_own(store: Store, tmp_path
         {**base, "type": "assistant", "uuid": "s2", "parentUuid": "s1", "message": {
             "role": "assistant", "model": "claude-haiku-4-5", "content": [{"type": "text", "text": "1 failed"}]}}])
     run_id = ingest_paths(store, [tmp_path]).imported[0]
-    state = store.run(run_id)
+    state = store.runs.run(run_id)
     assert (state.agent, state.task_id, state.trial) == (
         "claude-code@claude-haiku-4-5", prompt_task("Run tests", "greeter"), "5f1c2a90-0b1e-a1b2c3")
     assert state.metadata["subagent_of"] == "5f1c2a90-0b1e" and len(state.branches) == 1
@@ -459,11 +459,11 @@ def test_an_older_codex_rollout_of_bare_items_is_read(store: Store, tmp_path: Pa
         {"type": "function_call_output", "call_id": "c1", "output": '{"output": "x", "metadata": {"exit_code": 2}}'},
         {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": logs.ANSWER}]}])
     run_id = ingest_paths(store, [path]).imported[0]
-    state = store.run(run_id)
+    state = store.runs.run(run_id)
     assert (state.agent, state.task_id, state.trial) == ("codex", prompt_task(logs.PROMPT, "session"), "abc-1")
     steps = state.branches[0].transitions
     assert [(t.tool_call or {}).get("name") for t in steps] == [None, "shell", None, None]
-    assert steps[2].tool_output["exit_code"] == 2 and store.text(steps[1].tool_call["arguments_ref"]) == "cat app.py"
+    assert steps[2].tool_output["exit_code"] == 2 and store.blobs.text(steps[1].tool_call["arguments_ref"]) == "cat app.py"
     assert evidence_texts(store, run_id)["final_message"] == logs.ANSWER
 
 
@@ -474,7 +474,7 @@ def test_a_session_format_named_with_format_reads_the_file_as_one_session(store:
     with pytest.raises(IngestError, match=r"r\.jsonl:1: \$: is none of the formats"):
         ingest_paths(store, [path])  # its first line is no rollout line: detection reads the lines one by one
     run_id = ingest_paths(store, [path], fmt="codex").imported[0]  # named: the file is one rollout
-    assert store.run(run_id).trial == "0199a1b2-c3d4"
+    assert store.runs.run(run_id).trial == "0199a1b2-c3d4"
 
 
 def test_an_openhands_v1_conversation_persisted_event_by_event_is_one_run(store: Store, tmp_path: Path) -> None:
@@ -486,7 +486,7 @@ def test_an_openhands_v1_conversation_persisted_event_by_event_is_one_run(store:
     report = ingest_paths(store, [tmp_path / "conversations"])
     run_id = f"openhands@openai/gpt-5/{prompt_task(logs.PROMPT, 'session')}/conv-9"
     assert report.imported == [run_id] and report.companion_files == [str(conversation / "base_state.json")]
-    state = store.run(run_id)
+    state = store.runs.run(run_id)
     assert state.trial == "conv-9" and [t.role for t in state.branches[0].transitions][:3] == [
         "system", "user", "assistant"]
     assert evidence_texts(store, run_id)["submission"] == logs.ANSWER

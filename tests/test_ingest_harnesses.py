@@ -48,7 +48,7 @@ def two_agent_job(root: Path) -> Path:
 
 
 def transitions(store: Store, run_id: str) -> list:
-    return list(store.run(run_id).branches[0].transitions)
+    return list(store.runs.run(run_id).branches[0].transitions)
 
 
 def test_a_harbor_job_imports_trials_as_runs(store: Store, tmp_path: Path) -> None:
@@ -60,39 +60,39 @@ def test_a_harbor_job_imports_trials_as_runs(store: Store, tmp_path: Path) -> No
     # the job's own three files. None of them is read as a run.
     assert report.ignored_files == 3 + 8 * 2 + 4 + 4 + 7 * 2
     run_id = f"{TERMINUS}/{TASKS[0]}/{TASKS[0]}__T00aaaa"
-    state = store.run(run_id)
+    state = store.runs.run(run_id)
     assert (state.agent, state.task_id, state.trial) == (TERMINUS, TASKS[0], f"{TASKS[0]}__T00aaaa")
     assert state.grades == ({"grader": "harbor", "score": 1.0, "label": "pass"},)
     assert state.metadata["format"] == "ATIF-v1.6" and state.metadata["harness"] == "harbor terminus-2 2.0.0"
     steps = transitions(store, run_id)
-    assert store.text(steps[0].text_ref) == "{{task}}"
-    assert "Task Description:" in store.text(state.task_prompt_ref)
+    assert store.blobs.text(steps[0].text_ref) == "{{task}}"
+    assert "Task Description:" in store.blobs.text(state.task_prompt_ref)
     calls = [t for t in steps if t.tool_call]
     assert calls[0].tool_call["name"] == "bash_command" and calls[-1].tool_call["name"] == "mark_task_complete"
     assert calls[0].usage == {"input_tokens": 2400, "output_tokens": 80}  # the step's metrics, cached included
     outputs = [t for t in steps if t.tool_output]
     assert len(outputs) == len(calls) and all(t.tool_output["name"] for t in outputs)
-    assert "New Terminal Output" in store.text(outputs[0].tool_output["output_ref"])
+    assert "New Terminal Output" in store.blobs.text(outputs[0].tool_output["output_ref"])
 
-    timed_out = store.run(f"{CLAUDE}/{TASKS[1]}/{TASKS[1]}__C11bbbb")
+    timed_out = store.runs.run(f"{CLAUDE}/{TASKS[1]}/{TASKS[1]}__C11bbbb")
     assert timed_out.state == "ungraded" and timed_out.grades == ()
     assert timed_out.metadata["exception"].startswith("AgentTimeoutError")
     claude = transitions(store, f"{CLAUDE}/{TASKS[0]}/{TASKS[0]}__C00bbbb")
     first_call = next(t for t in claude if t.tool_call)
     assert first_call.tool_call["name"] == "Bash"
     # The reasoning comes before the message in the assistant's text.
-    assert store.text(first_call.text_ref).startswith("Let me look at the repository layout first.\n\nI'll run")
-    assert store.run(f"{CLAUDE}/{TASKS[1]}/{TASKS[1]}__C10bbbb").grades[0]["label"] == "fail"
+    assert store.blobs.text(first_call.text_ref).startswith("Let me look at the repository layout first.\n\nI'll run")
+    assert store.runs.run(f"{CLAUDE}/{TASKS[1]}/{TASKS[1]}__C10bbbb").grades[0]["label"] == "fail"
     assert job.is_dir()
 
 
 def test_continuations_belong_to_the_same_run(store: Store, tmp_path: Path) -> None:
     two_agent_job(tmp_path / "jobs")
     ingest_paths(store, [tmp_path / "jobs"])
-    whole = store.run(f"{TERMINUS}/{TASKS[0]}/{TASKS[0]}__T00aaaa")
-    continued = store.run(f"{TERMINUS}/{TASKS[0]}/{TASKS[0]}__T01aaaa")
+    whole = store.runs.run(f"{TERMINUS}/{TASKS[0]}/{TASKS[0]}__T00aaaa")
+    continued = store.runs.run(f"{TERMINUS}/{TASKS[0]}/{TASKS[0]}__T01aaaa")
     assert continued.metadata["continuations"] == 1 and continued.metadata["copied_steps"] == 1
-    texts = [store.text(t.text_ref) for t in continued.branches[0].transitions if t.text_ref]
+    texts = [store.blobs.text(t.text_ref) for t in continued.branches[0].transitions if t.text_ref]
     # The copied prompt is left out; the summary that starts the continuation is in, once.
     assert texts.count("{{task}}") == 1 and sum("Summary of the work so far" in t for t in texts) == 1
     assert any(t.tool_call and t.tool_call["name"] == "mark_task_complete" for t in continued.branches[0].transitions)
@@ -120,7 +120,7 @@ def test_a_lone_atif_file_imports_ungraded(store: Store, tmp_path: Path) -> None
     report = ingest_paths(store, [lone / "trajectory.json"])
     run_id = f"{TERMINUS}/hello-world__AbC1234-session"
     assert report.imported == [run_id] and dict(report.states) == {"ungraded": 1}
-    state = store.run(run_id)
+    state = store.runs.run(run_id)
     assert state.task_id is None and state.trial == "hello-world__AbC1234-session" and state.grades == ()
     assert state.metadata["continuations"] == 2
     # A continuation named on its own reads the same run.
@@ -158,10 +158,10 @@ def test_a_running_job_imports_unfinished_trials_ungraded_and_grade_attaches_the
     # the unfinished one read (trial.log, recording.cast); the 4 files of the trial with no ATIF; the notes.
     assert imported["ignored_files"] == 3 + 2 * 5 + 2 + 4 + 1
     with Store.open(store) as opened:
-        state = opened.run(unfinished)
+        state = opened.runs.run(unfinished)
         assert (state.agent, state.task_id, state.trial, state.state) == (TERMINUS, TASKS[0], running.trial_name,
                                                                           "ungraded")
-        assert state.metadata["trial_finished"] is False and opened.run(lone_run).task_id is None
+        assert state.metadata["trial_finished"] is False and opened.runs.run(lone_run).task_id is None
     named = cli_json_ok(capsys, "ingest", str(job / running.trial_name / "agent" / "trajectory.json"), *common)
     assert named["already_present_ids"] == [unfinished]  # the trajectory named alone reads its trial
 
@@ -296,11 +296,11 @@ def test_atif_versions_of_major_1_and_unknown_fields_are_read(store: Store, tmp_
 
     job = _trial_with(tmp_path, edit, version)
     (run_id,) = ingest_paths(store, [job]).imported
-    state = store.run(run_id)
+    state = store.runs.run(run_id)
     assert state.metadata["format"] == version and state.grades == (PASS,)
-    texts = [store.text(ref) for t in state.branches[0].transitions
+    texts = [store.blobs.text(ref) for t in state.branches[0].transitions
              for ref in (t.text_ref, (t.tool_output or {}).get("output_ref")) if ref]
-    assert store.text(state.task_prompt_ref) == "Fix the quoting. [image part not imported]Then run the tests."
+    assert store.blobs.text(state.task_prompt_ref) == "Fix the quoting. [image part not imported]Then run the tests."
     assert texts[:3] == ["{{task}}", "Running the tests first.", "3 passed"]
 
 
@@ -333,7 +333,7 @@ def test_observation_results_naming_no_call_are_read_as_harbor_writes_them(store
     assert [t.role for t in steps[1:6]] == ["assistant", "assistant", "tool", "assistant", "tool"]
     assert [t.tool_call["name"] for t in steps[1:3]] == ["bash_command", "bash_command"]
     assert steps[3].tool_output["name"] is None and steps[5].tool_output["name"] is None
-    assert store.text(steps[5].tool_output["output_ref"]).startswith("Previous response had parsing errors")
+    assert store.blobs.text(steps[5].tool_output["output_ref"]).startswith("Previous response had parsing errors")
 
 
 def inspect_samples(model: str, *, scores=("C", "I"), epochs: int = 2, steps: int = 4) -> list[dict]:  # noqa: ANN001
@@ -363,16 +363,16 @@ def test_inspect_logs_import_sample_by_epoch(store: Store, tmp_path: Path, kind:
     assert sorted(os.listdir(tmp_path)) == listed  # nothing extracted
     evaluation = spec["eval_id"][:8]  # the trial: the epoch of this eval
     assert report.imported == [f"{model}/csv_quoting/{i}/{e}-{evaluation}" for i in (1, 2) for e in (1, 2)]
-    state = store.run(f"{model}/csv_quoting/2/2-{evaluation}")
+    state = store.runs.run(f"{model}/csv_quoting/2/2-{evaluation}")
     assert (state.agent, state.task_id, state.trial) == (model, "csv_quoting/2", f"2-{evaluation}")
     assert state.grades == ({"grader": "inspect:includes", "score": 0.0, "label": "incorrect"},)
-    assert store.run(f"{model}/csv_quoting/1/1-{evaluation}").grades[0]["label"] == "correct"
+    assert store.runs.run(f"{model}/csv_quoting/1/1-{evaluation}").grades[0]["label"] == "correct"
     steps = list(state.branches[0].transitions)
     assert [t.role for t in steps[:4]] == ["system", "user", "assistant", "tool"]
-    assert store.text(steps[1].text_ref) == "{{task}}"
+    assert store.blobs.text(steps[1].text_ref) == "{{task}}"
     # Usage from the model event that produced each message (matched by id), cache reads counted in.
     assert steps[2].usage == {"input_tokens": 2400, "output_tokens": 60}
-    assert steps[2].tool_call["name"] == "bash" and json.loads(store.text(steps[2].tool_call["arguments_ref"]))["cmd"]
+    assert steps[2].tool_call["name"] == "bash" and json.loads(store.blobs.text(steps[2].tool_call["arguments_ref"]))["cmd"]
     assert sum(1 for t in steps if t.usage) == 5  # four tool calls and the answer
 
 
@@ -389,7 +389,7 @@ def test_inspect_attachments_the_messages_name_are_resolved_and_no_other(store: 
     record["events"].append({"event": "tool", "result": "attachment://unread"})
     write_json_log(tmp_path / "log.json", eval_spec("csv_quoting", model, epochs=1, samples=1), [record])
     (run_id,) = ingest_paths(store, [tmp_path]).imported  # the unread attachment's lone surrogate is never checked
-    texts = [store.text(ref) for t in store.run(run_id).branches[0].transitions
+    texts = [store.blobs.text(ref) for t in store.runs.run(run_id).branches[0].transitions
              for ref in (t.text_ref, (t.tool_output or {}).get("output_ref")) if ref]
     assert "the whole tool output" in texts and "a long thought\na long answer" in texts
     assert not any("attachment://" in text for text in texts)
@@ -404,7 +404,7 @@ def test_inspect_solver_names_the_agent_and_unscored_samples_take_results(store:
     report = ingest_paths(store, [unscored], results=[str(scored)])
     agent = f"react@{model}"
     assert report.imported == [f"{agent}/csv_quoting/{i}/1-{spec['eval_id'][:8]}" for i in (1, 2)]
-    assert [store.run(r).grades for r in report.imported] == [
+    assert [store.runs.run(r).grades for r in report.imported] == [
         ({"grader": "inspect:includes", "score": 0.5, "label": "partial"},),
         ({"grader": "inspect:includes", "score": 0.25, "label": "0.25"},)]
     assert report.unmatched_results == []
@@ -430,7 +430,7 @@ def test_harbor_results_files_grade_by_run_id(tmp_path: Path) -> None:
     grades = {run: grade for results in load_results([str(job)]) for run, grade in results.run_grades.items()}
     with Store.open(tmp_path / "s.sqlite") as opened:
         ingest_paths(opened, [job])
-        assert {r: (opened.run(r).grades[0] if opened.run(r).grades else None) for r in opened.runs.run_ids()} == grades
+        assert {r: (opened.runs.run(r).grades[0] if opened.runs.run(r).grades else None) for r in opened.runs.run_ids()} == grades
 
 
 def zip_of(path: Path, members: dict[str, bytes]) -> Path:
@@ -529,8 +529,8 @@ def test_no_grade_or_reward_reaches_the_judges_view(store: Store, tmp_path: Path
     write_eval(tmp_path / "jobs" / "log.eval", eval_spec("csv_quoting", model), inspect_samples(model, epochs=1))
     ingest_paths(store, [tmp_path / "jobs"])
     assert len(store.runs.run_ids()) == 10
-    for state in store.iter_runs():
-        view = render_view(state, body_resolver(state, store.text))
+    for state in store.runs.iter_runs():
+        view = render_view(state, body_resolver(state, store.blobs.text))
         assert state.grades or state.state == "ungraded"
         for hidden in ("reward", "Grades", "verifier_result", "inspect:includes", "harbor", "exception_info",
                        '"value"', "AgentTimeoutError", "incorrect"):
@@ -551,7 +551,7 @@ def test_judge_task_pairs_a_harbor_job_across_agents(tmp_path: Path, default_mod
     *rows, _ = [json.loads(line) for line in judged.stdout.splitlines()]
     agents = {"terminus-2@m/alpha", "claude-code@m/beta"}
     with Store.open(store) as opened:
-        pairs = [(opened.run(r["a"]), opened.run(r["b"])) for r in rows]
+        pairs = [(opened.runs.run(r["a"]), opened.runs.run(r["b"])) for r in rows]
     assert pairs and all(a.task_id == b.task_id == "fix-csv" for a, b in pairs)
     assert any({a.agent, b.agent} == agents for a, b in pairs)
     assert "harbor" not in judged.stdout and "reward" not in judged.stdout
@@ -575,7 +575,7 @@ def test_bytes_that_are_not_utf8_in_an_eval_sample_are_refused_or_repaired(store
     report = ingest_paths(store, [path], repair_text=True)
     run_id = f"m/x/t/1/1-{eval_spec('t', 'm/x')['eval_id'][:8]}"
     assert list(report.repaired) == [run_id]
-    assert "Running \ufffd`" in store.text(store.run(run_id).branches[0].transitions[2].text_ref)
+    assert "Running \ufffd`" in store.blobs.text(store.runs.run(run_id).branches[0].transitions[2].text_ref)
 
 
 def _harbor_variety(root: Path) -> Path:
@@ -620,6 +620,6 @@ HARBOR_CONTENT_HASHES = {
 def test_a_harbor_trial_hashes_as_it_always_has(store: Store, tmp_path: Path) -> None:
     report = ingest_paths(store, [_harbor_variety(tmp_path / "jobs")])
     assert len(report.imported) == 10 and report.skipped == []
-    hashes = {store.run(run_id).trial: next(iter(store.iter_events(run_id)))[1].content_hash
+    hashes = {store.runs.run(run_id).trial: next(iter(store.events.iter_events(run_id)))[1].content_hash
               for run_id in report.imported}
     assert hashes == HARBOR_CONTENT_HASHES

@@ -32,16 +32,16 @@ def episode(instance: str = INSTANCE, seed: int = 1, steps: int = 4) -> Episode:
 
 def texts(store: Store, run_id: str) -> list[str]:
     """Every body the run names, as text."""
-    return [store.text(ref) or "" for ref in store.run(run_id).refs()]
+    return [store.blobs.text(ref) or "" for ref in store.runs.run(run_id).refs()]
 
 
 def steps(store: Store, run_id: str) -> list[tuple]:
     """(role, call name, call arguments, tool name, exit code) of each transition of the main branch."""
     out = []
-    for t in store.run(run_id).branches[0].transitions:
+    for t in store.runs.run(run_id).branches[0].transitions:
         call = t.tool_call or {}
         output = t.tool_output or {}
-        arguments = store.text(call["arguments_ref"]) if call.get("arguments_ref") else None
+        arguments = store.blobs.text(call["arguments_ref"]) if call.get("arguments_ref") else None
         out.append((t.role, call.get("name"), arguments, output.get("name"), output.get("exit_code")))
     return out
 
@@ -54,9 +54,9 @@ def test_output_jsonl_event_history_maps_to_the_native_model(store: Store, tmp_p
     report = ingest_paths(store, [tmp_path / "output.jsonl"])
     run_id = f"{AGENT}/{INSTANCE}"
     assert report.imported == [run_id] and report.states == {"ungraded": 1}
-    state = store.run(run_id)
+    state = store.runs.run(run_id)
     assert (state.agent, state.task_id, state.trial) == (AGENT, INSTANCE, None)
-    assert store.text(state.task_prompt_ref) == run.problem_statement
+    assert store.blobs.text(state.task_prompt_ref) == run.problem_statement
     assert state.metadata == {"format": "openhands", "agent_class": "CodeActAgent", "model": MODEL,
                               "max_iterations": 100, "dataset": "princeton-nlp/SWE-bench_Verified", "cost": 0.1,
                               "error": "AgentStuckInLoopError: Agent got stuck in a loop",
@@ -76,7 +76,7 @@ def test_output_jsonl_event_history_maps_to_the_native_model(store: Store, tmp_p
     assert shape[-1] == ("assistant", "submit", run.patch, None, None)  # the submission is the last transition
     transitions = state.branches[0].transitions
     # The instance message is stored with the problem statement as a marker (the template is one body for all).
-    assert store.text(transitions[1].text_ref) == oh.instruction(run).replace(run.problem_statement,
+    assert store.blobs.text(transitions[1].text_ref) == oh.instruction(run).replace(run.problem_statement,
                                                                               "{{ instance.problem_statement }}")
     # Per-call usage: metrics.token_usages joined to each action's model_response id.
     usages = [t.usage for t in transitions if t.role == "assistant" and t.tool_call["name"] != "submit"]
@@ -104,8 +104,8 @@ def test_a_line_with_its_evaluation_report_lands_graded(store: Store, tmp_path: 
                                                oh.output_line(errored, MODEL, with_report=oh.report(error_eval=True))])
     report = ingest_paths(store, [tmp_path])
     assert report.states == {"graded": 1, "ungraded": 1}
-    assert store.run(f"{AGENT}/{INSTANCE}").grades == ({"grader": "swe-bench", "score": 1.0, "label": "resolved"},)
-    assert store.run(f"{AGENT}/csvkit__csvkit-202").grades == ()  # an evaluation error is not a grade
+    assert store.runs.run(f"{AGENT}/{INSTANCE}").grades == ({"grader": "swe-bench", "score": 1.0, "label": "resolved"},)
+    assert store.runs.run(f"{AGENT}/csvkit__csvkit-202").grades == ()  # an evaluation error is not a grade
 
 
 def completions_root(tmp_path: Path, *, mocked: bool = False, name: str = "eval") -> Path:
@@ -122,7 +122,7 @@ def test_completions_logs_one_run_per_instance_with_usage_per_call(store: Store,
     report = ingest_paths(store, [root])
     run_id = f"OpenHands/{MODEL}/{INSTANCE}"
     assert report.imported == [run_id, f"OpenHands/{MODEL}/csvkit__csvkit-202"]
-    state = store.run(run_id)
+    state = store.runs.run(run_id)
     assert (state.agent, state.task_id) == (f"OpenHands/{MODEL}", INSTANCE)
     assert state.metadata == {"format": "openhands", "model": MODEL, "api_calls": 5, "harness": "OpenHands"}
     run = episode()
@@ -136,7 +136,7 @@ def test_completions_logs_one_run_per_instance_with_usage_per_call(store: Store,
     calls = [json.loads(path.read_text())["response"]["usage"] for path in files]
     assert usage == [{"input_tokens": c["prompt_tokens"], "output_tokens": c["completion_tokens"]} for c in calls]
     assert len({u["input_tokens"] for u in usage}) == 5
-    assert store.text(state.task_prompt_ref) == run.problem_statement
+    assert store.blobs.text(state.task_prompt_ref) == run.problem_statement
     # Imported again, the same command changes nothing.
     again = ingest_paths(store, [root])
     assert again.imported == [] and len(again.already_present) == 2
@@ -148,7 +148,7 @@ def test_mocked_function_calling_reads_as_the_native_calls(store: Store, tmp_pat
     with Store.open(tmp_path / "mocked.sqlite") as other:
         ingest_paths(other, [mocked])
         run_id = f"OpenHands/{MODEL}/{INSTANCE}"
-        assert other.run(run_id).metadata["function_calling"] == "mocked"
+        assert other.runs.run(run_id).metadata["function_calling"] == "mocked"
         assert steps(other, run_id) == steps(store, run_id)  # fncall_messages: the same calls, results, codes
         # An older log without fncall_messages: the calls are read from the <function=…><parameter=…> text.
         for path in (mocked / "llm_completions").rglob("*.json"):
@@ -159,10 +159,10 @@ def test_mocked_function_calling_reads_as_the_native_calls(store: Store, tmp_pat
         try:
             ingest_paths(text_only, [mocked])
             assert steps(text_only, run_id) == steps(store, run_id)
-            first_user = text_only.run(run_id).branches[0].transitions[1]
-            assert text_only.text(first_user.text_ref).startswith(oh.MOCK_EXAMPLE)  # what the model was sent
-            usage = [t.usage for t in text_only.run(run_id).branches[0].transitions if t.role == "assistant"]
-            assert usage == [t.usage for t in store.run(run_id).branches[0].transitions if t.role == "assistant"]
+            first_user = text_only.runs.run(run_id).branches[0].transitions[1]
+            assert text_only.blobs.text(first_user.text_ref).startswith(oh.MOCK_EXAMPLE)  # what the model was sent
+            usage = [t.usage for t in text_only.runs.run(run_id).branches[0].transitions if t.role == "assistant"]
+            assert usage == [t.usage for t in store.runs.run(run_id).branches[0].transitions if t.role == "assistant"]
         finally:
             text_only.close()
 
@@ -249,7 +249,7 @@ def test_evaluation_output_as_results(tmp_path: Path, capsys: pytest.CaptureFixt
     assert out["states"] == {"graded": 2, "ungraded": 1} and out["evaluation_errors"] == 1
     assert out["results"] == [{"results": str(results), "agent": None, "agent_from": "run ids", "graded": 2}]
     with Store.open(tmp_path / "s.sqlite") as opened:
-        assert [g["label"] for g in opened.run(f"{AGENT}/csvkit__csvkit-202").grades] == ["unresolved"]
+        assert [g["label"] for g in opened.runs.run(f"{AGENT}/csvkit__csvkit-202").grades] == ["unresolved"]
     # The placeholder metadata eval_infer.py writes without metadata.json names no agent: graded by instance.
     placeholder = write_jsonl(tmp_path / "p" / "output.swebench_eval.jsonl",
                                  [oh.eval_output_line(runs[0], MODEL, oh.report(resolved=True), agent_class=None)])
@@ -267,7 +267,7 @@ def test_mini_swe_agent_v2_carries_the_usage_of_each_response(store: Store, tmp_
     run = episode()
     (tmp_path / f"{INSTANCE}.traj.json").write_text(json.dumps(mini_swe_agent_v2(run)))
     run_id = ingest_paths(store, [tmp_path / f"{INSTANCE}.traj.json"]).imported[0]
-    usage = [t.usage for t in store.run(run_id).branches[0].transitions if t.role == "assistant" and t.usage]
+    usage = [t.usage for t in store.runs.run(run_id).branches[0].transitions if t.role == "assistant" and t.usage]
     assert usage == [{"input_tokens": 2400 + 900 * i, "output_tokens": 80 + i} for i in range(len(run.steps) + 1)]
 
 

@@ -136,12 +136,12 @@ def write(path: Path, data: dict, *, gz: bool = False) -> Path:
 def texts(store: Store, run_id: str) -> list[tuple]:
     """(role, text, call name, call arguments, exit code, output) per transition of the live branch."""
     out = []
-    for t in store.run(run_id).branches[0].transitions:
+    for t in store.runs.run(run_id).branches[0].transitions:
         call = t.tool_call or {}
         output = t.tool_output or {}
-        out.append((t.role, store.text(t.text_ref) if t.text_ref else None, call.get("name"),
-                    store.text(call["arguments_ref"]) if call.get("arguments_ref") else None,
-                    output.get("exit_code"), store.text(output["output_ref"]) if output.get("output_ref") else None))
+        out.append((t.role, store.blobs.text(t.text_ref) if t.text_ref else None, call.get("name"),
+                    store.blobs.text(call["arguments_ref"]) if call.get("arguments_ref") else None,
+                    output.get("exit_code"), store.blobs.text(output["output_ref"]) if output.get("output_ref") else None))
     return out
 
 
@@ -150,8 +150,8 @@ def test_mini_swe_agent_v1_maps_to_the_native_model(store: Store, tmp_path: Path
     report = ingest_paths(store, [tmp_path / "runs"])
     run_id = "openai/gpt-4o-mini/marshmallow-code__marshmallow-1867"
     assert report.imported == [run_id]
-    state = store.run(run_id)
-    assert state.task_id == "marshmallow-code__marshmallow-1867" and store.text(state.task_prompt_ref) == PR
+    state = store.runs.run(run_id)
+    assert state.task_id == "marshmallow-code__marshmallow-1867" and store.blobs.text(state.task_prompt_ref) == PR
     assert state.agent == "openai/gpt-4o-mini" and state.state == "ungraded" and state.grades == ()
     assert state.metadata == {"format": "mini-swe-agent-1", "exit_status": "Submitted", "cost": 0.0421,
                               "api_calls": 5, "model": "openai/gpt-4o-mini", "harness": "mini-swe-agent 1.17.3"}
@@ -173,7 +173,7 @@ def test_mini_swe_agent_v1_maps_to_the_native_model(store: Store, tmp_path: Path
     assert steps[10][2:4] == ("bash", "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && git add -A && git diff --cached")
     # The submission is the last transition, once (the exit message that repeated it is not a step of its own).
     assert steps[-1] == ("assistant", None, "submit", PATCH, None, None) and len(steps) == 12
-    usage = store.run(run_id).branches[0].transitions[2].usage
+    usage = store.runs.run(run_id).branches[0].transitions[2].usage
     assert usage == {"input_tokens": 1510, "output_tokens": 38}
 
 
@@ -188,7 +188,7 @@ def test_mini_swe_agent_v2_shapes(store: Store, tmp_path: Path, tool_calls: bool
     write(tmp_path / "astropy__astropy-12907" / "astropy__astropy-12907.traj.json", data, gz=True)
     run_id = "anthropic/claude-sonnet-4-5-20250929/astropy__astropy-12907"
     assert ingest_paths(store, [tmp_path]).imported == [run_id]
-    state = store.run(run_id)
+    state = store.runs.run(run_id)
     assert state.metadata["format"] == "mini-swe-agent-1.1" and state.metadata["api_calls"] == episode.api_calls
     assert state.metadata["exit_status"] == "Submitted" and state.metadata["harness"] == "mini-swe-agent 2.0.0"
     steps = texts(store, run_id)
@@ -231,7 +231,7 @@ def test_mini_swe_agent_v2_parallel_tool_calls_and_responses_api(store: Store, t
     assert [(s[4], s[5]) for s in steps[4:6]] == [(0, "a\n"), (0, "/testbed\n")]
     assert steps[6] == ("assistant", "Checking the tests.", "bash", "pytest -q", None, None)
     assert steps[7] == ("tool", None, None, None, 2, "no tests ran\n")
-    assert store.run(run_id.imported[0]).branches[0].transitions[6].usage == {"input_tokens": 900,
+    assert store.runs.run(run_id.imported[0]).branches[0].transitions[6].usage == {"input_tokens": 900,
                                                                               "output_tokens": 40}
 
 
@@ -241,8 +241,8 @@ def test_swe_agent_1x_maps_to_the_native_model(store: Store, tmp_path: Path) -> 
     write(tmp_path / "run" / "sympy__sympy-20590" / "sympy__sympy-20590.traj", data)
     run_id = "gpt-4o/sympy__sympy-20590"
     assert ingest_paths(store, [tmp_path]).imported == [run_id]
-    state = store.run(run_id)
-    assert store.text(state.task_prompt_ref) == episode.problem_statement and state.agent == "gpt-4o"
+    state = store.runs.run(run_id)
+    assert store.blobs.text(state.task_prompt_ref) == episode.problem_statement and state.agent == "gpt-4o"
     assert state.metadata["format"] == "swe-agent" and state.metadata["exit_status"] == "submitted"
     assert state.metadata["tokens_sent"] == data["info"]["model_stats"]["tokens_sent"]
     steps = texts(store, run_id)
@@ -266,14 +266,14 @@ def test_swe_agent_07_and_retry_attempts(store: Store, tmp_path: Path) -> None:
     write(tmp_path / "flask__flask-1.traj", retry)
     report = ingest_paths(store, [tmp_path], agent="sweagent-gpt4")
     assert report.imported == ["sweagent-gpt4/flask__flask-1", "sweagent-gpt4/pydicom__pydicom-1458"]
-    old = store.run("sweagent-gpt4/pydicom__pydicom-1458")
-    assert store.text(old.task_prompt_ref) == "Float Pixel Data is not handled\r\n\r\nSee below."
+    old = store.runs.run("sweagent-gpt4/pydicom__pydicom-1458")
+    assert store.blobs.text(old.task_prompt_ref) == "Float Pixel Data is not handled\r\n\r\nSee below."
     steps = texts(store, old.id)
     assert [s[0] for s in steps[:3]] == ["system", "user", "user"] and "DEMONSTRATION" in steps[1][1]
     assert "ISSUE:\n{{problem_statement}}\n\nINSTRUCTIONS:" in steps[2][1]
     assert steps[3][1:4] == ("First I'll reproduce the bug.\n\n", "bash", "create reproduce.py\n")
     assert old.metadata["cost"] == 1.26719 and old.metadata["api_calls"] == 12
-    branches = store.run("sweagent-gpt4/flask__flask-1").branches
+    branches = store.runs.run("sweagent-gpt4/flask__flask-1").branches
     assert [(b.id, b.status, b.parent, b.fork_at) for b in branches] == [("main", "live", None, None),
                                                                       ("attempt-0", "dead", "main", 2)]
     assert len(branches[1].transitions) == 2 * len(other["trajectory"])
@@ -314,7 +314,7 @@ def test_dedup_stores_the_shared_prompts_once(store: Store, tmp_path: Path) -> N
         write(tmp_path / f"repo__proj-{index}.traj.json", mini_swe_agent_v2(episode))
     report = ingest_paths(store, [tmp_path])
     assert report.dedup_saved_bytes > 3 * len(MINI_SYSTEM_V2.encode())
-    templates = {store.run(run_id).branches[0].transitions[1].text_ref for run_id in report.imported}
+    templates = {store.runs.run(run_id).branches[0].transitions[1].text_ref for run_id in report.imported}
     assert len(templates) == 1  # the instance template, the task in it as {{task}}, is one body for all four
 
 
@@ -351,14 +351,14 @@ def test_summary_reports_grade_each_agent_by_file_name(store: Store, tmp_path: P
         {"results": str(gpt), "agent": "openai/gpt-4o", "agent_from": "file name", "graded": 2},
         {"results": str(claude), "agent": "anthropic/claude-3-5", "agent_from": "file name", "graded": 3}]
     with Store.open(tmp_path / "s.sqlite") as opened:
-        grade = {run_id: [g["label"] for g in opened.run(run_id).grades] for run_id in opened.runs.run_ids()}
+        grade = {run_id: [g["label"] for g in opened.runs.run(run_id).grades] for run_id in opened.runs.run_ids()}
         assert grade == {"anthropic/claude-3-5/a__a-1": ["unresolved"], "anthropic/claude-3-5/b__b-2": ["resolved"],
                          "anthropic/claude-3-5/c__c-3": ["unresolved"], "openai/gpt-4o/a__a-1": ["resolved"],
                          "openai/gpt-4o/b__b-2": ["unresolved"], "openai/gpt-4o/c__c-3": []}
-        resolved = opened.run("openai/gpt-4o/a__a-1")
+        resolved = opened.runs.run("openai/gpt-4o/a__a-1")
         assert resolved.lifecycle == ("running", "grading", "graded")
         assert resolved.grades == ({"grader": "swe-bench", "score": 1.0, "label": "resolved"},)
-        assert opened.run("openai/gpt-4o/c__c-3").state == "ungraded"  # an evaluation error is not a grade
+        assert opened.runs.run("openai/gpt-4o/c__c-3").state == "ungraded"  # an evaluation error is not a grade
         assert verify(opened).ok
     # The warning about results naming no run is one line on stderr.
     more = summary(tmp_path / "openai__gpt-4o.eval2.json", ["a__a-1", "q__q-1"], ["r__r-2"])
@@ -384,8 +384,8 @@ def test_per_instance_reports_agent_prefix_and_ambiguity(store: Store, tmp_path:
     assert store.runs.run_ids() == []
     report = ingest_paths(store, [tmp_path / "runs"], results=[f"openai/gpt-4o={logs}"])
     assert report.states == {"graded": 2, "ungraded": 2}
-    assert store.run("openai/gpt-4o/b__b-2").grades[0]["label"] == "unresolved"
-    assert store.run("anthropic/claude-3-5/a__a-1").grades == ()
+    assert store.runs.run("openai/gpt-4o/b__b-2").grades[0]["label"] == "unresolved"
+    assert store.runs.run("anthropic/claude-3-5/a__a-1").grades == ()
 
 
 def test_results_are_part_of_a_runs_content(store: Store, tmp_path: Path) -> None:
@@ -432,7 +432,7 @@ def test_text_that_is_not_unicode_in_a_trajectory(store: Store, tmp_path: Path, 
     assert store.runs.run_ids() == []
     report = ingest_paths(store, [path], repair_text=True)
     [run_id] = report.imported
-    outputs = [store.text(t.tool_output["output_ref"]) for t in store.run(run_id).branches[0].transitions
+    outputs = [store.blobs.text(t.tool_output["output_ref"]) for t in store.runs.run(run_id).branches[0].transitions
                if t.tool_output]
     assert any(output.startswith("cut \ufffdhere") for output in outputs)
     assert report.repaired[run_id][0]["code_units"] == 1 and verify(store).ok

@@ -181,7 +181,7 @@ def test_four_agents_in_three_formats_pair_score_and_rank_without_a_grade_in_any
             assert grade == {"grader": "swe-bench", "score": 1.0 if run.passed else 0.0,
                              "label": "resolved" if run.passed else "unresolved"}
     with Store.open(store) as opened:
-        formats = {(state.agent, state.metadata["format"]) for state in opened.iter_runs()}
+        formats = {(state.agent, state.metadata["format"]) for state in opened.runs.iter_runs()}
     assert formats == {(agent, stored) for agent, (_model, _harness, stored) in AGENTS.items()}
 
     key = write_key(tmp_path / "key.json", [r.key for r in runs])

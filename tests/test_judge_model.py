@@ -124,12 +124,12 @@ def test_a_backend_failure_is_error_and_is_not_cached(default_model: Path, store
     verdict = judge.judge_pair(store, "good", "bad")
     assert verdict.outcome == "error" and verdict.p_a is None and not verdict.scored
     assert "closed" in (verdict.error or "")
-    views = [render_view(store.run(r), body_resolver(store.run(r), store.text)) for r in ("good", "bad")]
-    assert store.get_judgment(judgment_key(manifest, *views)) is None
+    views = [render_view(store.runs.run(r), body_resolver(store.runs.run(r), store.blobs.text)) for r in ("good", "bad")]
+    assert store.caches.get_judgment(judgment_key(manifest, *views)) is None
 
 
 def test_a_long_run_is_judged_from_a_further_reduced_view(backend: LlamaBackend, store: Store) -> None:
-    before = store.run("long").canonical_bytes()
+    before = store.runs.run("long").canonical_bytes()
     judge = Judge(backend, use_cache=False)
     verdict = judge.judge_pair(store, "good", "long")
     assert verdict.scored and verdict.further_reduced
@@ -137,7 +137,7 @@ def test_a_long_run_is_judged_from_a_further_reduced_view(backend: LlamaBackend,
     # The short run is read whole; the long one gets the rest of the room, cut to fit.
     assert tokens.further_reduced and tokens.full == tokens.reduced > judge.room - verdict.tokens["a"].view
     assert tokens.view <= judge.room - verdict.tokens["a"].view and not verdict.tokens["a"].further_reduced
-    assert store.run("long").canonical_bytes() == before  # a view, never stored
+    assert store.runs.run("long").canonical_bytes() == before  # a view, never stored
 
 
 def test_a_run_reduced_through_retention_is_still_gradeable(backend: LlamaBackend, store: Store,
@@ -145,7 +145,7 @@ def test_a_run_reduced_through_retention_is_still_gradeable(backend: LlamaBacken
     # The acceptance test of reduction: a run over its ceiling reduces, and the reduced episode gets a real score.
     counter = ModelTokenizer(default_model)
     result = reduce_run(store, "long", 350, counter)
-    state = store.run("long")
+    state = store.runs.run("long")
     assert result.bodies_deleted > 0 and state.reduced
     verdict = Judge(backend, use_cache=False).judge_pair(store, "long", "good")
     assert verdict.scored and verdict.p_a is not None and 0.0 < verdict.p_a < 1.0

@@ -66,11 +66,11 @@ def _essence(verdict: Any) -> tuple[Any, ...]:
 def test_the_runs_read_to_select_the_pairs_are_the_ones_judged_and_scored(store: Store, sim: SimJudgeServer,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     judge_batch(Judge(_pool(sim.url)), store, PAIRS)  # every verdict cached
-    selection = same_task_pairs(store.iter_runs())
+    selection = same_task_pairs(store.runs.iter_runs())
     assert selection.pairs == PAIRS and set(selection.runs) == {run for pair in PAIRS for run in pair}
     reads: list[str] = []
-    real_run = store.run
-    monkeypatch.setattr(store, "run", lambda run_id: reads.append(run_id) or real_run(run_id))
+    real_run = store.runs.run
+    monkeypatch.setattr(store.runs, "run", lambda run_id: reads.append(run_id) or real_run(run_id))
     verdicts = judge_batch(Judge(_pool(sim.url)), store, selection.pairs, states=selection.runs)
     result = evaluate(store, verdicts, selection.runs)
     assert all(v.cached for v in verdicts) and result["pairs"] == len(PAIRS) and reads == []
@@ -84,8 +84,8 @@ def test_a_cached_verdict_is_found_without_rendering_or_counting(store: Store, s
     assert [v.outcome for v in first] == ["a", "a", "a"] and not any(v.cached for v in first)
     before = dict(sim.requests)
     reads: list[str] = []
-    real_text = store.text
-    monkeypatch.setattr(store, "text", lambda ref: reads.append(ref) or real_text(ref))
+    real_text = store.blobs.text
+    monkeypatch.setattr(store.blobs, "text", lambda ref: reads.append(ref) or real_text(ref))
     judge = Judge(_pool(sim.url))
     calls: list[int] = []
     again = judge_batch(judge, store, PAIRS, on_call=lambda: calls.append(1))
@@ -105,8 +105,8 @@ def test_a_batch_whose_verdicts_are_cached_decodes_no_run_once_their_sources_are
         store: Store, sim: SimJudgeServer, monkeypatch: pytest.MonkeyPatch) -> None:
     first = judge_batch(Judge(_pool(sim.url)), store, PAIRS)  # judged: each run's view source kept as well
     reads: list[str] = []
-    real_run = store.run
-    monkeypatch.setattr(store, "run", lambda run_id: reads.append(run_id) or real_run(run_id))
+    real_run = store.runs.run
+    monkeypatch.setattr(store.runs, "run", lambda run_id: reads.append(run_id) or real_run(run_id))
     again = judge_batch(Judge(_pool(sim.url)), store, PAIRS)
     assert all(v.cached for v in again) and [_essence(v) for v in again] == [_essence(v) for v in first]
     assert reads == []
@@ -118,15 +118,15 @@ def test_a_view_source_is_kept_per_state_and_per_what_the_views_show(store: Stor
 
     def state(run_id: str) -> Any:
         folded.append(run_id)
-        return store.run(run_id)
+        return store.runs.run(run_id)
 
     hidden = view_sources(store, runs, state)
-    assert hidden == {run: view_source(store.run(run)) for run in runs} and folded == runs
+    assert hidden == {run: view_source(store.runs.run(run)) for run in runs} and folded == runs
     folded.clear()
     assert view_sources(store, runs, state) == hidden and folded == []  # kept: no run decoded
     # What the views show is part of what is kept: grades shown, every source derived again.
     shown = view_sources(store, runs, state, show_grades=True)
-    assert shown == {run: view_source(store.run(run), show_grades=True) for run in runs} and folded == runs
+    assert shown == {run: view_source(store.runs.run(run), show_grades=True) for run in runs} and folded == runs
     # A run changed by an event has a new state: its source is derived again (here the same: lifecycle is no
     # part of a view), the others' are not.
     folded.clear()
@@ -143,8 +143,8 @@ def test_a_fact_that_needs_more_than_the_state_is_never_kept(store: Store) -> No
         return len(folded.branches), False  # as a view missing a body: it depends on more than the state
 
     facts = RunFacts("branches", length, code="test")
-    expected = {run: len(store.run(run).branches)}
-    assert facts.of(store, [run], store.run) == facts.of(store, [run], store.run) == expected
+    expected = {run: len(store.runs.run(run).branches)}
+    assert facts.of(store, [run], store.runs.run) == facts.of(store, [run], store.runs.run) == expected
     assert computed == [run, run]
 
 
@@ -158,7 +158,7 @@ def test_every_field_of_a_folded_run_is_either_in_the_view_source_or_named_as_re
 
 
 def test_what_a_view_derives_from_ignores_names_lifecycle_grades_and_tiering(store: Store) -> None:
-    state = store.run(PAIRS[0][0])
+    state = store.runs.run(PAIRS[0][0])
     digest = view_source(state)
     renamed = dataclasses.replace(state, id="other", tenant="t2", agent="z", state="archived", grades=(),
                                   tier={"status": "tiered", "target": "s3://cold", "manifest_ref": "m", "lsn": 9},
@@ -176,9 +176,9 @@ def test_a_reduced_run_is_judged_again_and_a_failure_is_never_cached(store: Stor
     judge = Judge(_pool(sim.url))
     judge_batch(judge, store, PAIRS[:1])
     a, b = PAIRS[0]
-    before = view_source(store.run(b))
+    before = view_source(store.runs.run(b))
     reduce_run(store, b, 400, make_counter("chars"))
-    assert view_source(store.run(b)) != before
+    assert view_source(store.runs.run(b)) != before
     requests = sim.requests["/v1/completions"]
     reduced = judge_batch(judge, store, PAIRS[:1])[0]
     assert not reduced.cached and sim.requests["/v1/completions"] == requests + 2
@@ -195,10 +195,10 @@ def test_the_baselines_inputs_are_kept_so_scoring_cached_verdicts_decodes_no_run
     verdicts = judge_batch(Judge(_pool(sim.url)), store, PAIRS)
     fresh = evaluate(store, verdicts, use_cache=False)
     assert evaluate(store, verdicts) == fresh  # computed, and kept
-    listed = {row.id: row for row in store.listing()}  # the grades are all the truth needs
+    listed = {row.id: row for row in store.runs.listing()}  # the grades are all the truth needs
     reads: list[str] = []
-    real_run = store.run
-    monkeypatch.setattr(store, "run", lambda run_id: reads.append(run_id) or real_run(run_id))
+    real_run = store.runs.run
+    monkeypatch.setattr(store.runs, "run", lambda run_id: reads.append(run_id) or real_run(run_id))
     assert evaluate(store, verdicts, listed) == fresh and reads == []
 
 
@@ -223,8 +223,8 @@ def test_a_view_is_counted_from_the_counts_ingest_kept_and_packing_stays_token_e
     # What ingest or reduction would have kept: every body counted with the judge model's tokenizer, by ref.
     tokenizer = ModelTokenizer(vocab.model_path)
     assert vocab.counter_name == tokenizer.name
-    bodies = {ref: store.text(ref) for run in store.iter_runs() for ref in run.bodies}
-    store.put_counts(tokenizer.name, {ref: tokenizer.count(text or "") for ref, text in bodies.items()})
+    bodies = {ref: store.blobs.text(ref) for run in store.runs.iter_runs() for ref in run.bodies}
+    store.caches.put_counts(tokenizer.name, {ref: tokenizer.count(text or "") for ref, text in bodies.items()})
     counted: list[str] = []
     judge = Judge(vocab, template="raw", use_cache=False)
     judge.counter.count_fn = lambda text: counted.append(text) or vocab.count(text)

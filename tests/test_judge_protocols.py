@@ -21,7 +21,7 @@ from kvjudge.judge.protocols import PROTOCOLS, Criterion, Rubric, make_protocol
 from kvjudge.judge.protocols.base import MAX_REPEATS, Reading
 from kvjudge.judge.protocols.rubric import load_rubric, parse_criteria
 from kvjudge.judge.scale import Scale, letter_scale
-from kvjudge.judge.servers import label_score, top_logprobs
+from kvjudge.judge.server_logprobs import label_score, top_logprobs
 from kvjudge.judge.verdict import judge_settings
 from kvjudge.retention import Store
 from kvjudge.settings import Settings

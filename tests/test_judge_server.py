@@ -23,7 +23,7 @@ from llama_server import LlamaServer, server_extras_missing
 from kvjudge.errors import ContextRefused, JudgeError, ServerUnavailable
 from kvjudge.judge import SCORED, Judge, ServerBackend, ServerPool, judge_batch
 from kvjudge.judge.prompt import RAW, TemplateText
-from kvjudge.judge.servers import top_logprobs
+from kvjudge.judge.server_logprobs import top_logprobs
 from kvjudge.judge.runfacts import RUN_FACTS_KEY_PREFIX
 from kvjudge.judge.verdict import VERDICT_KEY_PREFIX
 from kvjudge.retention import Store

@@ -66,8 +66,8 @@ def test_escape_removes_every_bracket_run(text: str) -> None:
 def test_a_run_cannot_impersonate_the_instructions(tmp_path: Path) -> None:
     run = make_run("evil", [ATTACK])
     with store_from_runs(tmp_path / "store.sqlite", [run, make_run("plain", ["ok"])]) as store:
-        state = store.run("evil")
-        view = render_view(state, body_resolver(state, store.text))
+        state = store.runs.run("evil")
+        view = render_view(state, body_resolver(state, store.blobs.text))
         parts = RAW.segments(view, view)
     assert parts[0] == INSTRUCTIONS
     prompt = "".join(parts[1:])  # what follows the instructions (which name the delimiters once)
@@ -83,10 +83,10 @@ def test_a_run_cannot_impersonate_the_instructions(tmp_path: Path) -> None:
 def test_view_shows_skeleton_and_tools_and_holds_out_verifier_and_grades(tmp_path: Path) -> None:
     run = make_run("r1", ["collected 3 items\n3 passed"], dead=[["Traceback: boom"]], passed=True)
     with store_from_runs(tmp_path / "store.sqlite", [run]) as store:
-        state = store.run("r1")
-        view = render_view(state, body_resolver(state, store.text))
-        shown = render_view(state, body_resolver(state, store.text), show_verifier=True, show_grades=True)
-        assert store.run("r1").verifier and store.run("r1").grades  # the stored run keeps both
+        state = store.runs.run("r1")
+        view = render_view(state, body_resolver(state, store.blobs.text))
+        shown = render_view(state, body_resolver(state, store.blobs.text), show_verifier=True, show_grades=True)
+        assert store.runs.run("r1").verifier and store.runs.run("r1").grades  # the stored run keeps both
     assert "Fix the bug." in view and "[step 2] tool (bash, exit 0):" in view and "-> calls bash:\nstep 0\n" in view
     assert "Abandoned attempt attempt-1" in view and "Traceback: boom" in view
     assert "Verifier" not in view and "pytest: passed" not in view  # the run's own test output stays
@@ -100,7 +100,7 @@ def test_the_judge_prompt_holds_out_the_verifier_unless_shown(tmp_path: Path, to
     with store_from_runs(tmp_path / "store.sqlite", runs) as store:
         prompts = {}
         for shown in (False, True):
-            views = [base_view(store, store.run(r), tokenizer.count, show_verifier=shown) for r in ("r1", "r2")]
+            views = [base_view(store, store.runs.run(r), tokenizer.count, show_verifier=shown) for r in ("r1", "r2")]
             packed = pack_pair(views[0], views[1], tokenizer.count, 10_000)
             prompts[shown] = "".join(RAW.segments(packed[0].text, packed[1].text))
     assert "Verifier results" not in prompts[False] and "pytest: passed" not in prompts[False]
@@ -124,11 +124,11 @@ def test_chat_framing_wraps_the_question_in_the_template_as_special_text() -> No
 def test_reduced_text_shows_its_elision_marker(tmp_path: Path, tokenizer: ModelTokenizer) -> None:
     run = make_run("big", [filler(1, 2000)], lifecycle=("running", "grading", "graded"))
     with store_from_runs(tmp_path / "store.sqlite", [run]) as store:
-        before = store.run("big")
+        before = store.runs.run("big")
         reduce_run(store, "big", 300, tokenizer)
-        state = store.run("big")
-        view = render_view(state, body_resolver(state, store.text))
-        full = render_view(state, body_resolver(state, store.text, originals=True), full=True)
+        state = store.runs.run("big")
+        view = render_view(state, body_resolver(state, store.blobs.text))
+        full = render_view(state, body_resolver(state, store.blobs.text, originals=True), full=True)
     assert state.reduced and not before.reduced
     assert re.search(r"\[\d+ lines cut\]", view)
     assert "[text unavailable]" in full  # the original is gone, and the full view says so
@@ -138,11 +138,11 @@ def test_reduced_text_shows_its_elision_marker(tmp_path: Path, tokenizer: ModelT
 def test_packing_fits_and_never_stores_the_further_reduced_view(tmp_path: Path, tokenizer: ModelTokenizer) -> None:
     run = make_run("long", [filler(2, 1500), filler(3, 900)], dead=[[filler(4, 500)]])
     with store_from_runs(tmp_path / "store.sqlite", [run]) as store:
-        state = store.run("long")
-        events_before = list(store.iter_events("long"))
+        state = store.runs.run("long")
+        events_before = list(store.events.iter_events("long"))
         packed = pack_run(store, state, tokenizer.count, 400)
-        assert store.run("long").canonical_bytes() == state.canonical_bytes()
-        assert list(store.iter_events("long")) == events_before
+        assert store.runs.run("long").canonical_bytes() == state.canonical_bytes()
+        assert list(store.events.iter_events("long")) == events_before
     assert packed.text is not None and packed.tokens.further_reduced
     assert packed.tokens.view == tokenizer.count(packed.text) <= 400
     assert packed.tokens.full == packed.tokens.reduced > 400
@@ -151,9 +151,9 @@ def test_packing_fits_and_never_stores_the_further_reduced_view(tmp_path: Path, 
 
 def test_packing_a_small_run_keeps_it_whole(tmp_path: Path, tokenizer: ModelTokenizer) -> None:
     with store_from_runs(tmp_path / "store.sqlite", [make_run("small", ["3 passed"])]) as store:
-        state = store.run("small")
+        state = store.runs.run("small")
         packed = pack_run(store, state, tokenizer.count, 400)
-        view = render_view(state, body_resolver(state, store.text))
+        view = render_view(state, body_resolver(state, store.blobs.text))
     assert packed.text == view and not packed.tokens.further_reduced and packed.notes == ()
 
 
@@ -171,7 +171,7 @@ def test_a_pair_that_fits_is_read_whole_and_a_long_one_is_cut_fairly(tmp_path: P
                                                                      tokenizer: ModelTokenizer) -> None:
     runs = [make_run("short", ["3 passed"]), make_run("long", [filler(6, 1500)])]
     with store_from_runs(tmp_path / "store.sqlite", runs) as store:
-        short, long = (base_view(store, store.run(r), tokenizer.count) for r in ("short", "long"))
+        short, long = (base_view(store, store.runs.run(r), tokenizer.count) for r in ("short", "long"))
         whole = pack_pair(short, long, tokenizer.count, short.tokens + long.tokens)
         cut = pack_pair(short, long, tokenizer.count, short.tokens + 400)
     assert [v.text for v in whole] == [short.text, long.text] and not any(v.tokens.further_reduced for v in whole)
@@ -182,7 +182,7 @@ def test_a_pair_that_fits_is_read_whole_and_a_long_one_is_cut_fairly(tmp_path: P
 def test_packing_reports_overflow_when_the_skeleton_cannot_fit(tmp_path: Path, tokenizer: ModelTokenizer) -> None:
     run = make_run("steps", [f"out {i}" for i in range(60)])
     with store_from_runs(tmp_path / "store.sqlite", [run]) as store:
-        packed = pack_run(store, store.run("steps"), tokenizer.count, 200)
+        packed = pack_run(store, store.runs.run("steps"), tokenizer.count, 200)
     assert packed.text is None and packed.tokens.view is None
     assert any("skeleton" in note for note in packed.notes)
 
@@ -191,8 +191,8 @@ def test_packing_works_on_a_run_still_in_grading(tmp_path: Path, tokenizer: Mode
     # Judging is part of grading: the view of a run in Grading is derived (never stored), so it is allowed.
     run = make_run("grading", [filler(5, 1500)], lifecycle=("running", "grading"))
     with store_from_runs(tmp_path / "store.sqlite", [run]) as store:
-        packed = pack_run(store, store.run("grading"), tokenizer.count, 300)
-        assert store.run("grading").state == "grading" and not store.run("grading").reduced
+        packed = pack_run(store, store.runs.run("grading"), tokenizer.count, 300)
+        assert store.runs.run("grading").state == "grading" and not store.runs.run("grading").reduced
     assert packed.text is not None and packed.tokens.further_reduced
 
 

@@ -74,7 +74,7 @@ def test_baselines_and_a_judge_that_does_not_beat_them(tmp_path: Path) -> None:
     runs = [_graded("t1-good", True, "t1", ["ok"], exit_code=0), _graded("t1-bad", False, "t1", ["x" * 400], 1),
             _graded("t2-bad", False, "t2", ["short"], exit_code=1), _graded("t2-good", True, "t2", ["y" * 900], 0)]
     with store_from_runs(tmp_path / "store.sqlite", runs) as store:
-        assert last_exit_code(store.run("t1-good")) == 0 and last_exit_code(store.run("t1-bad")) == 1
+        assert last_exit_code(store.runs.run("t1-good")) == 0 and last_exit_code(store.runs.run("t1-bad")) == 1
         pairs = [("t1-good", "t1-bad"), ("t2-bad", "t2-good")]
         verdicts = [make_verdict("t1-good", "t1-bad", "inconsistent", 0.9, 0.1),
                     make_verdict("t2-bad", "t2-good", "a", 0.7, 0.7)]
@@ -141,8 +141,8 @@ def test_bradley_terry_counts_a_tie_as_half_a_win() -> None:
 def test_agent_falls_back_to_the_id_prefix_then_the_tenant(tmp_path: Path) -> None:
     runs = [make_run("swe-agent/django-1", ["ok"], tenant="acme"), make_run("plain", ["ok"], tenant="acme")]
     with store_from_runs(tmp_path / "store.sqlite", runs) as store:
-        assert agent_of(store.run("swe-agent/django-1")) == "swe-agent"
-        assert agent_of(store.run("plain")) == "acme"
+        assert agent_of(store.runs.run("swe-agent/django-1")) == "swe-agent"
+        assert agent_of(store.runs.run("plain")) == "acme"
 
 
 def test_cli_rank_from_a_verdicts_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -83,7 +83,7 @@ def store(tmp_path: Path) -> Any:
 
 
 def _bases(store: Any, count: Any, *runs: str) -> list[Any]:
-    return [base_view(store, store.run(r), count) for r in runs]
+    return [base_view(store, store.runs.run(r), count) for r in runs]
 
 
 # ------------------------------------------------------------------------------------------ the common block

@@ -255,10 +255,10 @@ def test_select_pairs_applies_the_policy_to_a_store(tmp_path: Path) -> None:
         def args(**given: object) -> argparse.Namespace:
             return argparse.Namespace(**{"runs": [], "pairs": None, "task": None, "trials": "matched", **given})
 
-        assert select_pairs(args(task="fix-csv"), store).pairs == [("a/fix-csv/1", "b/fix-csv/1"),
+        assert select_pairs(args(task="fix-csv"), store.runs).pairs == [("a/fix-csv/1", "b/fix-csv/1"),
                                                                    ("a/fix-csv/2", "b/fix-csv/2")]
-        assert len(select_pairs(args(trials="all"), store, default_all=True).pairs) == 6
-        named = select_pairs(args(runs=["a/fix-csv/1", "a/fix-csv/2"]), store)
+        assert len(select_pairs(args(trials="all"), store.runs, default_all=True).pairs) == 6
+        named = select_pairs(args(runs=["a/fix-csv/1", "a/fix-csv/2"]), store.runs)
         assert named.to_json() == {"policy": "named", "pairs": 1, "tasks": 1, "trials_per_task": {"2": 1}}
 
 

@@ -24,7 +24,7 @@ import pytest
 from kvjudge.errors import ContextRefused
 from kvjudge.judge import PromptOverflow, ServerBackend
 from kvjudge.judge.prompt import TemplateText
-from kvjudge.judge.servers import VLLM_MAX_LOGPROBS
+from kvjudge.judge.server_logprobs import VLLM_MAX_LOGPROBS
 from kvjudge.server_client import ServerClient, Usage, context_refusal, usage_of
 from kvjudge.testing.sim_judge import AnswerKey, Settings, SimJudge, SimJudgeServer
 

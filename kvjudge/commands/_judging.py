@@ -17,6 +17,7 @@ from kvjudge.judge import backend_registry
 from kvjudge.judge.ledger import Ledger, plan_line
 from kvjudge.judge.pairing import DEFAULT_POLICY, POLICIES, PairSelection, describe_pairs, same_task_pairs
 from kvjudge.retention import Store
+from kvjudge.retention.store.interfaces import RunQueries
 from kvjudge.retention.state import RunState
 from kvjudge.judge.protocols import PROTOCOLS
 from kvjudge.settings import DEFAULT_LEVELS, DEFAULT_PARALLEL, DEFAULT_PROTOCOL, DEFAULT_TIMEOUT_S
@@ -160,10 +161,10 @@ def _pairs_from_file(path: str) -> list[tuple[str, str]]:
     return pairs
 
 
-def select_pairs(args: argparse.Namespace, store: Store, *, default_all: bool = False,
+def select_pairs(args: argparse.Namespace, runs: RunQueries, *, default_all: bool = False,
                  keep: Callable[[Any, Any], bool] | None = None) -> PairSelection:
     """The pairs named by RUN_A RUN_B, ``--pairs FILE`` or ``--task TASK`` (or, with ``default_all``, every
-    same-task pair of the store), the trials of an agent paired by ``--trials``
+    same-task pair of ``runs``, the store's run queries), the trials of an agent paired by ``--trials``
     (:func:`kvjudge.judge.pairing.same_task_pairs`); unknown runs and self-pairs are errors before any model
     loads."""
     chosen = sum([bool(args.runs), args.pairs is not None, args.task is not None])
@@ -177,10 +178,10 @@ def select_pairs(args: argparse.Namespace, store: Store, *, default_all: bool = 
         pairs = _pairs_from_file(args.pairs)
     else:
         # The listing is all pairing reads (nothing decoded); the judge folds a run only where it must.
-        selection = same_task_pairs(store.runs.listing(task=args.task), task=args.task, policy=args.trials, keep=keep)
+        selection = same_task_pairs(runs.listing(task=args.task), task=args.task, policy=args.trials, keep=keep)
         pairs = selection.pairs
         if args.task is not None and not pairs:
-            count = len(store.runs.run_ids(task=args.task))
+            count = len(runs.run_ids(task=args.task))
             raise UsageError(f"task {args.task!r} has {count} run(s) in the store that pair under --trials "
                              f"{args.trials}; a pair needs two")
         if not pairs:
@@ -191,5 +192,5 @@ def select_pairs(args: argparse.Namespace, store: Store, *, default_all: bool = 
         if a == b:
             raise UsageError(f"pair ({a}, {b}) names one run twice; a judge compares two runs")
         for run_id in (a, b):
-            store.runs.run(run_id)  # an unknown run is an error before any model call (StoreError names it)
-    return describe_pairs(pairs, store.runs.run, "named")
+            runs.run(run_id)  # an unknown run is an error before any model call (StoreError names it)
+    return describe_pairs(pairs, runs.run, "named")

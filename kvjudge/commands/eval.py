@@ -51,7 +51,7 @@ def _eval(args: argparse.Namespace) -> int:
     templates = ["chat", "raw"] if args.template == "both" else [args.template]
     results: dict[str, dict[str, Any]] = {}
     with target.open_store() as store:
-        selection = select_pairs(args, store, default_all=True)
+        selection = select_pairs(args, store.runs, default_all=True)
         states: dict[str, RunState] = {}  # the runs the judge folds, folded once for the baselines too
         for template in templates:
             with opened_judge(args, target, template=template) as judge:
@@ -75,7 +75,7 @@ def _eval_pointwise(args: argparse.Namespace, target: JudgeTarget) -> int:
     scores against the runs' grades as a critic is measured (:func:`~kvjudge.judge.critic_eval.score_figures`)."""
     with target.open_store() as store:
         if args.runs or args.pairs is not None:
-            run_ids = sorted({run for pair in select_pairs(args, store).pairs for run in pair})
+            run_ids = sorted({run for pair in select_pairs(args, store.runs).pairs for run in pair})
         else:
             run_ids = store.runs.run_ids(task=args.task)
         if not run_ids:
@@ -84,7 +84,7 @@ def _eval_pointwise(args: argparse.Namespace, target: JudgeTarget) -> int:
             with progress("scoring", len(run_ids) * judge.protocol.calls) as advance:
                 judge.planner.progress = lambda message: advance(0, description=message)
                 scores = score_runs(judge, store, run_ids, on_call=advance, on_plan=announce(judge, "score"))
-            grades = {run_id: grade_score(store.run(run_id)) for run_id in run_ids}
+            grades = {run_id: grade_score(store.runs.run(run_id)) for run_id in run_ids}
             figures = score_figures(scores, grades)
             payload = {"protocol": judge.protocol.name, "pointwise": figures, "summary": summarize_scores(scores),
                        "manifest": judge.manifest(), "cost": spent(judge).to_json()}

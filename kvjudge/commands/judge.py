@@ -54,7 +54,7 @@ def _judge(args: argparse.Namespace) -> int:
     if target.settings.judge.jury and not args.still_grades:
         return _judge_by_jury(args, target)
     with target.open_store() as store:
-        selection = select_pairs(args, store)
+        selection = select_pairs(args, store.runs)
         pairs = selection.pairs
         with opened_judge(args, target) as judge:
             sides = 2 if args.still_grades else 1
@@ -88,7 +88,7 @@ def _judge(args: argparse.Namespace) -> int:
 
 def _judge_by_jury(args: argparse.Namespace, target: JudgeTarget) -> int:
     with target.open_store() as store:
-        selection = select_pairs(args, store)
+        selection = select_pairs(args, store.runs)
         target.protocol()  # a bad protocol, rubric or scale: one line, before any member opens
         members = target.open_jury(n_ctx=args.n_ctx, certify=not args.no_certify, show_verifier=args.show_verifier,
                                    show_grades=args.show_grades, use_cache=not args.no_cache)

@@ -72,7 +72,7 @@ def _rank(args: argparse.Namespace) -> int:
                 raise UsageError("--verdicts ranks a file of verdicts; do not name pairs as well")
             verdicts = _verdicts_from_file(args.verdicts)
         else:
-            selection = select_pairs(args, store, default_all=True, keep=lambda a, b: agent_of(a) != agent_of(b))
+            selection = select_pairs(args, store.runs, default_all=True, keep=lambda a, b: agent_of(a) != agent_of(b))
             chosen = selection.runs
             with opened_judge(args, target) as judge:
                 verdicts = judged(judge, store, selection)

@@ -67,7 +67,7 @@ def _report(args: argparse.Namespace) -> int:
     critic = args.protocol is not None and PROTOCOLS[args.protocol].kind == "pointwise"
     pairwise = PAIRWISE_SCALE if critic else args.protocol
     with target.open_store() as store:
-        selection = select_pairs(args, store, default_all=True)
+        selection = select_pairs(args, store.runs, default_all=True)
         with opened_judge(args, target, protocol=pairwise) as judge:
             verdicts = judged(judge, store, selection)
             # The ceiling as `kvjudge reduce` computes it, or no figures and the reason (no probe figure yet).

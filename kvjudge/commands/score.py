@@ -48,7 +48,7 @@ def _score(args: argparse.Namespace) -> int:
         if not run_ids:
             raise UsageError("no runs to score: ingest runs, or name them")
         for run_id in args.runs:
-            store.run(run_id)  # an unknown run is an error before any model call
+            store.runs.run(run_id)  # an unknown run is an error before any model call
         with opened_judge(args, target, protocol=protocol) as judge:
             with progress("scoring", len(run_ids) * judge.protocol.calls) as advance:
                 judge.planner.progress = lambda message: advance(0, description=message)

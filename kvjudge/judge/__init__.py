@@ -54,7 +54,9 @@ from kvjudge.judge.protocols import DEFAULT_RUBRIC, PROTOCOLS, Criterion, JudgeP
 from kvjudge.judge.render import escape, render_view
 from kvjudge.judge.scale import Scale, letter_scale
 from kvjudge.judge.select import STRATEGIES, Pick
-from kvjudge.judge.servers import ServerBackend, ServerPool, open_servers
+from kvjudge.judge.server_backend import ServerBackend
+from kvjudge.judge.server_pool import ServerPool
+from kvjudge.judge.servers import open_servers
 from kvjudge.judge.stillgrades import (
     StillGrades,
     StillGradesCheck,

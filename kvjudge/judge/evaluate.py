@@ -40,6 +40,7 @@ from kvjudge.retention.state import RunState, best_grade
 if TYPE_CHECKING:
     from kvjudge.retention import Store
     from kvjudge.retention.store import RunListing
+    from kvjudge.retention.store.interfaces import BlobStore
 
 BASELINES: tuple[str, ...] = ("always_first", "longer_run", "last_exit_zero")
 NO_PREFERENCE = ("tie", "inconsistent")
@@ -154,9 +155,9 @@ def last_exit_code(state: RunState) -> int | None:
     return codes[-1] if codes else None
 
 
-def view_length(store: Store, state: RunState) -> int:
+def view_length(blobs: BlobStore, state: RunState) -> int:
     """Characters of the run as the judge would read it, everything held out hidden."""
-    return len(render_view(state, body_resolver(state, store.text)))
+    return len(render_view(state, body_resolver(state, blobs.text)))
 
 
 def baseline_inputs(store: Store, run_ids: Iterable[str], state: Callable[[str], RunState], *,
@@ -166,7 +167,7 @@ def baseline_inputs(store: Store, run_ids: Iterable[str], state: Callable[[str],
     a view with a body that could not be read is not kept). ``state(run_id)``: the folded run, read only where its
     inputs are not kept yet."""
     def compute(folded: RunState) -> tuple[dict[str, Any], bool]:
-        parts = render_parts(folded, body_resolver(folded, store.text))
+        parts = render_parts(folded, body_resolver(folded, store.blobs.text))
         return {"length": len(parts.text), "last_exit_code": last_exit_code(folded)}, not parts.missing
 
     facts = RunFacts("baseline_inputs", compute, code_digest((*VIEW_MODULES, __name__)))
@@ -218,7 +219,7 @@ def evaluate(store: Store, verdicts: Sequence[Verdict], states: Mapping[str, Run
     def run(run_id: str) -> RunState:
         current = read.get(run_id)
         if not isinstance(current, RunState):
-            current = read[run_id] = store.run(run_id)
+            current = read[run_id] = store.runs.run(run_id)
         return current
 
     def graded(run_id: str) -> RunState | RunListing:

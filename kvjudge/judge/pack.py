@@ -229,16 +229,16 @@ def base_view(store: Store, state: RunState, count: AnyCounter, *, show_grades: 
     counter = view_counter(count)
     show = {"show_grades": show_grades, "show_verifier": show_verifier}
     notes: list[str] = []
-    text_of: TextOf = _memo(store.text)
+    text_of: TextOf = _memo(store.blobs.text)
     stored_resolver = body_resolver(state, text_of)
     stored, stored_shown = _rendered(state, stored_resolver, show)
-    counter.load_parts(store, stored, state.bodies)
+    counter.load_parts(store.caches, stored, state.bodies)
     reduced_tokens = counter.parts(stored)
     complete = not stored.missing
     if state.reduced:
         originals = body_resolver(state, text_of, originals=True)
         full_parts, full_shown = _rendered(state, originals, show, full=True)
-        counter.load_parts(store, full_parts)
+        counter.load_parts(store.caches, full_parts)
         readable_all = all(originals(ref).kind == "original" for ref in state.bodies
                            if state.bodies[ref].status in ("reduced", "dropped"))
         full_tokens = counter.parts(full_parts) if readable_all else None
@@ -273,7 +273,7 @@ def base_view(store: Store, state: RunState, count: AnyCounter, *, show_grades: 
             else:
                 notes.append(f"nothing left to reduce toward a {reduce_to}-token target: the view is unchanged")
         reduced_tokens = base_tokens
-    counter.save(store)
+    counter.save(store.caches)
     worth = body_worth(base_state, found, readable(base_state, base_text_of))
     ranks = {ref: value.rank for ref, value in worth.items()}
     return BaseView(state.id, base_state, base_text_of, base_parts.text, base_tokens, full_tokens, reduced_tokens,

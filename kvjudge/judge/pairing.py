@@ -67,8 +67,8 @@ def same_task_pairs(states: Iterable[Any], *, task: str | None = None, policy: s
                     keep: Callable[[Any, Any], bool] | None = None,
                     agent: Callable[[Any], str] = agent_of) -> PairSelection:
     """The pairs of runs on one task (``task``, else every task) under ``policy``, in run-id order within each
-    task; ``keep(state_a, state_b)`` filters them. ``states`` are folded runs (``store.iter_runs()``) or listings
-    (``store.listing()``: nothing decoded), anything with a run's ``id``, ``task_id``, ``trial`` and agent."""
+    task; ``keep(state_a, state_b)`` filters them. ``states`` are folded runs (``store.runs.iter_runs()``) or listings
+    (``store.runs.listing()``: nothing decoded), anything with a run's ``id``, ``task_id``, ``trial`` and agent."""
     if policy not in POLICIES:
         raise ValueError(f"unknown pairing policy {policy!r}; use one of {', '.join(POLICIES)}")
     by_task: dict[str, list[Any]] = {}

@@ -154,7 +154,7 @@ def score_runs(judge: Judge, store: Store, run_ids: Sequence[str], *, on_call: C
 
     def state(run_id: str) -> RunState:
         if run_id not in folded:
-            folded[run_id] = store.run(run_id)
+            folded[run_id] = store.runs.run(run_id)
         return folded[run_id]
 
     manifest = judge.manifest()
@@ -163,7 +163,7 @@ def score_runs(judge: Judge, store: Store, run_ids: Sequence[str], *, on_call: C
     judge.check_room(cap)
     sources = view_sources(store, run_ids, state, show_grades=judge.show_grades, show_verifier=judge.show_verifier)
     keys = [score_key(settings, window=cap, slack=judge.backend.slack_tokens, source=sources[r]) for r in run_ids]
-    records = store.get_judgments(keys) if judge.use_cache else {}
+    records = store.caches.get_judgments(keys) if judge.use_cache else {}
     scores: list[RunScore | None] = [None] * len(run_ids)
     calls = protocol.calls
 
@@ -185,7 +185,7 @@ def score_runs(judge: Judge, store: Store, run_ids: Sequence[str], *, on_call: C
         on_plan(len(misses) * calls, len(run_ids) - len(misses))
     if misses:
         _score_misses(judge, store, run_ids, misses, state, keys, manifest, settings, on_call, decided, bound)
-    judge.counter.save(store)
+    judge.counter.save(store.caches)
     return [score for score in scores if score is not None]
 
 
@@ -256,7 +256,7 @@ def _score_misses(judge: Judge, store: Store, run_ids: Sequence[str], misses: li
     if writes:
         with store.transaction("put_judgments"):
             for key, payload in writes.items():
-                store.put_judgment(key, payload)
+                store.caches.put_judgment(key, payload)
 
 
 def summarize_scores(scores: Sequence[RunScore]) -> dict[str, Any]:

@@ -83,7 +83,7 @@ TextOf = Callable[[str], "str | None"]
 def body_resolver(state: RunState, text_of: TextOf, *, originals: bool = False) -> BodyResolver:
     """Bodies as ``state`` says a reader sees them: the original, or the summary standing in for it.
 
-    ``text_of(ref)`` reads a body (``store.text``, or ``plan.text_of`` for a view derived on the fly).
+    ``text_of(ref)`` reads a body (``store.blobs.text``, or ``plan.text_of`` for a view derived on the fly).
     With ``originals`` every ref reads its own text whatever the log says (the full run, where the
     originals still exist somewhere); a body that cannot be read is ``missing``.
     """

@@ -1,7 +1,7 @@
 """Facts derived from one run's folded state alone (what its views derive from, a baseline's inputs), kept in the
 store's judgment cache under the digest of the state's bytes: a command that needs only the facts of its runs
-decodes none of them — it hashes their stored states (:meth:`~kvjudge.retention.Store.state_digests`) and looks
-every fact up at once.
+decodes none of them — it hashes their stored states
+(:meth:`~kvjudge.retention.store.interfaces.RunQueries.state_digests`) and looks every fact up at once.
 
 A fact's key is the sha256 of its name, its arguments, the digest of the code computing it and the digest of the
 run's state. Equal state bytes are one state (the fold is canonical) and any event that changes a run changes them;
@@ -49,9 +49,9 @@ class RunFacts:
         wanted = list(dict.fromkeys(run_ids))
         if not use_cache:
             return {run_id: self.compute(state(run_id))[0] for run_id in wanted}
-        digests = store.state_digests(wanted)
+        digests = store.runs.state_digests(wanted)
         keys = {run_id: self.key(digests[run_id]) for run_id in wanted if run_id in digests}
-        kept = store.get_judgments(keys.values())
+        kept = store.caches.get_judgments(keys.values())
         facts: dict[str, Any] = {}
         new: dict[str, dict[str, Any]] = {}
         for run_id in wanted:
@@ -66,7 +66,7 @@ class RunFacts:
             # A cache: an entry lost at a power cut is computed again.
             with store.transaction("put_run_facts", durable=False):
                 for key, payload in new.items():
-                    store.put_judgment(key, payload)
+                    store.caches.put_judgment(key, payload)
         return facts
 
 

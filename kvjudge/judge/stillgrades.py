@@ -274,7 +274,7 @@ def check_still_grades(judge: Judge, store: Store, pairs: Sequence[Pair], reduce
         seconds["reduce_stored"] = round(time.perf_counter() - started, 2)
         per_pair = None
     else:
-        per_pair = {(a, b): reduce_to[store.run(a).tenant] for a, b in pairs}
+        per_pair = {(a, b): reduce_to[store.runs.run(a).tenant] for a, b in pairs}
     with _side(progress, "judging reduced runs", len(pairs), seconds, "reduced") as advance:
         reduced = judge_batch(judge, store, pairs, reduce_to=per_pair, on_call=_both(on_call, advance),
                               on_verdict=on_verdict)

@@ -5,10 +5,11 @@ stored. The in-process backend tokenizes a prompt segment by segment, so the sum
 prompt's length, exactly; a server tokenizes the prompt whole, where a segment boundary can only merge tokens (each
 body stands on lines of its own), within the slack a server backend keeps.
 
-So counting a view never tokenizes it: a body's count comes from the store's count cache
-(``store.cached_counts`` under the judge's counter, filled by ingest, reduction or an earlier judgment, and
-completed here for the bodies nobody counted yet), the counts of extracts a view derives on the fly from the
-reduction plan that made them, and the markup's from a memo (the same headings recur in every run).
+So counting a view never tokenizes it: a body's count comes from the store's count cache (``store.caches``, a
+:class:`~kvjudge.retention.store.interfaces.TokenCounts`, under the judge's counter, filled by ingest, reduction or
+an earlier judgment, and completed here for the bodies nobody counted yet), the counts of extracts a view derives
+on the fly from the reduction plan that made them, and the markup's from a memo (the same headings recur in every
+run).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import TYPE_CHECKING
 from kvjudge.judge.render import ViewParts
 
 if TYPE_CHECKING:
-    from kvjudge.retention import Store
+    from kvjudge.retention.store.interfaces import TokenCounts
 
 CountFn = Callable[[str], int]
 
@@ -56,20 +57,20 @@ class ViewCounter:
             tokens = self._markup[text] = self.count(text)
         return tokens
 
-    def load(self, store: Store, refs: Iterable[str]) -> None:
+    def load(self, counts: TokenCounts, refs: Iterable[str]) -> None:
         """Read the stored counts of ``refs`` under this counter (one query; refs asked before are skipped)."""
         wanted = [ref for ref in refs if ref not in self._looked_up and ref not in self._bodies]
         if not wanted:
             return
         self._looked_up.update(wanted)
         if self.name is not None:
-            self._bodies.update(store.cached_counts(wanted, self.name))
+            self._bodies.update(counts.cached_counts(wanted, self.name))
 
-    def load_parts(self, store: Store, parts: ViewParts, refs: Iterable[str] = ()) -> None:
+    def load_parts(self, counts: TokenCounts, parts: ViewParts, refs: Iterable[str] = ()) -> None:
         """Read the stored counts of ``refs`` and of the bodies ``parts`` shows escaped, in one query."""
         escaped = [self._key(body[0], text) for text, body in zip(parts.texts, parts.bodies)
                    if body is not None and body[1]]
-        self.load(store, [*refs, *escaped])
+        self.load(counts, [*refs, *escaped])
 
     def learn(self, counts: Mapping[str, int]) -> None:
         """Counts made elsewhere with the same counter (a reduction plan's extracts: text, not stored)."""
@@ -101,10 +102,10 @@ class ViewCounter:
             total += self.markup(text) if body is None else self.body(body[0], text, body[1])
         return total
 
-    def save(self, store: Store) -> None:
+    def save(self, counts: TokenCounts) -> None:
         """Write the counts made here to the store's count cache: each text is counted once, ever."""
         if self.name is not None and self._fresh:
-            store.put_counts(self.name, self._fresh)
+            counts.put_counts(self.name, self._fresh)
         self._fresh = {}
 
 

@@ -1,4 +1,5 @@
-"""The judge window: as large as the pairs need, never larger than this device is known to hold.
+"""The judge window, decided here alone: as large as the pairs need, never larger than this device (or the judge
+servers' certified entries) is known to hold.
 
 ``n_ctx`` = framing + both views + the answer, rounded up to a multiple of 256, capped by the certified
 ``safe_context`` when the model's entry is certified, else by the analytic ``max_context_tokens`` (the full
@@ -6,23 +7,27 @@ side of a still-grades check may always go up to the analytic bound: it must rea
 chosen size has not run on this device yet, that size alone is certified (one trial in a child process),
 announced first with an estimated duration from the measured prefill speed; ``certify=False``
 (``--no-certify``) skips it and the window is labelled as not certified. Nothing here certifies the model's
-whole trained context.
+whole trained context. A pool of judge servers gets one window for all of them (:func:`served_window`): the
+smallest certified ``safe_context`` of their capability entries, or ``--n-ctx``, which may only lower it.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from kvjudge.errors import JudgeError
+from kvjudge.errors import CapabilityMissing, JudgeError
 from kvjudge.judge.pack import ANSWER_TOKENS
-from kvjudge.probe import CapabilityEntry, CapabilityLookup
+from kvjudge.probe import CapabilityEntry, CapabilityLookup, lookup_served
 from kvjudge.probe.core import ran_at
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from kvjudge.judge.backends import Backend
+    from kvjudge.server_client import Credentials, ServerInfo
 
 WINDOW_STEP = 256
 BOUNDS: tuple[str, str] = ("certified", "analytic")
@@ -30,6 +35,12 @@ BOUNDS: tuple[str, str] = ("certified", "analytic")
 _SPEED_SAMPLE_TOKENS = 256
 
 Say = Callable[[str], None]
+
+
+def check_requested(requested: int | None) -> None:
+    """``--n-ctx`` too small for any judge prompt is a one-line error."""
+    if requested is not None and requested < 64:
+        raise JudgeError(f"--n-ctx {requested} is too small for a judge prompt; use at least 512")
 
 
 def window_tokens(prompt_tokens: int) -> int:
@@ -88,8 +99,7 @@ class WindowPlanner:
     progress: Say | None = None
 
     def __post_init__(self) -> None:
-        if self.requested is not None and self.requested < 64:
-            raise JudgeError(f"--n-ctx {self.requested} is too small for a judge prompt; use at least 512")
+        check_requested(self.requested)
 
     def _say(self, message: str) -> None:
         if self.say is not None:
@@ -162,3 +172,50 @@ class WindowPlanner:
         window = self.plan(needed_tokens, bound=bound)
         self.backend.resize(window.n_ctx, source=window.source)
         return window
+
+
+# The n_ctx sources that mean every server's entry vouched for the window.
+CERTIFIED_SOURCES = ("capability cache (measured on the server)", "--n-ctx (within the certified context)")
+
+
+def default_planner(backend: Backend) -> WindowPlanner | None:
+    """The planner of a judge given none: None when the backend's window was chosen by its caller (a server's
+    context, ``LlamaBackend(n_ctx=...)``): pairs are fitted into that window and nothing sizes it."""
+    return None if backend.n_ctx is not None else WindowPlanner(backend)
+
+
+def _vouched_n_ctx(entry: Any) -> int | None:
+    """The judge window a served entry vouches for: its certified ``safe_context``."""
+    return int(entry.safe_context) if entry is not None and entry.certified and entry.safe_context else None
+
+
+def served_window(infos: Sequence[ServerInfo], requested: int | None, cache_path: str | Path | None,
+                staleness_days: float | None, credentials: Credentials | None = None) -> tuple[int, str]:
+    """The judge window on every server: the certified one from each server's capability entry (the smallest),
+    or ``requested``, which may only lower it (and without an entry stays within the reported context)."""
+    check_requested(requested)
+    vouched: list[int] = []
+    for info in infos:
+        found = lookup_served(info.url, cache_path=cache_path, staleness_days=staleness_days, identified=info,
+                              credentials=credentials)
+        entry = found.entry
+        window = _vouched_n_ctx(entry)
+        if entry is not None and not entry.stale and window is not None:
+            vouched.append(window)
+            continue
+        if requested is None:
+            state = "stale" if entry is not None and entry.stale else "not certified" if entry is not None else \
+                "missing"
+            why = f": {found.reason}" if entry is None and found.reason not in ("", "no entry") else ""
+            raise CapabilityMissing(f"no {'fresh ' if state == 'stale' else ''}probe figure for the model served at "
+                                    f"{info.url} (entry {state}{why}); run `kvjudge probe --server {info.url}`, or "
+                                    f"pass --n-ctx N to judge within its reported context")
+        if info.n_ctx is not None and requested > info.n_ctx:
+            raise JudgeError(f"--n-ctx {requested} is over the {info.n_ctx} tokens served at {info.url}")
+    if requested is None:
+        return min(vouched), "capability cache (measured on the server)"
+    if vouched and requested > min(vouched):
+        raise JudgeError(f"--n-ctx {requested} is over the certified context {min(vouched)} of the judge servers; "
+                         f"use --n-ctx {min(vouched)} or less")
+    certified = len(vouched) == len(infos)
+    return requested, "--n-ctx (within the certified context)" if certified else "--n-ctx (not certified)"

@@ -3,7 +3,7 @@
 A run explores the repository (``cat`` of source files), runs the tests once (a pytest log whose last line is the
 outcome) and submits its final patch (the output of ``git diff --cached``, as mini-swe-agent's submission prints
 it): the patch and that outcome line are what decides its grade, so they are its evidence in the key
-(:func:`kvjudge.testing.sim_judge.key_entry`). Everything is drawn from a seed, so the same arguments give the same
+(:func:`kvjudge.testing.sim_key.key_entry`). Everything is drawn from a seed, so the same arguments give the same
 bytes; the task's problem statement depends on the task alone, so runs of one task share it.
 
 Sizes are in lines: ``explore`` source files of ``file_lines`` lines each (≈ 10 tokens a line), a patch with
@@ -22,7 +22,7 @@ from typing import Any
 
 from kvjudge.testing.filler import filler
 from kvjudge.testing.jsonl import write_jsonl
-from kvjudge.testing.sim_judge import KeyEntry, key_entry, write_key
+from kvjudge.testing.sim_key import KeyEntry, key_entry, write_key
 
 _WORDS = ("field", "row", "quote", "sep", "cache", "token", "value", "index", "buffer", "parse", "merge", "split",
           "column", "reader", "writer", "header", "record", "limit", "state", "entry", "node", "path", "name")

@@ -39,21 +39,6 @@ class Store:
         self.transaction = db.transaction
         self.savepoint = db.savepoint
         self.page_cache = db.page_cache
-        # Compatibility, until kvjudge/judge/ and kvjudge/retention/ingest/ (rewritten on other branches) ask the
-        # parts themselves: the parts' methods they still call on the store. Bound once, so a call costs no extra
-        # frame. Delete this block once those callers are migrated.
-        self.run = self.runs.run
-        self.has_run = self.runs.has_run
-        self.iter_runs = self.runs.iter_runs
-        self.listing = self.runs.listing
-        self.state_digests = self.runs.state_digests
-        self.iter_events = self.events.iter_events
-        self.text = self.blobs.text
-        self.cached_counts = self.caches.cached_counts
-        self.put_counts = self.caches.put_counts
-        self.get_judgment = self.caches.get_judgment
-        self.get_judgments = self.caches.get_judgments
-        self.put_judgment = self.caches.put_judgment
 
     @classmethod
     def open(cls, path: str | os.PathLike[str] | None = None, *, fallback: FallbackReader | None = None) -> Store:
