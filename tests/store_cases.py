@@ -126,6 +126,15 @@ class BlobStoreCases(StoreCases):
         blobs.fallback = elsewhere.get
         assert blobs.text(ref_of(b"cold text")) == "cold text" and blobs.get(ref_of(b"cold text")) is None
 
+    def test_a_row_without_its_body_keeps_its_size_and_a_later_put_fills_it(self, parts: Any) -> None:
+        blobs: BlobStore = parts.blobs
+        here, gone = blobs.put(b"here already"), ref_of(b"went elsewhere")
+        assert blobs.put_absent([(gone, 14), (here, 12)]) == 1  # a row already here is left alone
+        assert blobs.stat(gone) == (14, False) and blobs.known(gone) and not blobs.has_body(gone)
+        assert blobs.stat(here) == (12, True) and blobs.put_absent([(gone, 14)]) == 0
+        assert [ref for ref, _ in blobs.iter_bodies()] == [here]
+        assert blobs.put(b"went elsewhere") == gone and blobs.get(gone) == b"went elsewhere"
+
 
 class RunQueriesCases(StoreCases):
     def test_a_run_reads_as_its_events_fold_and_refolds_the_same(self, parts: Any) -> None:
@@ -196,6 +205,15 @@ class TokenCountsCases(StoreCases):
         assert counts.cached_counts([a, b], "chars") == {a: 3, b: 5}
         assert parts.runs.listing(counter="chars")[0].tokens == 3 + 5 + 3  # a is shown twice
 
+    def test_every_count_streams_in_ref_and_counter_order(self, parts: Any) -> None:
+        counts: TokenCounts = parts.caches
+        refs = sorted(ref_of(f"body {n}".encode()) for n in range(1500))  # more than one page
+        counts.put_counts("chars", dict.fromkeys(refs, 7))
+        counts.put_counts("cl100k", {refs[0]: 2})
+        streamed = list(counts.iter_counts())
+        assert len(streamed) == 1501 and streamed[:2] == [(refs[0], "chars", 7), (refs[0], "cl100k", 2)]
+        assert streamed == sorted(streamed)
+
 
 class JudgmentsCases(StoreCases):
     def test_a_judgment_is_replaced_never_merged(self, parts: Any) -> None:
@@ -212,6 +230,8 @@ class JudgmentsCases(StoreCases):
                 if key not in ("k1", "k2"):
                     judgments.put_judgment(key, {"n": key})
         assert len(judgments.get_judgments(keys)) == 1200
+        streamed = list(judgments.iter_judgments())
+        assert [key for key, _ in streamed] == sorted(keys) and dict(streamed)["k1"] == {"q": 1}
 
 
 class TransactionsCases(StoreCases):

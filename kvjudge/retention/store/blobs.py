@@ -158,6 +158,20 @@ class SqliteBlobStore:
             last = rows[-1][0]
 
 
+    def put_absent(self, rows: Iterable[tuple[str, int]]) -> int:
+        """Record refs whose bodies are not here, with their sizes (a body-less row, as a deleted body leaves);
+        a ref that has a row keeps it. Joins the caller's transaction (or opens one); returns the rows written."""
+        written = 0
+        with self._transaction("put_blob"):
+            pending = iter(rows)
+            while chunk := list(itertools.islice(pending, REFS_PER_QUERY)):
+                before = self._conn.total_changes
+                self._conn.executemany("INSERT OR IGNORE INTO blobs(ref, size, body) VALUES (?, ?, NULL)",
+                                       [(ref, int(size)) for ref, size in chunk])
+                written += self._conn.total_changes - before
+        return written
+
+
 class BodyReaders:
     """Bodies of the store file at ``path`` read in chunks by several threads at once: one read-only connection
     per thread (an SQLite connection is not shared), so reading is as parallel as the writing it feeds."""

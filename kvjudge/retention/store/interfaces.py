@@ -156,6 +156,12 @@ class BlobStore(Protocol):
         """Every (ref, body) still present, streamed in ref order."""
         ...
 
+    def put_absent(self, rows: Iterable[tuple[str, int]]) -> int:
+        """Record refs whose bodies are not here, each with its size (a copied store's reduced, dropped and tiered
+        bodies: the rows a blob store keeps once a body goes); a ref with a row already is left as it is. Joins the
+        caller's transaction (or opens one); returns the rows written."""
+        ...
+
     def release(self, refs: Iterable[str], *, label: str = "delete_body", scrub: bool = True,
                 durable: bool = True) -> list[str]:
         """Delete the local bodies of ``refs`` that no run still reads locally; returns those deleted. Only after
@@ -240,6 +246,10 @@ class TokenCounts(Protocol):
         """Record counts (first write wins) and the run totals they complete."""
         ...
 
+    def iter_counts(self) -> Iterator[tuple[str, str, int]]:
+        """Every stored count as ``(ref, counter, tokens)``, streamed in (ref, counter) order."""
+        ...
+
 
 class Judgments(Protocol):
     """The judge's cache (its rows: payloads by key; a cache, not history)."""
@@ -253,4 +263,9 @@ class Judgments(Protocol):
 
     def put_judgment(self, key: str, payload: dict[str, Any]) -> None:
         """Cache ``payload`` under ``key`` (replacing an older one)."""
+        ...
+
+    def iter_judgments(self) -> Iterator[tuple[str, dict[str, Any]]]:
+        """Every cached ``(key, payload)`` (verdicts, orders, pointwise scores, run facts), streamed in key
+        order."""
         ...
