@@ -31,6 +31,7 @@ makes (a command is parse → library call → render)::
 - store and ingest: :class:`Store`, :func:`ingest_paths` (an :class:`IngestReport`), :func:`attach_grades`,
   :func:`sample_runs_path` (the demo's eleven runs);
 - reduce: :func:`reduce_runs` (a :class:`RunsReduction`), :func:`reduce_run` (one run);
+- move a store: :func:`copy_store` (a :class:`CopyReport`: a store's runs and caches into another store);
 - judge: :func:`same_task_pairs` (a :class:`PairSelection`), :class:`Judge`, :func:`judge_batch`, :class:`Verdict`;
 - eval and rank: :func:`evaluate`, :func:`rank`, :func:`agent_of`;
 - protocols, critics, juries: :func:`make_protocol` (letter, pairwise-scale, pointwise: a judge's ``protocol``),
@@ -74,6 +75,8 @@ _API = {
     "reduce_runs": "kvjudge.retention.reduce_runs",
     "RunsReduction": "kvjudge.retention.reduce_runs",
     "reduce_run": "kvjudge.retention.reduce_apply",
+    "copy_store": "kvjudge.retention.store_copy",
+    "CopyReport": "kvjudge.retention.store_copy",
     "same_task_pairs": "kvjudge.judge.pairing",
     "PairSelection": "kvjudge.judge.pairing",
     "Judge": "kvjudge.judge.pipeline",

@@ -30,6 +30,7 @@ COMMAND_MODULES = (
     "kvjudge.commands.verify",
     "kvjudge.commands.tier",
     "kvjudge.commands.rehydrate",
+    "kvjudge.commands.store",
     "kvjudge.commands.judge",
     "kvjudge.commands.score",
     "kvjudge.commands.eval",

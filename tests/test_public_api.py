@@ -18,12 +18,12 @@ PACKAGE = Path(kvjudge.__file__).parent
 # the package's surface (and ARCHITECTURE.md's "The library API" for the top level).
 SURFACE: dict[str, list[str]] = {
     "kvjudge": [
-        "CapabilityEntry", "IngestReport", "Judge", "JudgeTarget", "KvjudgeError", "Ledger", "PairSelection",
-        "ProbeReport", "ResolvedBudget", "RunsReduction", "ServedProbeReport", "Settings", "Store", "TokenBudget",
-        "Verdict", "__version__", "agent_of", "attach_grades", "best_of_n", "budget_from_settings", "candidates_of",
-        "effective_ceiling", "evaluate", "ingest_paths", "judge_batch", "jury_verdicts", "make_protocol",
-        "probe_model", "probe_server", "rank", "reduce_run", "reduce_runs", "same_task_pairs", "sample_runs_path",
-        "score_runs",
+        "CapabilityEntry", "CopyReport", "IngestReport", "Judge", "JudgeTarget", "KvjudgeError", "Ledger",
+        "PairSelection", "ProbeReport", "ResolvedBudget", "RunsReduction", "ServedProbeReport", "Settings", "Store",
+        "TokenBudget", "Verdict", "__version__", "agent_of", "attach_grades", "best_of_n", "budget_from_settings",
+        "candidates_of", "copy_store", "effective_ceiling", "evaluate", "ingest_paths", "judge_batch", "jury_verdicts",
+        "make_protocol", "probe_model", "probe_server", "rank", "reduce_run", "reduce_runs", "same_task_pairs",
+        "sample_runs_path", "score_runs",
     ],
     "kvjudge.budget": [
         "BudgetSource", "CeilingBound", "ConversationTurn", "MemMessage", "MemoryProvider", "ResolvedBudget",
@@ -145,10 +145,11 @@ def test_every_public_class_and_function_has_a_docstring() -> None:
 
 def test_the_top_level_names_are_the_library_calls_the_commands_make() -> None:
     # One implementation: what a notebook calls is what the command calls, not a copy beside it.
-    from kvjudge.commands import _judging, eval, ingest, probe, rank, reduce, score, select
+    from kvjudge.commands import _judging, eval, ingest, probe, rank, reduce, score, select, store
 
     assert kvjudge.probe_model is probe.probe and kvjudge.probe_server is probe.probe_server
     assert kvjudge.reduce_runs is reduce.reduce_runs
+    assert kvjudge.copy_store is store.copy_store
     assert kvjudge.judge_batch is _judging.judge_batch and kvjudge.same_task_pairs is _judging.same_task_pairs
     assert kvjudge.evaluate is eval.evaluate and kvjudge.rank is rank.rank
     assert kvjudge.IngestReport is ingest.IngestReport

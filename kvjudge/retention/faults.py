@@ -10,7 +10,9 @@ Points used by the store and reduction (tiering adds its own with the same funct
   ``<label>`` is one of ``ingest``, ``append``, ``put_summary``, ``commit_reduction``, ``delete_body``,
   ``rebuild``;
 - ``after_put_summary``, ``after_commit_reduction``, ``after_delete_body`` between the three durable
-  steps of a reduction.
+  steps of a reduction;
+- ``copy_run.txn``, ``after_copy_run`` and ``copy_caches.txn`` in a store copy (before a run's commit at the
+  destination, after it, before a batch of caches' commit).
 """
 
 from __future__ import annotations

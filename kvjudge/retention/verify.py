@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvjudge.retention import events as ev
 from kvjudge.retention.blobs import REF_PREFIX, short
 from kvjudge.retention.state import DROPPED, LOCAL, REDUCED, TIERED, RunState
 from kvjudge.retention.store import Store
@@ -84,7 +85,10 @@ def verify(store: Store, run_ids: Sequence[str] | None = None, *, extra_checks: 
             report.blobs_rehashed += 1
             if (violation := _rehash(ref, body)) is not None:
                 report.violations.append(violation)
-        orphans = store.runs.unnamed_bodies()
+        # A copied store keeps tier manifests as bodies no run's state names (see kvjudge.retention.store_copy).
+        manifests = {event.manifest_ref for _, event in store.events.iter_events(kind=ev.TierStarted.kind)
+                     if isinstance(event, ev.TierStarted)}
+        orphans = store.runs.unnamed_bodies() - sum(store.blobs.has_body(ref) for ref in manifests)
         if orphans:
             report.notes.append(f"{orphans} stored bodies are named by no run (e.g. summaries put before a crash); "
                                 f"harmless")
