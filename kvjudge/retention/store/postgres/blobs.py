@@ -121,6 +121,20 @@ class PostgresBlobStore:
             last = rows[-1][0]
 
 
+    def put_absent(self, rows: Iterable[tuple[str, int]]) -> int:
+        """Record refs whose bodies are not here, with their sizes (a body-less row, as a deleted body leaves); a ref
+        that has a row keeps it. Joins the caller's transaction (or opens one); returns the rows written."""
+        written = 0
+        with self._transaction("put_blob"):
+            pending = iter(rows)
+            while chunk := list(itertools.islice(pending, BODIES_PER_CHUNK)):
+                refs, sizes = zip(*((ref, int(size)) for ref, size in chunk))
+                written += self._conn.execute(
+                    "INSERT INTO blobs(ref, size, body) SELECT ref, size, NULL FROM unnest(%s::text[], %s::bigint[]) "
+                    "AS given(ref, size) ON CONFLICT (ref) DO NOTHING", (list(refs), list(sizes))).rowcount
+        return written
+
+
 class PostgresBodyReaders:
     """Bodies of a store read by several threads at once: one pooled connection per thread (given back at
     :meth:`close`). A body is read whole, then handed out in chunks (one round trip per body)."""

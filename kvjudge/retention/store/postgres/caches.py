@@ -4,7 +4,7 @@ judgments — as the SQLite store's (:mod:`..caches`)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from kvjudge.retention.events import canonical_json
@@ -39,6 +39,17 @@ class PostgresCaches:
                                    "ON CONFLICT DO NOTHING", [(ref, counter, int(n)) for ref, n in counts.items()])
             self._total_runs_naming(list(counts), counter)
 
+    def iter_counts(self) -> Iterator[tuple[str, str, int]]:
+        """Every stored count as ``(ref, counter, tokens)``, in (ref, counter) order (the table's key), a page at
+        a time."""
+        last = ("", "")
+        while rows := self._conn.execute(
+                "SELECT ref, counter, tokens FROM blob_tokens WHERE (ref, counter) > (%s, %s) ORDER BY ref, counter "
+                "LIMIT 1000", last).fetchall():
+            for ref, counter, tokens in rows:
+                yield ref, counter, int(tokens)
+            last = (rows[-1][0], rows[-1][1])
+
     def get_judgment(self, key: str) -> dict[str, Any] | None:
         """A cached judgment payload, or None."""
         row = self._conn.execute("SELECT payload FROM judgments WHERE key = %s", (key,)).fetchone()
@@ -49,6 +60,15 @@ class PostgresCaches:
         wanted = list(dict.fromkeys(keys))
         return {key: json.loads(payload) for key, payload in self._conn.execute(
             "SELECT key, payload FROM judgments WHERE key = ANY(%s)", (wanted,))}
+
+    def iter_judgments(self) -> Iterator[tuple[str, dict[str, Any]]]:
+        """Every cached ``(key, payload)``, in key order, a page at a time."""
+        last = ""
+        while rows := self._conn.execute(
+                "SELECT key, payload FROM judgments WHERE key > %s ORDER BY key LIMIT 1000", (last,)).fetchall():
+            for key, payload in rows:
+                yield key, json.loads(payload)
+            last = rows[-1][0]
 
     def put_judgment(self, key: str, payload: dict[str, Any]) -> None:
         """Cache a judgment payload under ``key`` (replaces an older one: a cache, not history)."""
