@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from kvjudge.commands._args import add_endpoint_args, command, target_from
 from kvjudge.commands._output import emit, info, megabytes, print_fields, progress
 from kvjudge.errors import UsageError
+from kvjudge.retention.store.location import StoreLocation
 from kvjudge.retention.store_copy import copy_store
-
-#: The schemes a store location may have besides a plain path.
-URL_SCHEMES = ("postgresql", "postgres")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -31,15 +28,15 @@ def _copy(args: argparse.Namespace) -> int:
     tiered body stays in its cold store), and the judge's caches and token counts. Run it again after an interruption:
     runs already at DST with the same events are skipped; a run DST holds with other events is refused, before
     anything is written. Copying into a store that holds other runs keeps them."""
-    source, destination = _location(args.source, "SRC"), _location(args.destination, "DST")
-    if source == destination:
-        raise UsageError(f"SRC and DST are the same store ({_shown(args.source)}); name another DST")
+    source, destination = StoreLocation.parse(args.source), StoreLocation.parse(args.destination)
+    if _same(source, destination):
+        raise UsageError(f"SRC and DST are the same store ({source}); name another DST")
     target = target_from(args)
     with target.open_store(args.source) as src, \
             target.open_store(args.destination, read_tiered=False, create=True) as dst, \
             progress("copying runs", None) as advance:
         report = copy_store(src, dst, progress=lambda done, total: advance(1, total=total))
-    payload = {"source": _shown(args.source), "destination": _shown(args.destination), **report.to_dict()}
+    payload = {"source": source.display, "destination": destination.display, **report.to_dict()}
 
     def human() -> None:
         print_fields([
@@ -57,21 +54,8 @@ def _copy(args: argparse.Namespace) -> int:
     return 0
 
 
-def _location(text: str, name: str) -> str:
-    """A store location as compared: a URL as given, a path resolved. A URL of another scheme is refused."""
-    scheme, separator, _ = text.partition("://")
-    if separator:
-        if scheme.lower() not in URL_SCHEMES:
-            raise UsageError(f"{name} {_shown(text)} has the unknown scheme {scheme!r}; pass a store file's path or a "
-                             f"postgresql:// URL")
-        return text
-    return str(Path(text).expanduser().resolve())
-
-
-def _shown(location: str) -> str:
-    """``location`` fit to print: a URL's password never is."""
-    scheme, separator, rest = location.partition("://")
-    userinfo, at, host = rest.rpartition("@")
-    if separator and at and ":" in userinfo:
-        return f"{scheme}://{userinfo.split(':', 1)[0]}:***@{host}"
-    return location
+def _same(source: StoreLocation, destination: StoreLocation) -> bool:
+    """Whether two locations name one store (a file by its resolved path; a URL as shown, without its password)."""
+    if source.path is not None and destination.path is not None:
+        return source.path.resolve() == destination.path.resolve()
+    return source.display == destination.display
