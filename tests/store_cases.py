@@ -93,6 +93,15 @@ class EventRecorderCases(StoreCases):
             events.append("r1", reduced)
         parts.blobs.put(b"an extract")
         assert events.append("r1", reduced) > 0
+        # A summary the same batch reduces again (a copied log) is never read: it needs no body.
+        body = parts.blobs.put(b"more original text")
+        events.append_many("r2", [*started("r2"), said("r2", 0, body)])
+        first, second = ref_of(b"a first extract"), parts.blobs.put(b"a second extract")
+        again = [ev.Reduced(run="r2", original=body, summary=first, counter="c", tokens_before=4, tokens_after=2),
+                 ev.Reduced(run="r2", original=first, summary=second, counter="c", tokens_before=2, tokens_after=1)]
+        with pytest.raises(IntegrityError, match="put it first"):
+            events.append("r2", again[0])
+        assert len(events.append_many("r2", again)) == 2 and not parts.blobs.has_body(first)
 
     def test_the_log_is_guarded_and_a_reopened_store_reads_the_same(self, parts: Any, reopen: Any) -> None:
         parts.events.append_many("r1", started("r1"))

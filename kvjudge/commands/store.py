@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from kvjudge.commands._args import add_endpoint_args, command, target_from
+from kvjudge.commands._args import command, target_from
 from kvjudge.commands._output import emit, info, megabytes, print_fields, progress
 from kvjudge.errors import UsageError
 from kvjudge.retention.store.location import StoreLocation
@@ -14,7 +14,7 @@ from kvjudge.retention.store_copy import copy_store
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("store", help="move a store: its log, bodies and caches into another store")
     actions = parser.add_subparsers(dest="store_action", metavar="ACTION", required=True)
-    with command(actions, "copy", _copy, shared=(add_endpoint_args,),
+    with command(actions, "copy", _copy,
                  help="copy every run (log, bodies, reductions, tiered locations) and the verdict, score and "
                       "token-count caches into another store") as copy:
         copy.add_argument("source", metavar="SRC", help="the store to copy: a store file's path or a postgresql:// URL")
@@ -32,7 +32,7 @@ def _copy(args: argparse.Namespace) -> int:
     if _same(source, destination):
         raise UsageError(f"SRC and DST are the same store ({source}); name another DST")
     target = target_from(args)
-    with target.open_store(args.source) as src, \
+    with target.open_store(args.source, read_tiered=False) as src, \
             target.open_store(args.destination, read_tiered=False, create=True) as dst, \
             progress("copying runs", None) as advance:
         report = copy_store(src, dst, progress=lambda done, total: advance(1, total=total))

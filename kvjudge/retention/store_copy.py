@@ -118,17 +118,18 @@ def _copy_run(source: Store, destination: Store, run_id: str, already: int, repo
     events = [event for _, event in logged[already:]]
     state = source.runs.run(run_id)
     local = {ref for ref, location in state.bodies.items() if location.status == LOCAL}
-    # An event naming a summary needs its body at the destination when it is appended, wherever it is now.
-    summaries = {event.summary for event in events if isinstance(event, ev.Reduced | ev.BranchReduced)}
-    bodies, absent = _bodies(source, run_id, set(state.bodies) | summaries, local, summaries - local)
+    # The bodies the run reads once all its events are in: a summary a later event took away again is read by no
+    # state the destination commits, so it needs none (the append checks the batch whole).
+    bodies, absent = _bodies(source, run_id, state.bodies, local)
     with destination.transaction("copy_run"):
         report.absent_bodies += destination.blobs.put_absent(absent)
         report.stored_bytes += destination.blobs.put_hashed(bodies.items())
         destination.events.append_many(run_id, events, label="copy_run")
         report.manifests += _keep_manifests(source, destination, run_id, events)
-        # What the run no longer reads here: summaries brought only for their events' sake, and (a run copied
-        # before and reduced since) bodies its new events took away. A body another run reads here stays.
-        destination.blobs.release((set(state.bodies) | set(bodies)) - local)
+        # A run copied before and reduced since: the bodies its new events took away go (one another run still
+        # reads here stays).
+        if already:
+            destination.blobs.release(set(state.bodies) - local)
     report.events += len(events)
     report.bodies += len(bodies)
     report.bytes += sum(len(body) for body in bodies.values())
@@ -136,19 +137,17 @@ def _copy_run(source: Store, destination: Store, run_id: str, already: int, repo
     report.runs_extended += already > 0
 
 
-def _bodies(source: Store, run_id: str, locations: Iterable[str], local: set[str], summaries: set[str]
+def _bodies(source: Store, run_id: str, refs: Iterable[str], local: set[str]
             ) -> tuple[dict[str, bytes], list[tuple[str, int]]]:
-    """The bodies ``run_id`` reads (its local ones, re-hashed, and ``summaries``, through the cold store when they
-    are tiered), and the ``(ref, size)`` of the others the source has a row for."""
+    """The ``local`` bodies of ``run_id``, re-hashed, and the ``(ref, size)`` of its other ``refs`` the source has a
+    row for."""
     bodies: dict[str, bytes] = {}
     absent: list[tuple[str, int]] = []
-    for ref in locations:
-        body = source.blobs.get(ref)
-        if body is None and ref in summaries and source.blobs.fallback is not None:
-            body = source.blobs.fallback(ref)
-        if ref in local or ref in summaries:
+    for ref in refs:
+        if ref in local:
+            body = source.blobs.get(ref)
             if body is None:
-                raise IntegrityError(f"run {run_id} of the source needs body {short(ref)}, which the source does not "
+                raise IntegrityError(f"run {run_id} of the source reads body {short(ref)}, which the source does not "
                                      f"have; run `kvjudge verify` on the source first")
             if ref_of(body) != ref:
                 raise IntegrityError(f"body {short(ref)} of the source does not hash to its ref; run `kvjudge verify` "

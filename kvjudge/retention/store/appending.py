@@ -17,27 +17,38 @@ def fold_appended(run_id: str, current: RunState | None, events: Sequence[ev.Eve
                   has_body: Callable[[str], bool]) -> RunFolder | None:
     """The run's state after ``events`` (appended at ``lsns``), each checked against the state the ones before it
     left (StoreError, IntegrityError or UsageError: nothing is to be written). ``current``: the committed state
-    (None: no such run yet); ``has_body`` says whether a summary an event names is stored."""
+    (None: no such run yet); ``has_body`` says whether a summary an event names is stored.
+
+    A summary must be stored before the event that points readers at it commits; the batch commits whole, so one a
+    later event of the same batch takes away again (reduced, dropped or tiered: a copied log, see
+    :mod:`kvjudge.retention.store_copy`) needs no body, as no committed state ever reads it."""
     folder = RunFolder.thaw(current) if current is not None else None
     previous: ev.Event | None = None
+    summaries: dict[str, str] = {}
     for lsn, event in zip(lsns, events, strict=True):
         if event.run != run_id:
             raise UsageError(f"event for run {event.run!r} appended to run {run_id!r}")
-        check_event(run_id, folder, event, has_body, after_grade=isinstance(previous, ev.GradeRecorded))
+        summary = check_event(run_id, folder, event, after_grade=isinstance(previous, ev.GradeRecorded))
+        if summary is not None:
+            summaries.setdefault(summary, event.kind)
         previous = event
         if folder is None:
             folder = RunFolder(id=run_id)
         folder.apply(lsn, event)
+    for summary, kind in summaries.items():
+        location = folder.bodies.get(summary) if folder is not None else None
+        if (location is None or location.status == LOCAL) and not has_body(summary):
+            raise IntegrityError(f"{kind} names summary {short(summary)} whose body is not stored; put it first")
     return folder
 
 
-def check_event(run_id: str, folder: RunFolder | None, event: ev.Event, has_body: Callable[[str], bool], *,
-                after_grade: bool) -> None:
-    """Refuse ``event`` when the run's state (``folder``; None: no such run) does not allow it."""
+def check_event(run_id: str, folder: RunFolder | None, event: ev.Event, *, after_grade: bool) -> str | None:
+    """Refuse ``event`` when the run's state (``folder``; None: no such run) does not allow it. Returns the summary
+    it points readers at (Reduced, BranchReduced), whose body must be stored (see :func:`fold_appended`)."""
     if isinstance(event, ev.RunStarted):
         if folder is not None:
             raise StoreError(f"run {run_id} already exists in the store")
-        return
+        return None
     if folder is None:
         raise StoreError(f"no run {run_id!r} in the store; list runs with `kvjudge runs`")
     if isinstance(event, ev.TransitionRecorded):  # first: most of a run's events
@@ -58,20 +69,15 @@ def check_event(run_id: str, folder: RunFolder | None, event: ev.Event, has_body
         if location is None or location.status != LOCAL:
             status = location.status if location else "not named by the run"
             raise StoreError(f"run {run_id}: cannot reduce {short(event.original)}, it is {status}")
-        _require_body(has_body, event.summary, "Reduced")
+        return event.summary
     elif isinstance(event, ev.BranchReduced):
         entry = folder.branches.get(event.branch)
         if entry is None or entry["branch"].status != "dead":
             raise StoreError(f"run {run_id}: only a dead branch can be read as one extract, not {event.branch!r}")
-        _require_body(has_body, event.summary, "BranchReduced")
+        return event.summary
     elif isinstance(event, ev.Dropped):
         location = folder.bodies.get(event.original)
         if location is None or location.status == DROPPED:
             status = location.status if location else "not named by the run"
             raise StoreError(f"run {run_id}: cannot drop {short(event.original)}, it is {status}")
-
-
-def _require_body(has_body: Callable[[str], bool], ref: str, kind: str) -> None:
-    # The summary must be durable before the event that points readers at it.
-    if not has_body(ref):
-        raise IntegrityError(f"{kind} names summary {short(ref)} whose body is not stored; put it first")
+    return None
