@@ -9,6 +9,7 @@ import socket
 import sqlite3
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -101,15 +102,18 @@ def free_ports(count: int = 1) -> list[int]:
 
 
 def ingest_runs(store: Store, runs: Iterable[dict[str, Any]]) -> list[str]:
-    """Ingest ``runs`` (native dicts) into ``store`` from a JSONL file written beside it; the ids it imported."""
-    number = 1
-    while (source := store.path.with_name(f"{store.path.stem}-runs-{number}.jsonl")).exists():
-        number += 1
-    write_jsonl(source, runs)
-    return ingest_paths(store, [source]).runs
+    """Ingest ``runs`` (native dicts) into ``store`` from a JSONL file written beside it (a PostgreSQL store's: in a
+    scratch directory); the ids it imported."""
+    with tempfile.TemporaryDirectory(prefix="kvjudge-runs-") as scratch:
+        beside = store.path or Path(scratch) / "store"
+        number = 1
+        while (source := beside.with_name(f"{beside.stem}-runs-{number}.jsonl")).exists():
+            number += 1
+        write_jsonl(source, runs)
+        return ingest_paths(store, [source]).runs
 
 
-def store_from_runs(path: Path, runs: Iterable[dict[str, Any]]) -> Store:
+def store_from_runs(path: Path | str, runs: Iterable[dict[str, Any]]) -> Store:
     """A store at ``path`` holding ``runs`` (native dicts), ingested from a JSONL file beside it."""
     store = Store.open(path)
     ingest_runs(store, runs)
@@ -169,8 +173,14 @@ def make_verdict(a: str, b: str, outcome: str, p_ab: float | None, p_ba: float |
 
 
 def sql(store: Store) -> Any:
-    """A second connection to ``store``'s file, as another process would open it: for tests that look into the
-    tables or tamper with them behind the store's back (kvjudge itself asks the store's named queries)."""
+    """A second connection to ``store``'s database (its file, or its PostgreSQL database), as another process would
+    open it: for tests that look into the tables or tamper with them behind the store's back (kvjudge itself asks
+    the store's named queries). Both answer ``execute(query).fetchone()``; bound values are ``?`` on SQLite, ``%s``
+    on PostgreSQL."""
+    if store.path is None:
+        import psycopg
+
+        return psycopg.connect(store.location, autocommit=True)
     return sqlite3.connect(store.path, isolation_level=None, timeout=30.0)
 
 
