@@ -22,6 +22,7 @@ from kvjudge.judge.pack import RunTokens
 from kvjudge.judge.verdict import OrderScore
 from kvjudge.retention import Store
 from kvjudge.retention.ingest import ingest_paths
+from kvjudge.retention.state import fold
 from kvjudge.testing.jsonl import write_jsonl
 
 
@@ -118,6 +119,17 @@ def store_from_runs(path: Path | str, runs: Iterable[dict[str, Any]]) -> Store:
     store = Store.open(path)
     ingest_runs(store, runs)
     return store
+
+
+def comparable_fold(store: Store, run_id: str) -> bytes:
+    """``run_id`` folded from its log, as bytes to compare with another store's fold of the same events. On SQLite the
+    fold itself (a killed transaction gives its LSNs back). On PostgreSQL a killed transaction leaves a gap in the
+    LSNs (the sequence never gives a number back), so there each run's LSNs are numbered in their order first: the
+    same events in the same order fold to the same bytes, whatever numbers the log gave them."""
+    if store.path is not None:
+        return store.runs.refold(run_id).canonical_bytes()
+    numbered = ((rank, event) for rank, (_, event) in enumerate(store.events.iter_events(run_id), 1))
+    return fold(numbered)[run_id].canonical_bytes()
 
 
 def event_kinds(store: Store, run_id: str) -> list[str]:

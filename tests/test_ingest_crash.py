@@ -19,12 +19,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from helpers import kvjudge, kvjudge_json, sql, start_kvjudge
+from helpers import comparable_fold, kvjudge, kvjudge_json, sql, start_kvjudge
 
 from kvjudge.errors import StoreError
 from kvjudge.retention import Store
 from kvjudge.retention import events as ev
-from kvjudge.retention.state import fold
 from kvjudge.retention.verify import verify
 from kvjudge.testing.jsonl import write_jsonl
 from kvjudge.testing.native_runs import make_run
@@ -62,20 +61,6 @@ def run_ids(location: str) -> list[str]:
         return []
 
 
-def same_fold(store: Store, reference: Store, run_id: str) -> bool:
-    """``run_id`` folds to the same bytes in ``store`` as in ``reference``. On PostgreSQL a killed transaction leaves
-    a gap in the LSNs (the sequence never gives a number back), so there the states compare with each run's LSNs
-    numbered in their order: the same events in the same order, whatever numbers the log gave them."""
-    if store.path is not None:
-        return store.runs.refold(run_id).canonical_bytes() == reference.runs.refold(run_id).canonical_bytes()
-
-    def numbered(source: Store) -> bytes:
-        return fold((rank, event) for rank, (_, event) in enumerate(source.events.iter_events(run_id), 1))[
-            run_id].canonical_bytes()
-
-    return numbered(store) == numbered(reference)
-
-
 def check_finished(store_path: str, clean_path: str, command: tuple[str, ...]) -> None:
     """The same command run to completion after a kill: the store matches a clean import, and a third run
     writes nothing."""
@@ -87,7 +72,7 @@ def check_finished(store_path: str, clean_path: str, command: tuple[str, ...]) -
     with Store.open(clean_path) as reference, Store.open(store_path) as store:
         assert store.runs.run_ids() == reference.runs.run_ids() and len(store.runs.run_ids()) == RUNS
         for run_id in store.runs.run_ids():
-            assert same_fold(store, reference, run_id), run_id
+            assert comparable_fold(store, run_id) == comparable_fold(reference, run_id), run_id
             logged = [event for _, event in store.events.iter_events(run_id)]
             assert isinstance(logged[0], ev.RunStarted) and logged[0].content_hash == ev.content_hash(logged), run_id
         assert verify(store).ok
