@@ -267,3 +267,28 @@ def test_writers_racing_commit_in_lsn_order_and_a_follower_skips_nothing(postgre
         assert len({run for _, run, _ in logged}) == writers * runs_each
         assert {follower.runs.run(run).state for run in follower.runs.run_ids()} == {"grading"}
         assert verify(follower).ok
+
+
+def test_the_password_comes_from_libpq_conventions_or_password_env(postgres_server: PostgresServer,
+                                                                   postgres_url: str, tmp_path: Path) -> None:
+    import os
+
+    _store_with_a_run(postgres_url)
+    database = postgres_url.rsplit("/", 1)[1]
+    postgres_server.admin(f"GRANT SELECT ON ALL TABLES IN SCHEMA public TO {PASSWORD_ROLE}", database=database)
+    url = postgres_server.url(database, PASSWORD_ROLE)  # no password in it
+    base = {key: value for key, value in os.environ.items() if not key.startswith("PG")}
+    passfile = tmp_path / "pgpass"
+    passfile.write_text(f"127.0.0.1:*:{database}:{PASSWORD_ROLE}:{PASSWORD}\n")
+    passfile.chmod(0o600)
+    config = tmp_path / "kvjudge.toml"
+    config.write_text(f'[store]\nurl = "{url}"\npassword_env = "LAB_DB_PASSWORD"\n')
+    for how, args, env in (("PGPASSWORD", ["--store", url], {"PGPASSWORD": PASSWORD}),
+                           ("PGPASSFILE", ["--store", url], {"PGPASSFILE": str(passfile)}),
+                           ("password_env", ["--config", str(config)], {"LAB_DB_PASSWORD": PASSWORD})):
+        done = kvjudge("runs", *args, "--json", env={**base, **env})
+        assert done.returncode == 0, (how, done.stderr)
+        assert [run["id"] for run in json.loads(done.stdout)] == ["r1"], how
+        assert PASSWORD not in done.stdout + done.stderr, how
+    refused = _one_line_error(["runs", "--store", url], env=base)  # none given at all
+    assert "asks a password" in refused and "none was given" in refused

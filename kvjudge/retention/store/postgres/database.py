@@ -223,9 +223,11 @@ def connect_error(exc: psycopg.Error, location: StoreLocation, password: str | N
         name = said.split('database "', 1)[-1].split('"', 1)[0]
         return StoreError(f"database {name!r} does not exist on the server of {where}; create it (`createdb {name}`) "
                           f"or fix the URL")
-    if "password authentication failed" in said or "no password supplied" in said:
-        return StoreError(f"PostgreSQL refused the password for {where}; set PGPASSWORD, a ~/.pgpass line or "
-                          f"[store] password_env (the variable that holds it)")
+    remedy = "set PGPASSWORD, a ~/.pgpass line or [store] password_env (the variable that holds it)"
+    if "password authentication failed" in said:
+        return StoreError(f"PostgreSQL refused the password for {where}; {remedy}")
+    if "no password supplied" in said:
+        return StoreError(f"PostgreSQL asks a password for {where} and none was given; {remedy}")
     if any(sign in said for sign in ("Connection refused", "timeout expired", "could not translate host name",
                                      "No route to host", "Network is unreachable", "could not connect")):
         return StoreError(f"cannot reach PostgreSQL at {where} ({_first_line(said)}); check the server is running "
