@@ -125,8 +125,10 @@ class PostgresDatabase:
         migrate it, and fold the projection afresh when its tables were dropped. Closes the connection on failure.
         (``reproject`` is for migrations that add projection columns: none yet on PostgreSQL.)"""
         try:
-            with self.transaction("migrate"):
-                self._prepare(rebuild)
+            # Up to date (the common case): nothing to write, so no write lock to wait for behind a long writer.
+            if self._needs_work():
+                with self.transaction("migrate"):
+                    self._prepare(rebuild)  # checked again under the lock: another process may have done it
         except psycopg.Error as exc:
             self.close()
             raise StoreError(f"cannot prepare the store at {self.location}: {_first_line(exc)}; check the role's "
@@ -134,6 +136,13 @@ class PostgresDatabase:
         except BaseException:
             self.close()
             raise
+
+    def _needs_work(self) -> bool:
+        """True unless the database is a kvjudge store of this schema with its projection in place (anything else —
+        empty, older, newer, someone else's, projection dropped — is decided by :meth:`_prepare`, under the lock)."""
+        tables = self.tables()
+        return SCHEMA_TABLE not in tables or self.schema_version() != SCHEMA_VERSION or \
+            not PROJECTION_TABLES <= tables
 
     def _prepare(self, rebuild: Callable[[], object]) -> None:
         tables = self.tables()
