@@ -186,12 +186,13 @@ class PostgresDatabase:
             yield
             return
         conn = self.conn
-        conn.execute("BEGIN")
         self._in_txn = True
         try:
-            conn.execute("SELECT pg_advisory_xact_lock(%s)", (WRITE_LOCK_KEY,))
-            if not durable:
-                conn.execute("SET LOCAL synchronous_commit = off")
+            with conn.pipeline():  # one round trip
+                conn.execute("BEGIN")
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", (WRITE_LOCK_KEY,))
+                if not durable:
+                    conn.execute("SET LOCAL synchronous_commit = off")
             yield
             fault_point(f"{label}.txn")
             conn.execute("COMMIT")

@@ -42,18 +42,22 @@ class PostgresEventRecorder:
         if not events:
             return []
         with self._transaction(label):
-            # The log's own lock as well as the store's: a writer that bypasses kvjudge's lock still waits here,
-            # so LSN order stays commit order.
-            self._conn.execute("LOCK TABLE events IN EXCLUSIVE MODE")
-            lsns = [int(row[0]) for row in self._conn.execute(
-                "SELECT nextval(pg_get_serial_sequence('events', 'lsn')) FROM generate_series(1, %s)",
-                (len(events),))]
-            folder = fold_appended(run_id, self._projected(run_id), events, lsns, self._has_body)
-            with self._conn.cursor() as cursor:
+            # One round trip for the lock, the LSNs and the run's committed state (a pipeline: the fetch sends all
+            # three), one for the rows. The log's own lock as well as the store's: a writer that bypasses kvjudge's
+            # lock still waits here, so LSN order stays commit order.
+            with self._conn.pipeline():
+                self._conn.execute("LOCK TABLE events IN EXCLUSIVE MODE")
+                drawn = self._conn.execute(
+                    "SELECT nextval(pg_get_serial_sequence('events', 'lsn')) FROM generate_series(1, %s)",
+                    (len(events),))
+                current = self._projected(run_id)
+                lsns = [int(row[0]) for row in drawn.fetchall()]
+            folder = fold_appended(run_id, current, events, lsns, self._has_body)
+            with self._conn.pipeline(), self._conn.cursor() as cursor:
                 cursor.executemany("INSERT INTO events(lsn, run, kind, payload) VALUES (%s, %s, %s, %s)",
                                    [(lsn, run_id, event.kind, event.to_json()) for lsn, event in zip(lsns, events)])
-            if folder is not None:
-                self._project(folder.freeze(), lsns[-1])
+                if folder is not None:
+                    self._project(folder.freeze(), lsns[-1])
         return lsns
 
     def mark(self, run_id: str, state: str) -> int:
