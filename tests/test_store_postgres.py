@@ -45,11 +45,19 @@ def test_a_role_that_does_not_own_the_log_is_refused_by_privileges(postgres_serv
                                                                    postgres_url: str) -> None:
     _store_with_a_run(postgres_url)
     database = postgres_url.rsplit("/", 1)[1]
-    # The lab's application role, as the deployment docs have it: it reads and appends, owns nothing.
-    postgres_server.admin(f"GRANT SELECT, INSERT ON ALL TABLES IN SCHEMA public TO {PASSWORD_ROLE}",
+    # The lab's application role: it reads and appends to the log, writes the rest, owns nothing.
+    postgres_server.admin(f"GRANT SELECT, INSERT ON events TO {PASSWORD_ROLE}",
+                          f"GRANT SELECT, INSERT, UPDATE, DELETE ON blobs, blob_tokens, judgments, runs, run_bodies, "
+                          f"run_tokens TO {PASSWORD_ROLE}", f"GRANT SELECT ON kvjudge_schema TO {PASSWORD_ROLE}",
                           f"GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO {PASSWORD_ROLE}", database=database)
-    with _raw(postgres_server.url(database, PASSWORD_ROLE, PASSWORD)) as conn:
-        assert conn.execute("SELECT COUNT(*) FROM events").fetchone() == (3,)
+    lab_url = postgres_server.url(database, PASSWORD_ROLE, PASSWORD)
+    with Store.open(lab_url) as store:  # kvjudge itself works as that role: it appends, reduces, releases
+        ref = store.blobs.put(b"written by the lab's role")
+        store.events.append("r1", said("r1", 1, ref))
+        store.events.mark("r1", "grading")
+        assert verify(store).ok
+    with _raw(lab_url) as conn:
+        assert conn.execute("SELECT COUNT(*) FROM events").fetchone() == (5,)
         for statement in ("UPDATE events SET kind = 'x'", "DELETE FROM events", "TRUNCATE events",
                           "DROP TRIGGER events_no_update ON events"):
             with pytest.raises(psycopg.errors.InsufficientPrivilege):

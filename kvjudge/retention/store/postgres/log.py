@@ -42,11 +42,11 @@ class PostgresEventRecorder:
         if not events:
             return []
         with self._transaction(label):
-            # One round trip for the lock, the LSNs and the run's committed state (a pipeline: the fetch sends all
-            # three), one for the rows. The log's own lock as well as the store's: a writer that bypasses kvjudge's
-            # lock still waits here, so LSN order stays commit order.
+            # The transaction holds the store's write lock (an advisory lock, which any role may take: LOCK TABLE
+            # in a mode that stops other appends needs UPDATE, DELETE or TRUNCATE on the log, the very privileges a
+            # lab's application role lacks), so the LSNs drawn here commit before any drawn after them. One round
+            # trip for the LSNs and the run's committed state (a pipeline: the fetch sends both), one for the rows.
             with self._conn.pipeline():
-                self._conn.execute("LOCK TABLE events IN EXCLUSIVE MODE")
                 drawn = self._conn.execute(
                     "SELECT nextval(pg_get_serial_sequence('events', 'lsn')) FROM generate_series(1, %s)",
                     (len(events),))
