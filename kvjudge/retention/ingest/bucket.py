@@ -194,11 +194,13 @@ class _Downloader:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if exc[0] is None:
-            self._drain(0)
-        for future in self._pending:
-            future.cancel()
-        self._pool.shutdown(wait=True)
+        try:
+            if exc[0] is None:
+                self._drain(0)
+        finally:
+            for future in self._pending:
+                future.cancel()
+            self._pool.shutdown(wait=True)
         if self._unsafe:
             self.staged.notes.append(f"{len(self._unsafe)} object(s) passed over (a key with an empty, '.' or '..' "
                                      f"part is no path): {', '.join(self._unsafe[:5])}")
