@@ -44,8 +44,9 @@ SURFACE: dict[str, list[str]] = {
     ],
     "kvjudge.retention.store": [
         "BlobStore", "EventRecorder", "Explanation", "FallbackReader", "Judgments", "RunListing", "RunQueries",
-        "Store", "TokenCounts", "Transactions", "default_store_path",
+        "Store", "StoreLocation", "TokenCounts", "Transactions", "default_store_path",
     ],
+    "kvjudge.retention.store.postgres": ["open_postgres", "postgres_parts"],
     "kvjudge.retention.cold": [
         "BlobBody", "ColdStore", "ColdTarget", "LocalDirColdStore", "ManifestWrite", "ObjectInfo", "S3ColdStore",
         "open_cold_store",
