@@ -2,8 +2,8 @@
 real SeaweedFS S3 server — harness-shaped runs (inspect_ai logs, a Harbor job, a SWE-agent run directory and
 mini-swe-agent trajectories graded by a SWE-bench report) uploaded as a lab's agents upload them, imported as the
 same files are from disk (same run ids, same folded states), one object's key read with its companions, an import
-killed with SIGKILL finished by the same command, three processes ingesting one prefix into one store at once,
-and bad input refused in one line with nothing written."""
+killed with SIGKILL finished by the same command, three processes ingesting one prefix into one store at once (a
+SQLite file, and the PostgreSQL server), and bad input refused in one line with nothing written."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import free_ports, kvjudge, sql, start_kvjudge
+from helpers import free_ports, kvjudge, start_kvjudge
 from seaweed import SeaweedServer, seaweed  # noqa: F401 (fixture)
 
 from kvjudge.retention import Store
@@ -106,7 +106,7 @@ def ingest(server: SeaweedServer, tmp_path: Path, *args: str, env: dict[str, str
     return json.loads(done.stdout)
 
 
-def states(path: Path) -> dict[str, bytes]:
+def states(path: Path | str) -> dict[str, bytes]:
     """Each run's folded state, in canonical bytes (what its state digest is of)."""
     with Store.open(path) as store:
         return {run_id: store.runs.refold(run_id).canonical_bytes() for run_id in store.runs.run_ids()}
@@ -200,9 +200,9 @@ def many(tmp_path_factory: pytest.TempPathFactory, seaweed: SeaweedServer) -> tu
     return root, bucket, clean
 
 
-def event_count(path: Path) -> int:
+def event_count(path: Path | str) -> int:
     with Store.open(path) as store:
-        return sql(store).execute("SELECT COUNT(*) FROM events").fetchone()[0]
+        return sum(1 for _ in store.events.iter_events())
 
 
 def test_an_import_killed_mid_way_is_finished_by_the_same_command(seaweed: SeaweedServer,  # noqa: F811
@@ -234,15 +234,17 @@ def test_an_import_killed_mid_way_is_finished_by_the_same_command(seaweed: Seawe
     assert (third["imported"], third["already_present"]) == (0, MANY) and event_count(store) == event_count(clean)
 
 
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
 def test_processes_ingesting_one_prefix_at_once_import_each_run_once(seaweed: SeaweedServer,  # noqa: F811
                                                                       many: tuple[Path, str, Path],
-                                                                      tmp_path: Path) -> None:
+                                                                      tmp_path: Path, backend: str,
+                                                                      request: pytest.FixtureRequest) -> None:
     _, bucket, clean = many
-    store = tmp_path / "shared.sqlite"
+    store = str(tmp_path / "shared.sqlite") if backend == "sqlite" else request.getfixturevalue("postgres_url")
     assert kvjudge("ingest", str(write_jsonl(tmp_path / "seed.jsonl", [make_run("seed", ["x"])])),
-                   "--store", str(store)).returncode == 0  # the store exists: the three race over runs, not schema
+                   "--store", store).returncode == 0  # the store exists: the three race over runs, not its schema
     env = environment(seaweed, tmp_path)
-    children = [start_kvjudge("ingest", f"s3://{bucket}/many/", "--store", str(store),
+    children = [start_kvjudge("ingest", f"s3://{bucket}/many/", "--store", store,
                               "--endpoint-url", seaweed.endpoint, "--json", env=env) for _ in range(3)]
     reports = []
     for child in children:
