@@ -21,6 +21,7 @@ import contextlib
 import os
 import re
 import shutil
+import socket
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -39,7 +40,8 @@ CHUNK_BYTES = 1 << 20
 #: One retry at most: an endpoint that is down fails in seconds (the connect timeout), not after minutes.
 MAX_ATTEMPTS = 2
 _SCRATCH_PREFIX = "kvjudge-s3-"
-_SCRATCH = re.compile(rf"^{_SCRATCH_PREFIX}(\d+)-")
+#: ``kvjudge-s3-<host>-<pid>-<random>``: the host keeps one machine from sweeping another's through a shared /tmp.
+_SCRATCH = re.compile(rf"^{_SCRATCH_PREFIX}(?P<host>.+)-(?P<pid>\d+)-[a-z0-9_]+$")
 # Bucket names as S3 and its look-alikes accept them (AWS's rules are stricter; the server has the last word).
 _BUCKET = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{1,254}$")
 _USAGE = "write s3://BUCKET/PREFIX/ (the runs under a prefix) or s3://BUCKET/KEY (one file)"
@@ -130,7 +132,7 @@ def staged_inputs(paths: Sequence[Any], results: Sequence[str] = (), *, endpoint
         return
     locations = {value: parse_s3_url(value) for value in [*wanted, *(url for _, url in graded if url)]}
     _sweep_scratch()
-    root = Path(tempfile.mkdtemp(prefix=f"{_SCRATCH_PREFIX}{os.getpid()}-"))
+    root = Path(tempfile.mkdtemp(prefix=f"{_SCRATCH_PREFIX}{socket.gethostname()}-{os.getpid()}-"))
     staged = StagedInputs(paths=[], results=[], root=root)
     try:
         with _Downloader(make_s3_client(endpoint_url, max_attempts=MAX_ATTEMPTS, max_pool_connections=2 * THREADS),
@@ -156,12 +158,12 @@ def _results_url(value: str) -> tuple[str | None, str | None]:
 
 
 def _sweep_scratch() -> None:
-    """Remove the scratch folders of imports that were killed (their process is gone)."""
-    base = Path(tempfile.gettempdir())
+    """Remove the scratch folders of imports on this host that were killed (their process is gone)."""
+    base, host = Path(tempfile.gettempdir()), socket.gethostname()
     with contextlib.suppress(OSError):
         for entry in base.iterdir():
             found = _SCRATCH.match(entry.name)
-            if found is None or not entry.is_dir() or _alive(int(found.group(1))):
+            if found is None or found["host"] != host or not entry.is_dir() or _alive(int(found["pid"])):
                 continue
             shutil.rmtree(entry, ignore_errors=True)
 
