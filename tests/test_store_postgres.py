@@ -214,3 +214,56 @@ def test_the_store_is_chosen_by_setting_environment_or_flag(postgres_url: str, t
     named = tmp_path / "named.toml"
     named.write_text('[store]\npassword_env = "KVJUDGE_TEST_NO_SUCH_VAR"\n')
     assert "KVJUDGE_TEST_NO_SUCH_VAR, which is not set" in _one_line_error(["runs", "--config", str(named)])
+
+
+# A writer process: ``count`` runs of its own, each appended in two transactions; every fifth run also has an append
+# rolled back on purpose (its LSN is drawn, then given up: a gap).
+_WRITER = """
+import sys
+from kvjudge.retention import events as ev
+from kvjudge.retention.store import Store
+
+url, name, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
+with Store.open(url) as store:
+    for n in range(count):
+        run = f"{name}-{n}"
+        store.events.append_many(run, [
+            ev.RunStarted(run=run, tenant="t", task_id="task", task_prompt_ref=None, agent=name),
+            ev.BranchOpened(run=run, branch="main", status="live", parent=None, fork_at=None)])
+        if n % 5 == 0:
+            try:
+                with store.transaction("abandoned"):
+                    store.events.mark(run, "grading")
+                    raise RuntimeError("rolled back on purpose")
+            except RuntimeError:
+                pass
+        store.events.mark(run, "grading")
+"""
+
+
+def test_writers_racing_commit_in_lsn_order_and_a_follower_skips_nothing(postgres_url: str) -> None:
+    import subprocess
+    import sys
+
+    writers, runs_each = 4, 25
+    Store.open(postgres_url).close()  # the schema first: the writers race on appends, not on migrating
+    processes = [subprocess.Popen([sys.executable, "-c", _WRITER, postgres_url, f"w{index}", str(runs_each)],
+                                  stderr=subprocess.PIPE, text=True) for index in range(writers)]
+    seen: list[int] = []
+    with Store.open(postgres_url) as follower:
+        # Follow the log as a reader on another host would: "what came after the last LSN I saw", over and over.
+        while True:
+            running = any(process.poll() is None for process in processes)
+            batch = follower.events.events_after(seen[-1] if seen else 0, limit=50)
+            seen += [lsn for lsn, _, _ in batch]
+            if not batch and not running:
+                break
+        for process in processes:
+            assert process.wait() == 0, process.stderr.read() if process.stderr else ""
+        logged = follower.events.events_after(0, limit=10 ** 6)
+        assert seen == [lsn for lsn, _, _ in logged]  # nothing committed behind the follower's back
+        assert len(logged) == writers * runs_each * 3
+        assert any(later - earlier > 1 for earlier, later in zip(seen, seen[1:]))  # the rolled-back appends' gaps
+        assert len({run for _, run, _ in logged}) == writers * runs_each
+        assert {follower.runs.run(run).state for run in follower.runs.run_ids()} == {"grading"}
+        assert verify(follower).ok
