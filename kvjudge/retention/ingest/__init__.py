@@ -15,13 +15,16 @@ One module per job: :mod:`.format` (what a format declares) and :mod:`.registry`
 SWE-bench outcomes), the readers of inspect's logs (:mod:`.inspect_reader`, over :mod:`.archive` for ``.eval``
 zips and :mod:`.json_stream` for ``.json`` logs), :mod:`.results` (SWE-bench reports, Harbor results, inspect
 scores), :mod:`.model` (the ParsedRun every parser builds), :mod:`.importer` (each file read once, written
-whole in batches) and :mod:`.ahead` (a child process parsing the files ahead of the writes).
+whole in batches), :mod:`.ahead` (a child process parsing the files ahead of the writes) and :mod:`.bucket`
+(``s3://`` prefixes and objects downloaded into a folder that mirrors their keys, then walked as a directory).
 """
 
+from kvjudge.retention.ingest.bucket import StagedInputs, staged_inputs
 from kvjudge.retention.ingest.format import Companion, Format
 from kvjudge.retention.ingest.importer import IngestReport, detect_format, formats, ingest_paths, ingest_sources
 from kvjudge.retention.ingest.model import DocumentError, ParseContext, ParsedRun
 from kvjudge.retention.ingest.sources import Source, Walk, walk
 
-__all__ = ["Companion", "DocumentError", "Format", "IngestReport", "ParseContext", "ParsedRun", "Source", "Walk",
-           "detect_format", "formats", "ingest_paths", "ingest_sources", "walk"]
+__all__ = ["Companion", "DocumentError", "Format", "IngestReport", "ParseContext", "ParsedRun", "Source",
+           "StagedInputs", "Walk", "detect_format", "formats", "ingest_paths", "ingest_sources", "staged_inputs",
+           "walk"]

@@ -34,6 +34,7 @@ from kvjudge.retention import events as ev
 from kvjudge.retention.faults import fault_point
 from kvjudge.retention.ingest import registry
 from kvjudge.retention.ingest.ahead import parse_ahead
+from kvjudge.retention.ingest.bucket import staged_inputs
 from kvjudge.retention.ingest.harbor import finished_since
 from kvjudge.retention.ingest.model import DocumentError, ParseContext, ParsedRun
 from kvjudge.retention.ingest.results import ResultsIndex, load_results
@@ -387,6 +388,15 @@ class _Importer:
         return run
 
     def _write_run(self, run: ParsedRun, outcome: _FileOutcome) -> None:
+        # Asked again inside the write transaction: another import of the same runs into this store (several hosts
+        # ingesting one bucket) may have written this run since it was checked. The same content is then here
+        # already; other content is a conflict, as at the check.
+        stored = stored_content_hash(self.store, run.run_id, len(run.events))
+        if stored is not None:
+            if stored != run.content_hash:
+                raise _conflict("another import wrote it meanwhile", run.run_id, stored, run.content_hash or "?")
+            outcome.present.append(run.run_id)
+            return
         outcome.stored_bytes += write_parsed(self.store, run)
         outcome.body_bytes += run.body_bytes
         outcome.imported.append((run.run_id, _final_state(run),
@@ -477,7 +487,11 @@ def ingest_sources(store: Store, sources: list[Source], *, ignored_files: int = 
     return report
 
 
-def ingest_paths(store: Store, paths: Iterable[Any], **options: Any) -> IngestReport:
-    """Import files and directories (walked recursively); options as :func:`ingest_sources`."""
-    walked = walk(paths)
-    return ingest_sources(store, walked.sources, walked=walked, **options)
+def ingest_paths(store: Store, paths: Iterable[Any], *, results: Sequence[str] = (), endpoint_url: str | None = None,
+                 **options: Any) -> IngestReport:
+    """Import files and directories (walked recursively), and ``s3://`` objects and prefixes (read through
+    :mod:`.bucket`, at ``endpoint_url``); options as :func:`ingest_sources`."""
+    with staged_inputs(list(paths), results, endpoint_url=endpoint_url) as inputs:
+        walked = walk(inputs.paths)
+        return inputs.with_urls(ingest_sources(store, walked.sources, walked=walked, results=inputs.results,
+                                               **options))

@@ -87,7 +87,7 @@ class PostgresBlobStore:
                 "SELECT ref FROM blobs WHERE ref = ANY(%s) AND body IS NOT NULL", (list(chunk),))}
             missing = [(ref, len(body), body) for ref, body in chunk.items() if ref not in present]
             if missing:
-                with self._conn.cursor() as cursor:
+                with self._conn.pipeline(), self._conn.cursor() as cursor:
                     cursor.executemany(
                         "INSERT INTO blobs(ref, size, body) VALUES (%s, %s, %s) "
                         "ON CONFLICT (ref) DO UPDATE SET body = excluded.body WHERE blobs.body IS NULL", missing)

@@ -63,8 +63,8 @@ class PostgresRunQueries:
             return []
         clause, values = where
         rows = self._conn.execute(
-            "SELECT id, tenant, agent, task, trial, state, grades, reduced, branches, transitions, bodies, bodies_gone, "
-            "bodies_tiered, t.tokens FROM runs LEFT JOIN run_tokens AS t ON t.run = runs.id AND t.counter = %s"
+            "SELECT id, tenant, agent, task, trial, state, grades, reduced, branches, transitions, bodies, "
+            "bodies_gone, bodies_tiered, t.tokens FROM runs LEFT JOIN run_tokens AS t ON t.run = runs.id AND t.counter = %s"
             f"{clause} ORDER BY id", (counter, *values))
         return [RunListing(id=run_id, tenant=run_tenant, agent=run_agent, task_id=task_id, trial=trial, state=run_state,
                            grades=tuple(json.loads(grades)), reduced=bool(reduced), branches=branches,
