@@ -30,7 +30,7 @@ from kvjudge.errors import IntegrityError, StoreError
 from kvjudge.retention import events as ev
 from kvjudge.retention.blobs import ref_of, short
 from kvjudge.retention.faults import fault_point
-from kvjudge.retention.state import LOCAL
+from kvjudge.retention.state import LOCAL, fold
 from kvjudge.retention.store import Store
 from kvjudge.retention.tiering.manifest import logged_manifest
 
@@ -119,7 +119,7 @@ def _copy_run(source: Store, destination: Store, run_id: str, already: int, repo
     transaction."""
     logged = list(source.events.iter_events(run_id))
     events = [event for _, event in logged[already:]]
-    state = source.runs.run(run_id)
+    state = fold(logged)[run_id]  # of the very events copied, though the source may be written meanwhile
     local = {ref for ref, location in state.bodies.items() if location.status == LOCAL}
     # The bodies the run reads once all its events are in: a summary a later event took away again is read by no
     # state the destination commits, so it needs none (the append checks the batch whole).
