@@ -18,8 +18,8 @@ included):
   runs hold them (sizes reported), written one run at a time and read back: in the database (the PostgreSQL store's
   blob store: ``bytea`` rows, one transaction a run) against beside it (each body a content-addressed object of a
   cold store directory, written and fsynced as tiering writes loose objects, the run's made durable before its
-  body-less rows commit in the database, which a store needs either way). ``bytea_write_ratio`` and ``bytea_read_ratio`` are
-  the database's MB/s over the directory's.
+  body-less rows commit in the database, which a store needs either way). ``bytea_write_ratio`` and
+  ``bytea_read_ratio`` are the database's MB/s over the directory's.
 
 PostgreSQL: ``--store-url`` names a server where the benchmark may create databases (one per step, dropped after;
 e.g. ``postgresql://postgres@db:5432/postgres``); without it the benchmark starts its own with the system's
