@@ -19,6 +19,7 @@ from tier_support import GRADED, tiering_run
 from postgres import PostgresServer
 
 from kvjudge.cli import main
+from kvjudge.errors import KvjudgeError
 from kvjudge.retention import Store
 from kvjudge.retention.blobs import ref_of
 from kvjudge.retention.cold import open_cold_store
@@ -229,3 +230,13 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path: Path, capsys: pytest
         error = refused(capsys, "store", "copy", src, dest)
         assert message in error and "hunter2" not in error, (src, dest, error)
     assert not missing.exists() and not destination.exists()
+
+
+def test_an_empty_database_is_no_source_and_stays_empty(tmp_path: Path, postgres_url: str,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    destination = tmp_path / "destination.sqlite"
+    error = refused(capsys, "store", "copy", postgres_url, str(destination))
+    assert "kvjudge" in error and not destination.exists()
+    # Still no store there: opening it without creating one is refused the same way.
+    with pytest.raises(KvjudgeError):
+        Store.open(postgres_url, create=False)
