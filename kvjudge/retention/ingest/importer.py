@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from kvjudge.errors import IngestError
 from kvjudge.retention import events as ev
 from kvjudge.retention.faults import fault_point
-from kvjudge.retention.ingest import registry
+from kvjudge.retention.ingest import registry, trials
 from kvjudge.retention.ingest.ahead import parse_ahead
 from kvjudge.retention.ingest.harbor import finished_since
 from kvjudge.retention.ingest.model import DocumentError, ParseContext, ParsedRun
@@ -198,7 +198,7 @@ class _FileOutcome:
     imported: list[tuple[str, str, bool]] = field(default_factory=list)  # (run id, final state, text repaired)
     present: list[str] = field(default_factory=list)
     finished_since: list[str] = field(default_factory=list)
-    seen: dict[str, tuple[str, str]] = field(default_factory=dict)  # run id → (where, content hash)
+    seen: dict[str, tuple[str, str, str]] = field(default_factory=dict)  # run id → (where, content hash, work)
     stored_bytes: int = 0
     body_bytes: int = 0
 
@@ -219,7 +219,8 @@ class _Importer:
         self.repair_text = repair_text
         self.progress = progress
         self.report = IngestReport(store=str(store.path))
-        self.seen: dict[str, tuple[str, str]] = {}  # run id → (where, content hash) of the runs kept so far
+        #: run id → (where, content hash, work digest) of the runs kept so far
+        self.seen: dict[str, tuple[str, str, str]] = {}
         self.agents: set[str] = set()  # agents of the runs whose grading is open (results are bound to them)
         self._batch = _Batch(store)
         self._total_bytes = 0
@@ -322,7 +323,7 @@ class _Importer:
             with contextlib.ExitStack() as savepoint:
                 first: ParsedRun | None = None  # the file's first run to write, until a second one comes
                 for where, parsed_run in parsed:
-                    run = self._checked_run(where, parsed_run, outcome)
+                    run = self._checked_run(where, parsed_run, outcome, source.within)
                     if run is None:
                         continue
                     if first is None and not outcome.imported:
@@ -355,9 +356,11 @@ class _Importer:
         self.seen.update(outcome.seen)
         self._batch.add(len(outcome.imported), outcome.body_bytes)
 
-    def _checked_run(self, where: str, run: ParsedRun, outcome: _FileOutcome) -> ParsedRun | None:
-        """``run`` (parsed from the document at ``where``) checked against the store and the import so far: the run
-        to write, or None when it is here already with the same content; IngestError when it is refused."""
+    def _checked_run(self, where: str, run: ParsedRun, outcome: _FileOutcome,
+                     within: str | None = None) -> ParsedRun | None:
+        """``run`` (parsed from the document at ``where``, found at ``within``) checked against the store and the
+        import so far: the run to write (a trial of its own where another run of its task holds its id:
+        :mod:`.trials`), or None when it is here already with the same content; IngestError when it is refused."""
         if self.trial is not None and run.trial != self.trial:
             own = f"names its own trial {run.trial!r}" if run.trial is not None else "is named by its file alone"
             labelled = ", ".join(fmt.name for fmt in registry.formats() if fmt.trial_label)
@@ -367,24 +370,46 @@ class _Importer:
             self.agents.add(run.agent)
         grade = self.results.grade_for(run.agent, run.task_id, run.run_id, run.trial) if run.grading_open else None
         digest = run.settle(grade)
-        earlier = outcome.seen.get(run.run_id) or self.seen.get(run.run_id)
+        work = trials.work_digest(run.events)
+        offered: Iterator[str] | None = None
+        while (placed := self._placed(where, run, digest, work, outcome)) is _TAKEN:
+            offered = offered or trials.labels(run, within, work)
+            label = next(offered, None)
+            if label is None:  # every label taken by other work (the work digest, last, cannot be)
+                raise IngestError(f"{where}: run {run.run_id!r} appears twice with different content")
+            digest = trials.as_trial(run, label)
         outcome.runs.append(run.run_id)
+        if placed is _PRESENT:
+            outcome.present.append(run.run_id)
+            return None
+        outcome.seen[run.run_id] = (where, digest, work)
+        return run
+
+    def _placed(self, where: str, run: ParsedRun, digest: str, work: str, outcome: _FileOutcome) -> object:
+        """Whether ``run``'s id is free (:data:`_NEW`), holds this run already (:data:`_PRESENT`: the same content,
+        or a Harbor trial that finished since) or another run — other work (:data:`_TAKEN`); IngestError where it
+        holds the same work with other content, or the document named the id itself (a run id names one content)."""
+        earlier = outcome.seen.get(run.run_id) or self.seen.get(run.run_id)
         if earlier is not None:
-            if earlier[1] != digest:
+            if earlier[1] == digest:
+                return _PRESENT
+            if earlier[2] == work or run.named:
                 raise IngestError(f"{where}: run {run.run_id!r} appears twice with different content "
                                   f"({earlier[0]}: {earlier[1]}; here: {digest})")
-            outcome.present.append(run.run_id)
-            return None
-        outcome.seen[run.run_id] = (where, digest)
+            return _TAKEN
         stored = stored_content_hash(self.store, run.run_id, len(run.events))
-        if stored is not None:
-            if stored != digest:
-                if not finished_since(self.store.runs.run(run.run_id).metadata, run):
-                    raise _conflict(where, run.run_id, stored, digest)
-                outcome.finished_since.append(run.run_id)  # kept as imported: its result comes with `grade`
-            outcome.present.append(run.run_id)
-            return None
-        return run
+        if stored is None:
+            return _NEW
+        if stored == digest:
+            outcome.seen[run.run_id] = (where, digest, work)
+            return _PRESENT
+        if finished_since(self.store.runs.run(run.run_id).metadata, run):
+            outcome.finished_since.append(run.run_id)  # kept as imported: its result comes with `grade`
+            outcome.seen[run.run_id] = (where, digest, work)
+            return _PRESENT
+        if run.named or trials.stored_work(self.store.events.iter_events(run.run_id)) == work:
+            raise _conflict(where, run.run_id, stored, digest)
+        return _TAKEN
 
     def _write_run(self, run: ParsedRun, outcome: _FileOutcome) -> None:
         outcome.stored_bytes += write_parsed(self.store, run)
@@ -407,6 +432,10 @@ class _Importer:
 
     def _mb(self, done: int) -> str:
         return f"{done / 1e6:.1f}/{self._total_bytes / 1e6:.1f} MB"
+
+
+#: Where a run's id stands (:meth:`_Importer._placed`).
+_NEW, _PRESENT, _TAKEN = object(), object(), object()
 
 
 def _check_trial_label(trial: str | None) -> None:

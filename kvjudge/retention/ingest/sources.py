@@ -64,6 +64,9 @@ class Source:
     parts: tuple[Path, ...] = ()
     #: The companion files beside it (a run directory's predictions, an evaluation's metadata), for its parser.
     companions: tuple[Path, ...] = ()
+    #: Its path within what was pointed at (a directory walked: the path under it; a file named: its name), which
+    #: tells two runs of one task apart where their harness names no trial (:mod:`.trials`).
+    within: str | None = None
 
     @property
     def name(self) -> str:
@@ -133,6 +136,7 @@ def walk(paths: Iterable[str | os.PathLike[str]]) -> Walk:
     for raw in paths:
         path = Path(raw)
         if path.is_dir():
+            first = len(found.sources)
             count = 0
             inherited: dict[Path, tuple[Path, ...]] = {}
             for root, dirs, files in os.walk(path):
@@ -148,6 +152,7 @@ def walk(paths: Iterable[str | os.PathLike[str]]) -> Walk:
                     dirs.remove(_COMPLETIONS_DIR)  # the same runs as output.jsonl: passed over
                     found.ignored += sum(len(names) for _, _, names in os.walk(Path(root) / _COMPLETIONS_DIR))
                 count += _walk_folder(found, seen, here, sorted(files), inherited)
+            found.sources[first:] = [_within(source, path) for source in found.sources[first:]]
             if count == 0 and not any(s.path.is_relative_to(path) for s in found.sources):
                 raise IngestError(f"{path}: no run files in this directory (looked for "
                                   f"{', '.join('*' + s for s in RUN_SUFFIXES)}, optionally .gz, *.eval, inspect "
@@ -155,7 +160,7 @@ def walk(paths: Iterable[str | os.PathLike[str]]) -> Walk:
                                   f"{_COMPLETIONS_DIR}/<instance_id>/*.json and "
                                   f"{', '.join(registry.walked_names())})")
         elif path.is_file():
-            _add(found.sources, seen, _with_companions(_file(path), _companions_beside(path)))
+            _add(found.sources, seen, _within(_with_companions(_file(path), _companions_beside(path)), path.parent))
         else:
             raise IngestError(f"{path} does not exist; pass run files (JSONL, *.traj.json, *.traj) or directories")
     if not found.sources:
@@ -243,6 +248,15 @@ def _with_companions(source: Source, companions: Iterable[Path]) -> Source:
     return dataclasses.replace(source, companions=companions) if companions else source
 
 
+def _within(source: Source, root: Path) -> Source:
+    """``source`` with its path within ``root`` (what was pointed at) recorded."""
+    try:
+        within = source.path.relative_to(root).as_posix()
+    except ValueError:
+        return source
+    return dataclasses.replace(source, within=within if within != "." else source.path.name)
+
+
 def _base(name: str) -> str:
     return name[:-3] if name.endswith(".gz") else name
 
@@ -275,7 +289,7 @@ def _series(sources: list[Source]) -> list[Source]:
         elif group[0] is source:  # the group takes the place of its first file
             ordered = sorted(group, key=lambda s: (_call_time(s.path), s.path.name))
             out.append(Source(path=ordered[-1].path, size=sum(s.size for s in group),
-                              series=tuple(s.path for s in ordered[:-1])))
+                              series=tuple(s.path for s in ordered[:-1]), within=ordered[-1].within))
     return out
 
 

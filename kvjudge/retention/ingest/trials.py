@@ -1,0 +1,108 @@
+"""The trial-identity rule: when two documents name the same run, are they one run or two trials of one task?
+
+A run id names one agent's run on one task (and its trial, where the harness names one). Two documents can arrive
+at the same id: the same run reached twice (one file under two paths, an import run again), the same run with
+other content (a grade from ``--results`` that came later, another ``--tenant``), or two *different* runs the
+harness did not tell apart — SWE-agent's demonstrations of one instance under two configurations, two inspect logs
+of one eval written before inspect named each eval, one instance twice in an ``output.jsonl``. The rule:
+
+- the same content is the same run (already present, nothing written);
+- the same **work** — the task, the prompt, the branches and every transition, what the agent did — with other
+  content is the same run changed: refused, as a run id names one content;
+- other work is another trial. The first run keeps its id; the later one gets a trial label from what tells it
+  apart, first that fits of: the harness's own ids for the run (:attr:`ParsedRun.marks`: an inspect eval's run
+  id), the file's path within what was pointed at (:attr:`Source.within`: the configuration folder of a SWE-agent
+  demonstration, the stem of an inspect log), else a digest of its work. A label fits when its id is free, or
+  holds this same work. The label ends the run id (``<id>/<label>``, or ``<id>-<label>`` where the id already
+  ends with the harness's own trial) and is the run's trial, so ``select`` sees every trial of the task and a
+  result that names the run without its trial still finds it.
+
+Importing the same files again imports nothing new: each document meets the same ids in the same order and
+lands where it landed before.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import re
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from kvjudge.retention import events as ev
+from kvjudge.retention.events import canonical_json, content_hash
+from kvjudge.retention.ingest.model import ParsedRun
+
+#: The events that are the run's work (what the agent did), as opposed to how it was imported or graded.
+_WORK_KINDS = (ev.BranchOpened, ev.TransitionRecorded)
+#: Run-file endings a path label leaves out (the file's kind, not what tells two runs apart).
+_SUFFIXES = (".gz", ".traj.json", ".traj", ".demo.yaml", ".jsonl", ".json", ".eval", ".yaml")
+_UNSAFE = re.compile(r"[\s/\\]+")
+_WORK_LABEL = 12  # hex digits of the work digest in a label
+
+
+def work_digest(events: Iterable[ev.Event]) -> str:
+    """The digest of a run's work: its task and prompt, branches and transitions — not its id, tenant, agent,
+    metadata, grades or lifecycle. Two documents with the same work are the same run."""
+    digest = hashlib.sha256()
+    for event in events:
+        if isinstance(event, ev.RunStarted):
+            digest.update(canonical_json([event.task_id, event.task_prompt_ref]).encode())
+        elif isinstance(event, _WORK_KINDS):
+            data = event.payload()
+            data.pop("run", None)
+            digest.update(f"{event.kind} {canonical_json(data)}\n".encode())
+    return "sha256:" + digest.hexdigest()
+
+
+def labels(run: ParsedRun, within: str | None, work: str) -> Iterator[str]:
+    """The trial labels a run could take, best first: the harness's ids for it, its path label, its work digest."""
+    offered = [*run.marks, path_label(within, run.task_id), work.removeprefix("sha256:")[:_WORK_LABEL]]
+    for label in dict.fromkeys(clean(label) for label in offered if label):
+        if label:
+            yield label
+
+
+def path_label(within: str | None, task_id: str | None) -> str | None:
+    """The label a file's path within what was pointed at gives: its folders (``:``-joined) and its name without
+    the run-file ending — the name left out where it only repeats the task (``<instance>.traj``)."""
+    if not within:
+        return None
+    *folders, name = within.replace("\\", "/").strip("/").split("/")
+    for suffix in _SUFFIXES:
+        if name.endswith(suffix) and len(name) > len(suffix):
+            name = name[: -len(suffix)]
+    parts = folders if folders and task_id is not None and name == task_id.rsplit("/", 1)[-1] else [*folders, name]
+    return ":".join(part for part in parts if part) or None
+
+
+def clean(label: str) -> str:
+    """A label safe at the end of a run id: no ``/``, no whitespace."""
+    return _UNSAFE.sub("_", label.strip()).strip("_")
+
+
+def as_trial(run: ParsedRun, label: str) -> str:
+    """Rename ``run`` (settled) to its trial ``label`` (see the module docstring) and settle its content hash
+    again; returns the new content hash."""
+    base, trial = run.run_id, run.trial
+    if trial is not None and base.endswith("/" + trial):
+        trial = f"{trial}-{label}"
+        run_id = base[: -len(run.trial or "")] + trial
+    else:
+        trial = label if trial is None else f"{trial}-{label}"
+        run_id = f"{base}/{label}"
+    events: list[ev.Event] = []
+    for event in run.events:
+        if isinstance(event, ev.RunStarted):
+            events.append(dataclasses.replace(event, run=run_id, trial=trial, content_hash=None))
+        else:
+            events.append(dataclasses.replace(event, run=run_id))
+    digest = content_hash(events)
+    events[0] = dataclasses.replace(events[0], content_hash=digest)
+    run.events, run.run_id, run.trial, run.content_hash = events, run_id, trial, digest
+    return digest
+
+
+def stored_work(logged: Iterable[tuple[Any, ev.Event]]) -> str:
+    """:func:`work_digest` of a run as the store logged it (``(lsn, event)`` pairs)."""
+    return work_digest(event for _, event in logged)
