@@ -23,7 +23,6 @@
 from __future__ import annotations
 
 import contextlib
-import itertools
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -34,7 +33,6 @@ from kvjudge.retention import events as ev
 from kvjudge.retention.faults import fault_point
 from kvjudge.retention.ingest import registry, trials
 from kvjudge.retention.ingest.ahead import parse_ahead
-from kvjudge.retention.ingest.harbor import finished_since
 from kvjudge.retention.ingest.model import DocumentError, ParseContext, ParsedRun
 from kvjudge.retention.ingest.results import ResultsIndex, load_results
 from kvjudge.retention.ingest.sources import Document, Source, Walk, iter_documents, walk
@@ -372,44 +370,25 @@ class _Importer:
         digest = run.settle(grade)
         work = trials.work_digest(run.events)
         offered: Iterator[str] | None = None
-        while (placed := self._placed(where, run, digest, work, outcome)) is _TAKEN:
+        while True:
+            earlier = outcome.seen.get(run.run_id) or self.seen.get(run.run_id)
+            placed = trials.place(self.store, where, run, digest, work, earlier)
+            if placed != trials.TAKEN:
+                break
             offered = offered or trials.labels(run, within, work)
             label = next(offered, None)
             if label is None:  # every label taken by other work (the work digest, last, cannot be)
                 raise IngestError(f"{where}: run {run.run_id!r} appears twice with different content")
             digest = trials.as_trial(run, label)
         outcome.runs.append(run.run_id)
-        if placed is _PRESENT:
-            outcome.present.append(run.run_id)
-            return None
-        outcome.seen[run.run_id] = (where, digest, work)
-        return run
-
-    def _placed(self, where: str, run: ParsedRun, digest: str, work: str, outcome: _FileOutcome) -> object:
-        """Whether ``run``'s id is free (:data:`_NEW`), holds this run already (:data:`_PRESENT`: the same content,
-        or a Harbor trial that finished since) or another run — other work (:data:`_TAKEN`); IngestError where it
-        holds the same work with other content, or the document named the id itself (a run id names one content)."""
-        earlier = outcome.seen.get(run.run_id) or self.seen.get(run.run_id)
-        if earlier is not None:
-            if earlier[1] == digest:
-                return _PRESENT
-            if earlier[2] == work or run.named:
-                raise IngestError(f"{where}: run {run.run_id!r} appears twice with different content "
-                                  f"({earlier[0]}: {earlier[1]}; here: {digest})")
-            return _TAKEN
-        stored = stored_content_hash(self.store, run.run_id, len(run.events))
-        if stored is None:
-            return _NEW
-        if stored == digest:
+        if earlier is None:
             outcome.seen[run.run_id] = (where, digest, work)
-            return _PRESENT
-        if finished_since(self.store.runs.run(run.run_id).metadata, run):
+        if placed == trials.FINISHED:
             outcome.finished_since.append(run.run_id)  # kept as imported: its result comes with `grade`
-            outcome.seen[run.run_id] = (where, digest, work)
-            return _PRESENT
-        if run.named or trials.stored_work(self.store.events.iter_events(run.run_id)) == work:
-            raise _conflict(where, run.run_id, stored, digest)
-        return _TAKEN
+        if placed == trials.NEW:
+            return run
+        outcome.present.append(run.run_id)
+        return None
 
     def _write_run(self, run: ParsedRun, outcome: _FileOutcome) -> None:
         outcome.stored_bytes += write_parsed(self.store, run)
@@ -434,10 +413,6 @@ class _Importer:
         return f"{done / 1e6:.1f}/{self._total_bytes / 1e6:.1f} MB"
 
 
-#: Where a run's id stands (:meth:`_Importer._placed`).
-_NEW, _PRESENT, _TAKEN = object(), object(), object()
-
-
 def _check_trial_label(trial: str | None) -> None:
     """A ``--trial`` label ends a run id (``<agent>/<instance>/<trial>``): not empty, no ``/``, no surrounding
     whitespace."""
@@ -451,32 +426,12 @@ def _final_state(run: ParsedRun) -> str:
     return states[-1] if states else "running"
 
 
-def _conflict(where: str, run_id: str, stored: str, new: str) -> IngestError:
-    return IngestError(f"{where}: run {run_id!r} is already in the store with other content (stored {stored}, "
-                       f"this input {new}) — a run id names one content, and --results grades, --agent and "
-                       f"--tenant are part of it (grades that came later: kvjudge grade RUN --results FILE)")
-
-
 def write_parsed(store: Store, run: ParsedRun) -> int:
     """Settle a parsed run's content hash, then write its bodies and events in one transaction; the bytes of
     bodies stored (the others were stored already)."""
     if run.content_hash is None:
         run.settle(None)
     return store.write_run(run.run_id, run.bodies.items(), run.events)
-
-
-def stored_content_hash(store: Store, run_id: str, n_events: int) -> str | None:
-    """The content hash of ``run_id`` as imported, or None when the store has no such run.
-
-    Runs imported since content hashes exist carry theirs in RunStarted. For an older run it is computed over
-    its first ``n_events`` logged events — the length of the run it is compared with.
-    """
-    if not store.runs.has_run(run_id):
-        return None
-    first = next(iter(store.events.iter_events(run_id)))[1]
-    if isinstance(first, ev.RunStarted) and first.content_hash:
-        return first.content_hash
-    return ev.content_hash(event for _, event in itertools.islice(store.events.iter_events(run_id), n_events))
 
 
 def ingest_sources(store: Store, sources: list[Source], *, ignored_files: int = 0, walked: Walk | None = None,

@@ -70,11 +70,13 @@ def parse_openhands_v1(obj: Any, context: ParseContext, document: Any = None) ->
 
 
 def _stem(document: Any) -> str | None:
-    """The conversation a file names: its stem, or for an ``events/`` folder the folder above it."""
+    """The conversation a file names: its stem; for an ``events/`` folder the folder above it, for a folder of
+    event files the folder itself."""
     if document is None:
         return None
-    if document.source.path.name == "events" and document.source.path.is_dir():
-        return document.source.path.parent.name or None
+    if document.source.path.is_dir():  # its events, one per file: the conversation's folder
+        folder = document.source.path
+        return (folder.parent.name if folder.name == "events" else folder.name) or None
     name = document.source.name
     for suffix in (".jsonl", ".json"):
         if name.endswith(suffix):

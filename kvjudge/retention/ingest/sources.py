@@ -29,12 +29,12 @@ from pathlib import Path
 from typing import IO, Any
 
 from kvjudge.errors import IngestError
-from kvjudge.retention.ingest import harbor, inspect_reader, registry
+from kvjudge.retention.ingest import harbor, inspect_reader, json_stream, registry, yaml_document
 
 #: Names a directory walk picks up (each also with ``.gz``); a file named on the command line is read whatever
 #: its name. Beside them a walk reads Harbor trials, inspect ``*.eval`` archives and inspect ``.json`` logs.
 RUN_SUFFIXES = (".jsonl", ".traj.json", ".traj")
-_WHOLE_SUFFIXES = (".traj.json", ".traj", ".json")  # one JSON document per file
+_WHOLE_SUFFIXES = (".traj.json", ".traj", ".json", *yaml_document.SUFFIXES)  # one document per file
 _READ_ERRORS = (OSError, EOFError, zlib.error)
 #: Source kinds: a plain file, a Harbor trial (a trial directory, or an ATIF trajectory with its continuations),
 #: an inspect ``.eval`` archive.
@@ -64,9 +64,7 @@ class Source:
     parts: tuple[Path, ...] = ()
     #: The companion files beside it (a run directory's predictions, an evaluation's metadata), for its parser.
     companions: tuple[Path, ...] = ()
-    #: Its path within what was pointed at (a directory walked: the path under it; a file named: its name), which
-    #: tells two runs of one task apart where their harness names no trial (:mod:`.trials`).
-    within: str | None = None
+    within: str | None = None  # its path under what was pointed at (a file named: its name), for :mod:`.trials`
 
     @property
     def name(self) -> str:
@@ -77,7 +75,7 @@ class Source:
     @property
     def default_instance(self) -> str | None:
         """The instance id a trajectory's file name gives (``<instance>.traj.json``, ``<instance>.traj``)."""
-        for suffix in (".traj.json", ".traj"):
+        for suffix in (".traj.json", ".traj", ".demo.yaml"):
             if self.name.endswith(suffix) and len(self.name) > len(suffix):
                 return self.name[: -len(suffix)]
         return None
@@ -143,7 +141,7 @@ def walk(paths: Iterable[str | os.PathLike[str]]) -> Walk:
                 here = Path(root)
                 if harbor.is_trial_dir(here) or harbor.is_unfinished_trial_dir(here):
                     dirs.clear()  # a trial is read as one source; nothing under it is a run file of its own
-                    trial = _trial(here) if _is_read_trial(here) else None
+                    trial = _trial(here) if harbor.is_read_trial(here) else None
                     count += _add(found.sources, seen, trial) if trial is not None else 0
                     found.ignored += _files_under(here) - (len(trial.parts) if trial is not None else 0)
                     continue
@@ -197,8 +195,9 @@ def _walk_folder(found: Walk, seen: set[Path], here: Path, files: list[str],
 
 
 def _events_source(folder: Path, files: list[str], companions: list[Path]) -> Source | None:
-    """An OpenHands V1 ``events/`` folder (``event-<n>-<id>.json`` files) as one source, its events in order."""
-    if folder.name != _EVENTS_DIR:
+    """An OpenHands V1 conversation persisted event by event (``event-<n>-<id>.json`` files) as one source, its
+    events in order: an ``events/`` folder, or a folder of nothing but event files (the CLI's conversations)."""
+    if folder.name != _EVENTS_DIR and not (files and all(_EVENT_FILE.match(name) for name in files)):
         return None
     parts = sorted((folder / name for name in files if _EVENT_FILE.match(name)),
                    key=lambda path: (int(_EVENT_FILE.match(path.name).group(1)), path.name))  # type: ignore[union-attr]
@@ -211,7 +210,9 @@ def _events_source(folder: Path, files: list[str], companions: list[Path]) -> So
 def _is_walked_run(here: Path, name: str) -> bool:
     return _is_run_file(name) or is_completions_log(here / name) \
         or (harbor.is_trajectory_name(name) and harbor.is_atif_file(here / name)) \
-        or (name.endswith(".json") and inspect_reader.is_json_log(here / name))
+        or (name.endswith(".json") and (inspect_reader.is_json_log(here / name)
+                                        or registry.record_format(json_stream.first_item(here / name)) is not None)) \
+        or (name.endswith(yaml_document.SUFFIXES) and yaml_document.holds_history(here / name))
 
 
 def _holds_runs_of(folder: Path, fmt: Any) -> bool:
@@ -250,11 +251,8 @@ def _with_companions(source: Source, companions: Iterable[Path]) -> Source:
 
 def _within(source: Source, root: Path) -> Source:
     """``source`` with its path within ``root`` (what was pointed at) recorded."""
-    try:
-        within = source.path.relative_to(root).as_posix()
-    except ValueError:
-        return source
-    return dataclasses.replace(source, within=within if within != "." else source.path.name)
+    within = source.path.relative_to(root).as_posix() if source.path.is_relative_to(root) else None
+    return dataclasses.replace(source, within=within if within != "." else source.path.name) if within else source
 
 
 def _base(name: str) -> str:
@@ -265,7 +263,6 @@ def _is_run_file(name: str) -> bool:
     base = _base(name)
     return ((base.endswith(RUN_SUFFIXES) or any(fnmatch.fnmatchcase(base, p) for p in registry.walked_names()))
             and not _SIDE_FILES.search(name)) or name.endswith(inspect_reader.EVAL_SUFFIX)
-
 
 
 def is_completions_log(path: Path) -> bool:
@@ -314,20 +311,8 @@ def _file(path: Path) -> Source:
 
 
 def _trial(folder: Path) -> Source:
-    parts = _trial_parts(folder)
+    parts = harbor.trial_parts(folder)
     return Source(path=folder, size=sum(p.stat().st_size for p in parts), kind=HARBOR, parts=tuple(parts))
-
-
-def _trial_parts(folder: Path) -> list[Path]:
-    """The files a trial is read from: its ``result.json`` (else, not finished, its ``config.json``) and
-    ``agent/trajectory*.json``."""
-    head = folder / harbor.RESULT
-    return [head if head.is_file() else folder / harbor.CONFIG, *harbor.trajectory_files(folder / harbor.AGENT_DIR)]
-
-
-def _is_read_trial(folder: Path) -> bool:
-    """A finished trial, or one not finished whose ``agent/trajectory.json`` is ATIF (else passed over whole)."""
-    return harbor.is_trial_dir(folder) or harbor.is_atif_file(folder / harbor.AGENT_DIR / "trajectory.json")
 
 
 def _files_under(folder: Path) -> int:
@@ -392,6 +377,8 @@ class Document:
         if self.records:
             return [decode_json(line, f"{self.source.path}:{number}", line=number, repair_text=repair_text)
                     for number, line in enumerate(self.raw.split(b"\n"), start=1) if line.strip()]
+        if self.parts is None and self.source.name.endswith(yaml_document.SUFFIXES):
+            return yaml_document.decode(self.raw, self.where)
         if self.parts is None:
             return decode_json(self.raw, self.where, line=self.line, repair_text=repair_text)
         return {name: decode_json(part, self.where if self.member else f"{self.where}:{name}",

@@ -25,13 +25,23 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 import re
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING
 
+from kvjudge.errors import IngestError
 from kvjudge.retention import events as ev
 from kvjudge.retention.events import canonical_json, content_hash
+from kvjudge.retention.ingest.harbor import finished_since
 from kvjudge.retention.ingest.model import ParsedRun
+
+if TYPE_CHECKING:
+    from kvjudge.retention.store import Store
+
+#: Where a run's id stands (:func:`place`): free; holding this run (the same content); holding this run imported
+#: from a Harbor trial before it finished, which has since; holding another run (other work).
+NEW, PRESENT, FINISHED, TAKEN = "new", "present", "finished since", "taken"
 
 #: The events that are the run's work (what the agent did), as opposed to how it was imported or graded.
 _WORK_KINDS = (ev.BranchOpened, ev.TransitionRecorded)
@@ -103,6 +113,42 @@ def as_trial(run: ParsedRun, label: str) -> str:
     return digest
 
 
-def stored_work(logged: Iterable[tuple[Any, ev.Event]]) -> str:
-    """:func:`work_digest` of a run as the store logged it (``(lsn, event)`` pairs)."""
-    return work_digest(event for _, event in logged)
+def place(store: Store, where: str, run: ParsedRun, digest: str, work: str,
+          earlier: tuple[str, str, str] | None) -> str:
+    """Where ``run``'s id stands (:data:`NEW`, :data:`PRESENT`, :data:`FINISHED`, :data:`TAKEN`), given the
+    ``(where, content hash, work digest)`` of the run of this import that took it first (``earlier``), else the
+    store. IngestError where it holds the same work with other content, or the document named the id itself."""
+    if earlier is not None:
+        if earlier[1] == digest:
+            return PRESENT
+        if earlier[2] == work or run.named:
+            raise IngestError(f"{where}: run {run.run_id!r} appears twice with different content "
+                              f"({earlier[0]}: {earlier[1]}; here: {digest})")
+        return TAKEN
+    stored = stored_content_hash(store, run.run_id, len(run.events))
+    if stored is None:
+        return NEW
+    if stored == digest:
+        return PRESENT
+    if finished_since(store.runs.run(run.run_id).metadata, run):
+        return FINISHED
+    if run.named or work_digest(event for _, event in store.events.iter_events(run.run_id)) == work:
+        raise IngestError(
+            f"{where}: run {run.run_id!r} is already in the store with other content (stored {stored}, this input "
+            f"{digest}) — a run id names one content, and --results grades, --agent and --tenant are part of it "
+            f"(grades that came later: kvjudge grade RUN --results FILE)")
+    return TAKEN
+
+
+def stored_content_hash(store: Store, run_id: str, n_events: int) -> str | None:
+    """The content hash of ``run_id`` as imported, or None when the store has no such run.
+
+    Runs imported since content hashes exist carry theirs in RunStarted. For an older run it is computed over
+    its first ``n_events`` logged events — the length of the run it is compared with.
+    """
+    if not store.runs.has_run(run_id):
+        return None
+    first = next(iter(store.events.iter_events(run_id)))[1]
+    if isinstance(first, ev.RunStarted) and first.content_hash:
+        return first.content_hash
+    return ev.content_hash(event for _, event in itertools.islice(store.events.iter_events(run_id), n_events))

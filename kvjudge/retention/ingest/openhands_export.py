@@ -1,0 +1,75 @@
+"""OpenHands conversation exports: one conversation's event stream saved as a JSON list — the web app's trajectory
+download, the files the trajectory visualizer (OpenHands/trajectory-visualizer) opens, such as its ``demo1.json``.
+
+Shape, as read in the visualizer's sample and OpenHands' event serialization (the same events an evaluation's
+``history`` holds, :mod:`.openhands`): a list of events, each with an integer ``id``, a ``timestamp``, a
+``source`` (``user``, ``agent``, ``environment``) and a ``message``; an action has ``action`` (``message``,
+``run``, ``edit``, ``finish``, ``change_agent_state``, …) and ``args``, an observation ``observation`` (``run``,
+``edit``, ``agent_state_changed``, ``null``, …), ``content``, ``extras`` and ``cause`` (the id of the action it
+answers); a call made through function calling carries ``tool_call_metadata`` (``function_name``,
+``tool_call_id``, and ``model_response`` — the model's whole reply, whose ``model`` names the model). No task or
+instance is named: it is a conversation, not an evaluation.
+
+Mapping, as for other conversations (:mod:`.openhands_v1`, Claude Code): agent ``openhands@<model>`` (the first
+model reply's model; ``openhands`` when none is named); task :func:`~.model.task_from_prompt` of the first user
+message; trial the file's stem; run id ``<agent>/<task>/<stem>``. The events become transitions as an
+evaluation's history does (:class:`.openhands.History`): each call an assistant transition, each observation a
+tool transition with its exit code, the controller's bookkeeping left out.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvjudge.retention.ingest.format import Format
+from kvjudge.retention.ingest.model import ParseContext, ParsedRun, content_text, dig, need, scalars
+from kvjudge.retention.ingest.model import task_from_prompt
+from kvjudge.retention.ingest.openhands import HARNESS, History
+
+NAME = "openhands-export"
+_SOURCES = frozenset({"user", "agent", "environment"})
+
+
+def is_export_event(record: dict[str, Any]) -> bool:
+    """One event of an exported conversation: an integer ``id``, a known ``source``, an action or observation."""
+    event_id = record.get("id")
+    return (isinstance(event_id, int) and not isinstance(event_id, bool) and record.get("source") in _SOURCES
+            and (isinstance(record.get("action"), str) or isinstance(record.get("observation"), str)))
+
+
+def parse_openhands_export(obj: Any, context: ParseContext, document: Any = None) -> ParsedRun:
+    """An exported conversation (a list of events) → ParsedRun (DocumentError naming ``$[i]``)."""
+    need(isinstance(obj, list) and bool(obj), "$", "an OpenHands conversation export is a list of events")
+    model = next((found for event in obj if isinstance(found := dig(event, "tool_call_metadata", "model_response",
+                                                                     "model"), str) and found), None)
+    agent = context.agent or (f"openhands@{model}" if model else "openhands")
+    prompt = _first_prompt(obj)
+    conversation = _stem(document) or "conversation"
+    task = task_from_prompt(prompt, None) or conversation
+    run = context.new_run(f"{agent}/{task}/{conversation}", NAME, agent=agent, grading_open=True)
+    history = History(run, run.branch("main"), prompt, {})
+    for index, event in enumerate(obj):
+        history.add(event, ("$", index))
+    run.start(task_id=task, prompt=prompt, trial=conversation,
+              metadata=scalars({"format": NAME, "model": model, "harness": HARNESS}))
+    return run
+
+
+def _first_prompt(events: list[Any]) -> str | None:
+    """The text of the first message the user sent."""
+    for index, event in enumerate(events):
+        if isinstance(event, dict) and event.get("action") == "message" and event.get("source") == "user":
+            args = event.get("args") if isinstance(event.get("args"), dict) else {}
+            return content_text(args.get("content"), ("$", index, "args", "content"))
+    return None
+
+
+def _stem(document: Any) -> str | None:
+    name = document.source.name if document is not None else ""
+    return name[: -len(".json")] if name.endswith(".json") and len(name) > len(".json") else name or None
+
+
+FORMAT = Format(
+    name=NAME, summary="OpenHands conversation exports (a JSON list of events: the web app's trajectory download, "
+                       "the trajectory visualizer's files)",
+    recognises_record=is_export_event, parse=parse_openhands_export)
