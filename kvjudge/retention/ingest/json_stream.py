@@ -7,7 +7,7 @@ text check, ``NaN`` reaches it too, integers keep their digits. (ijson's C backe
 silently turns a lone surrogate into ``?`` and refuses integers beyond 64 bits; its pure-Python backend
 tokenizes in Python.) A value cut by the window's end is decoded again once the window has doubled, so the work
 per value stays within a small multiple of its size, and memory within twice the largest value plus one 1 MiB
-read.
+read. :func:`first_item` decodes the first record of a ``.json`` array from its first bytes, for a walk's sniff.
 """
 
 from __future__ import annotations
