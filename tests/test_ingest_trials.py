@@ -94,6 +94,21 @@ def test_two_inspect_logs_that_name_no_eval_id_are_two_trials_by_their_run_ids(s
     assert ingest_paths(store, [tmp_path / "test_eval_log"]).imported == []
 
 
+def test_a_label_another_trial_took_passes_to_the_next(store: Store, tmp_path: Path) -> None:
+    model = "openai/gpt-4o"
+    (tmp_path / "logs").mkdir()
+    for name, seed in (("a.json", 3), ("b.json", 4), ("c.json", 5), ("d.json", 6)):  # one eval's ids in all
+        spec = eval_spec("images", model)
+        del spec["eval_id"]
+        episode = make_episode("images-1", seed, target_bytes=2000, model=model)
+        write_json_log(tmp_path / "logs" / name, spec, [sample(episode, 1, 1, model=model)])
+    report = ingest_paths(store, [tmp_path / "logs"])
+    spec = eval_spec("images", model)
+    labels = ["", f"-{spec['run_id'][:8]}", f"-{spec['task_id'][:8]}", "-d"]  # the eval's ids, then the path
+    assert report.imported == [f"{model}/images/1/1{label}" for label in labels]
+    assert ingest_paths(store, [tmp_path / "logs"]).imported == []
+
+
 def test_one_instance_twice_in_a_jsonl_file_is_two_trials(store: Store, tmp_path: Path) -> None:
     lines = [logs.openhands_2024_line("dev__greeter-1", resolved=True),
              logs.openhands_2024_line("dev__greeter-1", resolved=False)]

@@ -370,6 +370,7 @@ class _Importer:
         digest = run.settle(grade)
         work = trials.work_digest(run.events)
         offered: Iterator[str] | None = None
+        base = (run.run_id, run.trial)
         while True:
             earlier = outcome.seen.get(run.run_id) or self.seen.get(run.run_id)
             placed = trials.place(self.store, where, run, digest, work, earlier)
@@ -379,7 +380,7 @@ class _Importer:
             label = next(offered, None)
             if label is None:  # every label taken by other work (the work digest, last, cannot be)
                 raise IngestError(f"{where}: run {run.run_id!r} appears twice with different content")
-            digest = trials.as_trial(run, label)
+            digest = trials.as_trial(run, label, base)
         outcome.runs.append(run.run_id)
         if earlier is None:
             outcome.seen[run.run_id] = (where, digest, work)

@@ -91,16 +91,16 @@ def clean(label: str) -> str:
     return _UNSAFE.sub("_", label.strip()).strip("_")
 
 
-def as_trial(run: ParsedRun, label: str) -> str:
-    """Rename ``run`` (settled) to its trial ``label`` (see the module docstring) and settle its content hash
-    again; returns the new content hash."""
-    base, trial = run.run_id, run.trial
-    if trial is not None and base.endswith("/" + trial):
-        trial = f"{trial}-{label}"
-        run_id = base[: -len(run.trial or "")] + trial
+def as_trial(run: ParsedRun, label: str, base: tuple[str, str | None]) -> str:
+    """Rename ``run`` (settled) to its trial ``label`` — from ``base``, the id and trial it was parsed with — (see
+    the module docstring) and settle its content hash again; returns the new content hash."""
+    base_id, base_trial = base
+    if base_trial is not None and base_id.endswith("/" + base_trial):
+        trial = f"{base_trial}-{label}"
+        run_id = base_id[: -len(base_trial)] + trial
     else:
-        trial = label if trial is None else f"{trial}-{label}"
-        run_id = f"{base}/{label}"
+        trial = label if base_trial is None else f"{base_trial}-{label}"
+        run_id = f"{base_id}/{label}"
     events: list[ev.Event] = []
     for event in run.events:
         if isinstance(event, ev.RunStarted):
