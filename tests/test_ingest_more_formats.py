@@ -12,6 +12,9 @@ from typing import Any
 import pytest
 import yaml
 from helpers import kvjudge
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_ingest_formats import JSON_VALUES, _places, _replaced
 
 from kvjudge.errors import IngestError
 from kvjudge.retention import Store
@@ -283,3 +286,46 @@ def test_the_task_of_a_cline_run_is_its_evidence(store: Store, tmp_path: Path) -
     run_id = ingest_paths(store, [tmp_path / "tasks"]).imported[0]
     found = find_evidence(store.runs.run(run_id), store.blobs.text)
     assert store.blobs.text(found.refs()["task"]) == PROMPT
+
+
+# ------------------------------------------------------------------------------------------ hostile documents
+def _new_format_files(root: Path) -> list[tuple[Path, Path]]:
+    """(the file a hostile value goes into, what is imported) for each new shape."""
+    root.mkdir(parents=True)
+    (root / "export.json").write_text(json.dumps(export()))
+    (root / "output.jsonl").write_text(json.dumps(logic_reasoning_line("ProntoQA_1", correct=True)) + "\n")
+    task = cline_task(root / "tasks", "1733490000000", native=True)
+    demo = root / "x.demo.yaml"
+    demo.write_text(json.dumps(yaml.safe_load(DEMO)))  # JSON is YAML: the fuzz rewrites it as JSON
+    conversation = cli_conversation(root / "conversation")
+    return [(root / "export.json", root / "export.json"), (root / "output.jsonl", root / "output.jsonl"),
+            (task / "api_conversation_history.json", task), (task / "ui_messages.json", task), (demo, demo),
+            (sorted(conversation.iterdir())[1], conversation)]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(which=st.integers(0, 5), where=st.integers(0, 10_000), new=JSON_VALUES)
+def test_a_hostile_value_anywhere_in_a_new_shape_is_a_run_or_one_error(tmp_path_factory: pytest.TempPathFactory,
+                                                                       which: int, where: int, new: Any) -> None:
+    root = tmp_path_factory.mktemp("hostile")
+    changed, imported = _new_format_files(root / "in")[which]
+    if changed.name.endswith(".jsonl"):
+        document = [json.loads(line) for line in changed.read_text().splitlines()]
+    else:
+        document = json.loads(changed.read_text())
+    places = _places(document)[1:] or [()]
+    document = _replaced(document, places[where % len(places)], new)
+    if changed.name.endswith(".jsonl"):
+        changed.write_text("".join(json.dumps(line) + "\n" for line in document) if isinstance(document, list) else "")
+    else:
+        changed.write_text(json.dumps(document))
+    with Store.open(root / "store.sqlite") as store:
+        try:
+            report = ingest_paths(store, [imported])
+        except IngestError as exc:
+            assert "\n" not in str(exc)
+            assert store.runs.run_ids() == []
+        else:
+            for run_id in report.imported:
+                state = store.runs.run(run_id)
+                assert state.agent and state.task_id

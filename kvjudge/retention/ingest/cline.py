@@ -134,7 +134,8 @@ def _requests(ui: list[Any]) -> dict[str, Any]:
         totals["api_calls"] += 1
         for ours, keys in (("tokens_in", ("tokensIn", "cacheReads", "cacheWrites")), ("tokens_out", ("tokensOut",)),
                            ("cost", ("cost",))):
-            totals[ours] += sum(v for k in keys if isinstance(v := info.get(k), int | float) and not isinstance(v, bool))
+            totals[ours] += sum(value for key in keys
+                                if isinstance(value := info.get(key), int | float) and not isinstance(value, bool))
     return totals if totals["api_calls"] else {}
 
 

@@ -33,8 +33,10 @@ _SOURCES = frozenset({"user", "agent", "environment"})
 def is_export_event(record: dict[str, Any]) -> bool:
     """One event of an exported conversation: an integer ``id``, a known ``source``, an action or observation."""
     event_id = record.get("id")
-    return (isinstance(event_id, int) and not isinstance(event_id, bool) and record.get("source") in _SOURCES
-            and (isinstance(record.get("action"), str) or isinstance(record.get("observation"), str)))
+    source = record.get("source")
+    return (isinstance(event_id, int) and not isinstance(event_id, bool) and isinstance(source, str)
+            and source in _SOURCES and (isinstance(record.get("action"), str)
+                                        or isinstance(record.get("observation"), str)))
 
 
 def parse_openhands_export(obj: Any, context: ParseContext, document: Any = None) -> ParsedRun:
