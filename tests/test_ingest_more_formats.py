@@ -85,11 +85,13 @@ def test_an_openhands_conversation_export_is_one_run_named_directly_or_walked(st
     report = ingest_paths(store, [tmp_path / "exports"])
     agent = "openhands@claude-3-5-sonnet-20241022"
     assert len(report.imported) == 1 and report.imported[0].startswith(f"{agent}/session/")
-    assert report.imported[0].endswith("/demo1") and report.ignored_files == 1  # package.json passed over
+    assert report.imported[0].endswith("/2025-01-20T20:29:13") and report.ignored_files == 1  # package.json: not
     run_id = report.imported[0]
     assert texts(store, run_id)[1:] == [("assistant", "Let me look.", "cat app.py"),
                                         ("tool", None, "print('helo')"), ("assistant", "Fixed.", None)]
-    assert ingest_paths(store, [path]).already_present == [run_id]
+    # the same conversation saved again, under another name and wrapped as {"history": [...]}: the same run
+    (tmp_path / "saved-again.json").write_text(json.dumps({"history": export()}))
+    assert ingest_paths(store, [path, tmp_path / "saved-again.json"]).already_present == [run_id, run_id]
 
 
 # -------------------------------------------------------------------------------- OpenHands 2024 benchmarks
