@@ -75,6 +75,7 @@ def parse_claude_code(obj: Any, context: ParseContext, document: Any = None) -> 
     task = task_from_prompt(prompt, cwd) or session
     trial = f"{session}-{first['agentId']}" if agent_file and isinstance(first.get("agentId"), str) else session
     run = context.new_run(f"{agent}/{task}/{trial}", NAME, agent=agent, grading_open=True)
+    run.named = True  # the session is its identity: other content under it is the session changed
     version = first.get("version")
     run.start(task_id=task, prompt=prompt, trial=trial, metadata=scalars({
         "subagent_of": session if agent_file else None,

@@ -100,6 +100,7 @@ def parse_cline(obj: Any, context: ParseContext, document: Any = None) -> Parsed
     task = task_from_prompt(prompt, cwd.group(1) if cwd else None) or task_id or "task"
     trial = task_id or "task"
     run = context.new_run(f"{agent}/{task}/{trial}", NAME, agent=agent, grading_open=True)
+    run.named = task_id is not None  # Cline's task id is its identity
     writer = _Writer(run, run.branch("main"), prompt)
     for index, message in enumerate(obj):
         writer.add(message, ("$", index))

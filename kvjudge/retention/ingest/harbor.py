@@ -267,6 +267,7 @@ def parse_harbor(obj: Any, context: ParseContext) -> ParsedRun:
         task = stem.rstrip(".") or None
         run_id, trial = f"{agent}/{task}/{session}" if task else f"{agent}/{session}", session
     run = context.new_run(run_id, "harbor", agent=agent, grading_open=result is None)
+    run.named = True  # the trial (or session) is its identity
     branch = run.branch("main")
     prompt, copied = _transitions(run, branch, parts)
     for base, part in parts:  # ATIF 1.6 may embed its subagents' trajectories

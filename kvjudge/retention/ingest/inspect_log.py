@@ -175,6 +175,7 @@ def parse_inspect_sample(obj: Any, context: ParseContext) -> ParsedRun:
     scored = bool(sample.get("scores"))
     run = context.new_run(sample_run_id(spec, sample_id, epoch, agent), "inspect", agent=agent,
                           grading_open=not scored)
+    run.named = isinstance(spec.get("eval_id"), str) and bool(spec["eval_id"])  # the eval names the trial
     run.marks = tuple(spec[key][:8] for key in ("run_id", "task_id") if isinstance(spec.get(key), str) and spec[key])
     usage = _usage_by_message(sample.get("events"))
     prompt = _prompt(sample, messages, attachments)

@@ -143,8 +143,9 @@ class ParsedRun:
     #: The harness's own ids for this run, best first (an inspect eval's run id): what tells it apart from another
     #: run of the same agent on the same task, where the harness names no trial (:mod:`.trials`).
     marks: tuple[str, ...] = ()
-    #: The document names this run's id itself (kvjudge's native format): another run under that id is refused,
-    #: never made a trial of its own.
+    #: The document names this run itself — its id (kvjudge's native format), or a trial that is the harness's own
+    #: identity for it (a session, a Harbor trial, an inspect eval): other work under that id is the run changed,
+    #: refused, never made a trial of its own (:mod:`.trials`).
     named: bool = False
     _seq: dict[str, int] = field(default_factory=dict)
 

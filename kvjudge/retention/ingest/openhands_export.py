@@ -64,6 +64,7 @@ def parse_openhands_export(obj: Any, context: ParseContext, document: Any = None
     conversation = clean(started) if isinstance(started, str) and clean(started) else _stem(document) or "conversation"
     task = task_from_prompt(prompt, None) or conversation
     run = context.new_run(f"{agent}/{task}/{conversation}", NAME, agent=agent, grading_open=True)
+    run.named = isinstance(started, str)  # the conversation's start is its identity
     history = History(run, run.branch("main"), prompt, {})
     for index, event in enumerate(obj):
         history.add(event, (base, index))

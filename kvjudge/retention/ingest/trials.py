@@ -9,7 +9,9 @@ of one eval written before inspect named each eval, one instance twice in an ``o
 - the same content is the same run (already present, nothing written);
 - the same **work** — the task, the prompt, the branches and every transition, what the agent did — with other
   content is the same run changed: refused, as a run id names one content;
-- other work is another trial. The first run keeps its id; the later one gets a trial label from what tells it
+- other work is another trial — unless the document named the run itself (:attr:`ParsedRun.named`: a native run's
+  id, a session, a Harbor trial, an inspect eval), where other work is that run changed, and refused. The first
+  run keeps its id; the later one gets a trial label from what tells it
   apart, first that fits of: the harness's own ids for the run (:attr:`ParsedRun.marks`: an inspect eval's run
   id), the file's path within what was pointed at (:attr:`Source.within`: the configuration folder of a SWE-agent
   demonstration, the stem of an inspect log), else a digest of its work. A label fits when its id is free, or
