@@ -137,3 +137,13 @@ def test_a_path_label_keeps_what_tells_runs_apart() -> None:
     assert path_label("log_images_tc.json", "images/1") == "log_images_tc"
     assert path_label("a/b/run.jsonl.gz", "t") == "a:b:run"
     assert path_label(None, "t") is None
+
+
+def test_a_session_that_changed_is_refused_not_made_a_trial(store: Store, tmp_path: Path) -> None:
+    # A Claude Code session names its run: the same session with other work is that session changed.
+    first = logs.claude_code_session(tmp_path / "a" / "session.jsonl")
+    run_id = ingest_paths(store, [first]).imported[0]
+    changed = logs.claude_code_session(tmp_path / "b" / "session.jsonl", answer="Another answer.")
+    with pytest.raises(IngestError, match=f"run '{run_id}' is already in the store with other content"):
+        ingest_paths(store, [changed])
+    assert store.runs.run_ids() == [run_id]
