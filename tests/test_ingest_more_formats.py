@@ -47,13 +47,15 @@ def cli_conversation(folder: Path) -> Path:
 
 def test_an_openhands_cli_conversation_folder_is_one_run(store: Store, tmp_path: Path) -> None:
     cli_conversation(tmp_path / "trajectories" / "simple_echo_hello_world")
-    cli_conversation(tmp_path / "trajectories" / "confirmation_mode")
+    saved = cli_conversation(tmp_path / "trajectories" / "confirmation_mode")
+    (saved / "base_state.json").write_text(json.dumps({"agent": {"llm": {"model": "openai/gpt-5"}}}))
     report = ingest_paths(store, [tmp_path / "trajectories"])
-    assert len(report.imported) == 2 and report.ignored_files == 0
+    assert len(report.imported) == 2
     state = store.runs.run(report.imported[1])
     assert (state.agent, state.trial, state.metadata["format"]) == ("openhands", "simple_echo_hello_world",
                                                                     "openhands-v1")
     assert store.blobs.text(state.task_prompt_ref) == PROMPT and state.task_id.startswith("session/")
+    assert store.runs.run(report.imported[0]).agent == "openhands@openai/gpt-5"  # its state beside the events
 
 
 # -------------------------------------------------------------------------------- OpenHands conversation exports

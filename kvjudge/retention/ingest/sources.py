@@ -196,9 +196,12 @@ def _walk_folder(found: Walk, seen: set[Path], here: Path, files: list[str],
 
 def _events_source(folder: Path, files: list[str], companions: list[Path]) -> Source | None:
     """An OpenHands V1 conversation persisted event by event (``event-<n>-<id>.json`` files) as one source, its
-    events in order: an ``events/`` folder, or a folder of nothing but event files (the CLI's conversations)."""
-    if folder.name != _EVENTS_DIR and not (files and all(_EVENT_FILE.match(name) for name in files)):
+    events in order: an ``events/`` folder, or a folder of event files and companions only (the CLI's)."""
+    beside = [folder / name for name in files if not _EVENT_FILE.match(name)]
+    if folder.name != _EVENTS_DIR and (len(beside) == len(files) or any(registry.companion(p.name) is None
+                                                                         for p in beside)):
         return None
+    companions = [*companions, *(path for path in beside if registry.companion(path.name) is not None)]
     parts = sorted((folder / name for name in files if _EVENT_FILE.match(name)),
                    key=lambda path: (int(_EVENT_FILE.match(path.name).group(1)), path.name))  # type: ignore[union-attr]
     if not parts:
