@@ -147,3 +147,18 @@ def test_a_session_that_changed_is_refused_not_made_a_trial(store: Store, tmp_pa
     with pytest.raises(IngestError, match=f"run '{run_id}' is already in the store with other content"):
         ingest_paths(store, [changed])
     assert store.runs.run_ids() == [run_id]
+
+
+def test_an_inspect_log_rescored_is_another_eval_of_the_same_samples(store: Store, tmp_path: Path) -> None:
+    # `inspect score` writes a new log (a new run id) of the same samples with other scores: two evals, two trials.
+    model = "openai/gpt-4o-mini"
+    episode = make_episode("popularity-9", 3, target_bytes=2000, model=model)
+    (tmp_path / "logs").mkdir()
+    for name, run_id, score in (("a.json", "dPiJifoWeEQBrfWsAopzWr", "C"), ("b.json", "mj7khqpMM4GBCfVQozKgzB", "I")):
+        spec = eval_spec("popularity", model)
+        del spec["eval_id"]
+        spec["run_id"] = run_id
+        write_json_log(tmp_path / "logs" / name, spec, [sample(episode, 9, 1, model=model, score=score)])
+    report = ingest_paths(store, [tmp_path / "logs"])
+    assert report.imported == [f"{model}/popularity/9/1", f"{model}/popularity/9/1-mj7khqpM"]
+    assert [store.runs.run(r).grades[0]["label"] for r in report.imported] == ["correct", "incorrect"]

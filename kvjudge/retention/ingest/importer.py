@@ -196,7 +196,7 @@ class _FileOutcome:
     imported: list[tuple[str, str, bool]] = field(default_factory=list)  # (run id, final state, text repaired)
     present: list[str] = field(default_factory=list)
     finished_since: list[str] = field(default_factory=list)
-    seen: dict[str, tuple[str, str, str]] = field(default_factory=dict)  # run id → (where, content hash, work)
+    seen: dict[str, trials.Seen] = field(default_factory=dict)  # run id → where, content hash, work, marks
     stored_bytes: int = 0
     body_bytes: int = 0
 
@@ -217,8 +217,7 @@ class _Importer:
         self.repair_text = repair_text
         self.progress = progress
         self.report = IngestReport(store=str(store.path))
-        #: run id → (where, content hash, work digest) of the runs kept so far
-        self.seen: dict[str, tuple[str, str, str]] = {}
+        self.seen: dict[str, trials.Seen] = {}  # run id → what the runs kept so far were
         self.agents: set[str] = set()  # agents of the runs whose grading is open (results are bound to them)
         self._batch = _Batch(store)
         self._total_bytes = 0
@@ -383,7 +382,7 @@ class _Importer:
             digest = trials.as_trial(run, label, base)
         outcome.runs.append(run.run_id)
         if earlier is None:
-            outcome.seen[run.run_id] = (where, digest, work)
+            outcome.seen[run.run_id] = (where, digest, work, run.marks)
         if placed == trials.FINISHED:
             outcome.finished_since.append(run.run_id)  # kept as imported: its result comes with `grade`
         if placed == trials.NEW:

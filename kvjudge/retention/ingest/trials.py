@@ -8,7 +8,9 @@ of one eval written before inspect named each eval, one instance twice in an ``o
 
 - the same content is the same run (already present, nothing written);
 - the same **work** — the task, the prompt, the branches and every transition, what the agent did — with other
-  content is the same run changed: refused, as a run id names one content;
+  content is the same run changed: refused, as a run id names one content — unless, in one import, the harness's
+  own ids for the two differ (:attr:`ParsedRun.marks`: two inspect evals, the second rescoring the first's
+  samples), which makes them two trials;
 - other work is another trial — unless the document named the run itself (:attr:`ParsedRun.named`: a native run's
   id, a session, a Harbor trial, an inspect eval), where other work is that run changed, and refused. The first
   run keeps its id; the later one gets a trial label from what tells it
@@ -115,15 +117,19 @@ def as_trial(run: ParsedRun, label: str, base: tuple[str, str | None]) -> str:
     return digest
 
 
-def place(store: Store, where: str, run: ParsedRun, digest: str, work: str,
-          earlier: tuple[str, str, str] | None) -> str:
-    """Where ``run``'s id stands (:data:`NEW`, :data:`PRESENT`, :data:`FINISHED`, :data:`TAKEN`), given the
-    ``(where, content hash, work digest)`` of the run of this import that took it first (``earlier``), else the
-    store. IngestError where it holds the same work with other content, or the document named the id itself."""
+#: What an import remembers of each run it took: where, its content hash, its work digest, its marks.
+Seen = tuple[str, str, str, tuple[str, ...]]
+
+
+def place(store: Store, where: str, run: ParsedRun, digest: str, work: str, earlier: Seen | None) -> str:
+    """Where ``run``'s id stands (:data:`NEW`, :data:`PRESENT`, :data:`FINISHED`, :data:`TAKEN`), given what this
+    import remembers of the run that took it first (``earlier``), else the store. IngestError where it holds the same
+    work with other content — unless the harness's own ids tell the two apart (two inspect evals of one sample, the
+    second rescoring the first) — or the document named the id itself."""
     if earlier is not None:
         if earlier[1] == digest:
             return PRESENT
-        if earlier[2] == work or run.named:
+        if run.named or (earlier[2] == work and earlier[3] == run.marks):
             raise IngestError(f"{where}: run {run.run_id!r} appears twice with different content "
                               f"({earlier[0]}: {earlier[1]}; here: {digest})")
         return TAKEN
