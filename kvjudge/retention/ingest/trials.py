@@ -57,15 +57,17 @@ _WORK_LABEL = 12  # hex digits of the work digest in a label
 
 def work_digest(events: Iterable[ev.Event]) -> str:
     """The digest of a run's work: its task and prompt, branches and transitions — not its id, tenant, agent,
-    metadata, grades or lifecycle. Two documents with the same work are the same run."""
+    metadata, grades or lifecycle. Two documents with the same work are the same run.
+
+    Each event's canonical JSON is the one the content hash made already (cached on the event), its ``run`` member
+    cut from the text: keys are sorted, and ``run`` is never the last of these kinds, so it is ``"run":<id>,``."""
     digest = hashlib.sha256()
     for event in events:
         if isinstance(event, ev.RunStarted):
             digest.update(canonical_json([event.task_id, event.task_prompt_ref]).encode())
         elif isinstance(event, _WORK_KINDS):
-            data = event.payload()
-            data.pop("run", None)
-            digest.update(f"{event.kind} {canonical_json(data)}\n".encode())
+            text = event.to_json().replace(f'"run":{canonical_json(event.run)},', "", 1)
+            digest.update(f"{event.kind} {text}\n".encode())
     return "sha256:" + digest.hexdigest()
 
 
