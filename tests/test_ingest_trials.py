@@ -162,3 +162,10 @@ def test_an_inspect_log_rescored_is_another_eval_of_the_same_samples(store: Stor
     report = ingest_paths(store, [tmp_path / "logs"])
     assert report.imported == [f"{model}/popularity/9/1", f"{model}/popularity/9/1-mj7khqpM"]
     assert [store.runs.run(r).grades[0]["label"] for r in report.imported] == ["correct", "incorrect"]
+
+
+def test_a_trial_pointed_at_from_another_folder_is_found_again(store: Store, tmp_path: Path) -> None:
+    demonstrations(tmp_path / "trajectories" / "demonstrations")
+    first = ingest_paths(store, [tmp_path / "trajectories" / "demonstrations"])
+    again = ingest_paths(store, [tmp_path / "trajectories"])  # its path label would be another
+    assert again.imported == [] and sorted(again.already_present) == sorted(first.imported)

@@ -380,6 +380,12 @@ class _Importer:
             if label is None:  # every label taken by other work (the work digest, last, cannot be)
                 raise IngestError(f"{where}: run {run.run_id!r} appears twice with different content")
             digest = trials.as_trial(run, label, base)
+        if placed == trials.NEW and offered is not None:
+            found = trials.twin(self.store, {**self.seen, **outcome.seen}, run, base[0], work)
+            if found is not None:  # the same work under another label: that trial, found from elsewhere
+                outcome.runs.append(found)
+                outcome.present.append(found)
+                return None
         outcome.runs.append(run.run_id)
         if earlier is None:
             outcome.seen[run.run_id] = (where, digest, work, run.marks)

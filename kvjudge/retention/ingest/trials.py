@@ -22,7 +22,8 @@ of one eval written before inspect named each eval, one instance twice in an ``o
   result that names the run without its trial still finds it.
 
 Importing the same files again imports nothing new: each document meets the same ids in the same order and
-lands where it landed before.
+lands where it landed before; a run that would take a new label while another trial of its task already holds the
+same work (the same files pointed at from another folder) is that trial (:func:`twin`).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import dataclasses
 import hashlib
 import itertools
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING
 
 from kvjudge.errors import IngestError
@@ -148,6 +149,19 @@ def place(store: Store, where: str, run: ParsedRun, digest: str, work: str, earl
             f"{digest}) — a run id names one content, and --results grades, --agent and --tenant are part of it "
             f"(grades that came later: kvjudge grade RUN --results FILE)")
     return TAKEN
+
+
+def twin(store: Store, seen: Mapping[str, Seen], run: ParsedRun, base_id: str, work: str) -> str | None:
+    """The id of a run of this import or the store, another trial of ``run``'s task and agent, holding the same work
+    (None: none does). A run found again under another label — its folder named from another place — is that run."""
+    for run_id, (_, _, other, marks) in seen.items():
+        if other == work and marks == run.marks and run_id.startswith(base_id):
+            return run_id
+    for run_id in store.runs.run_ids(task=run.task_id, agent=run.agent) if run.task_id and run.agent else ():
+        if run_id != base_id and run_id.startswith(base_id) and \
+                work_digest(event for _, event in store.events.iter_events(run_id)) == work:
+            return run_id
+    return None
 
 
 def stored_content_hash(store: Store, run_id: str, n_events: int) -> str | None:
