@@ -18,8 +18,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         parser.add_argument("paths", nargs="+", metavar="PATH",
                             help="run file or directory (walked for *.jsonl, *.traj.json, *.traj, each optionally "
                                  ".gz, *.eval and inspect .json logs, ATIF trajectories, Harbor trials: result.json "
-                                 "beside agent/, OpenHands llm_completions/<instance_id>/*.json; the companions "
-                                 "beside them read or passed over, with a note)")
+                                 "beside agent/, OpenHands llm_completions/<instance_id>/*.json and folders of "
+                                 "event-*.json, .json lists of a session's records, YAML with a top-level history "
+                                 "(SWE-agent demonstrations), " + ", ".join(registry.walked_names()) + "; the "
+                                 "companions beside them read or passed over, with a note)")
         parser.add_argument("--format", choices=registry.names(), default=registry.AUTO, metavar="FORMAT",
                             help=registry.help_text())
         parser.add_argument("--tenant", metavar="NAME", help="tenant for runs that name none (default: default)")
@@ -29,7 +31,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         parser.add_argument("--trial", metavar="LABEL",
                             help="which run of each agent on each instance these files are (mini-swe-agent, "
                                  "SWE-agent, OpenHands: their files name no trial), for a repeated run: run ids "
-                                 "become AGENT/INSTANCE_ID/LABEL and kvjudge judge/eval/rank pair them by trial")
+                                 "become AGENT/INSTANCE_ID/LABEL and kvjudge judge/eval/rank pair them by trial "
+                                 "(without it, a second run of a task gets a trial label of its own)")
         add_results_args(parser)
         parser.add_argument("--skip-bad", action="store_true",
                             help="import the other files when one is malformed, and list it at the end")

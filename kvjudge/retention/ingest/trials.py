@@ -13,13 +13,13 @@ of one eval written before inspect named each eval, one instance twice in an ``o
   samples), which makes them two trials;
 - other work is another trial — unless the document named the run itself (:attr:`ParsedRun.named`: a native run's
   id, a session, a Harbor trial, an inspect eval), where other work is that run changed, and refused. The first
-  run keeps its id; the later one gets a trial label from what tells it
-  apart, first that fits of: the harness's own ids for the run (:attr:`ParsedRun.marks`: an inspect eval's run
-  id), the file's path within what was pointed at (:attr:`Source.within`: the configuration folder of a SWE-agent
-  demonstration, the stem of an inspect log), else a digest of its work. A label fits when its id is free, or
-  holds this same work. The label ends the run id (``<id>/<label>``, or ``<id>-<label>`` where the id already
-  ends with the harness's own trial) and is the run's trial, so ``select`` sees every trial of the task and a
-  result that names the run without its trial still finds it.
+  run keeps its id; the later one gets a trial label from what tells it apart, the first that fits of: the
+  harness's own ids for the run (:attr:`ParsedRun.marks`: an inspect eval's run id), the file's path within what
+  was pointed at (:attr:`Source.within`: the configuration folder of a SWE-agent demonstration, the stem of an
+  inspect log), else a digest of its work. A label fits when its id is free, or holds this same work. The label
+  ends the run id (``<id>/<label>``, or ``<id>-<label>`` where the id already ends with the harness's own trial)
+  and is the run's trial, so ``select`` sees every trial of the task and a result that names the run without its
+  trial still finds it.
 
 Importing the same files again imports nothing new: each document meets the same ids in the same order and
 lands where it landed before; a run that would take a new label while another trial of its task already holds the
