@@ -333,3 +333,13 @@ def test_a_hostile_value_anywhere_in_a_new_shape_is_a_run_or_one_error(tmp_path_
             for run_id in report.imported:
                 state = store.runs.run(run_id)
                 assert state.agent and state.task_id
+
+
+def test_a_claude_code_prompt_whose_content_is_a_number_is_refused_in_one_line(store: Store, tmp_path: Path) -> None:
+    # Found by the hostile-value test of tests/test_ingest_formats.py: a traceback before this fix.
+    path = logs.claude_code_session(tmp_path / "c.jsonl")
+    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    next(line for line in lines if line.get("type") == "user")["message"]["content"] = 1
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    with pytest.raises(IngestError, match=r"message.content: must be a string or a list of content blocks"):
+        ingest_paths(store, [path])

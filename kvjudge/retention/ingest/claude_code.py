@@ -151,7 +151,9 @@ def _prompt_of(record: dict[str, Any]) -> str | None:
         return content or None
     if isinstance(content, list) and any(isinstance(b, dict) and b.get("type") == "tool_result" for b in content):
         return None
-    texts = [b["text"] for b in content or () if isinstance(b, dict) and b.get("type") == "text"
+    if not isinstance(content, list):  # not a message's content: its parse names what is wrong
+        return None
+    texts = [b["text"] for b in content if isinstance(b, dict) and b.get("type") == "text"
              and isinstance(b.get("text"), str)]
     return "\n".join(texts) or None
 
