@@ -300,3 +300,21 @@ def test_the_password_comes_from_libpq_conventions_or_password_env(postgres_serv
         assert PASSWORD not in done.stdout + done.stderr, how
     refused = _one_line_error(["runs", "--store", url], env=base)  # none given at all
     assert "asks a password" in refused and "none was given" in refused
+
+
+def test_a_location_is_a_path_or_a_url_shown_without_its_password(tmp_path: Path) -> None:
+    from kvjudge.retention.store.location import scrub, url_password
+
+    url = "postgresql://lab:s%40cret@db.example:5432/runs?sslmode=require&password=other"
+    parsed = StoreLocation.parse(url)
+    assert parsed.is_postgres and parsed.url == url and parsed.path is None
+    assert parsed.display == str(parsed) == "postgresql://lab@db.example:5432/runs?sslmode=require"
+    assert "s%40cret" not in repr(parsed) and "other" not in repr(parsed)
+    assert url_password(url) == "s@cret" and url_password("postgres://lab@h/db?password=p%26q") == "p&q"
+    assert scrub("failed for s@cret and s%40cret", "s@cret") == "failed for *** and ***"
+    assert StoreLocation.parse("postgres://h/db").display == "postgres://h/db"
+    lite = StoreLocation.parse(tmp_path / "store.sqlite")
+    assert not lite.is_postgres and lite.path == tmp_path / "store.sqlite" and lite.display == str(lite.path)
+    for bad, said_ in (("sqlite:///x.db", "sqlite://… is not a store location"), (str(tmp_path), "is a directory")):
+        with pytest.raises(StoreError, match=said_):
+            StoreLocation.parse(bad)
