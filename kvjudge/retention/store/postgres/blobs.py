@@ -78,10 +78,11 @@ class PostgresBlobStore:
                 "SELECT ref FROM blobs WHERE ref = ANY(%s) AND body IS NOT NULL", (list(chunk),))}
             missing = [(ref, len(body), body) for ref, body in chunk.items() if ref not in present]
             if missing:
-                with self._conn.pipeline(), self._conn.cursor() as cursor:
-                    cursor.executemany(
-                        "INSERT INTO blobs(ref, size, body) VALUES (%s, %s, %s) "
-                        "ON CONFLICT (ref) DO UPDATE SET body = excluded.body WHERE blobs.body IS NULL", missing)
+                # One statement (arrays unnested: executemany would sync once per call).
+                self._conn.execute(
+                    "INSERT INTO blobs(ref, size, body) SELECT * FROM unnest(%s::text[], %s::bigint[], %s::bytea[]) "
+                    "ON CONFLICT (ref) DO UPDATE SET body = excluded.body WHERE blobs.body IS NULL",
+                    [list(column) for column in zip(*missing)])
             stored += sum(size for _, size, _ in missing)
         return stored
 

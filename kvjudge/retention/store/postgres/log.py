@@ -53,9 +53,12 @@ class PostgresEventRecorder:
                 current = self._projected(run_id)
                 lsns = [int(row[0]) for row in drawn.fetchall()]
             folder = fold_appended(run_id, current, events, lsns, self._has_body)
-            with self._conn.pipeline(), self._conn.cursor() as cursor:
-                cursor.executemany("INSERT INTO events(lsn, run, kind, payload) VALUES (%s, %s, %s, %s)",
-                                   [(lsn, run_id, event.kind, event.to_json()) for lsn, event in zip(lsns, events)])
+            with self._conn.pipeline():
+                # One statement for the rows (arrays unnested: executemany would sync once per call).
+                self._conn.execute(
+                    "INSERT INTO events(lsn, run, kind, payload) SELECT lsn, %s, kind, payload "
+                    "FROM unnest(%s::bigint[], %s::text[], %s::text[]) AS t(lsn, kind, payload)",
+                    (run_id, lsns, [event.kind for event in events], [event.to_json() for event in events]))
                 if folder is not None:
                     self._project(folder.freeze(), lsns[-1])
         return lsns

@@ -42,10 +42,11 @@ class PostgresProjector:
         self._conn.execute("DELETE FROM run_bodies WHERE run = %s", (state.id,))
         rows = body_rows(state)
         if rows:
-            with self._conn.cursor() as cursor:
-                cursor.executemany(
-                    "INSERT INTO run_bodies(run, ref, status, summary_ref, lsn, target, manifest_ref, uses) "
-                    "VALUES (%s, %s, %s, %s, %s, %s, %s, %s)", rows)
+            columns = list(zip(*rows))  # one array per column, unnested in one statement
+            self._conn.execute(
+                "INSERT INTO run_bodies(run, ref, status, summary_ref, lsn, target, manifest_ref, uses) "
+                "SELECT * FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::bigint[], %s::text[], "
+                "%s::text[], %s::int[])", [list(column) for column in columns])
         self._conn.execute("DELETE FROM run_tokens WHERE run = %s", (state.id,))
         self._total(state.id)
 
