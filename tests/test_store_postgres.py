@@ -112,6 +112,17 @@ def test_a_rolled_back_append_leaves_a_gap_nobody_trips_on(postgres_url: str) ->
         assert verify(store).ok and store.runs.run_ids() == ["r1"]
 
 
+def test_a_name_holding_a_nul_is_refused_in_one_line_and_writes_nothing(postgres_url: str) -> None:
+    # SQLite keeps such a name; PostgreSQL's text cannot, so it is said (not a driver's traceback).
+    with Store.open(postgres_url) as store:
+        with pytest.raises(StoreError, match=r"its id holds a NUL character, which a PostgreSQL store cannot keep"):
+            store.events.append_many("a\x00b", started("a\x00b"))
+        with pytest.raises(StoreError, match=r"its tenant holds a NUL"):
+            store.events.append_many("r1", started("r1", tenant="t\x00"))
+        assert store.events.logged_runs() == [] and not store.runs.has_run("a\x00b")
+        assert store.runs.run_ids(task="\x00") == [] and store.runs.projected_bytes("a\x00b") is None
+
+
 def test_a_store_reopened_on_the_pool_shares_the_database(postgres_url: str) -> None:
     with Store.open(postgres_url) as store:
         store.events.append_many("r1", started("r1"))

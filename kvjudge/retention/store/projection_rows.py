@@ -51,10 +51,8 @@ def refold(events: EventRecorder, run_id: str) -> RunState:
 
 def storable(name: str) -> bool:
     """False for a name no store can hold (not valid Unicode, e.g. a stray byte on a command line, which Python
-    hands over as a lone surrogate; or a NUL, which PostgreSQL's text refuses): it names no run, rather than
-    raising an encoding error."""
-    if "\x00" in name:
-        return False
+    hands over as a lone surrogate): it names no run, rather than raising UnicodeEncodeError. (PostgreSQL's text
+    also refuses a NUL: :func:`~kvjudge.retention.store.postgres.projection.storable_in_postgres`.)"""
     try:
         name.encode("utf-8")
     except UnicodeEncodeError:
@@ -62,13 +60,15 @@ def storable(name: str) -> bool:
     return True
 
 
-def runs_where(mark: str = "?", **filters: str | None) -> tuple[str, list[str]] | None:
+def runs_where(mark: str = "?", can_hold: Callable[[str], bool] = storable,
+               **filters: str | None) -> tuple[str, list[str]] | None:
     """A WHERE clause on the ``runs`` columns named by ``filters`` (those not None), with ``mark`` for each bound
-    value (``?`` for SQLite, ``%s`` for PostgreSQL), and its values; None when a value is one no run can have."""
+    value (``?`` for SQLite, ``%s`` for PostgreSQL), and its values; None when a value is one no run can have (one
+    the store ``can_hold`` not)."""
     where, values = [], []
     for column, value in filters.items():
         if value is not None:
-            if not storable(value):
+            if not can_hold(value):
                 return None
             where.append(f"{column} = {mark}")
             values.append(value)

@@ -10,14 +10,13 @@ from kvjudge.errors import StoreError
 from kvjudge.retention.state import LOCAL, TIERED, RunState
 from kvjudge.retention.store.interfaces import EventRecorder, Explanation, RunListing
 from kvjudge.retention.store.postgres.database import PostgresDatabase
-from kvjudge.retention.store.postgres.projection import PostgresProjector
+from kvjudge.retention.store.postgres.projection import PostgresProjector, storable_in_postgres
 from kvjudge.retention.store.projection_rows import (
     LISTING_COLUMNS,
     explanation,
     listings,
     refold,
     runs_where,
-    storable,
 )
 
 
@@ -42,14 +41,14 @@ class PostgresRunQueries:
         return state
 
     def has_run(self, run_id: str) -> bool:
-        if not storable(run_id):
+        if not storable_in_postgres(run_id):
             return False
         return self._conn.execute("SELECT 1 FROM runs WHERE id = %s", (run_id,)).fetchone() is not None
 
     def run_ids(self, tenant: str | None = None, *, task: str | None = None, state: str | None = None,
                 agent: str | None = None) -> list[str]:
         """Run ids, sorted; only those of ``tenant``, on ``task``, in ``state`` and of ``agent`` when given."""
-        where = runs_where("%s", tenant=tenant, task=task, state=state, agent=agent)
+        where = runs_where("%s", storable_in_postgres, tenant=tenant, task=task, state=state, agent=agent)
         if where is None:
             return []
         clause, values = where
@@ -64,7 +63,7 @@ class PostgresRunQueries:
                 agent: str | None = None, counter: str | None = None) -> list[RunListing]:
         """What a listing shows of each run, sorted by id (with its tokens under ``counter`` when named): one
         query, nothing decoded."""
-        where = runs_where("%s", tenant=tenant, task=task, state=state, agent=agent)
+        where = runs_where("%s", storable_in_postgres, tenant=tenant, task=task, state=state, agent=agent)
         if where is None:
             return []
         clause, values = where
@@ -74,13 +73,13 @@ class PostgresRunQueries:
 
     def state_digests(self, run_ids: Iterable[str]) -> dict[str, str]:
         """sha256 of each run's folded state as stored, by id; runs the store lacks are absent."""
-        wanted = [run_id for run_id in dict.fromkeys(run_ids) if storable(run_id)]
+        wanted = [run_id for run_id in dict.fromkeys(run_ids) if storable_in_postgres(run_id)]
         return {run_id: hashlib.sha256(bytes(raw)).hexdigest() for run_id, raw in self._conn.execute(
             "SELECT id, state_json FROM runs WHERE id = ANY(%s)", (wanted,))}
 
     def projected_bytes(self, run_id: str) -> bytes | None:
         """The projection's canonical bytes for ``run_id`` (what verify compares a re-fold against)."""
-        if not storable(run_id):
+        if not storable_in_postgres(run_id):
             return None
         row = self._conn.execute("SELECT state_json FROM runs WHERE id = %s", (run_id,)).fetchone()
         return None if row is None else bytes(row[0])
