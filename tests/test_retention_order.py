@@ -1,8 +1,9 @@
 """Retention order (issue #15): reduce to the ceiling, then tier. `tier` moves only runs within their effective
 ceiling (`--unreduced` overrides, and the log records it); `reduce` refuses a run in cold storage, naming
 `kvjudge rehydrate RUN`; both exit 1 whenever a run is left above its ceiling, and name it. Races between real
-`reduce` and `tier` processes (and two of each) decide on the committed state. Every test runs on both stores (a
-SQLite file, a PostgreSQL database: ``store_at``)."""
+`reduce` and `tier` processes (and two of each) decide on the committed state. The races and the forced interleavings
+run on both stores (a SQLite file, a PostgreSQL database: ``store_at``); what only the commands decide, on SQLite.
+"""
 
 from __future__ import annotations
 
@@ -33,6 +34,8 @@ from kvjudge.tokens import CharsPerToken
 
 CEILING = 1200
 CHARS = CharsPerToken(4)
+#: What only the commands decide (the same on either store) runs on SQLite alone.
+SQLITE_ONLY = pytest.mark.parametrize("store_at", ["sqlite"], indirect=True)
 
 
 def runs(copy: int = 0) -> list[dict]:
@@ -78,6 +81,7 @@ def tier_starts(path: str, run_id: str) -> list[ev.TierStarted]:
         return [e for _, e in store.events.iter_events(run_id) if isinstance(e, ev.TierStarted)]
 
 
+@SQLITE_ONLY
 def test_tier_moves_only_runs_within_their_ceiling(setup: dict) -> None:
     store_args = ["--store", str(setup["store"]), *setup["common"]]
     before = tokens_now(setup["store"])
@@ -121,6 +125,7 @@ def test_tier_moves_only_runs_within_their_ceiling(setup: dict) -> None:
                                                                 "counter": "chars/4"}
 
 
+@SQLITE_ONLY
 def test_tier_first_then_reduce_names_rehydrate(setup: dict) -> None:
     store_args = ["--store", str(setup["store"]), *setup["common"]]
     before = tokens_now(setup["store"])
@@ -160,6 +165,7 @@ def test_tier_first_then_reduce_names_rehydrate(setup: dict) -> None:
     assert_sound(setup["store"])
 
 
+@SQLITE_ONLY
 def test_a_run_loss_steps_cannot_bring_down_is_named_with_the_steps_taken(setup: dict) -> None:
     store_args = ["--store", str(setup["store"]), *setup["common"]]
     done = kvjudge("reduce", "big-3", "--ceiling", "5", *store_args, "--json")

@@ -112,6 +112,17 @@ def test_a_rolled_back_append_leaves_a_gap_nobody_trips_on(postgres_url: str) ->
         assert verify(store).ok and store.runs.run_ids() == ["r1"]
 
 
+def test_a_name_holding_a_nul_is_refused_in_one_line_and_writes_nothing(postgres_url: str) -> None:
+    # SQLite keeps such a name; PostgreSQL's text cannot, so it is said (not a driver's traceback).
+    with Store.open(postgres_url) as store:
+        with pytest.raises(StoreError, match=r"its id holds a NUL character, which a PostgreSQL store cannot keep"):
+            store.events.append_many("a\x00b", started("a\x00b"))
+        with pytest.raises(StoreError, match=r"its tenant holds a NUL"):
+            store.events.append_many("r1", started("r1", tenant="t\x00"))
+        assert store.events.logged_runs() == [] and not store.runs.has_run("a\x00b")
+        assert store.runs.run_ids(task="\x00") == [] and store.runs.projected_bytes("a\x00b") is None
+
+
 def test_a_store_reopened_on_the_pool_shares_the_database(postgres_url: str) -> None:
     with Store.open(postgres_url) as store:
         store.events.append_many("r1", started("r1"))
@@ -300,3 +311,21 @@ def test_the_password_comes_from_libpq_conventions_or_password_env(postgres_serv
         assert PASSWORD not in done.stdout + done.stderr, how
     refused = _one_line_error(["runs", "--store", url], env=base)  # none given at all
     assert "asks a password" in refused and "none was given" in refused
+
+
+def test_a_location_is_a_path_or_a_url_shown_without_its_password(tmp_path: Path) -> None:
+    from kvjudge.retention.store.location import scrub, url_password
+
+    url = "postgresql://lab:s%40cret@db.example:5432/runs?sslmode=require&password=other"
+    parsed = StoreLocation.parse(url)
+    assert parsed.is_postgres and parsed.url == url and parsed.path is None
+    assert parsed.display == str(parsed) == "postgresql://lab@db.example:5432/runs?sslmode=require"
+    assert "s%40cret" not in repr(parsed) and "other" not in repr(parsed)
+    assert url_password(url) == "s@cret" and url_password("postgres://lab@h/db?password=p%26q") == "p&q"
+    assert scrub("failed for s@cret and s%40cret", "s@cret") == "failed for *** and ***"
+    assert StoreLocation.parse("postgres://h/db").display == "postgres://h/db"
+    lite = StoreLocation.parse(tmp_path / "store.sqlite")
+    assert not lite.is_postgres and lite.path == tmp_path / "store.sqlite" and lite.display == str(lite.path)
+    for bad, said_ in (("sqlite:///x.db", "sqlite://… is not a store location"), (str(tmp_path), "is a directory")):
+        with pytest.raises(StoreError, match=said_):
+            StoreLocation.parse(bad)

@@ -19,9 +19,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         parser.add_argument("paths", nargs="+", metavar="PATH",
                             help="run file or directory (walked for *.jsonl, *.traj.json, *.traj, each optionally "
                                  ".gz, *.eval and inspect .json logs, ATIF trajectories, Harbor trials: result.json "
-                                 "beside agent/, OpenHands llm_completions/<instance_id>/*.json; the companions "
-                                 "beside them read or passed over, with a note), or s3://BUCKET/PREFIX/ (read as "
-                                 "a directory) or s3://BUCKET/KEY (one file); --results takes s3:// URLs too")
+                                 "beside agent/, OpenHands llm_completions/<instance_id>/*.json and folders of "
+                                 "event-*.json, .json lists of a session's records, YAML with a top-level history "
+                                 "(SWE-agent demonstrations), " + ", ".join(registry.walked_names()) + "; the "
+                                 "companions beside them read or passed over, with a note), or s3://BUCKET/PREFIX/ "
+                                 "(read as a directory) or s3://BUCKET/KEY (one file); --results takes s3:// URLs too")
         parser.add_argument("--endpoint-url", metavar="URL",
                             help="S3 endpoint of s3:// paths and results (default: [retention] endpoint_url, else "
                                  "AWS_ENDPOINT_URL / AWS config); credentials from AWS_* variables, ~/.aws or an "
@@ -35,7 +37,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         parser.add_argument("--trial", metavar="LABEL",
                             help="which run of each agent on each instance these files are (mini-swe-agent, "
                                  "SWE-agent, OpenHands: their files name no trial), for a repeated run: run ids "
-                                 "become AGENT/INSTANCE_ID/LABEL and kvjudge judge/eval/rank pair them by trial")
+                                 "become AGENT/INSTANCE_ID/LABEL and kvjudge judge/eval/rank pair them by trial "
+                                 "(without it, a second run of a task gets a trial label of its own)")
         add_results_args(parser)
         parser.add_argument("--skip-bad", action="store_true",
                             help="import the other files when one is malformed, and list it at the end")

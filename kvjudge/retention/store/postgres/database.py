@@ -34,8 +34,9 @@ from kvjudge.retention.store.postgres.schema import (
 WRITE_LOCK_KEY = 0x6B766A64
 #: Seconds a connection attempt may take (libpq's connect_timeout) unless the URL says otherwise.
 CONNECT_TIMEOUT_S = 5
-#: Connections the pool lends to other threads of one process at most (tiering's uploads and finishers).
-POOL_SIZE = 16
+#: Connections the pool lends to other threads of one process at most: tiering's uploads (8 readers), its finishers
+#: (4), and a recovery's uploads beside them (8 more), with room to spare; opened only when asked for.
+POOL_SIZE = 32
 
 
 class _Pool:
