@@ -25,7 +25,7 @@ $(STAMP): pyproject.toml
 	@echo "setting up $(VENV) (the first time builds llama-cpp-python: ~5 min on 2 cores)"
 	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
 	@# setuptools warns at length about editable installs; nothing in it is actionable here.
-	PYTHONWARNINGS=ignore $(PY) -m pip install -q --disable-pip-version-check $(PIP_CACHE) -e '.[test]'
+	PYTHONWARNINGS=ignore $(PY) -m pip install -q --disable-pip-version-check $(PIP_CACHE) -e '.[local,test]'
 	$(PY) -m kvjudge models fetch
 	@touch $(STAMP)
 

@@ -104,11 +104,11 @@ def _usage(replicas: list[SimReplica]) -> Counter[str]:
     return total
 
 
-def run(pairs: int, out: Path, extra: list[str]) -> dict[str, Any]:
+def run(pairs: int, out: Path, extra: list[str], protocols: dict[str, list[str]]) -> dict[str, Any]:
     os.environ["KVJUDGE_CACHE_DIR"] = str(out / "cache")  # the probe's entries for this run only
     stores = {n: _store(out, n, f"runs-{n}") for n in (pairs, 2 * pairs)}
     key = AnswerKey.load(stores[2 * pairs][1])  # the larger set holds the smaller one's runs
-    protocols = dict(PROTOCOLS)
+    protocols = dict(protocols)
     if extra:
         protocols["--protocol-args " + shlex.join(extra)] = extra
     rows = []
@@ -233,6 +233,8 @@ def main() -> int:
     parser.add_argument("--pairs", type=int, default=40)
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--protocol-args", default="", help="extra `kvjudge eval` flags for one more protocol row")
+    parser.add_argument("--letter-only", action="store_true",
+                        help="the letter protocol alone (the smallest run: the suite's smoke test)")
     parser.add_argument("--harness-only", action="store_true",
                         help="measure the harness's CPU per call in this process, around the judging alone")
     args = parser.parse_args()
@@ -241,7 +243,8 @@ def main() -> int:
     if args.harness_only:
         print(json.dumps(harness_cpu(args.pairs, out)))
         return 0
-    print(json.dumps(run(args.pairs, out, shlex.split(args.protocol_args))))
+    protocols = {name: flags for name, flags in PROTOCOLS.items() if not args.letter_only or not flags}
+    print(json.dumps(run(args.pairs, out, shlex.split(args.protocol_args), protocols)))
     return 0
 
 

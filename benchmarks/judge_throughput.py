@@ -45,9 +45,9 @@ class Recording(LlamaBackend):
         super().__post_init__()
         self.sequences: list[list[int]] = []
 
-    def score(self, parts, shared: int = 0):  # type: ignore[no-untyped-def]
+    def score(self, parts, shared: int = 0, scale=None):  # type: ignore[no-untyped-def]
         self.sequences.append(self.prompt_tokens(parts))
-        return super().score(parts, shared=shared)
+        return super().score(parts, shared, scale)
 
 
 def _store(directory: Path, n_ctx: int, pairs: int) -> Store:
@@ -97,7 +97,10 @@ def run_context(model: Path, n_ctx: int, pairs: int, directory: Path) -> dict[st
             # machine whichever runs first in a round tends to be slower.
             view_a, view_b = pack_pair(judge.base(store, a), judge.base(store, b), judge_backend.count, judge.room)
             assert view_a.text is not None and view_b.text is not None
-            sequences = [judge_backend.prompt_tokens(prompt.segments) for prompt in judge.order_prompts(view_a, view_b)]
+            # A prompt the same in both orders (views cut to the same text) is evaluated once: the judge reads its
+            # answer for both.
+            sequences = [list(tokens) for tokens in dict.fromkeys(
+                tuple(judge_backend.prompt_tokens(prompt.segments)) for prompt in judge.order_prompts(view_a, view_b))]
 
             def timed_judge() -> None:
                 first = len(judge_backend.sequences)

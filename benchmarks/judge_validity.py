@@ -34,7 +34,7 @@ from kvjudge.judge import Judge, LlamaBackend, WindowPlanner, still_grades
 from kvjudge.judge.window import window_tokens
 from kvjudge.judge.evaluate import evaluate, plot_reliability
 from kvjudge.models import judge_model_path
-from kvjudge.probe import RuntimeSettings, memory_needed, probe
+from kvjudge.probe import CapabilityLookup, RuntimeSettings, memory_needed, probe
 from kvjudge.retention import Store, ingest_paths
 
 # (template, verifier shown): the model's own framing, the raw one, and its own with the answer key shown.
@@ -56,6 +56,11 @@ def _pairs(store: Store) -> list[tuple[str, str]]:
     from kvjudge.judge.pairing import same_task_pairs
 
     return same_task_pairs(store.runs.iter_runs()).pairs
+
+
+def _planner(backend: LlamaBackend, memory_budget: int) -> WindowPlanner:
+    """The window planner of ``backend`` reading (and recording) its capability entry under ``memory_budget``."""
+    return WindowPlanner(backend, capabilities=CapabilityLookup(memory_budget=memory_budget))
 
 
 def _summary(result: dict[str, Any]) -> dict[str, Any]:
@@ -89,6 +94,7 @@ def main() -> None:
     parser.add_argument("--model", type=Path, help="judge model GGUF (default: the bundled judge model)")
     parser.add_argument("--context-target", type=int, default=1024,
                         help="certify the judge at the memory a context of N tokens needs (default 1024)")
+    parser.add_argument("--pairs", type=int, default=0, help="judge only the first N same-task pairs (default: all)")
     parser.add_argument("--full-context", type=int, default=2048,
                         help="still grades: the full side may use a window up to N tokens (default 2048)")
     args = parser.parse_args()
@@ -101,7 +107,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="kvjudge-validity-") as scratch:
         store_path = args.store or _sample_store(Path(scratch))
         with Store.open(store_path) as store:
-            pairs = _pairs(store)
+            pairs = _pairs(store)[:args.pairs] if args.pairs else _pairs(store)
             results["store"] = str(args.store) if args.store else "demo sample runs"
             results["pairs"] = len(pairs)
             evaluations: dict[str, dict[str, Any]] = {}
@@ -109,7 +115,7 @@ def main() -> None:
             try:
                 for template, shown in SETTINGS:
                     judge = Judge(backend, template=template, show_verifier=shown, use_cache=False,
-                                  planner=WindowPlanner(backend, memory_budget=budget))
+                                  planner=_planner(backend, budget))
                     label = f"{judge.framing.name}, verifier {'shown' if shown else 'hidden'}"
                     if label in evaluations:
                         continue  # a model without a chat template: auto is raw
@@ -119,7 +125,7 @@ def main() -> None:
                                           "n_ctx": judge.window.n_ctx if judge.window else None}
                 # Still grades on views that really differ: pairs whose full views fit the larger analytic window.
                 full_budget = memory_needed(model, args.full_context, settings=RuntimeSettings())
-                judge = Judge(backend, use_cache=False, planner=WindowPlanner(backend, memory_budget=full_budget))
+                judge = Judge(backend, use_cache=False, planner=_planner(backend, full_budget))
                 ceiling = entry.max_context_tokens // 2
                 uncut = [(a, b) for a, b in pairs
                          if window_tokens(judge.needed_tokens(judge.base(store, a, full=True),
@@ -128,7 +134,7 @@ def main() -> None:
                 full = judge.judge_pairs(store, uncut, full=True, bound="analytic",
                                          on_call=_progress("still grades, full views", len(uncut)))
                 full_n_ctx = judge.window.n_ctx if judge.window else None
-                judge.planner = WindowPlanner(backend, memory_budget=budget)  # the reduced side: certified context
+                judge.planner = _planner(backend, budget)  # the reduced side: certified context
                 reduced = judge.judge_pairs(store, uncut, reduce_to=ceiling,
                                             on_call=_progress("still grades, reduced views", len(uncut)))
                 comparisons, summary = still_grades(full, reduced)

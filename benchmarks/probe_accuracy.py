@@ -15,7 +15,7 @@ buffer). Ratios are reported against llama.cpp's figures of the same run.
 Writes ``probe_accuracy.json`` and ``probe_accuracy.md`` (every case, as Markdown tables) to ``--out`` and
 prints one JSON line (the summary).
 
-    python benchmarks/probe_accuracy.py --out /tmp/probe-bench [--quick]
+    python benchmarks/probe_accuracy.py --out /tmp/probe-bench [--quick | --smoke]
 """
 
 from __future__ import annotations
@@ -144,6 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, type=Path, help="directory for the JSON and the table")
     parser.add_argument("--quick", action="store_true", help="one small budget per model (CI-sized)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="the smallest run (the suite's smoke test): one KV case per model, one certification")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
@@ -154,11 +156,13 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="kvjudge-bench-") as scratch:
         llama = write_llama_gqa(Path(scratch) / "tiny-llama-gqa.gguf")
         deci = write_deci_per_layer(Path(scratch) / "tiny-deci.gguf")
-        kv = (kv_rows("default (gemma3 270M)", models["default"], KV_CASES_GEMMA)
-              + kv_rows("judge (qwen2.5 0.5B)", models["judge"], KV_CASES_JUDGE)
-              + kv_rows("tiny llama GQA", llama, KV_CASES_TINY)
-              + kv_rows("tiny deci per-layer", deci, KV_CASES_TINY[:3]))
-    cert = certification_rows(models, QUICK_BUDGETS if args.quick else BUDGETS)
+        cases = 1 if args.smoke else None
+        kv = (kv_rows("default (gemma3 270M)", models["default"], KV_CASES_GEMMA[:cases])
+              + kv_rows("judge (qwen2.5 0.5B)", models["judge"], KV_CASES_JUDGE[:cases])
+              + kv_rows("tiny llama GQA", llama, KV_CASES_TINY[:cases])
+              + kv_rows("tiny deci per-layer", deci, KV_CASES_TINY[:cases or 3]))
+    budgets = QUICK_BUDGETS[:1] if args.smoke else QUICK_BUDGETS if args.quick else BUDGETS
+    cert = certification_rows(models, budgets)
     compute_ratios = [r["compute_ratio"] for r in kv if r["compute_ratio"]]
     right = [r for r in cert if r["certified_max_context"] == r["predicted_max_context"]]
     summary = {

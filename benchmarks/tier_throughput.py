@@ -183,7 +183,7 @@ def kill_and_recover(store_path: Path, target_url: str, endpoint: str | None, ru
     with Store.open(store_path) as watcher:
         half = len(watcher.runs.run_ids()) // 2
         while child.poll() is None:
-            started = sum(len(watcher.run_ids_with_tier_status(status)) for status in ("started", "tiered"))
+            started = sum(len(watcher.runs.run_ids_with_tier_status(status)) for status in ("started", "tiered"))
             if started > half:  # the move of the run after the first half has begun
                 break
             time.sleep(0.01)

@@ -16,6 +16,10 @@ What is private, and why it is used:
 - ``GGUFReader._get_field_parts``: the stock reader builds one numpy view per element of every array,
   ~12 s for Gemma 3's 262k-token vocabulary; the header reader steps over long arrays instead.
 
+llama-cpp-python comes with kvjudge's ``local`` extra: a judge-pool install (``pip install kvjudge``) has none, so
+every function here imports it on first use through :func:`llama_cpp_module`, which says in one line
+(:class:`~kvjudge.errors.LocalExtraMissing`) which extra to install.
+
 And one public call made directly: ``llama_tokenize`` (:func:`token_ids`), because ``Llama.tokenize`` sizes its
 buffer by the model's training context, which a vocab-only load reads as 0 — so every call tokenized the text
 twice, once only to learn how many tokens it has.
@@ -24,9 +28,13 @@ twice, once only to learn how many tokens it has.
 from __future__ import annotations
 
 import ctypes
+import importlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from types import ModuleType
 from typing import Any
+
+from kvjudge.errors import LocalExtraMissing
 
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
 GGUF_VERSION = "0.19.0"
@@ -40,6 +48,43 @@ LONG_ARRAY = 4096
 _installed_log_callback: Any = None
 
 
+# -- llama-cpp-python itself: the local extra ------------------------------------------------------------
+
+def local_inference_available() -> bool:
+    """Whether llama-cpp-python is installed here (kvjudge's ``local`` extra), without importing it."""
+    from importlib.util import find_spec
+
+    return find_spec("llama_cpp") is not None
+
+
+def require_local_inference(what: str) -> None:
+    """Raise :class:`~kvjudge.errors.LocalExtraMissing` (``what`` needs the local extra) where llama-cpp-python is
+    not installed; cheap: nothing is imported."""
+    if not local_inference_available():
+        raise LocalExtraMissing(what)
+
+
+def llama_cpp_module(name: str = "llama_cpp", *, what: str = "in-process inference") -> ModuleType:
+    """``llama_cpp`` (or one of its submodules, ``name``), imported; without the local extra a
+    :class:`~kvjudge.errors.LocalExtraMissing` saying ``what`` needs it and how to install it."""
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if exc.name is None or exc.name.partition(".")[0] != "llama_cpp":
+            raise
+        raise LocalExtraMissing(what) from exc
+
+
+def load_llama(**params: Any) -> Any:
+    """``llama_cpp.Llama(**params)`` (a vocab-only tokenizer or a whole model)."""
+    return llama_cpp_module().Llama(**params)
+
+
+def backend_version() -> str:
+    """The installed llama-cpp-python's version (what a verdict's manifest records)."""
+    return str(llama_cpp_module().__version__)
+
+
 # -- llama.cpp's log and output -------------------------------------------------------------------------
 
 def capture_native_log(sink: list[str]) -> None:
@@ -49,7 +94,7 @@ def capture_native_log(sink: list[str]) -> None:
     … MiB") from these lines.
     """
     global _installed_log_callback
-    import llama_cpp
+    llama_cpp = llama_cpp_module()
 
     @llama_cpp.llama_log_callback
     def on_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
@@ -62,9 +107,9 @@ def capture_native_log(sink: list[str]) -> None:
 @contextmanager
 def quiet_native_output() -> Iterator[None]:
     """Silence what C code writes to the process's stdout and stderr inside the block."""
-    from llama_cpp._utils import suppress_stdout_stderr
+    utils = llama_cpp_module("llama_cpp._utils")
 
-    with suppress_stdout_stderr(disable=False):
+    with utils.suppress_stdout_stderr(disable=False):
         yield
 
 
@@ -91,7 +136,7 @@ def last_logits(context: Any, n_vocab: int) -> Any:
     ``llama_context`` as ``.ctx``). ``Llama.scores`` stays zero after ``eval`` without ``logits_all``,
     so this is the way to read them.
     """
-    import llama_cpp
+    llama_cpp = llama_cpp_module()
     import numpy as np
 
     return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(context.ctx, -1), shape=(n_vocab,))
@@ -99,7 +144,7 @@ def last_logits(context: Any, n_vocab: int) -> Any:
 
 def end_of_generation_ids(llama: Any) -> list[int]:
     """Token ids that end a generation (EOS, EOT, …) in ``llama``'s vocabulary."""
-    import llama_cpp
+    llama_cpp = llama_cpp_module()
 
     vocab = llama_cpp.llama_model_get_vocab(llama.model)
     return [token for token in range(llama.n_vocab()) if llama_cpp.llama_vocab_is_eog(vocab, token)]
@@ -111,7 +156,7 @@ def token_ids(llama: Any, data: bytes, *, add_bos: bool, special: bool) -> Any:
     A token spells at least one byte, so ``len(data)`` plus room for the added BOS (and a dummy-prefix space)
     is always enough; should it not be, llama.cpp says how many and the call is made again with that room.
     """
-    import llama_cpp
+    llama_cpp = llama_cpp_module()
     import numpy as np
 
     vocab = llama_cpp.llama_model_get_vocab(llama.model)
@@ -154,7 +199,7 @@ class PieceLengths:
 def token_lengths(llama: Any, tokens: Sequence[int], *, special: bool = False) -> list[int]:
     """The number of UTF-8 bytes each token of ``tokens`` stands for in ``llama``'s vocabulary (its piece, with
     no leading space stripped). A special token counts 0 unless ``special`` renders it."""
-    import llama_cpp
+    llama_cpp = llama_cpp_module()
 
     vocab = llama_cpp.llama_model_get_vocab(llama.model)
     buffer = ctypes.create_string_buffer(256)
@@ -194,7 +239,7 @@ def chat_renderer(llama: Any, template: str) -> ChatRenderer:
     Raises ``LookupError`` when ``"model"`` is asked of a GGUF that has no template, ``ValueError`` for
     an unknown name.
     """
-    from llama_cpp import llama_chat_format
+    llama_chat_format = llama_cpp_module("llama_cpp.llama_chat_format")
 
     if template == "chatml":
         def render_chatml(messages: Sequence[Mapping[str, str]]) -> tuple[str, bool]:
@@ -226,8 +271,8 @@ def chat_renderer(llama: Any, template: str) -> ChatRenderer:
 def open_model(path: str, *, gpu_layers: int = 0) -> Any:
     """Load a model with llama.cpp's default parameters (``gpu_layers`` offloaded). Raises ``ValueError``
     when llama.cpp cannot load it (its reason is in the log)."""
-    import llama_cpp
-    from llama_cpp import _internals
+    llama_cpp = llama_cpp_module()
+    _internals = llama_cpp_module("llama_cpp._internals")
 
     params = llama_cpp.llama_model_default_params()
     params.n_gpu_layers = gpu_layers
@@ -236,14 +281,14 @@ def open_model(path: str, *, gpu_layers: int = 0) -> Any:
 
 def context_params() -> Any:
     """llama.cpp's default context parameters (a ``llama_context_params`` to adjust and pass on)."""
-    import llama_cpp
+    llama_cpp = llama_cpp_module()
 
     return llama_cpp.llama_context_default_params()
 
 
 def flash_attention_type(enabled: bool) -> int:
     """The ``flash_attn_type`` value that turns flash attention on or off explicitly (never "auto")."""
-    import llama_cpp
+    llama_cpp = llama_cpp_module()
 
     return llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if enabled else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
 
@@ -251,7 +296,7 @@ def flash_attention_type(enabled: bool) -> int:
 def open_context(model: Any, params: Any) -> Any:
     """Create a context on ``model``; llama.cpp logs its buffers as it allocates them. Raises ``ValueError``
     when llama.cpp refuses (out of memory, an unsupported KV type); ``.close()`` frees it."""
-    from llama_cpp import _internals
+    _internals = llama_cpp_module("llama_cpp._internals")
 
     return _internals.LlamaContext(model=model, params=params, verbose=True)
 
@@ -270,7 +315,7 @@ class Decoder:
     """Feeds tokens to a context in batches of at most ``n_batch``, keeping only the last position's logits."""
 
     def __init__(self, context: Any, n_batch: int) -> None:
-        from llama_cpp import _internals
+        _internals = llama_cpp_module("llama_cpp._internals")
 
         self.context = context
         self.n_batch = n_batch

@@ -29,6 +29,7 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
+from kvjudge._llama import require_local_inference
 from kvjudge.budget import resolve_budget
 from kvjudge.errors import IntegrityError
 from kvjudge.judge.stillgrades import split_full_cut
@@ -82,6 +83,7 @@ class _Clock:
 
 def run_demo(options: DemoOptions, say: Say, progress: ProgressFactory) -> dict[str, Any]:
     """Run the whole story; returns the report (also written to ``out_dir/report.json``)."""
+    require_local_inference("the demo (the bundled models, run in-process)")
     out = options.out_dir
     out.mkdir(parents=True, exist_ok=True)
     store_path, cold_dir = out / "store.sqlite", out / "cold"

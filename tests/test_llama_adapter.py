@@ -27,9 +27,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_the_installed_versions_are_the_ones_pinned_and_written_against() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     pins = {line.split("==")[0]: line.split("==")[1]
-            for line in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
-            if "==" in line}
+            for line in [*project["dependencies"], *project["optional-dependencies"]["local"]] if "==" in line}
     assert pins["llama-cpp-python"] == _llama.LLAMA_CPP_PYTHON_VERSION == version("llama-cpp-python")
     assert pins["gguf"] == _llama.GGUF_VERSION == version("gguf")
 
@@ -267,3 +267,32 @@ def test_the_models_own_template_renders_what_create_chat_completion_sends(judge
         assert _prompt_tokens(judge, render) == sent["prompt_tokens"]
     finally:
         judge.close()
+
+
+# A template using what llama-cpp-python's formatter adds to plain Jinja: the generation tag, loop controls, tojson.
+_FEATURES_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}{% if m.role == 'system' %}{% continue %}{% endif %}"
+    "{% generation %}<{{ m.role }}>{{ m.content | tojson }}{% endgeneration %}\n{% endfor %}"
+    "{% if add_generation_prompt %}<assistant>{% endif %}{{ eos_token if false }}"
+)
+
+
+@pytest.mark.model
+def test_a_chat_template_renders_without_llama_cpp_as_its_formatter_renders_it(judge_model: Path) -> None:
+    # A judge-pool install frames prompts from a served model's template with kvjudge.judge.chat_template alone.
+    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+    from kvjudge.judge.chat_template import render_chat_template
+
+    with _llama.quiet_native_output():
+        judge = _llama.load_llama(model_path=str(judge_model), vocab_only=True, verbose=False)
+    source, bos, eos = _llama.chat_template_inputs(judge)
+    assert source
+    unicode = [*MESSAGES, {"role": "user", "content": 'quotes " and ü, 東京'}]
+    for template in (source, _FEATURES_TEMPLATE):
+        for messages in (MESSAGES, unicode, MESSAGES[:1]):
+            theirs = Jinja2ChatFormatter(template, eos_token=eos, bos_token=bos)(messages=messages).prompt
+            assert render_chat_template(template, messages, bos_token=bos, eos_token=eos) == theirs
+    assert '"quotes \\" and ü, 東京"' in render_chat_template(_FEATURES_TEMPLATE, unicode)
+    with pytest.raises(ValueError, match="no system"):
+        render_chat_template("{{ raise_exception('no system') }}", MESSAGES)

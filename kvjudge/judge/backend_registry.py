@@ -75,8 +75,10 @@ class BackendKind:
 
 
 def _open_llama(opening: BackendOpening) -> Backend:
+    from kvjudge._llama import require_local_inference
     from kvjudge.judge.backends import LlamaBackend
 
+    require_local_inference("the in-process judge (--backend llama)")  # before the bundled judge model is fetched
     return LlamaBackend(model_path=opening.model_path(), n_threads=opening.settings.judge.threads)
 
 

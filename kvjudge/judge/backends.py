@@ -19,7 +19,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from kvjudge._llama import chat_template_inputs, last_logits, quiet_native_output, rewind
+from kvjudge._llama import (
+    backend_version,
+    chat_template_inputs,
+    last_logits,
+    load_llama,
+    quiet_native_output,
+    require_local_inference,
+    rewind,
+)
 from kvjudge.errors import JudgeError, ModelError
 from kvjudge.judge.labels import SPELLINGS, LabelScore, PromptOverflow, ResultFn, renormalise, score_in_turn
 from kvjudge.judge.ledger import CallCost, Ledger
@@ -146,17 +154,16 @@ class LlamaBackend:
     _scale_ids: dict[tuple[str, ...], dict[str, tuple[int, ...]]] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
-        from llama_cpp import Llama
-
         from kvjudge.models import file_sha256
 
+        require_local_inference("the in-process judge (--backend llama)")
         self.model_path = Path(self.model_path)
         if not self.model_path.is_file():
             raise ModelError(f"model file {self.model_path} does not exist; pass a GGUF path with --model")
         self.model_sha256 = self.model_sha256 or file_sha256(self.model_path)
         try:
             with quiet_native_output():  # a vocab-only load warns about its context size on the C-level stderr
-                self._vocab = Llama(model_path=str(self.model_path), vocab_only=True, verbose=False)
+                self._vocab = load_llama(model_path=str(self.model_path), vocab_only=True, verbose=False)
         except (ValueError, RuntimeError) as exc:
             raise ModelError(f"cannot read the tokenizer of {self.model_path} ({exc}); check the file") from exc
         self._label_ids = self._one_token_ids(SPELLINGS)
@@ -202,8 +209,6 @@ class LlamaBackend:
 
     def resize(self, n_ctx: int, *, source: str | None = None) -> None:
         """Load the weights with context ``n_ctx`` (reloads only when it changes)."""
-        from llama_cpp import Llama
-
         if n_ctx < 64:
             raise JudgeError(f"n_ctx {n_ctx} is too small for a judge prompt; use at least 512")
         if source is not None:
@@ -214,7 +219,7 @@ class LlamaBackend:
             self._llama.close()
             self._llama = None
         try:
-            self._llama = Llama(model_path=str(self.model_path), n_ctx=n_ctx, n_batch=min(self.n_batch, n_ctx),
+            self._llama = load_llama(model_path=str(self.model_path), n_ctx=n_ctx, n_batch=min(self.n_batch, n_ctx),
                                 n_threads=self.n_threads, logits_all=False, verbose=False)
         except (ValueError, RuntimeError) as exc:
             raise ModelError(f"cannot load {self.model_path} with n_ctx={n_ctx} ({exc}); "
@@ -239,10 +244,8 @@ class LlamaBackend:
         return len(ids) / max(seconds, 1e-6)
 
     def manifest(self) -> dict[str, Any]:
-        import llama_cpp
-
         return {"model_sha256": self.model_sha256, "model": self.model_path.name, "backend": "llama-cpp-python",
-                "backend_version": llama_cpp.__version__, "n_ctx": self.n_ctx, "n_ctx_source": self.n_ctx_source,
+                "backend_version": backend_version(), "n_ctx": self.n_ctx, "n_ctx_source": self.n_ctx_source,
                 "threads": self.n_threads, "n_batch": min(self.n_batch, self.n_ctx or self.n_batch)}
 
     def tokenize(self, text: str, add_bos: bool = False) -> list[int]:

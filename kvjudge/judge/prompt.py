@@ -177,11 +177,11 @@ RAW = Framing("raw")
 
 def chat_framing(template: str, *, bos_token: str = "", eos_token: str = "") -> Framing:
     """The chat framing from a GGUF's Jinja chat template (one user message, generation prompt added)."""
-    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+    from kvjudge.judge.chat_template import render_chat_template
 
     try:
-        rendered = Jinja2ChatFormatter(template, eos_token=eos_token, bos_token=bos_token,
-                                       add_generation_prompt=True)(messages=[{"role": "user", "content": _SLOT}]).prompt
+        rendered = render_chat_template(template, [{"role": "user", "content": _SLOT}], bos_token=bos_token,
+                                        eos_token=eos_token)
     except Exception as exc:  # jinja2 raises its own errors for templates it cannot render
         raise ModelError(f"the model's chat template cannot be rendered ({type(exc).__name__}: {exc}); "
                          f"use --template raw") from exc

@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvjudge._llama import require_local_inference
 from kvjudge.probe.gguf_shape import ModelShape
 from kvjudge.probe.kv_math import (
     CTX_PAD,
@@ -84,6 +85,7 @@ def run_trial(model_path: str | os.PathLike[str], n_ctx: int, *, settings: Any, 
 
     ``hard_limit_bytes`` caps the child's private memory (RLIMIT_DATA), so allocations beyond it really fail.
     """
+    require_local_inference("certifying a local GGUF (`kvjudge probe --no-certify`: the analytic figure alone)")
     spec = trial_spec(settings, n_ctx) | {
         "model_path": str(model_path), "usable_bytes": usable_bytes, "margin_bytes": margin_bytes,
         "on_gpu": on_gpu, "reserve": reserve, "n_decode": n_decode, "rlimit_data_bytes": hard_limit_bytes,
@@ -133,6 +135,7 @@ def measure_allocations(model_path: str | os.PathLike[str], contexts: list[tuple
     Each result holds ``created`` and, from the log, ``kv_caches`` (MiB strings as printed), ``kv_bytes``,
     ``compute_bytes``, ``model_bytes``, ``output_bytes``.
     """
+    require_local_inference("measuring llama.cpp's allocations")
     from kvjudge.errors import ProbeError
 
     specs = [trial_spec(settings, n_ctx) for settings, n_ctx in contexts]
