@@ -175,6 +175,15 @@ def folder_bytes(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
 
 
+def check_size(folder: Path, limit: int = LIMIT_BYTES) -> int:
+    """The bundle's bytes; over ``limit`` (what a device call carries beside the working tree) it is refused."""
+    total = folder_bytes(folder)
+    if total > limit:
+        raise SystemExit(f"gpu-bundle: the bundle is {total / 2**20:.1f} MiB, over the {limit >> 20} MiB a "
+                         f"device call carries; trim more (see {folder})")
+    return total
+
+
 def build(out: Path, sdist: Path | None = None) -> dict[str, object]:
     started = time.monotonic()
     version = pinned_llama_version()
@@ -196,10 +205,7 @@ def build(out: Path, sdist: Path | None = None) -> dict[str, object]:
         "requirements": requirements,
     }
     (staging / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
-    total = folder_bytes(staging)
-    if total > LIMIT_BYTES:
-        raise SystemExit(f"gpu-bundle: the bundle is {total / 2**20:.1f} MiB, over the {LIMIT_BYTES >> 20} MiB a "
-                         f"device call carries; trim more (see {staging})")
+    total = check_size(staging)
     shutil.rmtree(out, ignore_errors=True)
     staging.rename(out)
     return {"bundle": str(out), "bytes": total, "mib": round(total / 2**20, 2), "limit_mib": LIMIT_BYTES >> 20,

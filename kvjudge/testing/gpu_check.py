@@ -6,7 +6,7 @@ For each model of a real geometry (written here with random weights: :mod:`kvjud
 each KV type (f16; q8_0 with flash attention, which a quantized V cache needs), with every layer offloaded:
 
 1. a ballast leaves free only what a context of :data:`TARGET_CTX` tokens needs by the probe's own arithmetic, plus
-   half a 256-token step, so the boundary is real (an allocation past it fails on the card) and a full prompt at it
+   half of the next 256-token step, so the boundary is real (an allocation past it fails on the card) and a full prompt at it
    takes seconds;
 2. the probe predicts ``max_context_tokens`` from NVML's free memory, and certifies it by real loads in child
    processes (kvjudge's certify path), while NVML's used memory is sampled per trial;
@@ -83,18 +83,27 @@ def verdict_of(predicted: int, certified: int | None) -> str:
     return "exact" if certified == predicted else "under_promise"
 
 
+def boundary_bytes(shape: Any, settings: Any, placement: Any, n_ctx: int) -> int:
+    """Usable memory under which ``n_ctx`` (a multiple of 256) is the probe's ``max_context_tokens``: halfway
+    between what it and the next step need."""
+    from kvjudge.probe.core import footprint
+    from kvjudge.probe.kv_math import CTX_PAD
+
+    need = footprint(shape, n_ctx, settings, placement).device_bytes
+    return (need + footprint(shape, n_ctx + CTX_PAD, settings, placement).device_bytes) // 2
+
+
 def certify_one(path: Path, settings: Any, *, target_ctx: int, on_gpu: bool, ballast: Any,
                 cache_path: Path) -> dict[str, Any]:
     """Predict and certify one model under one KV type; with a GPU, NVML's used memory per trial."""
     from kvjudge.probe.core import footprint, place, probe
     from kvjudge.probe.devices import discover_devices
     from kvjudge.probe.gguf_shape import read_model_shape
-    from kvjudge.probe.kv_math import CTX_PAD
     from kvjudge.testing.gpu_memory import UsedSampler, peak_delta
 
     shape = read_model_shape(path)
     placement = place(shape, discover_devices(), settings, None)
-    usable_target = footprint(shape, target_ctx + CTX_PAD // 2, settings, placement).device_bytes
+    usable_target = boundary_bytes(shape, settings, placement, target_ctx)
     budget, held, sampler = None, 0, None
     if on_gpu:
         held = ballast.hold(placement.usable_bytes - usable_target)
