@@ -273,6 +273,7 @@ def test_the_dry_run_prints_one_json_line_and_writes_it_with_a_figure(dry_run) -
     assert {"check", "mode", "date", "device", "llama_cpp_python", "build_seconds", "target_ctx", "models",
             "skipped", "judge", "seconds"} <= set(line)
     assert line["mode"] == "dry-run" and line["device"] is None and line["skipped"] == []
+    assert [m["errors"] for m in line["models"]] == [[]]
 
 
 def test_the_dry_run_certifies_the_prediction_for_each_kv_type(dry_run) -> None:

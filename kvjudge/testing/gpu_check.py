@@ -34,6 +34,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from kvjudge.errors import KvjudgeError
 from kvjudge.testing.gguf_geometry import GEOMETRIES, Geometry, block_pool, write_geometry
 
 TARGET_CTX = 16384        # where the ballast puts the boundary on a GPU
@@ -110,9 +111,14 @@ def certify_one(path: Path, settings: Any, *, target_ctx: int, on_gpu: bool, bal
         sampler = UsedSampler().start()
     else:
         budget = usable_target
+    def progress(message: str) -> None:
+        say(message)
+        if sampler is not None:
+            sampler.mark(message)  # each trial's NVML peak is its own segment's
+
     try:
         report = probe(path, settings=settings, memory_budget=budget, cache_path=cache_path, refresh=True,
-                       progress=sampler.mark if sampler else say)
+                       progress=progress)
     finally:
         segments = sampler.stop() if sampler else []
         if on_gpu:
@@ -270,22 +276,28 @@ def measure_all(result: dict[str, Any], out: Path, *, dry_run: bool, keys: list[
         model = write_model(geometry, work, pool)
         entry: dict[str, Any] = {"key": geometry.key, "like": geometry.like, "arch": geometry.arch,
                                  "file_bytes": model["file_bytes"], "write_seconds": model["write_seconds"],
-                                 "kv": [], "log": []}
+                                 "kv": [], "log": [], "errors": []}
         result["models"].append(entry)
         for kv_type, flash in KV_CHOICES:
             if not in_time():
                 result["skipped"].append(f"{geometry.key}/{kv_type}: out of time")
                 continue
             say(f"{geometry.key} ({geometry.like}), KV {kv_type}: predicting and certifying")
-            entry["kv"].append(certify_one(model["path"], settings_for(kv_type, flash, on_gpu),
-                                           target_ctx=result["target_ctx"], on_gpu=on_gpu, ballast=ballast,
-                                           cache_path=work / "capabilities.json"))
+            try:
+                entry["kv"].append(certify_one(model["path"], settings_for(kv_type, flash, on_gpu),
+                                               target_ctx=result["target_ctx"], on_gpu=on_gpu, ballast=ballast,
+                                               cache_path=work / "capabilities.json"))
+            except (KvjudgeError, RuntimeError) as exc:  # one failed measurement must not lose the others
+                entry["errors"].append(f"{kv_type}: {type(exc).__name__}: {exc}")
             save(result, out)
         runs = [(settings_for(k["kv_type"], k["flash_attn"], on_gpu), k["certified_n_ctx"])
                 for k in entry["kv"] if k["certified_n_ctx"]]
         if runs and in_time():
             say(f"{geometry.key}: llama.cpp's buffers at the certified contexts")
-            entry["log"] = log_against_prediction(model["path"], runs)
+            try:
+                entry["log"] = log_against_prediction(model["path"], runs)
+            except KvjudgeError as exc:
+                entry["errors"].append(f"log: {exc}")
             save(result, out)
         model["path"].unlink()  # the disk holds one large model at a time
     if not judge_pair_count:
