@@ -144,6 +144,9 @@ def certify_one(path: Path, settings: Any, *, target_ctx: int, on_gpu: bool, bal
         "nvml_used_delta_at_certified": nvml_at_certified,
         "nvml_minus_predicted_bytes": (nvml_at_certified - predicted_at_certified
                                        if nvml_at_certified is not None and predicted_at_certified else None),
+        # What the card still had free at the certified size: how much more a bolder probe could have promised.
+        "nvml_headroom_bytes": (report.placement.usable_bytes - nvml_at_certified
+                                if nvml_at_certified is not None else None),
     }
 
 
