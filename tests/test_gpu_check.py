@@ -299,7 +299,7 @@ def test_the_dry_run_judges_a_sample_pair_in_process(dry_run) -> None:
     judge = dry_run[0]["judge"]
     assert judge["ran"] is True and judge["verdicts"] == 1
     assert judge["cost"]["calls"] == 2  # both orders
-    assert judge["nvml_peak_delta_bytes"] is None
+    assert judge["nvml_peak_delta_bytes"] is None and judge["used_gpu"] is None
 
 
 def test_the_driver_refuses_an_unknown_model_in_one_line(tmp_path: Path) -> None:

@@ -5,9 +5,9 @@
 For each model of a real geometry (written here with random weights: :mod:`kvjudge.testing.gguf_geometry`) and
 each KV type (f16; q8_0 with flash attention, which a quantized V cache needs), with every layer offloaded:
 
-1. a ballast leaves free only what a context of :data:`TARGET_CTX` tokens needs by the probe's own arithmetic, plus
-   half of the next 256-token step, so the boundary is real (an allocation past it fails on the card) and a full prompt at it
-   takes seconds;
+1. a ballast leaves free only what a context of :data:`TARGET_CTX` tokens needs by the probe's own arithmetic,
+   plus half of the next 256-token step, so the boundary is real (an allocation past it fails on the card) and a
+   full prompt at it takes seconds;
 2. the probe predicts ``max_context_tokens`` from NVML's free memory, and certifies it by real loads in child
    processes (kvjudge's certify path), while NVML's used memory is sampled per trial;
 3. one child loads the model once more and creates a context at each certified size: llama.cpp's own log lines
@@ -209,9 +209,12 @@ def judge_pairs(model: Path, work: Path, on_gpu: bool, n_pairs: int = len(JUDGE_
     seconds = round(time.monotonic() - started, 2)
     segments = sampler.stop() if sampler else []
     peak = max((s["peak_used_bytes"] for s in segments), default=None)
+    delta = (peak - sampler.baseline_bytes if sampler and peak is not None and sampler.baseline_bytes is not None
+             else None)
     result: dict[str, Any] = {
         "ran": judged.returncode == 0, "exit_code": judged.returncode, "seconds": seconds, "model": model.name,
-        "nvml_peak_delta_bytes": peak - sampler.baseline_bytes if sampler and peak is not None else None,
+        # The in-process backend loads with llama-cpp-python's default of no GPU layers: this says whether it did.
+        "nvml_peak_delta_bytes": delta, "used_gpu": None if delta is None else delta > 64 * 2**20,
     }
     if judged.returncode:
         result["detail"] = judged.stderr.strip()[-300:]
