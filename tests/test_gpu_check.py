@@ -288,6 +288,7 @@ def test_the_dry_run_certifies_the_prediction_for_each_kv_type(dry_run) -> None:
         assert [t["outcome"] for t in kv["trials"]] == ["ok", "over_budget"]
         assert kv["max_ok_input"] > 0 and kv["safe_context"] <= kv["certified_n_ctx"]
         assert kv["nvml_used_delta_at_certified"] is None  # no GPU: nothing pretends to be measured
+        assert kv["predicted_max_context_whole"] >= kv["predicted_max_context"]
     for row in model["log"]:
         assert row["created"] and row["n_ctx"] == line["target_ctx"] // CTX_PAD * CTX_PAD
         assert abs(row["kv_log_bytes"] - row["kv_predicted_bytes"]) <= 0.005 * MIB + 1

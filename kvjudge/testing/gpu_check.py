@@ -97,13 +97,14 @@ def boundary_bytes(shape: Any, settings: Any, placement: Any, n_ctx: int) -> int
 def certify_one(path: Path, settings: Any, *, target_ctx: int, on_gpu: bool, ballast: Any,
                 cache_path: Path) -> dict[str, Any]:
     """Predict and certify one model under one KV type; with a GPU, NVML's used memory per trial."""
-    from kvjudge.probe.core import footprint, place, probe
+    from kvjudge.probe.core import footprint, max_context_tokens, place, probe
     from kvjudge.probe.devices import discover_devices
     from kvjudge.probe.gguf_shape import read_model_shape
     from kvjudge.testing.gpu_memory import UsedSampler, peak_delta
 
     shape = read_model_shape(path)
     placement = place(shape, discover_devices(), settings, None)
+    whole_card = max_context_tokens(shape, settings, placement)  # what a user of the whole card is promised
     usable_target = boundary_bytes(shape, settings, placement, target_ctx)
     budget, held, sampler = None, 0, None
     if on_gpu:
@@ -135,7 +136,8 @@ def certify_one(path: Path, settings: Any, *, target_ctx: int, on_gpu: bool, bal
     return {
         "kv_type": settings.type_k, "flash_attn": settings.flash_attn, "gpu_layers": settings.gpu_layers,
         "ballast_bytes": held, "memory_budget": budget, "usable_bytes": report.placement.usable_bytes,
-        "placement": report.placement.device.kind,
+        "placement": report.placement.device.kind, "free_bytes_whole": placement.usable_bytes,
+        "predicted_max_context_whole": whole_card,
         "predicted_max_context": report.max_context_tokens, "certified_n_ctx": certified,
         "verdict": verdict_of(report.max_context_tokens, certified),
         "max_ok_input": report.entry.max_ok_input, "safe_context": report.entry.safe_context,
