@@ -16,7 +16,7 @@ endif
 CMAKE_ARGS ?= $(PORTABLE_CMAKE_ARGS)
 export CMAKE_ARGS
 
-.PHONY: demo test bench setup models bytecode clean
+.PHONY: demo test bench setup models bytecode clean gpu-bundle
 
 setup: $(STAMP)
 
@@ -53,6 +53,11 @@ bench: $(STAMP)
 		echo "== $$script"; \
 		$(PY) $$script --out bench-out || exit 1; \
 	done
+
+# What scripts/gpu-check needs on a GPU machine with no network (issue 47): llama-cpp-python's trimmed source and
+# kvjudge's dependency wheels, at most 60 MiB, into gpu-bundle/ (gitignored; a device call carries it).
+gpu-bundle: $(STAMP)
+	$(PY) scripts/gpu_bundle.py --out gpu-bundle
 
 clean:
 	rm -rf $(VENV) bench-out .pytest_cache

@@ -77,7 +77,7 @@ def parse_log(text: str) -> dict[str, Any]:
     def total(kind: str) -> int | None:
         return int(round(sum(buffers[kind].values()) * MIB)) if kind in buffers else None
 
-    device = sum(mib for names in buffers.values() for name, mib in names.items() if _DEVICE_BUFFER_RE.match(name))
+    device = sum(mib for names in buffers.values() for name, mib in names.items() if is_device_buffer(name))
     return {
         "device_bytes": int(round(device * MIB)),
         "kv_caches": kv_caches,
@@ -88,6 +88,12 @@ def parse_log(text: str) -> dict[str, Any]:
         "buffers_mib": buffers,
         "oom_in_log": bool(_OOM_RE.search(text)),
     }
+
+
+def is_device_buffer(name: str) -> bool:
+    """Does a buffer of this name (as llama.cpp logs it: ``CUDA0``, ``CUDA_Host``, ``CPU_Mapped``) live in
+    accelerator memory?"""
+    return bool(_DEVICE_BUFFER_RE.match(name))
 
 
 def _rss() -> int:
@@ -247,16 +253,19 @@ def allocations(model_path: str, specs: list[dict[str, Any]], result_path: Path)
     """
     log: list[str] = []
     capture_native_log(log)
-    model = open_model(model_path)
+    # One model for every spec: it is placed as the first spec says (on a GPU host, offloaded).
+    model = open_model(model_path, gpu_layers=int(specs[0].get("gpu_layers", 0)) if specs else 0)
+    # The model's buffers are logged once, at load: each result carries them beside its context's own.
+    loaded = {"model_buffers_mib": parse_log("".join(log))["buffers_mib"].get("model", {})}
     results = []
     for spec in specs:
         log.clear()
         try:
             ctx = open_context(model, _context_params(spec))
         except ValueError as exc:
-            results.append({"spec": spec, "created": False, "error": str(exc), **parse_log("".join(log))})
+            results.append({"spec": spec, "created": False, "error": str(exc), **parse_log("".join(log)), **loaded})
             continue
-        results.append({"spec": spec, "created": True, **parse_log("".join(log))})
+        results.append({"spec": spec, "created": True, **parse_log("".join(log)), **loaded})
         ctx.close()
     result_path.write_text(json.dumps(results))
     return 0
