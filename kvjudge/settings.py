@@ -21,6 +21,7 @@ Sections (every key optional)::
                           protocol = "letter" | "pairwise-scale" | "pointwise", levels = 10, repeats = 1,
                           rubric = ["name: text", …] | "rubric.toml", min_label_mass = 0.5,
                           jury = ["http://…", "path.gguf", "http://a,http://b", …]
+    [store]               lease_seconds = 900 (how long a claim on a unit of a shared job lives unrenewed)
 
 Locations are environment settings, not file settings: the capability cache and the assembled models live in
 the user cache dir (``KVJUDGE_CACHE_DIR``), the store in the user data dir (``KVJUDGE_DATA_DIR``).
@@ -58,6 +59,9 @@ DEFAULT_PROTOCOL = "letter"
 DEFAULT_LEVELS = 10  # levels of a scale protocol's letter scale (why: kvjudge.judge.scale)
 DEFAULT_MIN_LABEL_MASS = 0.5  # the least probability a scale reading must put on the levels (why: kvjudge.judge.scale)
 MAX_REPEATS = 8  # question variants a protocol has (kvjudge.judge.protocols.base)
+# How long a claim on a unit of a shared job lives without renewal (kvjudge.retention.shared_job): longer than the
+# default time-out of a judge call, so no lease expires under a live call; a killed worker's units wait this long.
+DEFAULT_LEASE_S = 900.0
 
 
 def cache_dir() -> Path:
@@ -182,6 +186,13 @@ class JudgeSettings:
 
 
 @dataclass(frozen=True)
+class StoreSettings:
+    """``[store]``: how processes sharing one store share its work."""
+
+    lease_seconds: float = field(default=DEFAULT_LEASE_S, metadata=_limit(_positive, "a positive number of seconds"))
+
+
+@dataclass(frozen=True)
 class Settings:
     """Every setting of kvjudge, checked. ``source`` is the config file read (None: none, all defaults)."""
 
@@ -190,6 +201,7 @@ class Settings:
     probe: ProbeSettings = field(default_factory=ProbeSettings)
     retention: RetentionSettings = field(default_factory=RetentionSettings)
     judge: JudgeSettings = field(default_factory=JudgeSettings)
+    store: StoreSettings = field(default_factory=StoreSettings)
     source: Path | None = field(default=None, compare=False)
 
     @classmethod

@@ -17,6 +17,7 @@ from kvjudge.judge import backend_registry
 from kvjudge.judge.ledger import Ledger, plan_line
 from kvjudge.judge.pairing import DEFAULT_POLICY, POLICIES, PairSelection, describe_pairs, same_task_pairs
 from kvjudge.retention import Store
+from kvjudge.retention.shared_job import Sharing
 from kvjudge.retention.store.interfaces import RunQueries
 from kvjudge.retention.state import RunState
 from kvjudge.judge.protocols import PROTOCOLS
@@ -150,6 +151,17 @@ def spent(*judges: Judge) -> Ledger:
     for judge in judges:
         total.merge(judge.backend.ledger)
     return total
+
+
+def job_summary(sharing: Sharing | None) -> dict[str, Any] | None:
+    """What a shared job holds and what this worker did in it, with the job's cost (each unit's calls recorded with
+    its result, whoever sent them: every process of the job reports the same figure); None: not shared."""
+    if sharing is None:
+        return None
+    cost = Ledger()
+    for recorded in sharing.costs():
+        cost.merge(Ledger.from_json(recorded))
+    return {**sharing.summary(), "cost": cost.to_json()}
 
 
 def _pairs_from_file(path: str) -> list[tuple[str, str]]:

@@ -2,8 +2,9 @@
 :mod:`.interfaces`, composed (not inherited).
 
 ``store.events`` (:class:`~.interfaces.EventRecorder`), ``store.blobs`` (:class:`~.interfaces.BlobStore`),
-``store.runs`` (:class:`~.interfaces.RunQueries`) and ``store.caches`` (:class:`~.interfaces.TokenCounts` and
-:class:`~.interfaces.Judgments`); :meth:`Store.transaction` spans them all. A caller takes the narrowest part it
+``store.runs`` (:class:`~.interfaces.RunQueries`), ``store.caches`` (:class:`~.interfaces.TokenCounts` and
+:class:`~.interfaces.Judgments`) and ``store.claims`` (:class:`~.interfaces.WorkClaims`); :meth:`Store.transaction`
+spans them all. A caller takes the narrowest part it
 needs.
 """
 
@@ -16,6 +17,7 @@ from pathlib import Path
 from kvjudge.retention import events as ev
 from kvjudge.retention.store.blobs import SqliteBlobStore
 from kvjudge.retention.store.caches import SqliteCaches
+from kvjudge.retention.store.claims import SqliteWorkClaims
 from kvjudge.retention.store.database import Database
 from kvjudge.retention.store.interfaces import FallbackReader
 from kvjudge.retention.store.log import SqliteEventRecorder
@@ -36,6 +38,7 @@ class Store:
         self.events = SqliteEventRecorder(db, projector, self.blobs.has_body)
         self.runs = SqliteRunQueries(db, projector, self.blobs.has_body, self.events)
         self.caches = SqliteCaches(db, projector)
+        self.claims = SqliteWorkClaims(db)
         self.transaction = db.transaction
         self.savepoint = db.savepoint
         self.page_cache = db.page_cache
