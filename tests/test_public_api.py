@@ -43,8 +43,8 @@ SURFACE: dict[str, list[str]] = {
         "rehydrate_run", "run_tokens", "tier_run", "tier_runs", "verify",
     ],
     "kvjudge.retention.store": [
-        "BlobStore", "EventRecorder", "Explanation", "FallbackReader", "Judgments", "RunListing", "RunQueries",
-        "Store", "TokenCounts", "Transactions", "default_store_path",
+        "BlobStore", "EventRecorder", "Explanation", "FallbackReader", "JobView", "Judgments", "RunListing",
+        "RunQueries", "Store", "TokenCounts", "Transactions", "WorkClaims", "default_store_path",
     ],
     "kvjudge.retention.cold": [
         "BlobBody", "ColdStore", "ColdTarget", "LocalDirColdStore", "ManifestWrite", "ObjectInfo", "S3ColdStore",

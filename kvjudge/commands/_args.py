@@ -17,8 +17,8 @@ from typing import Any
 
 from kvjudge.commands._output import info
 from kvjudge.errors import UsageError
-from kvjudge.retention.shared_job import Sharing, check_lease
-from kvjudge.retention.store.interfaces import JobView, WorkClaims
+from kvjudge.retention.shared_job import check_lease
+from kvjudge.retention.store.interfaces import JobView
 from kvjudge.settings import Settings
 from kvjudge.target import JudgeTarget
 
@@ -105,15 +105,6 @@ def add_lease_args(parser: argparse.ArgumentParser) -> None:
     records_settings(parser, "lease")
 
 
-def shared_work(settings: Settings, *, timeout: float | None = None) -> Callable[[WorkClaims], Sharing]:
-    """How this process will share the work of its store with others started on it: the lease checked now against
-    a call's ``timeout`` (before the store is opened: nothing written), then, given the store's claims, the
-    :class:`~kvjudge.retention.shared_job.Sharing` (a store without claims refused in one line)."""
-    lease = settings.store.lease_seconds
-    check_lease(lease, timeout)
-    return lambda claims: Sharing(claims, lease)
-
-
 def job_line(what: str, view: JobView) -> str:
     """A progress bar's description of a shared job: done by anyone (here), claimed by live workers, free."""
     return (f"{what} · job {view.done}/{view.units} done ({view.done_here} here) · {view.claimed} claimed by "
@@ -190,6 +181,8 @@ def settings_from(args: argparse.Namespace) -> Settings:
             unset = (*unset, "judge.backend")  # --server / --model choose the judge as they always did
     settings = settings.with_overrides(values, names, unset=unset)
     _check_server_flags(args, dests, settings)
+    if "lease" in dests:  # before any store is opened: nothing written
+        check_lease(settings.store.lease_seconds, JudgeTarget(settings).call_timeout)
     return settings
 
 

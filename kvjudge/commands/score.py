@@ -18,8 +18,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from kvjudge.commands._args import READS_TIERED, add_lease_args, command, job_line, shared_work, target_from
-from kvjudge.commands._judging import add_backend_args, announce, job_summary, opened_judge, spent
+from kvjudge.commands._args import READS_TIERED, command, target_from
+from kvjudge.commands._judging import add_backend_args, announce, job_summary, opened_judge, shown, spent
 from kvjudge.commands._output import emit, print_table, print_wrapped, progress
 from kvjudge.errors import UsageError
 from kvjudge.judge.ledger import Ledger
@@ -34,7 +34,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         parser.add_argument("runs", nargs="*", metavar="RUN", help="run ids (default: every run, or --task's)")
         parser.add_argument("--task", metavar="TASK", help="every run on this task id")
         add_backend_args(parser, kinds=("pointwise",))
-        add_lease_args(parser)
 
 
 def _score(args: argparse.Namespace) -> int:
@@ -48,24 +47,20 @@ def _score(args: argparse.Namespace) -> int:
     configured = target.settings.judge.protocol
     protocol = args.protocol or (configured if PROTOCOLS.get(configured, None) is not None
                                  and configured in POINTWISE else POINTWISE[0])
-    share = None if args.no_cache else shared_work(target.settings, timeout=target.call_timeout)
     with target.open_store() as store:
-        sharing = None if share is None else share(store.claims)
         run_ids = list(args.runs) or store.runs.run_ids(task=args.task)
         if not run_ids:
             raise UsageError("no runs to score: ingest runs, or name them")
         for run_id in args.runs:
             store.runs.run(run_id)  # an unknown run is an error before any model call
-        with opened_judge(args, target, protocol=protocol) as judge:
+        with opened_judge(args, target, protocol=protocol, store=store) as judge:
             with progress("scoring", len(run_ids) * judge.protocol.calls) as advance:
                 judge.planner.progress = lambda message: advance(0, description=message)
-                if sharing is not None:
-                    sharing.on_view = lambda view: advance(0, description=job_line("scoring", view))
+                shown(judge, advance, "scoring")
                 scores = score_runs(judge, store, run_ids, on_call=advance, on_plan=announce(judge, "score"),
-                                    on_score=lambda _i, score: emit(args, score.to_json(), lambda: _print_run(score)),
-                                    sharing=sharing)
+                                    on_score=lambda _i, score: emit(args, score.to_json(), lambda: _print_run(score)))
             summary = {**summarize_scores(scores), "manifest": judge.manifest(), "cost": spent(judge).to_json(),
-                       "job": job_summary(sharing)}
+                       "job": job_summary(judge.sharing)}
     emit(args, {"summary": summary}, lambda: _print_summary(summary))
     return 0
 

@@ -78,6 +78,9 @@ class Judge:
     planner: WindowPlanner | None = None
     protocol: JudgeProtocol = field(default_factory=LetterProtocol)
     window: Window | None = field(default=None, repr=False)
+    #: Set: the work this judge does is shared with other processes on its store (a command's; see
+    #: :mod:`kvjudge.retention.shared_job`), unless a call names another.
+    sharing: Sharing | None = field(default=None, repr=False)
     _framing: Framing | None = field(default=None, repr=False)
     _framing_tokens: int | None = field(default=None, repr=False)
     _counter: ViewCounter | None = field(default=None, repr=False)
@@ -264,7 +267,7 @@ def judge_batch(judge: Judge, store: Store, pairs: Sequence[tuple[str, str]], *,
                          f"pairwise protocol to judge pairs")
     batch = PairBatch(judge, store, pairs, reduce_to, full, bound, on_call, on_verdict)
     batch.on_plan = on_plan
-    batch.sharing = sharing
+    batch.sharing = sharing if sharing is not None else judge.sharing
     if isinstance(states, dict):
         batch.states = states
     else:

@@ -194,6 +194,7 @@ run to score is a unit of a job other processes may share: see :mod:`kvjudge.ret
         return _score_misses(judge, store, run_ids, indexes, state, keys, manifest, settings, on_call, decided,
                              bound, job) if indexes else []
 
+    sharing = sharing if sharing is not None else judge.sharing
     if misses and sharing is not None and judge.use_cache:
         _score_shared(judge, store, run_ids, misses, keys, sharing, [key for key in keys if key in records], work,
                       on_call, decided)
