@@ -66,8 +66,8 @@ class Sharing:
 
     def __post_init__(self) -> None:
         if not self.claims.available():
-            raise StoreError("this store's schema has no claims table, so several processes cannot share its work; "
-                             "open it once with this kvjudge to migrate it, or pass --no-cache to work alone")
+            raise StoreError("this store's schema has no claims table, which processes sharing its work need; pass "
+                             "--no-cache to work alone, or move its runs into a store this kvjudge created")
 
     def job(self, kind: str, units: Sequence[str], *, cached: Iterable[str] = ()) -> SharedJob:
         """A job of ``units`` (keys of their results); ``cached``: those whose results were stored before it

@@ -1,0 +1,250 @@
+"""Several kvjudge processes share one job on one store: each claims a unit (a run's scores, a pair's verdict)
+before its calls, a killed one's units are taken over once its leases expire, every unit is done once, and the
+results are those of one process alone. The processes are real subprocesses, the judge a pool replica of the
+simulated judge that counts what it answered, one worker is killed with SIGKILL mid-job.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import time
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+from helpers import kvjudge, kvjudge_json, start_kvjudge
+
+from kvjudge.errors import StoreError
+from kvjudge.judge.verdict import VERDICT_KEY_PREFIX
+from kvjudge.retention import Store
+from kvjudge.retention.shared_job import Sharing
+from kvjudge.testing.graded_runs import GradedRun, swe_run, write_graded
+from kvjudge.testing.sim_judge import AnswerKey, Settings
+from kvjudge.testing.sim_replica import ReplicaSettings, SimReplica
+
+CRITERIA = 3  # the default rubric's criteria: a run's pointwise readings at K = 1
+LEASE = ["--lease", "2", "--timeout", "2"]
+
+
+def _runs(tasks: int) -> list[GradedRun]:
+    return [run for n in range(tasks) for run in (
+        swe_run(f"t{n}/pass", task=f"t{n}", passed=True, seed=n, explore=2, file_lines=30),
+        swe_run(f"t{n}/fail", task=f"t{n}", passed=False, seed=n, explore=2, file_lines=30))]
+
+
+def _graded(directory: Path, tasks: int, *stores: str) -> tuple[list[Path], Path]:
+    """``stores`` (names) each holding the same ``2 * tasks`` runs, ingested with the CLI, and the answer key."""
+    runs_file, key = write_graded(directory, _runs(tasks))
+    paths = []
+    for name in stores:
+        path = directory / name
+        assert kvjudge_json("ingest", str(runs_file), "--store", str(path))["imported"] == 2 * tasks
+        paths.append(path)
+    return paths, key
+
+
+def _start(key: Path, latency: float) -> SimReplica:
+    """A replica whose calls take ``latency`` seconds (so a worker is caught mid-job), probed before any worker."""
+    started = SimReplica(AnswerKey.load(key), Settings(seed=3), replica=ReplicaSettings(latency_s=latency)).start()
+    assert kvjudge_json("probe", "--server", started.url)["certified"]  # the probe's calls are its own
+    return started
+
+
+def _claims(store: Path) -> list[tuple[str, str | None, int, str | None, list[dict]]]:
+    """(unit, worker, done, finished_by, costs) of every claim, read as another process would."""
+    with sqlite3.connect(f"file:{store}?mode=ro", uri=True) as conn:
+        return [(unit, worker, done, by, json.loads(cost) if cost else []) for unit, worker, done, by, cost in
+                conn.execute("SELECT unit, worker, done, finished_by, cost FROM claims ORDER BY unit")]
+
+
+def _lines(out: str) -> tuple[list[dict], dict]:
+    *items, last = [json.loads(line) for line in out.splitlines()]
+    return items, last
+
+
+def _held_by(store: Path, pid: int) -> tuple[int, int]:
+    """(units finished, units claimed and not finished) by the worker of process ``pid``."""
+    done = held = 0
+    for _unit, worker, finished, by, _costs in _claims(store):
+        done += by is not None and f":{pid}:" in by
+        held += not finished and worker is not None and f":{pid}:" in worker
+    return done, held
+
+
+def _kill_mid_job(store: Path, workers: Sequence[subprocess.Popen[str]]) -> tuple[subprocess.Popen[str], int]:
+    """SIGKILL the first worker seen with a unit finished and others claimed; (it, its claimed units)."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        for worker in workers:
+            if not store.exists() or worker.poll() is not None:
+                continue
+            try:
+                done, held = _held_by(store, worker.pid)
+            except sqlite3.OperationalError:  # the table not there yet, or the file busy: look again
+                continue
+            if done and held:
+                os.kill(worker.pid, signal.SIGKILL)
+                worker.wait()
+                return worker, _held_by(store, worker.pid)[1]  # read after the kill: nothing changes them now
+        time.sleep(0.02)
+    raise AssertionError("no worker was ever seen mid-job")
+
+
+def test_four_scorers_share_one_job_and_a_killed_one_costs_at_most_its_claimed_units(tmp_path: Path) -> None:
+    tasks = 12
+    (shared, alone), key = _graded(tmp_path, tasks, "shared.sqlite", "alone.sqlite")
+    replica = _start(key, 0.3)
+    try:
+        before = replica.usage["calls"]
+        score = ["score", "--protocol", "pointwise", "--server", replica.url, *LEASE, "--json"]
+        workers = [start_kvjudge(*score, "--store", str(shared)) for _ in range(4)]
+        victim, claimed = _kill_mid_job(shared, workers)
+        survivors = [w for w in workers if w is not victim]
+        outputs = [w.communicate(timeout=240) for w in survivors]
+        shared_calls = replica.usage["calls"] - before
+        single = kvjudge("score", "--protocol", "pointwise", "--server", replica.url, "--store", str(alone),
+                         "--json")
+    finally:
+        replica.stop()
+    assert victim.returncode == -signal.SIGKILL and claimed >= 1
+    units = 2 * tasks
+    for worker, (out, err) in zip(survivors, outputs):
+        assert worker.returncode == 0, err
+    # The job is done, each unit once: one try recorded per run (the killed worker's unfinished tries cost
+    # nothing recorded), its three readings.
+    rows = _claims(shared)
+    assert len(rows) == units and all(done == 1 and worker is None for _, worker, done, _, _ in rows)
+    assert all(len(costs) == 1 and costs[0]["calls"] == CRITERIA for *_, costs in rows)
+    # The pool answered each unit's calls once, plus at most the killed worker's claimed units again.
+    assert units * CRITERIA <= shared_calls <= (units + claimed) * CRITERIA
+    # Each survivor shows every run's score and the whole job: done, by whom, and its cost counted once.
+    scores = []
+    for out, _err in outputs:
+        items, last = _lines(out)
+        job = last["summary"]["job"]
+        assert sorted(item["run"] for item in items) == sorted(r.id for r in _runs(tasks))
+        assert job["units"] == job["done"] == units and job["claimed"] == job["free"] == 0
+        assert job["cost"]["calls"] == units * CRITERIA
+        scores.append({item["run"]: (item["p_success"], item["criteria"]) for item in items})
+    by_worker = Counter(by.rsplit(":", 2)[1] for _, _, _, by, _ in rows)
+    assert str(victim.pid) in by_worker and sum(by_worker.values()) == units
+    here = [_lines(out)[1]["summary"] for out, _ in outputs]
+    assert sum(s["job"]["done_here"] for s in here) + by_worker[str(victim.pid)] == units
+    assert sum(s["cost"]["calls"] for s in here) + CRITERIA * by_worker[str(victim.pid)] == units * CRITERIA
+    assert sum(s["job"]["taken_over"] for s in here) == claimed
+    # The scores are those of one process scoring the runs alone, figure for figure.
+    assert single.returncode == 0, single.stderr
+    items, _ = _lines(single.stdout)
+    alone_scores = {item["run"]: (item["p_success"], item["criteria"]) for item in items}
+    assert all(found == alone_scores for found in scores)
+
+
+def test_evaluators_started_at_once_judge_each_pair_once_and_agree_with_one_process(tmp_path: Path) -> None:
+    tasks = 8
+    (shared, alone), key = _graded(tmp_path, tasks, "shared.sqlite", "alone.sqlite")
+    replica = _start(key, 0.2)
+    try:
+        before = replica.usage["calls"]
+        evaluate = ["eval", "--server", replica.url, *LEASE, "--png", str(tmp_path / "e.png"), "--json"]
+        workers = [start_kvjudge(*evaluate, "--store", str(shared)) for _ in range(3)]
+        outputs = [w.communicate(timeout=240) for w in workers]
+        shared_calls = replica.usage["calls"] - before
+        single = kvjudge_json(*evaluate, "--store", str(alone))
+    finally:
+        replica.stop()
+    assert [w.returncode for w in workers] == [0, 0, 0], [err for _, err in outputs]
+    assert shared_calls == 2 * tasks  # each pair's two orders, sent once between the three
+    figures = [json.loads(out)["templates"]["raw"] for out, _ in outputs]
+    assert sum(f["job"]["done_here"] for f in figures) == tasks
+    assert sum(f["cost"]["calls"] for f in figures) == 2 * tasks
+    alone_figures = single["templates"]["raw"]
+    for found in figures:
+        assert found["judge"] == alone_figures["judge"] and found["manifest"] == alone_figures["manifest"]
+        assert found["job"]["cost"]["calls"] == 2 * tasks
+    with Store.open(shared) as one, Store.open(alone) as other:  # the same cache keys, the same records
+        assert _judgments(one) == _judgments(other)
+
+
+def _judgments(store: Store) -> tuple[set[str], dict[str, dict]]:
+    """Every cache key, and each verdict record without what a clock or the server's prefix cache decided (the
+    seconds it took, the prompt tokens the server reused from its cache)."""
+    rows = store._conn.execute("SELECT key, payload FROM judgments").fetchall()
+    return {key for key, _ in rows}, {key: _stable(json.loads(payload)) for key, payload in rows
+                                      if key.startswith(VERDICT_KEY_PREFIX)}
+
+
+def _stable(record: object) -> object:
+    if isinstance(record, dict):
+        return {k: _stable(v) for k, v in record.items()
+                if not any(word in k for word in ("seconds", "cached", "reused", "cost"))}
+    if isinstance(record, list):
+        return [_stable(v) for v in record]
+    return record
+
+
+def test_a_lease_shorter_than_a_call_time_out_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    store = tmp_path / "never.sqlite"
+    done = kvjudge("score", "--protocol", "pointwise", "--server", "http://127.0.0.1:9", "--timeout", "30",
+                   "--lease", "10", "--store", str(store))
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1
+    assert "lease of 10 s is shorter than a call's time-out (30 s)" in done.stderr and not store.exists()
+    zero = kvjudge("eval", "--lease", "0", "--store", str(store))
+    assert zero.returncode != 0 and "lease_seconds" in zero.stderr and not store.exists()
+
+
+def test_a_store_without_claims_is_refused_in_one_line_and_left_as_it_was(tmp_path: Path) -> None:
+    (path,), key = _graded(tmp_path, 2, "store.sqlite")
+    with sqlite3.connect(path) as conn:
+        conn.execute("DROP TABLE claims")
+    before = _dump(path)
+    done = kvjudge("score", "--protocol", "pointwise", "--server", "http://127.0.0.1:9", "--store", str(path))
+    assert done.returncode != 0 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "no claims table" in done.stderr and _dump(path) == before
+    with Store.open(path) as store, pytest.raises(StoreError, match="no claims table"):
+        Sharing(store.claims)
+
+
+def _dump(path: Path) -> list[str]:
+    with sqlite3.connect(path) as conn:
+        return list(conn.iterdump())
+
+
+# ------------------------------------------------------------------------------ the claims, one step at a time
+def test_a_live_claim_is_skipped_an_expired_one_taken_and_a_finished_one_never_again(tmp_path: Path) -> None:
+    path = tmp_path / "store.sqlite"
+    with Store.open(path) as one, Store.open(path) as other:
+        assert one.claims.claim(["u1", "u2", "u3"], "score", "w1", 60, limit=2) == ["u1", "u2"]
+        assert other.claims.claim(["u1", "u2", "u3"], "score", "w2", 60, limit=3) == ["u3"]  # live: skipped
+        with one.transaction("put_judgments"):
+            one.caches.put_judgment("u1", {"score": 1})
+            assert one.claims.finish("u1", "w1", {"calls": 3}, done=True)
+        # u2's lease runs out (w1 killed): w2 takes it; w1's finish then says the claim was no longer its own.
+        one._conn.execute("UPDATE claims SET expires = 0 WHERE unit = 'u2'")
+        assert other.claims.claim(["u1", "u2"], "score", "w2", 60) == ["u2"]
+        assert not one.claims.finish("u2", "w1", None, done=True)
+        view = other.claims.view(["u1", "u2", "u3", "u4"], "w2")
+        assert (view.done, view.done_here, view.claimed, view.claimed_here, view.free, view.workers) == \
+            (1, 0, 2, 2, 1, 1)
+        # A failed unit is free again for another worker; its cost stays with it.
+        with other.transaction("put_judgments"):
+            assert other.claims.finish("u3", "w2", {"calls": 1}, done=False)
+        assert one.claims.claim(["u3"], "score", "w1", 60) == ["u3"]
+        assert other.claims.finished(["u1", "u2", "u3"]) == {"u1"}
+        assert other.claims.costs(["u1", "u3"]) == [{"calls": 3}, {"calls": 1}]
+        assert other.claims.release(["u2", "u3"], "w2") == 1 and other.claims.claim(["u2"], "score", "w1", 60)
+
+
+def test_a_worker_renews_its_leases_from_its_keeper_thread(tmp_path: Path) -> None:
+    with Store.open(tmp_path / "store.sqlite") as store:
+        sharing = Sharing(store.claims, lease_seconds=0.6)
+        with sharing.job("score", ["u1", "u2"]) as job:
+            assert job.take("u1")
+            time.sleep(1.5)  # past the lease: only the keeper's renewals keep it live
+            assert store.claims.claim(["u1"], "score", "other", 60) == []
+        # Left unfinished: given back on the way out, free for the next worker at once.
+        assert store.claims.claim(["u1"], "score", "other", 60) == ["u1"]
