@@ -40,9 +40,11 @@ bytecode: $(STAMP)
 demo: bytecode
 	$(PY) -m kvjudge demo
 
-# The report's tests drive a real Chromium: the system's, installed from its packages when missing.
+# The report's tests drive a real Chromium, the store's PostgreSQL tests a real server: the system's, installed
+# from its packages when missing.
 test: bytecode
 	scripts/ensure-chromium
+	scripts/ensure-postgres
 	$(PY) -m pytest -q
 
 bench: $(STAMP)

@@ -11,7 +11,11 @@ Sections (every key optional)::
     [memory]              provider = "token_budget", context_tokens = N, threshold_pct = 0.8
     [context.estimation]  chars_per_token = 4 | counter = "chars" | "tiktoken" | "model", template = "model" | "chatml"
     [probe]               memory_budget = "6GiB", staleness_days = 30
-    [retention]           ceiling = 200000, counter = "model" | "tiktoken" | "chars", store = "path.sqlite",
+    [store]               url = "path.sqlite" | "postgresql://user@host:port/dbname",
+                          password_env = "NAME" (the environment variable holding the database password),
+                          lease_seconds = 900 (how long a claim on a unit of a shared job lives unrenewed)
+    [retention]           ceiling = 200000, counter = "model" | "tiktoken" | "chars",
+                          store = "path.sqlite" (the older spelling of [store] url: set one, or both the same),
                           cold = "file:///path" | "s3://bucket/prefix", endpoint_url = "http://..."
     [retention.tenants.NAME]  ceiling = N
     [judge]               model = "path.gguf", server = "http://host:port" | servers = ["http://…", …],
@@ -21,10 +25,11 @@ Sections (every key optional)::
                           protocol = "letter" | "pairwise-scale" | "pointwise", levels = 10, repeats = 1,
                           rubric = ["name: text", …] | "rubric.toml", min_label_mass = 0.5,
                           jury = ["http://…", "path.gguf", "http://a,http://b", …]
-    [store]               lease_seconds = 900 (how long a claim on a unit of a shared job lives unrenewed)
 
 Locations are environment settings, not file settings: the capability cache and the assembled models live in
-the user cache dir (``KVJUDGE_CACHE_DIR``), the store in the user data dir (``KVJUDGE_DATA_DIR``).
+the user cache dir (``KVJUDGE_CACHE_DIR``), the store in the user data dir (``KVJUDGE_DATA_DIR``). The store's
+location is also ``KVJUDGE_STORE``: it beats the file's ``[store] url`` and ``[retention] store``; ``--store`` beats
+it. A database password is never a setting: libpq's own (PGPASSWORD, ~/.pgpass, PGSERVICE) or ``password_env``.
 """
 
 from __future__ import annotations
@@ -147,6 +152,21 @@ class RetentionSettings:
         return own.ceiling if own is not None and own.ceiling is not None else self.ceiling
 
 
+_ENV_NAME = _limit(lambda v: bool(re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", v)), "an environment variable name")
+
+
+@dataclass(frozen=True)
+class StoreSettings:
+    """``[store]``: where the run store is (a SQLite file's path or a ``postgresql://`` URL), the NAME of the
+    environment variable that holds its database password (the password itself is never a setting), and how long
+    a claim of a process sharing its work lives unrenewed."""
+
+    url: str | None = field(default=None, metadata=_limit(lambda v: bool(v.strip()), "a path or a URL"))
+    password_env: str | None = field(default=None, metadata=_ENV_NAME)
+    # How long a claim on a unit of a job shared by several processes lives unrenewed (kvjudge.retention.shared_job).
+    lease_seconds: float = field(default=DEFAULT_LEASE_S, metadata=_limit(_positive, "a positive number of seconds"))
+
+
 @dataclass(frozen=True)
 class JudgeSettings:
     """``[judge]``: which judge (a local GGUF, OpenAI-compatible servers of one model, or another ``backend``) and how
@@ -164,8 +184,7 @@ class JudgeSettings:
                                                           'one of "auto", "chat", "raw"'))
     threads: int | None = field(default=None, metadata=_limit(_positive, "a positive number"))
     # The NAME of the environment variable that holds the servers' API key: the key itself is never a setting.
-    api_key_env: str | None = field(default=None, metadata=_limit(
-        lambda v: bool(re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", v)), "an environment variable name"))
+    api_key_env: str | None = field(default=None, metadata=_ENV_NAME)
     protocol: str = field(default=DEFAULT_PROTOCOL, metadata=_limit(lambda v: bool(v.strip()), "a protocol name"))
     levels: int = field(default=DEFAULT_LEVELS, metadata=_limit(lambda v: 2 <= v <= 26, "2 to 26 levels"))
     repeats: int = field(default=1, metadata=_limit(lambda v: 1 <= v <= MAX_REPEATS, f"1 to {MAX_REPEATS}"))
@@ -186,13 +205,6 @@ class JudgeSettings:
 
 
 @dataclass(frozen=True)
-class StoreSettings:
-    """``[store]``: how processes sharing one store share its work."""
-
-    lease_seconds: float = field(default=DEFAULT_LEASE_S, metadata=_limit(_positive, "a positive number of seconds"))
-
-
-@dataclass(frozen=True)
 class Settings:
     """Every setting of kvjudge, checked. ``source`` is the config file read (None: none, all defaults)."""
 
@@ -204,6 +216,22 @@ class Settings:
     store: StoreSettings = field(default_factory=StoreSettings)
     source: Path | None = field(default=None, compare=False)
 
+    @property
+    def store_location(self) -> str | None:
+        """The store's path or URL: ``[store] url`` (or ``--store``, or ``KVJUDGE_STORE``), else ``[retention] store``;
+        None: the default file in the data dir."""
+        return self.store.url or self.retention.store
+
+    def store_password(self) -> str | None:
+        """The database password from the variable ``[store] password_env`` names (None: not named — libpq's own
+        conventions apply); a ConfigError when the variable is named but not set."""
+        name = self.store.password_env
+        if name is None:
+            return None
+        if name not in os.environ:
+            raise ConfigError(f"[store] password_env names {name}, which is not set; export it or drop the setting")
+        return os.environ[name]
+
     @classmethod
     def load(cls, path: str | os.PathLike[str] | None = None) -> Settings:
         """The config file at ``path``, else ``KVJUDGE_CONFIG``, else ``./kvjudge.toml`` (may be absent)."""
@@ -212,7 +240,7 @@ class Settings:
         if not candidate.exists():
             if explicit:
                 raise ConfigError(f"config file {candidate} does not exist; create it or drop --config")
-            return cls()
+            return cls()._with_store_env()
         try:
             with candidate.open("rb") as handle:
                 data = tomllib.load(handle)
@@ -220,12 +248,23 @@ class Settings:
             raise ConfigError(f"{candidate} is not valid TOML ({exc}); fix the file or pass another --config") from exc
         except OSError as exc:
             raise ConfigError(f"cannot read config file {candidate}: {exc.strerror}; check its permissions") from exc
-        return cls.from_mapping(data, source=candidate)
+        return cls.from_mapping(data, source=candidate)._with_store_env()
+
+    def _with_store_env(self) -> Settings:
+        """These settings with ``KVJUDGE_STORE`` (when set) as the store's location: the environment beats the file."""
+        chosen = os.environ.get("KVJUDGE_STORE")
+        if not chosen:
+            return self
+        return dataclasses.replace(self, store=dataclasses.replace(self.store, url=chosen))
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any], *, source: Path | None = None) -> Settings:
         """Settings from a parsed TOML document (every key checked; unknown keys are errors)."""
-        built = _build(cls, data, (), str(source) if source else "the settings")
+        where = str(source) if source else "the settings"
+        built = _build(cls, data, (), where)
+        if built.store.url and built.retention.store and built.store.url != built.retention.store:
+            raise ConfigError(f"{where}: [store] url and [retention] store name different stores; keep [store] url "
+                              f"([retention] store is its older spelling)")
         return dataclasses.replace(built, source=source)
 
     def with_overrides(self, values: Mapping[str, Any], flags: Mapping[str, str] | None = None, *,

@@ -370,17 +370,16 @@ class JudgeTarget:
         return resolve_cold_target(self.settings.retention)
 
     def open_store(self, path: str | Path | None = None, *, read_tiered: bool = True, create: bool = False) -> Store:
-        """The store at ``path``, else ``[retention] store``, else ``<data dir>/store.sqlite``. With
-        ``read_tiered`` a tiered body is read from its cold store through :meth:`cold_stores`; tiering itself
-        moves local bodies and opens the store without that reader.
+        """The store at ``path`` (a file or a ``postgresql://`` URL), else ``--store`` / ``KVJUDGE_STORE`` /
+        ``[store] url`` / ``[retention] store`` (:attr:`~kvjudge.settings.Settings.store_location`), else
+        ``<data dir>/store.sqlite``; a database password from ``[store] password_env`` when set. With
+        ``read_tiered`` a tiered body is read from its cold store through :meth:`cold_stores`; tiering itself moves
+        local bodies and opens the store without that reader.
 
         Only ``create`` makes a store that is not there (ingest does): elsewhere a missing store is a StoreError,
-        so a mistyped ``--store`` path is said, not answered with an empty store."""
-        where = Path(path) if path else (self.settings.retention.store or default_store_path())
-        if not create and not Path(where).exists():
-            raise StoreError(f"no store at {where}: `kvjudge ingest PATH...` creates one there (or pass --store / "
-                             f"set [retention] store to an existing store)")
-        store = Store.open(where)
+        so a mistyped ``--store`` is said, not answered with an empty store."""
+        where = path if path else (self.settings.store_location or default_store_path())
+        store = Store.open(where, create=create, password=self.settings.store_password())
         if read_tiered:  # the reader looks up where each tiered body went, so it needs the store
             from kvjudge.retention.tiering import ColdReader
 

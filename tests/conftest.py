@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from helpers import DEMO_RUNS, DemoRun, demo_command
+from postgres import postgres_server, postgres_url  # noqa: F401 (fixtures: the suite's one PostgreSQL server)
 
 from kvjudge import models
 from kvjudge.demo import sample_runs_path

@@ -1,7 +1,7 @@
 """Reusable test cases, one per protocol of kvjudge/retention/store/interfaces.py, as eventsourcing tests its
 recorders: a subclass names the implementation (its ``parts`` fixture opens one at a path and yields the store
-object whose attributes are the parts), and every case runs against it. ``tests/test_store_interfaces.py`` runs
-them against the SQLite implementation."""
+object whose attributes are the parts; ``reopen`` opens another at the same location), and every case runs against
+it. ``tests/test_store_interfaces.py`` runs them against the SQLite and the PostgreSQL implementations."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ class StoreCases:
 
     @pytest.fixture
     def reopen(self) -> Any:
-        raise NotImplementedError("a subclass reopens its implementation at a path")
+        raise NotImplementedError("a subclass reopens its implementation at a location")
 
 
 class EventRecorderCases(StoreCases):
@@ -55,6 +55,19 @@ class EventRecorderCases(StoreCases):
         assert events.logged_runs() == ["r1", "r2"]
         assert events.event_range("r1") == (lsns[0], last) and events.event_kind(last) == "StateChanged"
         assert events.event_kind(last + 100) is None
+
+    def test_a_follower_reads_on_after_the_last_lsn_it_saw(self, parts: Any) -> None:
+        events: EventRecorder = parts.events
+        first = events.append_many("r1", started("r1"))
+        with pytest.raises(RuntimeError), parts.transaction("abandoned"):  # may leave a gap in the LSNs
+            events.append_many("r2", started("r2"))
+            raise RuntimeError("roll back")
+        last = events.append("r1", ev.StateChanged(run="r1", state="grading"))
+        seen = events.events_after(0)
+        assert [(lsn, run) for lsn, run, _ in seen] == [(first[0], "r1"), (first[1], "r1"), (last, "r1")]
+        assert [lsn for lsn, _, _ in events.events_after(first[-1])] == [last]
+        assert [lsn for lsn, _, _ in events.events_after(first[0], limit=1)] == [first[1]]
+        assert events.events_after(last) == []
 
     def test_an_event_the_state_refuses_appends_nothing(self, parts: Any) -> None:
         events: EventRecorder = parts.events
@@ -84,10 +97,10 @@ class EventRecorderCases(StoreCases):
     def test_the_log_is_guarded_and_a_reopened_store_reads_the_same(self, parts: Any, reopen: Any) -> None:
         parts.events.append_many("r1", started("r1"))
         assert parts.events.missing_log_triggers() == []
-        path = parts.path
+        location = parts.location
         before = list(parts.events.iter_events())
         parts.close()
-        with reopen(path) as again:
+        with reopen(location) as again:
             assert list(again.events.iter_events()) == before
 
 
@@ -229,7 +242,7 @@ class TransactionsCases(StoreCases):
 
         def write(name: str) -> None:
             try:
-                with reopen(parts.path) as own:
+                with reopen(parts.location) as own:
                     for n in range(20):
                         own.events.append_many(f"{name}-{n}", started(f"{name}-{n}"))
             except BaseException as exc:  # noqa: BLE001 - reported below

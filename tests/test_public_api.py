@@ -44,8 +44,9 @@ SURFACE: dict[str, list[str]] = {
     ],
     "kvjudge.retention.store": [
         "BlobStore", "EventRecorder", "Explanation", "FallbackReader", "JobView", "Judgments", "RunListing",
-        "RunQueries", "Store", "TokenCounts", "Transactions", "WorkClaims", "default_store_path",
+        "RunQueries", "Store", "StoreLocation", "TokenCounts", "Transactions", "WorkClaims", "default_store_path",
     ],
+    "kvjudge.retention.store.postgres": ["open_postgres", "postgres_parts"],
     "kvjudge.retention.cold": [
         "BlobBody", "ColdStore", "ColdTarget", "LocalDirColdStore", "ManifestWrite", "ObjectInfo", "S3ColdStore",
         "open_cold_store",

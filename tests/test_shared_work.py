@@ -37,15 +37,21 @@ def _runs(tasks: int) -> list[GradedRun]:
         swe_run(f"t{n}/fail", task=f"t{n}", passed=False, seed=n, explore=2, file_lines=30))]
 
 
-def _graded(directory: Path, tasks: int, *stores: str) -> tuple[list[Path], Path]:
-    """``stores`` (names) each holding the same ``2 * tasks`` runs, ingested with the CLI, and the answer key."""
+def _graded(directory: Path, tasks: int, *stores: str) -> Path:
+    """``stores`` (paths or URLs) each given the same ``2 * tasks`` runs, ingested with the CLI; the answer key."""
     runs_file, key = write_graded(directory, _runs(tasks))
-    paths = []
-    for name in stores:
-        path = directory / name
-        assert kvjudge_json("ingest", str(runs_file), "--store", str(path))["imported"] == 2 * tasks
-        paths.append(path)
-    return paths, key
+    for store in stores:
+        assert kvjudge_json("ingest", str(runs_file), "--store", store)["imported"] == 2 * tasks
+    return key
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def shared(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """The store the workers share: an SQLite file (processes on one host), or a database on the suite's PostgreSQL
+    server (processes on many hosts)."""
+    if request.param == "sqlite":
+        return str(tmp_path / "shared.sqlite")
+    return request.getfixturevalue("postgres_url")
 
 
 def _start(key: Path, latency: float) -> SimReplica:
@@ -55,11 +61,10 @@ def _start(key: Path, latency: float) -> SimReplica:
     return started
 
 
-def _claims(store: Path) -> list[tuple[str, str | None, int, str | None, list[dict]]]:
+def _claims(store: Store) -> list[tuple[str, str | None, int, str | None, list[dict]]]:
     """(unit, worker, done, finished_by, costs) of every claim, read as another process would."""
-    with sqlite3.connect(f"file:{store}?mode=ro", uri=True) as conn:
-        return [(unit, worker, done, by, json.loads(cost) if cost else []) for unit, worker, done, by, cost in
-                conn.execute("SELECT unit, worker, done, finished_by, cost FROM claims ORDER BY unit")]
+    return [(unit, worker, done, by, json.loads(cost) if cost else []) for unit, worker, done, by, cost in
+            store._conn.execute("SELECT unit, worker, done, finished_by, cost FROM claims ORDER BY unit")]
 
 
 def _lines(out: str) -> tuple[list[dict], dict]:
@@ -67,7 +72,7 @@ def _lines(out: str) -> tuple[list[dict], dict]:
     return items, last
 
 
-def _held_by(store: Path, pid: int) -> tuple[int, int]:
+def _held_by(store: Store, pid: int) -> tuple[int, int]:
     """(units finished, units claimed and not finished) by the worker of process ``pid``."""
     done = held = 0
     for _unit, worker, finished, by, _costs in _claims(store):
@@ -76,17 +81,14 @@ def _held_by(store: Path, pid: int) -> tuple[int, int]:
     return done, held
 
 
-def _kill_mid_job(store: Path, workers: Sequence[subprocess.Popen[str]]) -> tuple[subprocess.Popen[str], int]:
+def _kill_mid_job(store: Store, workers: Sequence[subprocess.Popen[str]]) -> tuple[subprocess.Popen[str], int]:
     """SIGKILL the first worker seen with a unit finished and others claimed; (it, its claimed units)."""
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         for worker in workers:
-            if not store.exists() or worker.poll() is not None:
+            if worker.poll() is not None:
                 continue
-            try:
-                done, held = _held_by(store, worker.pid)
-            except sqlite3.OperationalError:  # the table not there yet, or the file busy: look again
-                continue
+            done, held = _held_by(store, worker.pid)
             if done and held:
                 os.kill(worker.pid, signal.SIGKILL)
                 worker.wait()
@@ -95,29 +97,32 @@ def _kill_mid_job(store: Path, workers: Sequence[subprocess.Popen[str]]) -> tupl
     raise AssertionError("no worker was ever seen mid-job")
 
 
-def test_four_scorers_share_one_job_and_a_killed_one_costs_at_most_its_claimed_units(tmp_path: Path) -> None:
+def test_four_scorers_share_one_job_and_a_killed_one_costs_at_most_its_claimed_units(shared: str,
+                                                                                      tmp_path: Path) -> None:
     tasks = 12
-    (shared, alone), key = _graded(tmp_path, tasks, "shared.sqlite", "alone.sqlite")
+    alone = str(tmp_path / "alone.sqlite")
+    key = _graded(tmp_path, tasks, shared, alone)
     replica = _start(key, 0.3)
+    watch = Store.open(shared)
     try:
         before = replica.usage["calls"]
         score = ["score", "--protocol", "pointwise", "--server", replica.url, *LEASE, "--json"]
-        workers = [start_kvjudge(*score, "--store", str(shared)) for _ in range(4)]
-        victim, claimed = _kill_mid_job(shared, workers)
+        workers = [start_kvjudge(*score, "--store", shared) for _ in range(4)]
+        victim, claimed = _kill_mid_job(watch, workers)
         survivors = [w for w in workers if w is not victim]
         outputs = [w.communicate(timeout=240) for w in survivors]
         shared_calls = replica.usage["calls"] - before
-        single = kvjudge("score", "--protocol", "pointwise", "--server", replica.url, "--store", str(alone),
-                         "--json")
+        single = kvjudge("score", "--protocol", "pointwise", "--server", replica.url, "--store", alone, "--json")
+        rows = _claims(watch)
     finally:
         replica.stop()
+        watch.close()
     assert victim.returncode == -signal.SIGKILL and claimed >= 1
     units = 2 * tasks
     for worker, (out, err) in zip(survivors, outputs):
         assert worker.returncode == 0, err
     # The job is done, each unit once: one try recorded per run (the killed worker's unfinished tries cost
     # nothing recorded), its three readings.
-    rows = _claims(shared)
     assert len(rows) == units and all(done == 1 and worker is None for _, worker, done, _, _ in rows)
     assert all(len(costs) == 1 and costs[0]["calls"] == CRITERIA for *_, costs in rows)
     # The pool answered each unit's calls once, plus at most the killed worker's claimed units again.
@@ -144,17 +149,19 @@ def test_four_scorers_share_one_job_and_a_killed_one_costs_at_most_its_claimed_u
     assert all(found == alone_scores for found in scores)
 
 
-def test_evaluators_started_at_once_judge_each_pair_once_and_agree_with_one_process(tmp_path: Path) -> None:
-    tasks = 8
-    (shared, alone), key = _graded(tmp_path, tasks, "shared.sqlite", "alone.sqlite")
+def test_evaluators_on_postgresql_judge_each_pair_once_and_agree_with_one_process_on_sqlite(
+        postgres_url: str, tmp_path: Path) -> None:
+    tasks = 6
+    shared, alone = postgres_url, str(tmp_path / "alone.sqlite")
+    key = _graded(tmp_path, tasks, shared, alone)
     replica = _start(key, 0.2)
     try:
         before = replica.usage["calls"]
         evaluate = ["eval", "--server", replica.url, *LEASE, "--png", str(tmp_path / "e.png"), "--json"]
-        workers = [start_kvjudge(*evaluate, "--store", str(shared)) for _ in range(3)]
+        workers = [start_kvjudge(*evaluate, "--store", shared) for _ in range(3)]
         outputs = [w.communicate(timeout=240) for w in workers]
         shared_calls = replica.usage["calls"] - before
-        single = kvjudge_json(*evaluate, "--store", str(alone))
+        single = kvjudge_json(*evaluate, "--store", alone)
     finally:
         replica.stop()
     assert [w.returncode for w in workers] == [0, 0, 0], [err for _, err in outputs]
@@ -198,7 +205,8 @@ def test_a_lease_shorter_than_a_call_time_out_is_refused_before_anything_is_writ
 
 
 def test_a_store_without_claims_is_refused_in_one_line_and_left_as_it_was(tmp_path: Path) -> None:
-    (path,), key = _graded(tmp_path, 2, "store.sqlite")
+    path = tmp_path / "store.sqlite"
+    _graded(tmp_path, 2, str(path))
     with sqlite3.connect(path) as conn:
         conn.execute("DROP TABLE claims")
     before = _dump(path)
@@ -215,9 +223,8 @@ def _dump(path: Path) -> list[str]:
 
 
 # ------------------------------------------------------------------------------ the claims, one step at a time
-def test_a_live_claim_is_skipped_an_expired_one_taken_and_a_finished_one_never_again(tmp_path: Path) -> None:
-    path = tmp_path / "store.sqlite"
-    with Store.open(path) as one, Store.open(path) as other:
+def test_a_live_claim_is_skipped_an_expired_one_taken_and_a_finished_one_never_again(shared: str) -> None:
+    with Store.open(shared) as one, Store.open(shared) as other:
         assert one.claims.claim(["u1", "u2", "u3"], "score", "w1", 60, limit=2) == ["u1", "u2"]
         assert other.claims.claim(["u1", "u2", "u3"], "score", "w2", 60, limit=3) == ["u3"]  # live: skipped
         with one.transaction("put_judgments"):
@@ -239,8 +246,8 @@ def test_a_live_claim_is_skipped_an_expired_one_taken_and_a_finished_one_never_a
         assert other.claims.release(["u2", "u3"], "w2") == 1 and other.claims.claim(["u2"], "score", "w1", 60)
 
 
-def test_a_worker_renews_its_leases_from_its_keeper_thread(tmp_path: Path) -> None:
-    with Store.open(tmp_path / "store.sqlite") as store:
+def test_a_worker_renews_its_leases_from_its_keeper_thread(shared: str) -> None:
+    with Store.open(shared) as store:
         sharing = Sharing(store.claims, lease_seconds=0.6)
         with sharing.job("score", ["u1", "u2"]) as job:
             assert job.take("u1")

@@ -1,5 +1,6 @@
 """The store's protocols (kvjudge/retention/store/interfaces.py), each tested by its reusable case
-(``tests/store_cases.py``) against the SQLite implementation, and the store object built of those parts."""
+(``tests/store_cases.py``) against both implementations (a SQLite file, a database on the suite's real PostgreSQL
+server), and the store object built of those parts."""
 
 from __future__ import annotations
 
@@ -55,14 +56,51 @@ class TestSqliteTransactions(SqliteParts, TransactionsCases):
     pass
 
 
+class PostgresParts:
+    @pytest.fixture
+    def parts(self, postgres_url: str) -> Iterator[Store]:
+        with Store.open(postgres_url) as store:
+            yield store
+
+    @pytest.fixture
+    def reopen(self) -> Callable[[str], Store]:
+        return Store.open
+
+
+class TestPostgresEventRecorder(PostgresParts, EventRecorderCases):
+    pass
+
+
+class TestPostgresBlobStore(PostgresParts, BlobStoreCases):
+    pass
+
+
+class TestPostgresRunQueries(PostgresParts, RunQueriesCases):
+    pass
+
+
+class TestPostgresTokenCounts(PostgresParts, TokenCountsCases):
+    pass
+
+
+class TestPostgresJudgments(PostgresParts, JudgmentsCases):
+    pass
+
+
+class TestPostgresTransactions(PostgresParts, TransactionsCases):
+    pass
+
+
 @pytest.mark.parametrize(("part", "protocol"), [("events", EventRecorder), ("blobs", BlobStore),
                                                 ("runs", RunQueries), ("caches", TokenCounts),
                                                 ("caches", Judgments)])
-def test_each_part_has_every_method_of_its_protocol(tmp_path: Path, part: str, protocol: type) -> None:
-    # Structural: the SQLite part offers each name its protocol declares (a renamed method fails here).
+def test_each_part_has_every_method_of_its_protocol(tmp_path: Path, postgres_url: str, part: str,
+                                                    protocol: type) -> None:
+    # Structural: each implementation's part offers each name its protocol declares (a renamed method fails here).
     declared = {name for name in vars(protocol) if not name.startswith("_")} | set(protocol.__annotations__)
-    with Store.open(tmp_path / "store.sqlite") as store:
-        assert declared and all(hasattr(getattr(store, part), name) for name in declared)
+    for location in (str(tmp_path / "store.sqlite"), postgres_url):
+        with Store.open(location) as store:
+            assert declared and all(hasattr(getattr(store, part), name) for name in declared), location
 
 
 def test_the_protocols_are_small() -> None:

@@ -24,7 +24,7 @@ from kvjudge.target import JudgeTarget
 
 # A flag that sets a setting: argparse dest → (the setting's dotted key, the flag as a user writes it).
 SETTING_FLAGS: dict[str, tuple[str, str]] = {
-    "store": ("retention.store", "--store"),
+    "store": ("store.url", "--store"),
     "to": ("retention.cold", "--to"),
     "backend": ("judge.backend", "--backend"),
     "tokenizer_model": ("judge.tokenizer_model", "--tokenizer-model"),
@@ -90,9 +90,10 @@ def add_output_args(parser: argparse.ArgumentParser) -> None:
 
 
 def add_store_args(parser: argparse.ArgumentParser) -> None:
-    """``--store PATH`` (every command that reads or writes the run store)."""
-    parser.add_argument("--store", metavar="PATH", help="store file (default: [retention] store, else "
-                                                        "<data dir>/store.sqlite)")
+    """``--store PATH|URL`` (every command that reads or writes the run store)."""
+    parser.add_argument("--store", metavar="PATH|URL",
+                        help="store file or postgresql://user@host:port/dbname URL (default: KVJUDGE_STORE, "
+                             "[store] url, [retention] store, else <data dir>/store.sqlite)")
     records_settings(parser, "store")
 
 

@@ -42,7 +42,7 @@ def _reduce(args: argparse.Namespace) -> int:
                            on_run=lambda run_id, _done, _total: advance(description=f"reducing {run_id}"))
     targets = {tenant: judge.ceiling_figures(tenant) for tenant in done.token_targets}
     results, above = done.runs, done.above
-    payload = {"store": str(store.path), "model": judge.label, "counter": done.counter,
+    payload = {"store": store.location, "model": judge.label, "counter": done.counter,
                "ceilings": targets, "capability": entry_summary(judge.entry), "runs": list(results),
                "above_ceiling": list(above), "refused": list(done.refused)}
 

@@ -73,7 +73,7 @@ def attach_grades(store: Store, results: Sequence[str], run_ids: Sequence[str] |
     if not results:
         raise IngestError("no results to attach; pass --results [AGENT=]FILE (repeatable)")
     index = ResultsIndex(load_results(results))  # read before the write lock is taken
-    report = GradeReport(store=str(store.path))
+    report = GradeReport(store=store.location)
     with store.transaction(LABEL):
         states = [store.runs.run(run_id) for run_id in dict.fromkeys(run_ids)] if run_ids is not None \
             else [state for state in store.runs.iter_runs(tenant) if trial is None or state.trial == trial]

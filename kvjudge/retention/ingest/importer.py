@@ -218,7 +218,7 @@ class _Importer:
         self.skip_bad = skip_bad
         self.repair_text = repair_text
         self.progress = progress
-        self.report = IngestReport(store=str(store.path))
+        self.report = IngestReport(store=store.location)
         self.seen: dict[str, tuple[str, str]] = {}  # run id → (where, content hash) of the runs kept so far
         self.agents: set[str] = set()  # agents of the runs whose grading is open (results are bound to them)
         self._batch = _Batch(store)

@@ -1,9 +1,11 @@
-"""The run store: one SQLite file holding the append-only event log, the blobs, derived projections and caches.
+"""The run store: the append-only event log, the blobs, derived projections and caches — in one SQLite file (the
+embedded default) or in a PostgreSQL database (a lab's shared store, :mod:`.postgres`).
 
 No SQL runs outside this package. What the store offers is a few small protocols (:mod:`.interfaces`): the
 event recorder, the blob store, run queries, the caches and the claims on a shared job's units; :class:`Store`
-composes their SQLite implementations (``store.events``, ``store.blobs``, ``store.runs``, ``store.caches``,
-``store.claims``) over one file's transactions.
+composes one implementation's parts (``store.events``, ``store.blobs``, ``store.runs``, ``store.caches``,
+``store.claims``) over its database's transactions, chosen by
+the location (:class:`StoreLocation`: a path or a ``postgresql://`` URL).
 """
 
 from kvjudge.retention.store.database import default_store_path
@@ -20,7 +22,8 @@ from kvjudge.retention.store.interfaces import (
     Transactions,
     WorkClaims,
 )
+from kvjudge.retention.store.location import StoreLocation
 from kvjudge.retention.store.runstore import Store
 
 __all__ = ["BlobStore", "EventRecorder", "Explanation", "FallbackReader", "JobView", "Judgments", "RunListing",
-           "RunQueries", "Store", "TokenCounts", "Transactions", "WorkClaims", "default_store_path"]
+           "RunQueries", "Store", "StoreLocation", "TokenCounts", "Transactions", "WorkClaims", "default_store_path"]

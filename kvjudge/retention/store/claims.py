@@ -17,6 +17,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from kvjudge.retention.store.claim_rows import job_view, with_try
 from kvjudge.retention.store.database import REFS_PER_QUERY, Database
 from kvjudge.retention.store.interfaces import JobView
 
@@ -71,7 +72,7 @@ class SqliteWorkClaims:
     def _renewer(self) -> Database:
         db = getattr(self._renewers, "db", None)
         if db is None:
-            db = self._renewers.db = Database.connect(self._db.path)
+            db = self._renewers.db = self._db.another()
         return db
 
     def close_renewer(self) -> None:
@@ -91,8 +92,7 @@ class SqliteWorkClaims:
             if row is None:
                 return False
             held = row[0] == worker
-            tries = json.loads(row[1]) if row[1] else []
-            spent = json.dumps([*tries, dict(cost)] if cost is not None else tries, sort_keys=True)
+            spent = with_try(row[1], cost)
             if held:
                 self._conn.execute(
                     "UPDATE claims SET worker = NULL, expires = NULL, done = ?, finished_by = ?, finished = ?, "
@@ -117,25 +117,7 @@ class SqliteWorkClaims:
 
     def view(self, units: Sequence[str], worker: str) -> JobView:
         """What the job of ``units`` holds now, as ``worker`` sees it."""
-        now = time.time()
-        done = done_here = claimed = mine = 0
-        workers: set[str] = set()
-        rows = self._rows(units, finished_by=True)
-        for unit in dict.fromkeys(units):
-            row = rows.get(unit)
-            if row is None:
-                continue
-            holder, expires, finished, finished_by = row
-            if finished:
-                done += 1
-                done_here += finished_by == worker
-            elif holder is not None and expires is not None and expires > now:
-                claimed += 1
-                mine += holder == worker
-                workers.add(holder)
-        total = len(dict.fromkeys(units))
-        return JobView(units=total, done=done, done_here=done_here, claimed=claimed, claimed_here=mine,
-                       free=total - done - claimed, workers=len(workers))
+        return job_view(self._rows(units, finished_by=True), units, worker, time.time())
 
     def finished(self, units: Iterable[str]) -> set[str]:
         """Of ``units``, those some worker finished (their results are stored)."""

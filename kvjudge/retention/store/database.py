@@ -51,16 +51,6 @@ def default_store_path() -> Path:
     return data_dir() / STORE_FILENAME
 
 
-def storable(name: str) -> bool:
-    """False for a name SQLite cannot hold (not valid Unicode, e.g. a stray byte on a command line, which
-    Python hands over as a lone surrogate): it names no run, rather than raising UnicodeEncodeError."""
-    try:
-        name.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
 class Database:
     """One connection to a store file, and its transactions: the store's parts read and write through it (each
     holds the connection and this object's :meth:`transaction`). Open with :meth:`connect`, then :meth:`prepare`."""
@@ -68,6 +58,7 @@ class Database:
     def __init__(self, conn: sqlite3.Connection, path: Path) -> None:
         self.conn = conn
         self.path = path
+        self.location = str(path)
         self._in_txn = False
         self._write_lock = _write_lock(path)
 
@@ -141,6 +132,10 @@ class Database:
 
     def close(self) -> None:
         self.conn.close()
+
+    def another(self) -> Database:
+        """Another connection to the same store file (for another thread)."""
+        return Database.connect(self.path)
 
     def schema_version(self) -> int:
         return int(self.conn.execute("PRAGMA user_version").fetchone()[0])

@@ -71,6 +71,34 @@ class Explanation:
                 "target": self.target, "explained": self.explained}
 
 
+class OpenBody(Protocol):
+    """A body open for reading in chunks (a context manager; closed after)."""
+
+    def read(self, size: int = -1, /) -> bytes:
+        ...
+
+    def close(self) -> None:
+        ...
+
+    def __enter__(self) -> OpenBody:
+        ...
+
+    def __exit__(self, *exc: object) -> object:
+        ...
+
+
+class BodyReading(Protocol):
+    """Bodies read in chunks by several threads at once (tiering's uploads): each thread reads through a
+    connection of its own. ``Store.body_readers()`` gives one; close it after."""
+
+    def open(self, ref: str) -> OpenBody | None:
+        """The body of ``ref`` opened for reading, None when it is not here."""
+        ...
+
+    def close(self) -> None:
+        ...
+
+
 class Transactions(Protocol):
     """One unit of work over the store's parts: what is written inside commits together or not at all."""
 
@@ -97,6 +125,11 @@ class EventRecorder(Protocol):
 
     def iter_events(self, run_id: str | None = None, *, kind: str | None = None) -> Iterator[tuple[int, ev.Event]]:
         """``(lsn, event)`` of one run (or every run, grouped by run) in LSN order; only ``kind`` when given."""
+        ...
+
+    def events_after(self, lsn: int, limit: int = 1000) -> list[tuple[int, str, ev.Event]]:
+        """``(lsn, run, event)`` of every run after ``lsn`` in LSN order, at most ``limit``: a follower of the log
+        reads on from the last LSN it saw (LSNs grow in commit order; they need not be contiguous)."""
         ...
 
     def logged_runs(self) -> list[str]:

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 
-from kvjudge.errors import IntegrityError, StoreError, UsageError
+from kvjudge.errors import IntegrityError, StoreError
 from kvjudge.retention import events as ev
-from kvjudge.retention.blobs import short
-from kvjudge.retention.events import canonical_json, event_from
-from kvjudge.retention.lifecycle import check_state_name, check_transition
-from kvjudge.retention.state import DROPPED, LOCAL, RunFolder
+from kvjudge.retention.events import event_from
+from kvjudge.retention.lifecycle import check_state_name
+from kvjudge.retention.store.appending import fold_appended
 from kvjudge.retention.store.database import Database
 from kvjudge.retention.store.projection import Projector
 
@@ -36,21 +35,11 @@ class SqliteEventRecorder:
         """Append events of one run atomically, each checked against the state the ones before it left; the run's
         projection is written in the same transaction."""
         with self._transaction(label):
-            current = self._projected(run_id)
-            folder = RunFolder.thaw(current) if current is not None else None
             # AUTOINCREMENT gives each new row one more than the largest LSN the table ever had, and this
             # transaction holds the write lock: the LSNs are known before the rows go in, in one executemany.
             first = self._next_lsn()
             lsns = list(range(first, first + len(events)))
-            previous: ev.Event | None = None
-            for lsn, event in zip(lsns, events):
-                if event.run != run_id:
-                    raise UsageError(f"event for run {event.run!r} appended to run {run_id!r}")
-                self._check_event(run_id, folder, event, after_grade=isinstance(previous, ev.GradeRecorded))
-                previous = event
-                if folder is None:
-                    folder = RunFolder(id=run_id)
-                folder.apply(lsn, event)
+            folder = fold_appended(run_id, self._projected(run_id), events, lsns, self._has_body)
             self._conn.executemany("INSERT INTO events(run, kind, payload) VALUES (?, ?, ?)",
                                    [(run_id, event.kind, event.to_json()) for event in events])
             if lsns and self._next_lsn() != lsns[-1] + 1:
@@ -70,48 +59,6 @@ class SqliteEventRecorder:
             "coalesce((SELECT max(lsn) FROM events), 0))").fetchone()
         return int(row[0]) + 1
 
-    def _check_event(self, run_id: str, folder: RunFolder | None, event: ev.Event, *, after_grade: bool) -> None:
-        if isinstance(event, ev.RunStarted):
-            if folder is not None:
-                raise StoreError(f"run {run_id} already exists in the store")
-            return
-        if folder is None:
-            raise StoreError(f"no run {run_id!r} in the store; list runs with `kvjudge runs`")
-        if isinstance(event, ev.TransitionRecorded):  # first: most of a run's events
-            if event.branch not in folder.branches:
-                raise StoreError(f"run {run_id} has no branch {event.branch!r}")
-        elif isinstance(event, ev.StateChanged):
-            check_transition(run_id, folder.state, event.state, after_grade=after_grade)
-        elif isinstance(event, ev.GradeRecorded):
-            missing = [grade for grade in event.replaces or () if grade not in folder.grades]
-            if missing:
-                raise StoreError(f"run {run_id}: a grade replaces {canonical_json(missing[0])}, which the run does "
-                                 f"not hold")
-        elif isinstance(event, ev.BranchOpened):
-            if event.branch in folder.branches:
-                raise StoreError(f"run {run_id} already has a branch {event.branch!r}")
-        elif isinstance(event, ev.Reduced):
-            location = folder.bodies.get(event.original)
-            if location is None or location.status != LOCAL:
-                status = location.status if location else "not named by the run"
-                raise StoreError(f"run {run_id}: cannot reduce {short(event.original)}, it is {status}")
-            self._require_body(event.summary, "Reduced")
-        elif isinstance(event, ev.BranchReduced):
-            entry = folder.branches.get(event.branch)
-            if entry is None or entry["branch"].status != "dead":
-                raise StoreError(f"run {run_id}: only a dead branch can be read as one extract, not {event.branch!r}")
-            self._require_body(event.summary, "BranchReduced")
-        elif isinstance(event, ev.Dropped):
-            location = folder.bodies.get(event.original)
-            if location is None or location.status == DROPPED:
-                status = location.status if location else "not named by the run"
-                raise StoreError(f"run {run_id}: cannot drop {short(event.original)}, it is {status}")
-
-    def _require_body(self, ref: str, kind: str) -> None:
-        # The summary must be durable before the event that points readers at it.
-        if not self._has_body(ref):
-            raise IntegrityError(f"{kind} names summary {short(ref)} whose body is not stored; put it first")
-
     def iter_events(self, run_id: str | None = None, *, kind: str | None = None) -> Iterator[tuple[int, ev.Event]]:
         """``(lsn, event)`` of one run (or all runs, grouped by run), in LSN order, streamed; only events of
         ``kind`` (``"TierStarted"``, …) when given."""
@@ -126,6 +73,13 @@ class SqliteEventRecorder:
                                        (run_id, kind))
         for lsn, found, payload in query:
             yield int(lsn), event_from(found, payload)
+
+    def events_after(self, lsn: int, limit: int = 1000) -> list[tuple[int, str, ev.Event]]:
+        """``(lsn, run, event)`` of every run after ``lsn``, in LSN order, at most ``limit``: what a follower of the
+        log reads next."""
+        rows = self._conn.execute("SELECT lsn, run, kind, payload FROM events WHERE lsn > ? ORDER BY lsn LIMIT ?",
+                                  (lsn, limit)).fetchall()
+        return [(int(found_lsn), run, event_from(kind, payload)) for found_lsn, run, kind, payload in rows]
 
     def logged_runs(self) -> list[str]:
         """Every run the log names, sorted (whatever the projection says)."""

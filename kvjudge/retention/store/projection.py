@@ -10,22 +10,11 @@ are read in SQL without decoding a run.
 
 from __future__ import annotations
 
-from collections import Counter
-
-from kvjudge.errors import StoreError
-from kvjudge.retention.events import canonical_json
-from kvjudge.retention.state import DROPPED, LOCAL, REDUCED, TIERED, RunState, agent_of, fold, view_refs
-from kvjudge.retention.store.database import REFS_PER_QUERY, Database, storable
+from kvjudge.retention.state import LOCAL, RunState
+from kvjudge.retention.store.database import REFS_PER_QUERY, Database
 from kvjudge.retention.store.interfaces import EventRecorder
+from kvjudge.retention.store.projection_rows import body_rows, refold, run_row, storable
 from kvjudge.retention.store.schema import PROJECTION_SQL, statements
-
-
-def refold(events: EventRecorder, run_id: str) -> RunState:
-    """Fold one run from LSN 0 straight from the log (ignoring the projection)."""
-    states = fold(events.iter_events(run_id))
-    if run_id not in states:
-        raise StoreError(f"no run {run_id!r} in the store; list runs with `kvjudge runs`")
-    return states[run_id]
 
 
 class Projector:
@@ -50,22 +39,14 @@ class Projector:
 
     def project(self, state: RunState, last_lsn: int) -> None:
         """Write ``state`` (folded up to ``last_lsn``) as its run's projection. Inside the caller's transaction."""
-        statuses = Counter(loc.status for loc in state.bodies.values())
         self._conn.execute(
             "INSERT OR REPLACE INTO runs(id, tenant, state, reduced, last_lsn, state_json, agent, task, trial, grades, "
             "branches, transitions, bodies, bodies_gone, bodies_tiered) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, "
-            "?, ?)",
-            (state.id, state.tenant, state.state, int(state.reduced), last_lsn, state.canonical_bytes(),
-             agent_of(state), state.task_id, state.trial, canonical_json(list(state.grades)), len(state.branches),
-             sum(len(branch.transitions) for branch in state.branches), len(state.bodies),
-             statuses[REDUCED] + statuses[DROPPED], statuses[TIERED]))
+            "?, ?)", run_row(state, last_lsn))
         self._conn.execute("DELETE FROM run_bodies WHERE run = ?", (state.id,))
-        uses = Counter(view_refs(state))
         self._conn.executemany(
             "INSERT INTO run_bodies(run, ref, status, summary_ref, lsn, target, manifest_ref, uses) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            [(state.id, loc.ref, loc.status, loc.summary_ref, loc.lsn, loc.target, loc.manifest_ref, uses[loc.ref])
-             for loc in state.bodies.values()])
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)", body_rows(state))
         self._conn.execute("DELETE FROM run_tokens WHERE run = ?", (state.id,))
         self._total(state.id)
 

@@ -13,9 +13,10 @@ from collections.abc import Callable, Iterable, Iterator
 
 from kvjudge.errors import StoreError
 from kvjudge.retention.state import LOCAL, TIERED, BodyLocation, RunState
-from kvjudge.retention.store.database import REFS_PER_QUERY, Database, storable
+from kvjudge.retention.store.database import REFS_PER_QUERY, Database
 from kvjudge.retention.store.interfaces import EventRecorder, Explanation, RunListing
-from kvjudge.retention.store.projection import Projector, refold
+from kvjudge.retention.store.projection import Projector
+from kvjudge.retention.store.projection_rows import refold, runs_where, storable
 
 
 class SqliteRunQueries:
@@ -157,16 +158,3 @@ class SqliteRunQueries:
         return int(self._conn.execute(
             "SELECT COUNT(*) FROM blobs WHERE body IS NOT NULL AND ref NOT IN (SELECT ref FROM run_bodies)"
         ).fetchone()[0])
-
-
-def runs_where(**filters: str | None) -> tuple[str, list[str]] | None:
-    """A WHERE clause on the ``runs`` columns named by ``filters`` (those not None) and its values; None when a
-    value is one no run can have (see :func:`~kvjudge.retention.store.database.storable`)."""
-    where, values = [], []
-    for column, value in filters.items():
-        if value is not None:
-            if not storable(value):
-                return None
-            where.append(f"{column} = ?")
-            values.append(value)
-    return (f" WHERE {' AND '.join(where)}" if where else "", values)

@@ -34,7 +34,6 @@ import queue
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from kvjudge.errors import ColdStoreError, RunStateError, StoreError, UsageError
@@ -172,8 +171,8 @@ def tier_runs(store: Store, run_ids: Sequence[str], cold: ColdStore, *,
     stores = stores or ColdStores(cold.endpoint_url)
     results: dict[str, TierResult] = {}
     checked = False
-    with Uploader(cold, store.path, rehash=verify_remote, progress=progress) as uploader, \
-            _Finisher(store.path, cold, verify_remote=verify_remote) as finisher:
+    with Uploader(cold, store, rehash=verify_remote, progress=progress) as uploader, \
+            _Finisher(store, cold, verify_remote=verify_remote) as finisher:
         for run_id in run_ids:
             finisher.raise_failure()
             state = store.runs.run(run_id)
@@ -243,8 +242,8 @@ class _Finisher:
     directories, the manifest, the ``Tiered`` commit), and one thread finishing moves one after the other was the
     whole move's bottleneck. The first failure stops them; :meth:`raise_failure` hands it to the caller."""
 
-    def __init__(self, path: Path, cold: ColdStore, *, verify_remote: bool) -> None:
-        self._path = path
+    def __init__(self, source: Store, cold: ColdStore, *, verify_remote: bool) -> None:
+        self._source = source
         self._cold = cold
         self._verify_remote = verify_remote
         # At most two moves per thread wait to be finished: the caller starts no run further ahead than that.
@@ -289,7 +288,7 @@ class _Finisher:
                 if self._failure is not None:
                     continue  # after a failure the rest stay started: the next `tier` or `verify` finishes them
                 started, batch = item
-                store = store or Store.open(self._path)
+                store = store or self._source.open_another()
                 try:
                     self._results[started.manifest.run] = started.apply(self._finish(store, started, batch))
                 except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread

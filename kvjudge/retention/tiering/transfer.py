@@ -13,14 +13,13 @@ import concurrent.futures
 import functools
 import threading
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 from kvjudge.errors import IntegrityError
 from kvjudge.retention.blobs import ref_of, short
 from kvjudge.retention.cold import ColdStore
 from kvjudge.retention.faults import fault_point
 from kvjudge.retention.store import Store
-from kvjudge.retention.store.blobs import Blob, BodyReaders
+from kvjudge.retention.store.interfaces import BodyReading, OpenBody
 from kvjudge.retention.tiering.manifest import Manifest, ManifestEntry, RemoteObject
 
 # Objects in flight at once. Network stores hide latency with more; so does a local disk, whose writes wait
@@ -80,13 +79,13 @@ class Batch:
 
 class Uploader:
     """A few worker threads writing to one cold store, shared by the moves of one call (so one move's uploads
-    overlap the finishing of the one before). The bodies come from the store file at ``source``;
-    ``progress`` gets the bytes of each finished upload.
+    overlap the finishing of the one before). The bodies come from the store ``source`` (its readers, one connection
+    per worker); ``progress`` gets the bytes of each finished upload.
     """
 
-    def __init__(self, cold: ColdStore, source: Path, *, rehash: bool, progress: ProgressFn | None) -> None:
+    def __init__(self, cold: ColdStore, source: Store, *, rehash: bool, progress: ProgressFn | None) -> None:
         self._cold = cold
-        self._readers = BodyReaders(source)
+        self._readers = source.body_readers()
         self._rehash = rehash
         self._progress = progress
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="kvjudge-tier")
@@ -136,7 +135,7 @@ def upload_and_check(store: Store, manifest: Manifest, cold: ColdStore, *, skip_
     """
     batch = Batch(manifest.run)
     try:
-        with Uploader(cold, store.path, rehash=rehash, progress=progress) as uploader:
+        with Uploader(cold, store, rehash=rehash, progress=progress) as uploader:
             for remote in manifest.objects:
                 uploader.send(batch, remote, skip_present=skip_present)
             problems = batch.wait()  # counts what was sent: read batch.sent only after it
@@ -145,7 +144,7 @@ def upload_and_check(store: Store, manifest: Manifest, cold: ColdStore, *, skip_
         raise vanished(store, manifest, exc) from exc
 
 
-def _move_one(cold: ColdStore, readers: BodyReaders, run_id: str, remote: RemoteObject, rehash: bool,
+def _move_one(cold: ColdStore, readers: BodyReading, run_id: str, remote: RemoteObject, rehash: bool,
               skip_present: bool) -> tuple[int, str | None]:
     """On a worker thread: read the bodies of ``remote``, check each is its ref, upload them, check the object.
 
@@ -176,7 +175,7 @@ def _move_one(cold: ColdStore, readers: BodyReaders, run_id: str, remote: Remote
     return len(remote.entries), _check_object(cold, remote, rehash)
 
 
-def _streamed(readers: BodyReaders, run_id: str, ref: str) -> Iterator[bytes]:
+def _streamed(readers: BodyReading, run_id: str, ref: str) -> Iterator[bytes]:
     """The body of ``ref`` in chunks, opened only when its first chunk is asked for (a pack's bodies one by one)."""
     body = readers.open(ref)
     if body is None:
@@ -185,7 +184,7 @@ def _streamed(readers: BodyReaders, run_id: str, ref: str) -> Iterator[bytes]:
         yield from _chunks(body)
 
 
-def _chunks(body: Blob) -> Iterator[bytes]:
+def _chunks(body: OpenBody) -> Iterator[bytes]:
     return iter(functools.partial(body.read, CHUNK_BYTES), b"")
 
 

@@ -1,0 +1,216 @@
+"""The run store on a real PostgreSQL server (tests/postgres.py): what the database itself enforces (append-only
+triggers, privileges, schema versions), the same fold as the SQLite file's, and each bad input as one line from the
+real CLI with nothing written and no password shown."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import psycopg
+import pytest
+from helpers import free_ports, kvjudge
+from postgres import PASSWORD, PASSWORD_ROLE, PostgresServer
+from store_cases import said, started
+
+from kvjudge.demo import sample_runs_path
+from kvjudge.errors import StoreError
+from kvjudge.retention import events as ev
+from kvjudge.retention.ingest import ingest_paths
+from kvjudge.retention.store import Store
+from kvjudge.retention.store.location import StoreLocation, without_password
+from kvjudge.retention.verify import verify
+
+
+def _raw(url: str) -> psycopg.Connection:
+    return psycopg.connect(url, autocommit=True)
+
+
+def _store_with_a_run(url: str) -> None:
+    with Store.open(url) as store:
+        ref = store.blobs.put(b"the task")
+        store.events.append_many("r1", [*started("r1"), said("r1", 0, ref)])
+
+
+@pytest.mark.parametrize("statement", ["UPDATE events SET kind = 'x'", "DELETE FROM events", "TRUNCATE events"])
+def test_the_database_refuses_to_edit_the_log_even_to_its_owner(postgres_url: str, statement: str) -> None:
+    _store_with_a_run(postgres_url)
+    with _raw(postgres_url) as conn:
+        with pytest.raises(psycopg.errors.RaiseException, match="append-only"):
+            conn.execute(statement)
+        assert conn.execute("SELECT COUNT(*) FROM events").fetchone() == (3,)
+
+
+def test_a_role_that_does_not_own_the_log_is_refused_by_privileges(postgres_server: PostgresServer,
+                                                                   postgres_url: str) -> None:
+    _store_with_a_run(postgres_url)
+    database = postgres_url.rsplit("/", 1)[1]
+    # The lab's application role, as the deployment docs have it: it reads and appends, owns nothing.
+    postgres_server.admin(f"GRANT SELECT, INSERT ON ALL TABLES IN SCHEMA public TO {PASSWORD_ROLE}",
+                          f"GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO {PASSWORD_ROLE}", database=database)
+    with _raw(postgres_server.url(database, PASSWORD_ROLE, PASSWORD)) as conn:
+        assert conn.execute("SELECT COUNT(*) FROM events").fetchone() == (3,)
+        for statement in ("UPDATE events SET kind = 'x'", "DELETE FROM events", "TRUNCATE events",
+                          "DROP TRIGGER events_no_update ON events"):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute(statement)
+
+
+def test_a_dropped_trigger_is_reported_by_verify(postgres_url: str) -> None:
+    _store_with_a_run(postgres_url)
+    with _raw(postgres_url) as conn:
+        conn.execute("DROP TRIGGER events_no_truncate ON events")
+    with Store.open(postgres_url) as store:
+        assert store.events.missing_log_triggers() == ["events_no_truncate"]
+        report = verify(store)
+        assert [v.check for v in report.violations] == ["log"] and "events_no_truncate" in report.violations[0].message
+
+
+def test_dropped_projection_tables_fold_back_byte_identical(postgres_url: str) -> None:
+    with Store.open(postgres_url) as store:
+        ingest_paths(store, [sample_runs_path()])
+        before = {run: store.runs.projected_bytes(run) for run in store.runs.run_ids()}
+        listing = store.runs.listing()
+    assert len(before) >= 5
+    with _raw(postgres_url) as conn:
+        conn.execute("DROP TABLE runs, run_bodies, run_tokens")
+    with Store.open(postgres_url) as store:
+        assert {run: store.runs.projected_bytes(run) for run in store.runs.run_ids()} == before
+        assert store.runs.listing() == listing and verify(store).ok
+
+
+def test_sqlite_and_postgres_fold_the_same_runs_to_the_same_bytes(tmp_path: Path, postgres_url: str) -> None:
+    with Store.open(tmp_path / "store.sqlite") as lite, Store.open(postgres_url) as pg:
+        for store in (lite, pg):
+            ingest_paths(store, [sample_runs_path()])
+        runs = lite.runs.run_ids()
+        assert runs == pg.runs.run_ids() and len(runs) >= 5
+        for run in runs:
+            assert lite.runs.projected_bytes(run) == pg.runs.projected_bytes(run), run
+            assert list(lite.events.iter_events(run)) == list(pg.events.iter_events(run)), run
+        assert lite.runs.listing() == pg.runs.listing()
+        assert list(lite.blobs.iter_bodies()) == list(pg.blobs.iter_bodies())
+
+
+def test_a_rolled_back_append_leaves_a_gap_nobody_trips_on(postgres_url: str) -> None:
+    with Store.open(postgres_url) as store:
+        first = store.events.append_many("r1", started("r1"))
+        with pytest.raises(RuntimeError), store.transaction("abandoned"):
+            store.events.append_many("r2", started("r2"))
+            raise RuntimeError("roll back")
+        last = store.events.append("r1", ev.StateChanged(run="r1", state="grading"))
+        assert last > first[-1] + 1  # the sequence does not give numbers back
+        assert [lsn for lsn, _, _ in store.events.events_after(first[-1])] == [last]
+        assert verify(store).ok and store.runs.run_ids() == ["r1"]
+
+
+def test_a_store_reopened_on_the_pool_shares_the_database(postgres_url: str) -> None:
+    with Store.open(postgres_url) as store:
+        store.events.append_many("r1", started("r1"))
+        with store.open_another() as other:
+            assert other.runs.run_ids() == ["r1"] and other.location == store.location
+            other.events.mark("r1", "grading")
+        readers = store.body_readers()
+        try:
+            ref = store.blobs.put(b"read in chunks")
+            with readers.open(ref) as body:
+                assert body.read(4) + body.read() == b"read in chunks"
+            assert readers.open("0" * 64) is None
+        finally:
+            readers.close()
+        assert store.runs.run("r1").state == "grading" and store.path is None
+
+
+def test_a_database_of_a_newer_schema_or_another_application_is_refused(postgres_server: PostgresServer,
+                                                                        postgres_url: str) -> None:
+    _store_with_a_run(postgres_url)
+    with _raw(postgres_url) as conn:
+        conn.execute("INSERT INTO kvjudge_schema(version, name) VALUES (99, 'from the future')")
+    with pytest.raises(StoreError, match="schema version 99; this kvjudge reads up to 1 — upgrade kvjudge"):
+        Store.open(postgres_url)
+    other = postgres_server.new_database()
+    try:
+        postgres_server.admin("CREATE TABLE accounts (id int)", database=other)
+        with pytest.raises(StoreError, match="holds tables but is not a kvjudge store"):
+            Store.open(postgres_server.url(other))
+        with _raw(postgres_server.url(other)) as conn:  # nothing written
+            assert conn.execute("SELECT COUNT(*) FROM pg_tables WHERE schemaname = 'public'").fetchone() == (1,)
+    finally:
+        postgres_server.drop_database(other)
+
+
+def test_the_password_is_never_shown(postgres_server: PostgresServer, postgres_url: str) -> None:
+    database = postgres_url.rsplit("/", 1)[1]
+    postgres_server.admin(f"GRANT CREATE ON SCHEMA public TO {PASSWORD_ROLE}", database=database)
+    url = postgres_server.url(database, PASSWORD_ROLE, PASSWORD)
+    assert PASSWORD not in without_password(url) and PASSWORD not in repr(StoreLocation.parse(url))
+    with Store.open(url) as store:
+        assert PASSWORD not in store.location + repr(store)
+    done = kvjudge("ingest", str(sample_runs_path()), "--store", url, "--json")
+    listed = kvjudge("runs", "--store", url, "--json")
+    assert done.returncode == 0 and listed.returncode == 0, done.stderr + listed.stderr
+    assert json.loads(done.stdout)["store"] == postgres_server.url(database, PASSWORD_ROLE)
+    for text in (done.stdout, done.stderr, listed.stdout, listed.stderr):
+        assert PASSWORD not in text
+
+
+def _one_line_error(args: list[str], *, env: dict[str, str] | None = None) -> str:
+    done = kvjudge(*args, env=env, timeout=60)
+    assert done.returncode != 0 and done.stdout == "" and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.count("\n") == 1, done.stderr
+    return done.stderr
+
+
+def test_bad_store_locations_are_one_line_each_and_write_nothing(postgres_server: PostgresServer, postgres_url: str,
+                                                                 tmp_path: Path) -> None:
+    import os
+    import time
+
+    (closed,) = free_ports(1)
+    started_at = time.monotonic()
+    unreachable = _one_line_error(["runs", "--store", f"postgresql://kvjudge@127.0.0.1:{closed}/db"])
+    assert "cannot reach PostgreSQL at postgresql://kvjudge@127.0.0.1" in unreachable
+    assert time.monotonic() - started_at < 30
+    database = postgres_url.rsplit("/", 1)[1]
+    wrong = postgres_server.url(database, PASSWORD_ROLE, "not-the-Password")
+    said_wrong = _one_line_error(["runs", "--store", wrong])
+    assert "refused the password" in said_wrong and "not-the-Password" not in said_wrong
+    env = {**os.environ, "PGPASSWORD": "also-Wrong-9"}
+    said_env = _one_line_error(["runs", "--store", postgres_server.url(database, PASSWORD_ROLE)], env=env)
+    assert "refused the password" in said_env and "also-Wrong-9" not in said_env
+    missing = _one_line_error(["runs", "--store", postgres_server.url("no_such_db")])
+    assert "'no_such_db' does not exist" in missing and "createdb no_such_db" in missing
+    empty = _one_line_error(["runs", "--store", postgres_url])
+    assert "no store at" in empty and "kvjudge ingest" in empty
+    scheme = _one_line_error(["runs", "--store", "mysql://root@localhost/db"])
+    assert "mysql://… is not a store location" in scheme
+    directory = _one_line_error(["runs", "--store", str(tmp_path)])
+    assert "is a directory" in directory
+    with _raw(postgres_url) as conn:  # nothing written: not even kvjudge's schema
+        assert conn.execute("SELECT COUNT(*) FROM pg_tables WHERE schemaname = 'public'").fetchone() == (0,)
+    _store_with_a_run(postgres_url)
+    with _raw(postgres_url) as conn:
+        conn.execute("INSERT INTO kvjudge_schema(version, name) VALUES (7, 'newer')")
+    newer = _one_line_error(["runs", "--store", postgres_url])
+    assert "schema version 7" in newer and "upgrade kvjudge" in newer
+
+
+def test_the_store_is_chosen_by_setting_environment_or_flag(postgres_url: str, tmp_path: Path) -> None:
+    import os
+
+    _store_with_a_run(postgres_url)
+    config = tmp_path / "kvjudge.toml"
+    config.write_text(f'[store]\nurl = "{postgres_url}"\n')
+    assert json.loads(kvjudge("runs", "--config", str(config), "--json").stdout)[0]["id"] == "r1"
+    env = {**os.environ, "KVJUDGE_STORE": postgres_url}
+    assert json.loads(kvjudge("runs", "--json", env=env).stdout)[0]["id"] == "r1"
+    lite = tmp_path / "lite.sqlite"
+    Store.open(lite).close()
+    assert json.loads(kvjudge("runs", "--store", str(lite), "--json", env=env).stdout) == []  # the flag wins
+    both = tmp_path / "both.toml"
+    both.write_text(f'[store]\nurl = "{postgres_url}"\n[retention]\nstore = "{lite}"\n')
+    refused = _one_line_error(["runs", "--config", str(both)])
+    assert "[store] url and [retention] store name different stores" in refused
+    named = tmp_path / "named.toml"
+    named.write_text('[store]\npassword_env = "KVJUDGE_TEST_NO_SUCH_VAR"\n')
+    assert "KVJUDGE_TEST_NO_SUCH_VAR, which is not set" in _one_line_error(["runs", "--config", str(named)])
