@@ -11,6 +11,7 @@ import os
 import signal
 import sqlite3
 import subprocess
+import sys
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -27,6 +28,7 @@ from kvjudge.testing.graded_runs import GradedRun, swe_run, write_graded
 from kvjudge.testing.sim_judge import AnswerKey, Settings
 from kvjudge.testing.sim_replica import ReplicaSettings, SimReplica
 
+ROOT = Path(__file__).resolve().parents[1]
 CRITERIA = 3  # the default rubric's criteria: a run's pointwise readings at K = 1
 LEASE = ["--lease", "2", "--timeout", "2"]
 
@@ -255,3 +257,15 @@ def test_a_worker_renews_its_leases_from_its_keeper_thread(shared: str) -> None:
             assert store.claims.claim(["u1"], "score", "other", 60) == []
         # Left unfinished: given back on the way out, free for the next worker at once.
         assert store.claims.claim(["u1"], "score", "other", 60) == ["u1"]
+
+
+def test_the_shared_work_benchmark_runs_at_its_smallest_size(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", "benchmarks.shared_work", "--smoke", "--out", str(tmp_path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    [line] = done.stdout.splitlines()
+    figures = json.loads(line)
+    assert figures["calls_equal_job_calls"] and [row["processes"] for row in figures["jobs"]] == [1, 2, 4]
+    killed = figures["killed_one_of_4"]
+    assert 0 <= killed["calls_sent_again"] <= killed["calls_sent_again_bound"]
+    assert (tmp_path / "shared_work.png").stat().st_size > 0
