@@ -269,3 +269,29 @@ def test_the_shared_work_benchmark_runs_at_its_smallest_size(tmp_path: Path) -> 
     killed = figures["killed_one_of_4"]
     assert 0 <= killed["calls_sent_again"] <= killed["calls_sent_again_bound"]
     assert (tmp_path / "shared_work.png").stat().st_size > 0
+
+
+def test_reducers_started_at_once_reduce_each_run_once_as_one_process_does(tmp_path: Path,
+                                                                           capabilities: dict[int, Path]) -> None:
+    shared, alone = str(tmp_path / "shared.sqlite"), str(tmp_path / "alone.sqlite")
+    _graded(tmp_path, 6, shared, alone)
+    config = tmp_path / "kvjudge.toml"
+    config.write_text('[retention]\ncounter = "chars"\n')
+    reduce = ["reduce", "--all", "--ceiling", "600", "--capabilities", str(capabilities[160_000]),
+              "--config", str(config), "--json"]
+    workers = [start_kvjudge(*reduce, "--store", shared) for _ in range(3)]
+    outputs = [w.communicate(timeout=240) for w in workers]
+    single = kvjudge(*reduce, "--store", alone)
+    assert [w.returncode for w in workers] == [single.returncode] * 3, [err for _, err in outputs]
+    reports = [json.loads(out) for out, _ in outputs]
+    assert all(r["job"]["units"] == r["job"]["done"] == 12 for r in reports)
+    assert sum(r["job"]["done_here"] for r in reports) == 12  # each run reduced by one worker
+    expected = json.loads(single.stdout)["runs"]
+    for report in reports:  # every worker reports every run as it ends up: reduced, and to the same size
+        assert [(r["run"], r["tokens_after"], r["fits"]) for r in report["runs"]] == \
+            [(r["run"], r["tokens_after"], r["fits"]) for r in expected]
+    with Store.open(shared) as one, Store.open(alone) as other:  # each run's log the same, LSNs aside
+        ids = one.runs.run_ids()
+        logs = [{run_id: [event for _lsn, event in store.events.iter_events(run_id)] for run_id in ids}
+                for store in (one, other)]
+        assert logs[0] == logs[1] and sum(1 for _ in one.events.iter_events(kind="Reduced")) > 0
