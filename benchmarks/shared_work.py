@@ -40,9 +40,11 @@ CRITERIA = 3  # the default rubric's: a run's readings at K = 1
 PROCESSES = (1, 2, 4)
 
 
-def _kvjudge(*args: str, env: dict[str, str]) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "kvjudge", *args], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+def _kvjudge(*args: str, env: dict[str, str], out: Path) -> subprocess.Popen[bytes]:
+    """``kvjudge ARGS`` in a child writing to files (``out``.stdout, .stderr): a worker waiting for others while
+    its own output fills a pipe no one reads yet would never finish."""
+    with open(out.with_suffix(".stdout"), "wb") as stdout, open(out.with_suffix(".stderr"), "wb") as stderr:
+        return subprocess.Popen([sys.executable, "-m", "kvjudge", *args], env=env, stdout=stdout, stderr=stderr)
 
 
 class _CallClock:
@@ -90,7 +92,8 @@ def _job(template: Path, work: Path, replica: SimReplica, processes: int, args: 
                str(args.parallel), "--lease", str(args.lease), "--timeout", str(args.lease), "--json"]
     clock = _CallClock(replica)
     started = time.perf_counter()
-    workers = [_kvjudge(*command, env=env) for _ in range(processes)]
+    logs = [store.with_name(f"{store.stem}-{index}") for index in range(processes)]
+    workers = [_kvjudge(*command, env=env, out=log) for log in logs]
     killed, claimed = None, 0
     while kill and killed is None:
         for worker in workers:
@@ -104,8 +107,10 @@ def _job(template: Path, work: Path, replica: SimReplica, processes: int, args: 
             if all(w.poll() is not None for w in workers):
                 raise SystemExit("every worker finished before one could be killed: raise --runs")
             time.sleep(0.01)
-    outputs = [w.communicate() for w in workers]
+    for worker in workers:
+        worker.wait()
     wall = time.perf_counter() - started
+    outputs = [(log.with_suffix(".stdout").read_text(), log.with_suffix(".stderr").read_text()) for log in logs]
     calls, flowing = clock.stop()
     for worker, (_out, err) in zip(workers, outputs):
         if worker is not killed and worker.returncode != 0:

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
-from helpers import kvjudge, kvjudge_json, start_kvjudge
+from helpers import kvjudge, kvjudge_json
 
 from kvjudge.errors import StoreError
 from kvjudge.judge.verdict import VERDICT_KEY_PREFIX
@@ -56,6 +56,32 @@ def shared(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     return request.getfixturevalue("postgres_url")
 
 
+class _Worker:
+    """``kvjudge ARGS`` in a child process writing to files: a worker waiting for others while its own output fills
+    a pipe no one reads yet would never finish."""
+
+    def __init__(self, directory: Path, *args: str) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        self._out, self._err = (directory / f"{id(self)}.{name}" for name in ("stdout", "stderr"))
+        with self._out.open("wb") as out, self._err.open("wb") as err:
+            self.process = subprocess.Popen([sys.executable, "-m", "kvjudge", *args], stdout=out, stderr=err)
+        self.pid = self.process.pid
+
+    def poll(self) -> int | None:
+        return self.process.poll()
+
+    def wait(self) -> int:
+        return self.process.wait()
+
+    @property
+    def returncode(self) -> int | None:
+        return self.process.returncode
+
+    def communicate(self, timeout: float) -> tuple[str, str]:
+        self.process.wait(timeout=timeout)
+        return self._out.read_text(), self._err.read_text()
+
+
 def _start(key: Path, latency: float) -> SimReplica:
     """A replica whose calls take ``latency`` seconds (so a worker is caught mid-job), probed before any worker."""
     started = SimReplica(AnswerKey.load(key), Settings(seed=3), replica=ReplicaSettings(latency_s=latency)).start()
@@ -83,7 +109,7 @@ def _held_by(store: Store, pid: int) -> tuple[int, int]:
     return done, held
 
 
-def _kill_mid_job(store: Store, workers: Sequence[subprocess.Popen[str]]) -> tuple[subprocess.Popen[str], int]:
+def _kill_mid_job(store: Store, workers: Sequence[_Worker]) -> tuple[_Worker, int]:
     """SIGKILL the first worker seen with a unit finished and others claimed; (it, its claimed units)."""
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -109,7 +135,7 @@ def test_four_scorers_share_one_job_and_a_killed_one_costs_at_most_its_claimed_u
     try:
         before = replica.usage["calls"]
         score = ["score", "--protocol", "pointwise", "--server", replica.url, *LEASE, "--json"]
-        workers = [start_kvjudge(*score, "--store", shared) for _ in range(4)]
+        workers = [_Worker(tmp_path / "out", *score, "--store", shared) for _ in range(4)]
         victim, claimed = _kill_mid_job(watch, workers)
         survivors = [w for w in workers if w is not victim]
         outputs = [w.communicate(timeout=240) for w in survivors]
@@ -160,7 +186,7 @@ def test_evaluators_on_postgresql_judge_each_pair_once_and_agree_with_one_proces
     try:
         before = replica.usage["calls"]
         evaluate = ["eval", "--server", replica.url, *LEASE, "--png", str(tmp_path / "e.png"), "--json"]
-        workers = [start_kvjudge(*evaluate, "--store", shared) for _ in range(3)]
+        workers = [_Worker(tmp_path / "out", *evaluate, "--store", shared) for _ in range(3)]
         outputs = [w.communicate(timeout=240) for w in workers]
         shared_calls = replica.usage["calls"] - before
         single = kvjudge_json(*evaluate, "--store", alone)
@@ -279,7 +305,7 @@ def test_reducers_started_at_once_reduce_each_run_once_as_one_process_does(tmp_p
     config.write_text('[retention]\ncounter = "chars"\n')
     reduce = ["reduce", "--all", "--ceiling", "600", "--capabilities", str(capabilities[160_000]),
               "--config", str(config), "--json"]
-    workers = [start_kvjudge(*reduce, "--store", shared) for _ in range(3)]
+    workers = [_Worker(tmp_path / "out", *reduce, "--store", shared) for _ in range(3)]
     outputs = [w.communicate(timeout=240) for w in workers]
     single = kvjudge(*reduce, "--store", alone)
     assert [w.returncode for w in workers] == [single.returncode] * 3, [err for _, err in outputs]
