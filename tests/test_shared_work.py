@@ -321,3 +321,22 @@ def test_reducers_started_at_once_reduce_each_run_once_as_one_process_does(tmp_p
         logs = [{run_id: [event for _lsn, event in store.events.iter_events(run_id)] for run_id in ids}
                 for store in (one, other)]
         assert logs[0] == logs[1] and sum(1 for _ in one.events.iter_events(kind="Reduced")) > 0
+
+
+def test_tierers_started_at_once_move_each_run_once(tmp_path: Path) -> None:
+    shared = str(tmp_path / "shared.sqlite")
+    _graded(tmp_path, 6, shared)
+    (tmp_path / "cold").mkdir()
+    tier = ["tier", "--all", "--unreduced", "--to", (tmp_path / "cold").as_uri(), "--store", shared, "--json"]
+    workers = [_Worker(tmp_path / "out", *tier) for _ in range(3)]
+    outputs = [w.communicate(timeout=240) for w in workers]
+    assert [w.returncode for w in workers] == [0, 0, 0], [err for _, err in outputs]
+    reports = [json.loads(out) for out, _ in outputs]
+    assert sum(r["job"]["done_here"] for r in reports) == 12 and all(r["job"]["done"] == 12 for r in reports)
+    for report in reports:  # every worker reports every run: moved here, or already moved by another
+        assert sorted(r["run"] for r in report["runs"]) == sorted(run.id for run in _runs(6))
+        assert {r["status"] for r in report["runs"]} <= {"tiered", "already_tiered"}
+    with Store.open(shared) as store:  # each run moved once: one TierStarted and one Tiered in its log
+        ids = store.runs.run_ids()
+        assert [sum(1 for _ in store.events.iter_events(run_id, kind="TierStarted")) for run_id in ids] == [1] * 12
+        assert all(store.runs.run(run_id).tier["status"] == "tiered" for run_id in store.runs.run_ids())

@@ -6,7 +6,9 @@ takes only a unit with no row, a row no one holds, or a row whose lease has expi
 claim a critical section for every process on the file (the database's write lock), as ``FOR UPDATE SKIP LOCKED``
 does on a server. A finished unit is marked in the caller's transaction, the one that writes its result.
 
-Lease times are this host's clock (``time.time()``): every process sharing an SQLite file runs on one host.
+Lease times are this host's clock (``time.time()``): every process sharing an SQLite file runs on one host. A
+claim, a renewal and a release are not waited for on disk (they survive their process's crash, which is what another
+process must see; a power cut ends every worker with them); a unit's finish commits with its result, durably.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ class SqliteWorkClaims:
         a lease that has expired; never one done, nor one in ``skip``. Returns the units taken."""
         passed = set(skip)
         taken: list[str] = []
-        with self._transaction("claim"):
+        with self._transaction("claim", durable=False):
             now = time.time()
             rows = self._rows(units)
             for unit in units:
@@ -65,7 +67,7 @@ class SqliteWorkClaims:
         """Extend every live claim of ``worker`` by ``lease_seconds`` from now; returns how many. Safe from another
         thread (a lease keeper's): there it writes through a connection of its own."""
         db = self._db if threading.get_ident() == self._owner else self._renewer()
-        with db.transaction("renew"):
+        with db.transaction("renew", durable=False):
             return db.conn.execute("UPDATE claims SET expires = ? WHERE worker = ? AND done = 0",
                                    (time.time() + lease_seconds, worker)).rowcount
 
@@ -106,7 +108,7 @@ class SqliteWorkClaims:
         """Give back ``worker``'s unfinished claims on ``units`` (a worker stopping early); returns how many."""
         wanted = list(units)
         released = 0
-        with self._transaction("release_claims"):
+        with self._transaction("release_claims", durable=False):
             for start in range(0, len(wanted), REFS_PER_QUERY):
                 chunk = wanted[start:start + REFS_PER_QUERY]
                 marks = ",".join("?" * len(chunk))
