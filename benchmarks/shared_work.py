@@ -5,7 +5,9 @@ store, each claiming a run before sending its readings, against one simulated po
 For each N, on a fresh copy of the ingested store (nothing cached): the job's throughput in calls per second, two
 ways — end to end (from starting the processes to the last one's exit: start-up included) and while the calls flow
 (the replica's calls counted every 20 ms, from its first call of the job to its last) — and its ratio to one
-process's (target: ≥ 3.5× at 4); the pool's call count against the job's calls (target: equal). Then 4 processes
+process's (target: ≥ 3.5× at 4); the pool's call count against the job's calls (target: equal); the workers' CPU
+per call (start-up included) and the simulated pool's (its replica answers from this process's threads, under one
+interpreter lock: on a machine of few cores it, not the claims, bounds the calls per second first). Then 4 processes
 again with one killed with SIGKILL once it has finished a run and holds others: the calls the pool answered again
 (at most the killed worker's claimed runs' readings) and the seconds lost against the 4 processes undisturbed
 (a killed worker's runs wait for its leases to expire: ``--lease``).
@@ -20,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import signal
 import sqlite3
@@ -91,6 +94,8 @@ def _job(template: Path, work: Path, replica: SimReplica, processes: int, args: 
     command = ["score", "--protocol", "pointwise", "--server", replica.url, "--store", str(store), "--parallel",
                str(args.parallel), "--lease", str(args.lease), "--timeout", str(args.lease), "--json"]
     clock = _CallClock(replica)
+    cpu_before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    pool_before = resource.getrusage(resource.RUSAGE_SELF)
     started = time.perf_counter()
     logs = [store.with_name(f"{store.stem}-{index}") for index in range(processes)]
     workers = [_kvjudge(*command, env=env, out=log) for log in logs]
@@ -110,6 +115,10 @@ def _job(template: Path, work: Path, replica: SimReplica, processes: int, args: 
     for worker in workers:
         worker.wait()
     wall = time.perf_counter() - started
+    cpu_after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    pool_after = resource.getrusage(resource.RUSAGE_SELF)  # the replica serves from this process's threads
+    pool_cpu = (pool_after.ru_utime - pool_before.ru_utime) + (pool_after.ru_stime - pool_before.ru_stime)
+    cpu = (cpu_after.ru_utime - cpu_before.ru_utime) + (cpu_after.ru_stime - cpu_before.ru_stime)
     outputs = [(log.with_suffix(".stdout").read_text(), log.with_suffix(".stderr").read_text()) for log in logs]
     calls, flowing = clock.stop()
     for worker, (_out, err) in zip(workers, outputs):
@@ -122,6 +131,8 @@ def _job(template: Path, work: Path, replica: SimReplica, processes: int, args: 
             "calls_equal_job": calls == job_calls, "calls_per_second": round(calls / wall, 2),
             "flowing_seconds": round(flowing, 3), "flowing_calls_per_second": round(calls / flowing, 2),
             "done_here": sorted(job["done_here"] for job in jobs),
+            "workers_cpu_seconds": round(cpu, 2), "cpu_ms_per_call": round(1000 * cpu / max(1, calls), 1),
+            "pool_cpu_ms_per_call": round(1000 * pool_cpu / max(1, calls), 1),
             **({"killed_claimed_runs": claimed, "taken_over": sum(job["taken_over"] for job in jobs)}
                if kill else {})}
 
@@ -161,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         args.runs = 12
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    load = round(os.getloadavg()[0], 1)
     with tempfile.TemporaryDirectory(prefix="kvjudge-shared-") as tmp:
         work = Path(tmp)
         env = {**os.environ, "KVJUDGE_CACHE_DIR": str(work / "cache"), "KVJUDGE_DATA_DIR": str(work / "data")}
@@ -191,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     killed["seconds_lost"] = round(killed["wall_seconds"] - four["wall_seconds"], 3)
     png = out / "shared_work.png"
     _plot(rows, png)
-    print(json.dumps({"benchmark": "shared_work", "runs": args.runs, "latency_s": args.latency,
+    print(json.dumps({"benchmark": "shared_work", "cpus": os.cpu_count(), "load_at_start": load, "runs": args.runs, "latency_s": args.latency,
                       "parallel": args.parallel, "lease_s": args.lease, "jobs": rows, "killed_one_of_4": killed,
                       "speedup_at_4": four["speedup"], "target_speedup_at_4": TARGET_SPEEDUP_AT_4,
                       "meets_target": four["speedup"] >= TARGET_SPEEDUP_AT_4,
