@@ -19,6 +19,7 @@ from kvjudge.retention import events as ev
 from kvjudge.retention.ingest import ingest_paths
 from kvjudge.retention.store import Store
 from kvjudge.retention.store.location import StoreLocation, without_password
+from kvjudge.retention.store.postgres.schema import SCHEMA_VERSION
 from kvjudge.retention.verify import verify
 
 
@@ -126,7 +127,8 @@ def test_a_database_of_a_newer_schema_or_another_application_is_refused(postgres
     _store_with_a_run(postgres_url)
     with _raw(postgres_url) as conn:
         conn.execute("INSERT INTO kvjudge_schema(version, name) VALUES (99, 'from the future')")
-    with pytest.raises(StoreError, match="schema version 99; this kvjudge reads up to 1 — upgrade kvjudge"):
+    with pytest.raises(StoreError, match=f"schema version 99; this kvjudge reads up to {SCHEMA_VERSION} — upgrade "
+                                         f"kvjudge"):
         Store.open(postgres_url)
     other = postgres_server.new_database()
     try:
