@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -340,3 +341,19 @@ def test_tierers_started_at_once_move_each_run_once(tmp_path: Path) -> None:
         ids = store.runs.run_ids()
         assert [sum(1 for _ in store.events.iter_events(run_id, kind="TierStarted")) for run_id in ids] == [1] * 12
         assert all(store.runs.run(run_id).tier["status"] == "tiered" for run_id in store.runs.run_ids())
+
+
+def test_a_rerun_after_a_crash_takes_the_dead_workers_units_without_waiting_out_its_lease(shared: str) -> None:
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = f"{socket.gethostname()}:{gone.stdout.strip()}:0badc0de"  # a worker of this host whose process is gone
+    elsewhere = "another-host:1:0badc0de"  # a worker of another host: never presumed dead
+    with Store.open(shared) as store:
+        assert store.claims.claim(["u1"], "score", dead, 900) == ["u1"]
+        assert store.claims.claim(["u2"], "score", elsewhere, 900) == ["u2"]
+        sharing = Sharing(store.claims, lease_seconds=900)
+        with sharing.job("score", ["u1", "u2"]) as job:
+            assert not job.take("u1")  # its lease is live…
+            started = time.monotonic()
+            taken, done = job.wait(["u1"])  # …but its worker is gone: taken at once
+            assert taken == ["u1"] and done == set() and time.monotonic() - started < 5
+        assert store.claims.holders(["u1", "u2"]) == {elsewhere}

@@ -13,7 +13,9 @@ opens a :class:`SharedJob` over a job's units (each named by the key of its resu
    worker's lease expired), and returns those it then claimed for the caller to do.
 
 A lease keeper (a thread) renews this worker's claims every third of the lease; a worker killed stops renewing, and
-its units are taken over once its leases expire. At most a killed worker's claimed units are sent again.
+its units are taken over once its leases expire — or at once by a worker of the same host that finds its process
+gone (a command run again after a crash does not wait out the lease). At most a killed worker's claimed units are
+sent again.
 """
 
 from __future__ import annotations
@@ -40,6 +42,22 @@ POLL_S = 0.25
 def worker_id() -> str:
     """This process as a worker: host, pid and a random part (a pid is reused; a host name is not unique)."""
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+
+
+def dead_here(worker: str) -> bool:
+    """True when ``worker`` ran on this host and its process is gone (a crash, a kill): its claims need not wait for
+    their leases. A worker of another host, or one alive, is never presumed dead."""
+    host, _, rest = worker.partition(":")
+    pid = rest.partition(":")[0]
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # another user's live process
+        return False
+    return False
 
 
 def check_lease(lease_seconds: float, timeout_seconds: float | None) -> None:
@@ -170,6 +188,12 @@ class SharedJob:
             self.taken_over += len(taken)
             if taken or not open_units:
                 return taken, done
+            # A worker of this host that died (a crash, then a rerun): its units are free now, not in a lease.
+            dead = [holder for holder in claims.holders(open_units) if holder != sharing.worker and dead_here(holder)]
+            if dead:
+                for holder in dead:
+                    claims.expire(holder)
+                continue
             self.report()
             time.sleep(sharing.poll_seconds)
 

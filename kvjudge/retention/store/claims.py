@@ -125,6 +125,16 @@ class SqliteWorkClaims:
         """Of ``units``, those some worker finished (their results are stored)."""
         return {unit for unit, row in self._rows(units).items() if row[2]}
 
+    def holders(self, units: Iterable[str]) -> set[str]:
+        """The workers holding unfinished claims on ``units``."""
+        return {row[0] for row in self._rows(units).values() if row[0] is not None and not row[2]}
+
+    def expire(self, worker: str) -> int:
+        """End every unfinished claim of ``worker`` now (a worker known dead); returns how many."""
+        with self._transaction("expire_claims", durable=False):
+            return self._conn.execute("UPDATE claims SET expires = 0 WHERE worker = ? AND done = 0",
+                                      (worker,)).rowcount
+
     def costs(self, units: Sequence[str]) -> list[dict[str, Any]]:
         """What each try of each unit of ``units`` cost, as recorded with it (a unit never tried has none)."""
         found: list[dict[str, Any]] = []

@@ -346,6 +346,14 @@ class WorkClaims(Protocol):
         """Of ``units``, those some worker finished (their results are stored)."""
         ...
 
+    def holders(self, units: Iterable[str]) -> set[str]:
+        """The workers holding unfinished claims on ``units`` (their leases live or not)."""
+        ...
+
+    def expire(self, worker: str) -> int:
+        """End every unfinished claim of ``worker`` now (a worker known dead); returns how many."""
+        ...
+
     def costs(self, units: Sequence[str]) -> list[dict[str, Any]]:
         """What each try of each unit cost, as recorded with it."""
         ...

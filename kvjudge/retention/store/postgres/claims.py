@@ -110,6 +110,17 @@ class PostgresWorkClaims:
         return {row[0] for row in self._conn.execute("SELECT unit FROM claims WHERE done = 1 AND unit = ANY(%s)",
                                                      (list(units),))}
 
+    def holders(self, units: Iterable[str]) -> set[str]:
+        """The workers holding unfinished claims on ``units``."""
+        return {row[0] for row in self._conn.execute(
+            "SELECT DISTINCT worker FROM claims WHERE done = 0 AND worker IS NOT NULL AND unit = ANY(%s)",
+            (list(units),))}
+
+    def expire(self, worker: str) -> int:
+        """End every unfinished claim of ``worker`` now (a worker known dead); returns how many."""
+        return self._conn.execute("UPDATE claims SET expires = 0 WHERE worker = %s AND done = 0",
+                                  (worker,)).rowcount
+
     def costs(self, units: Sequence[str]) -> list[dict[str, Any]]:
         """What each try of each unit of ``units`` cost, as recorded with it."""
         return [cost for (kept,) in self._conn.execute(
