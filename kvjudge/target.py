@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kvjudge.errors import CapabilityMissing, KvjudgeError, ServerError, StoreError, UsageError
+from kvjudge.errors import CapabilityMissing, KvjudgeError, ServerError, UsageError
 from kvjudge.retention.store import Store, default_store_path
 from kvjudge.settings import Settings
 

@@ -47,6 +47,27 @@ def store(tmp_path: Path) -> Iterator[Store]:
         yield opened
 
 
+STORE_KINDS = ("sqlite", "postgres")
+
+
+@pytest.fixture(params=STORE_KINDS)
+def store_at(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[str], str]:
+    """Where a test's stores live, once per implementation: ``store_at(name)`` is a SQLite file's path in
+    ``tmp_path``, or the URL of a fresh database on the session's PostgreSQL server (started only by a test that
+    asks for it; the databases dropped after). For the crash tests, which run on both."""
+    if request.param == "sqlite":
+        return lambda name: str(tmp_path / f"{name}.sqlite")
+    server = request.getfixturevalue("postgres_server")
+    made: list[str] = []
+    request.addfinalizer(lambda: [server.drop_database(name) for name in made])
+
+    def database(name: str) -> str:
+        made.append(server.new_database())
+        return server.url(made[-1])
+
+    return database
+
+
 @pytest.fixture
 def start_sim() -> Iterator[Callable[[Path, SimSettings], SimJudgeServer]]:
     """``start_sim(key, settings)``: a simulated judge server answering from ``key``, started now and stopped

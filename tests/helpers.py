@@ -9,6 +9,7 @@ import socket
 import sqlite3
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from kvjudge.judge.pack import RunTokens
 from kvjudge.judge.verdict import OrderScore
 from kvjudge.retention import Store
 from kvjudge.retention.ingest import ingest_paths
+from kvjudge.retention.state import fold
 from kvjudge.testing.jsonl import write_jsonl
 
 
@@ -101,19 +103,33 @@ def free_ports(count: int = 1) -> list[int]:
 
 
 def ingest_runs(store: Store, runs: Iterable[dict[str, Any]]) -> list[str]:
-    """Ingest ``runs`` (native dicts) into ``store`` from a JSONL file written beside it; the ids it imported."""
-    number = 1
-    while (source := store.path.with_name(f"{store.path.stem}-runs-{number}.jsonl")).exists():
-        number += 1
-    write_jsonl(source, runs)
-    return ingest_paths(store, [source]).runs
+    """Ingest ``runs`` (native dicts) into ``store`` from a JSONL file written beside it (a PostgreSQL store's: in a
+    scratch directory); the ids it imported."""
+    with tempfile.TemporaryDirectory(prefix="kvjudge-runs-") as scratch:
+        beside = store.path or Path(scratch) / "store"
+        number = 1
+        while (source := beside.with_name(f"{beside.stem}-runs-{number}.jsonl")).exists():
+            number += 1
+        write_jsonl(source, runs)
+        return ingest_paths(store, [source]).runs
 
 
-def store_from_runs(path: Path, runs: Iterable[dict[str, Any]]) -> Store:
+def store_from_runs(path: Path | str, runs: Iterable[dict[str, Any]]) -> Store:
     """A store at ``path`` holding ``runs`` (native dicts), ingested from a JSONL file beside it."""
     store = Store.open(path)
     ingest_runs(store, runs)
     return store
+
+
+def comparable_fold(store: Store, run_id: str) -> bytes:
+    """``run_id`` folded from its log, as bytes to compare with another store's fold of the same events. On SQLite the
+    fold itself (a killed transaction gives its LSNs back). On PostgreSQL a killed transaction leaves a gap in the
+    LSNs (the sequence never gives a number back), so there each run's LSNs are numbered in their order first: the
+    same events in the same order fold to the same bytes, whatever numbers the log gave them."""
+    if store.path is not None:
+        return store.runs.refold(run_id).canonical_bytes()
+    numbered = ((rank, event) for rank, (_, event) in enumerate(store.events.iter_events(run_id), 1))
+    return fold(numbered)[run_id].canonical_bytes()
 
 
 def event_kinds(store: Store, run_id: str) -> list[str]:
@@ -169,8 +185,14 @@ def make_verdict(a: str, b: str, outcome: str, p_ab: float | None, p_ba: float |
 
 
 def sql(store: Store) -> Any:
-    """A second connection to ``store``'s file, as another process would open it: for tests that look into the
-    tables or tamper with them behind the store's back (kvjudge itself asks the store's named queries)."""
+    """A second connection to ``store``'s database (its file, or its PostgreSQL database), as another process would
+    open it: for tests that look into the tables or tamper with them behind the store's back (kvjudge itself asks
+    the store's named queries). Both answer ``execute(query).fetchone()``; bound values are ``?`` on SQLite, ``%s``
+    on PostgreSQL."""
+    if store.path is None:
+        import psycopg
+
+        return psycopg.connect(store.location, autocommit=True)
     return sqlite3.connect(store.path, isolation_level=None, timeout=30.0)
 
 

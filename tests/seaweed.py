@@ -7,6 +7,7 @@ session (kept in ``config.stash``, so any test module may import the fixtures) a
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -43,9 +44,12 @@ class _PortTaken(Exception):
 class SeaweedServer:
     """One ``weed server`` with S3 on 127.0.0.1; ``endpoint`` is its S3 URL once :meth:`start` returned."""
 
-    def __init__(self, workdir: Path | None = None) -> None:
+    def __init__(self, workdir: Path | None = None, *, identities: list[dict[str, Any]] | None = None) -> None:
         self._own_dir = workdir is None
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="kvjudge-weed-"))
+        #: S3 identities beside the test one (``{"name", "credentials", "actions"}``, as ``weed -s3.config`` reads
+        #: them): with any given, the server checks every request's signature and what its identity may do.
+        self.identities = identities
         self.process: subprocess.Popen[bytes] | None = None
         self.endpoint = ""
         self._sockets: list[Path] = []
@@ -91,6 +95,12 @@ class SeaweedServer:
             f"-filer.port={filer}", f"-filer.port.grpc={filer_grpc}",
             f"-filer.localSocket={self.workdir / 'filer.sock'}", f"-s3.localSocket={self.workdir / 's3.sock'}",
         ]
+        if self.identities is not None:
+            config = self.workdir / "s3.json"
+            config.write_text(json.dumps({"identities": [
+                {"name": "kvjudge-test", "credentials": [{"accessKey": ACCESS_KEY, "secretKey": SECRET_KEY}],
+                 "actions": ["Admin", "Read", "Write", "List", "Tagging"]}, *self.identities]}))
+            command.append(f"-s3.config={config}")
         self.endpoint = f"http://127.0.0.1:{s3}"
         log = (self.workdir / "weed.log").open("wb")
         self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=self.workdir,
@@ -124,12 +134,13 @@ class SeaweedServer:
         self.client().create_bucket(Bucket=name)
         return name
 
-    def stop(self, keep_dir: bool = False) -> None:
+    def stop(self, keep_dir: bool = False, grace: float = 10) -> None:
+        """SIGTERM, then SIGKILL after ``grace`` seconds (0: at once, for a server whose data nothing keeps)."""
         process, self.process = self.process, None
         if process is not None and process.poll() is None:
             os.killpg(process.pid, signal.SIGTERM)
             try:
-                process.wait(timeout=10)
+                process.wait(timeout=grace)
             except subprocess.TimeoutExpired:
                 os.killpg(process.pid, signal.SIGKILL)
                 process.wait(timeout=10)

@@ -16,7 +16,7 @@ from kvjudge.errors import IngestError
 from kvjudge.retention import Store
 from kvjudge.retention import events as ev
 from kvjudge.retention.ingest import ingest_paths
-from kvjudge.retention.ingest.importer import stored_content_hash
+from kvjudge.retention.ingest.trials import stored_content_hash
 from kvjudge.retention.ingest.native import parse_native, schema
 from kvjudge.retention.verify import verify
 from kvjudge.testing.jsonl import write_jsonl

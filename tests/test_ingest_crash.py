@@ -6,7 +6,7 @@ takes, and at the fault points ``ingest.txn`` (before a batch's COMMIT) and ``in
 the first one) —; then the same command to completion: exactly the runs of the input, each re-folded state
 byte-identical to a clean import of the same input, each run's content hash recomputed from its log equal to
 the one it recorded, verify green — and a third run writes nothing. A kill leaves whole files: every run of a
-JSONL file, or none.
+JSONL file, or none. Each on both stores (a SQLite file, a PostgreSQL database: ``store_at``).
 """
 
 from __future__ import annotations
@@ -15,11 +15,13 @@ import gzip
 import json
 import random
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from helpers import kvjudge, kvjudge_json, sql, start_kvjudge
+from helpers import comparable_fold, kvjudge, kvjudge_json, sql, start_kvjudge
 
+from kvjudge.errors import StoreError
 from kvjudge.retention import Store
 from kvjudge.retention import events as ev
 from kvjudge.retention.verify import verify
@@ -50,21 +52,16 @@ def write_input(root: Path) -> None:
         for i in range(50)])
 
 
-def run_count(store_path: Path) -> int:
-    if not store_path.exists():
-        return 0
-    with Store.open(store_path) as store:
-        return len(store.runs.run_ids())
-
-
-def run_ids(store_path: Path) -> list[str]:
-    if not store_path.exists():
+def run_ids(location: str) -> list[str]:
+    """The runs stored at ``location`` (none where no store was made yet)."""
+    try:
+        with Store.open(location, create=False) as store:
+            return store.runs.run_ids()
+    except StoreError:
         return []
-    with Store.open(store_path) as store:
-        return store.runs.run_ids()
 
 
-def check_finished(store_path: Path, clean_path: Path, command: tuple[str, ...]) -> None:
+def check_finished(store_path: str, clean_path: str, command: tuple[str, ...]) -> None:
     """The same command run to completion after a kill: the store matches a clean import, and a third run
     writes nothing."""
     finished = kvjudge(*command)
@@ -75,7 +72,7 @@ def check_finished(store_path: Path, clean_path: Path, command: tuple[str, ...])
     with Store.open(clean_path) as reference, Store.open(store_path) as store:
         assert store.runs.run_ids() == reference.runs.run_ids() and len(store.runs.run_ids()) == RUNS
         for run_id in store.runs.run_ids():
-            assert store.runs.refold(run_id).canonical_bytes() == reference.runs.refold(run_id).canonical_bytes(), run_id
+            assert comparable_fold(store, run_id) == comparable_fold(reference, run_id), run_id
             logged = [event for _, event in store.events.iter_events(run_id)]
             assert isinstance(logged[0], ev.RunStarted) and logged[0].content_hash == ev.content_hash(logged), run_id
         assert verify(store).ok
@@ -88,13 +85,14 @@ def check_finished(store_path: Path, clean_path: Path, command: tuple[str, ...])
 
 
 @pytest.mark.parametrize("point", ["ingest.txn", "ingest.committed"])
-def test_an_import_killed_at_a_named_point_finishes_on_the_same_command(tmp_path: Path, point: str) -> None:
+def test_an_import_killed_at_a_named_point_finishes_on_the_same_command(tmp_path: Path, point: str,
+                                                                        store_at: Callable[[str], str]) -> None:
     root = tmp_path / "runs"
     write_input(root)
-    clean_path, killed_path = tmp_path / "clean.sqlite", tmp_path / "killed.sqlite"
-    assert kvjudge_json("ingest", str(root), "--store", str(clean_path))["imported"] == RUNS
+    clean_path, killed_path = store_at("clean"), store_at("killed")
+    assert kvjudge_json("ingest", str(root), "--store", clean_path)["imported"] == RUNS
 
-    command = ("ingest", str(root), "--store", str(killed_path), "--json")
+    command = ("ingest", str(root), "--store", killed_path, "--json")
     killed = kvjudge(*command, faults=point)
     assert killed.returncode == -9, killed.stderr
     kept = run_ids(killed_path)
@@ -108,17 +106,17 @@ def test_an_import_killed_at_a_named_point_finishes_on_the_same_command(tmp_path
     check_finished(killed_path, clean_path, command)
 
 
-def test_killed_imports_finish_on_the_same_command(tmp_path: Path) -> None:
+def test_killed_imports_finish_on_the_same_command(tmp_path: Path, store_at: Callable[[str], str]) -> None:
     root = tmp_path / "runs"
     write_input(root)
-    clean_path, killed_path = tmp_path / "clean.sqlite", tmp_path / "killed.sqlite"
+    clean_path, killed_path = store_at("clean"), store_at("killed")
 
     started = time.monotonic()
-    clean = kvjudge_json("ingest", str(root), "--store", str(clean_path))
+    clean = kvjudge_json("ingest", str(root), "--store", clean_path)
     clean_seconds = time.monotonic() - started
     assert clean["imported"] == RUNS
 
-    command = ("ingest", str(root), "--store", str(killed_path), "--json")
+    command = ("ingest", str(root), "--store", killed_path, "--json")
     rng = random.Random(16)
     partial_kills = 0
     for _ in range(12):
@@ -126,7 +124,7 @@ def test_killed_imports_finish_on_the_same_command(tmp_path: Path) -> None:
         time.sleep(rng.uniform(0.15, 1.0) * clean_seconds)
         child.kill()
         child.communicate()
-        count = run_count(killed_path)
+        count = len(run_ids(killed_path))
         partial_kills += child.returncode == -9 and 0 < count < RUNS
         if partial_kills >= 3 or count == RUNS:
             break

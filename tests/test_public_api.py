@@ -52,8 +52,8 @@ SURFACE: dict[str, list[str]] = {
         "open_cold_store",
     ],
     "kvjudge.retention.ingest": [
-        "Companion", "DocumentError", "Format", "IngestReport", "ParseContext", "ParsedRun", "Source", "Walk",
-        "detect_format", "formats", "ingest_paths", "ingest_sources", "walk",
+        "Companion", "DocumentError", "Format", "IngestReport", "ParseContext", "ParsedRun", "Source",
+        "StagedInputs", "Walk", "detect_format", "formats", "ingest_paths", "ingest_sources", "staged_inputs", "walk",
     ],
     "kvjudge.retention.tiering": [
         "ColdReader", "ColdStores", "Manifest", "RehydrateResult", "TierGate", "TierOutcome", "TierPlan",

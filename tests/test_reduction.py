@@ -14,10 +14,11 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from helpers import cli_json, kvjudge, sql, store_from_runs
+from helpers import cli_json, comparable_fold, kvjudge, sql, store_from_runs
 
 from kvjudge.cli import main
 from kvjudge.errors import RunStateError
@@ -176,25 +177,27 @@ def write_config(directory: Path, text: str = "") -> Path:
 
 @pytest.mark.parametrize("point", REDUCTION_POINTS)
 def test_step6_crash_at_every_point_leaves_no_unexplained_body_and_rerun_converges(
-        tmp_path: Path, capabilities: dict[int, Path], point: str) -> None:
+        tmp_path: Path, capabilities: dict[int, Path], point: str, store_at: Callable[[str], str]) -> None:
     config = write_config(tmp_path)
     runs = [big_run("r1")]
     args = ["reduce", "r1", "--ceiling", "1200", "--capabilities", str(capabilities[160_000]),
             "--config", str(config), "--json"]
-    with store_from_runs(tmp_path / "control.sqlite", runs) as control:
+    control_at, crash_at = store_at("control"), store_at("crash")  # a SQLite file, or a PostgreSQL database, each
+    with store_from_runs(control_at, runs) as control:
         pass
-    ok = kvjudge(*args, "--store", str(tmp_path / "control.sqlite"), cwd=tmp_path)
+    ok = kvjudge(*args, "--store", control_at, cwd=tmp_path)
     assert ok.returncode == 0, ok.stderr
-    with Store.open(tmp_path / "control.sqlite") as control:
-        converged = control.runs.run("r1").canonical_bytes()
+    with Store.open(control_at) as control:
+        converged = comparable_fold(control, "r1")
         assert control.runs.run("r1").reduced
+        summaries_made = ok_summaries(control)
 
-    with store_from_runs(tmp_path / "crash.sqlite", runs) as store:
+    with store_from_runs(crash_at, runs) as store:
         before_events = list(store.events.iter_events("r1"))
-    crashed = kvjudge(*args, "--store", str(tmp_path / "crash.sqlite"), cwd=tmp_path, faults=point)
+    crashed = kvjudge(*args, "--store", crash_at, cwd=tmp_path, faults=point)
     assert crashed.returncode == -9, f"{point}: child was not killed ({crashed.returncode}): {crashed.stderr}"
 
-    with Store.open(tmp_path / "crash.sqlite") as store:
+    with Store.open(crash_at) as store:
         assert_every_missing_body_explained(store)
         report = verify(store)
         assert report.ok, report.to_dict()
@@ -206,7 +209,7 @@ def test_step6_crash_at_every_point_leaves_no_unexplained_body_and_rerun_converg
             assert reduction_events == []  # nothing committed yet: no ref lost its body
             assert all(store.blobs.get(ref) is not None for ref in state.refs())
             orphans = store.runs.unnamed_bodies()
-            assert orphans == (0 if point == "put_summary.txn" else len(ok_summaries(tmp_path)))
+            assert orphans == (0 if point == "put_summary.txn" else len(summaries_made))
         else:
             assert reduction_events and all(store.blobs.get(ref) is not None for ref in summaries)
             gone = [ref for ref, loc in state.bodies.items() if loc.status != LOCAL]
@@ -217,22 +220,22 @@ def test_step6_crash_at_every_point_leaves_no_unexplained_body_and_rerun_converg
             else:
                 assert bodies_left == []
 
-    rerun = kvjudge(*args, "--store", str(tmp_path / "crash.sqlite"), cwd=tmp_path)
+    rerun = kvjudge(*args, "--store", crash_at, cwd=tmp_path)
     assert rerun.returncode == 0, rerun.stderr
-    with Store.open(tmp_path / "crash.sqlite") as store:
-        assert store.runs.run("r1").canonical_bytes() == converged
+    with Store.open(crash_at) as store:
+        assert comparable_fold(store, "r1") == converged
+        assert store.runs.run("r1").canonical_bytes() == store.runs.refold("r1").canonical_bytes()
         report = verify(store)
         assert report.ok and not any("still stored" in n for n in report.notes)
         assert all(store.blobs.get(ref) is None for ref, loc in store.runs.run("r1").bodies.items() if loc.status != LOCAL)
-    again = kvjudge(*args, "--store", str(tmp_path / "crash.sqlite"), cwd=tmp_path)
+    again = kvjudge(*args, "--store", crash_at, cwd=tmp_path)
     assert json.loads(again.stdout)["runs"][0]["events"] == 0  # converged: a further run is a no-op
 
 
-def ok_summaries(tmp_path: Path) -> list[str]:
-    with Store.open(tmp_path / "control.sqlite") as control:
-        state = control.runs.run("r1")
-        return sorted({loc.summary_ref for loc in state.bodies.values() if loc.summary_ref}
-                      | {b.summary_ref for b in state.branches if b.summary_ref})
+def ok_summaries(control: Store) -> list[str]:
+    state = control.runs.run("r1")
+    return sorted({loc.summary_ref for loc in state.bodies.values() if loc.summary_ref}
+                  | {b.summary_ref for b in state.branches if b.summary_ref})
 
 
 def test_the_invariant_check_fails_on_a_body_deleted_before_its_event(tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -57,8 +58,10 @@ def verify_all(store: Store, *, rehash: bool = False) -> list[str]:
     return [v.message for v in verify(store, extra_checks=checks).violations]
 
 
-def test_tier_read_through_rehydrate_and_idempotent(tmp_path: Path, target: str) -> None:
-    path = make_store(tmp_path / "store.sqlite")
+def test_tier_read_through_rehydrate_and_idempotent(tmp_path: Path, target: str,
+                                                    store_at: Callable[[str], str]) -> None:
+    # From either store (a SQLite file, a PostgreSQL database) to either cold store (a directory, S3).
+    path = make_store(store_at("store"))
     cold = cold_for(target)
     with Store.open(path) as store:
         before = texts(store, "run-a")
@@ -426,14 +429,14 @@ def test_endpoint_url_flag_reaches_s3_without_the_environment(tmp_path: Path, s3
         assert tiered_refs(store, "run-a") == [] and texts(store, "run-a") == before
 
 
-def test_bodies_larger_than_a_chunk_arrive_whole(tmp_path: Path, target: str) -> None:
+def test_bodies_larger_than_a_chunk_arrive_whole(tmp_path: Path, target: str, store_at: Callable[[str], str]) -> None:
     """A body is streamed from the store in chunks (hashed and written chunk by chunk): a body several chunks
-    long, and one ending exactly on a chunk's end, arrive byte-identical."""
+    long, and one ending exactly on a chunk's end, arrive byte-identical (read from either store)."""
     from kvjudge.retention.tiering.transfer import CHUNK_BYTES
 
     runs = [tiering_run("run-a", GRADED, big=3 * CHUNK_BYTES + 17), tiering_run("run-b", GRADED, big=2 * CHUNK_BYTES)]
     cold = cold_for(target)
-    with store_from_runs(tmp_path / "store.sqlite", runs) as store:
+    with store_from_runs(store_at("store"), runs) as store:
         before = {run: texts(store, run) for run in ("run-a", "run-b")}
         sizes = {run: max(len(text or "") for text in before[run].values()) for run in before}
         assert sizes == {"run-a": 3 * CHUNK_BYTES + 17, "run-b": 2 * CHUNK_BYTES}

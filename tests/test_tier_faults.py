@@ -1,10 +1,12 @@
 """Kill a real `kvjudge tier` / `kvjudge rehydrate` process (SIGKILL via KVJUDGE_FAULTS) at every fault point,
-then run it again: exactly one remote copy, no body lost at any moment, the move converges, verify passes."""
+then run it again: exactly one remote copy, no body lost at any moment, the move converges, verify passes. The kills
+at each point (of a move to a directory, and of a rehydrate) run on both stores (``store_at``)."""
 
 from __future__ import annotations
 
 import json
 import signal
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +26,7 @@ from kvjudge.retention.verify import verify
 S3_POINTS = ("tier.blob_response_lost", "tier.manifest_response_lost", "tier.after_tiered")
 
 
-def assert_converged(path: Path, target: str, before: dict[str, str | None]) -> None:
+def assert_converged(path: Path | str, target: str, before: dict[str, str | None]) -> None:
     """One move in the log, its objects remotely — the packs its manifest names, or for a move logged before packs
     one blob per ref — and nothing else (no partial files), bodies gone here, verify clean."""
     cold = cold_for(target)
@@ -49,22 +51,23 @@ def assert_converged(path: Path, target: str, before: dict[str, str | None]) -> 
         assert texts(store, "run-a") == before
 
 
-def assert_nothing_lost(path: Path, before: dict[str, str | None]) -> None:
+def assert_nothing_lost(path: Path | str, before: dict[str, str | None]) -> None:
     """Right after a crash: every body is still readable — locally, or from the cold store the log names."""
     with Store.open(path) as store:
         store.blobs.fallback = fallback_reader(None, store)
         assert texts(store, "run-a") == before
 
 
-def tier(path: Path, target: str, ceiling_args: list[str], *extra: str, **kwargs: Any) -> Any:
+def tier(path: Path | str, target: str, ceiling_args: list[str], *extra: str, **kwargs: Any) -> Any:
     """`kvjudge tier run-a` into ``target`` (a child process; ``faults=`` arms a fault point)."""
     return kvjudge("tier", "run-a", "--to", target, "--store", str(path), *ceiling_args, *extra, **kwargs)
 
 
-def crash_a_move(tmp_path: Path, target: str, point: str,
-                 ceiling_args: list[str]) -> tuple[Path, dict[str, str | None]]:
-    """Kill `kvjudge tier run-a` to ``target`` at ``point``: the store, and run-a's texts before the move."""
-    path = make_store(tmp_path / "store.sqlite")
+def crash_a_move(tmp_path: Path, target: str, point: str, ceiling_args: list[str],
+                 location: str | None = None) -> tuple[Path | str, dict[str, str | None]]:
+    """Kill `kvjudge tier run-a` to ``target`` at ``point``: the store (at ``location``, default a file in
+    ``tmp_path``), and run-a's texts before the move."""
+    path = make_store(location or tmp_path / "store.sqlite")
     with Store.open(path) as store:
         before = texts(store, "run-a")
     crashed = tier(path, target, ceiling_args, faults=point)
@@ -72,8 +75,9 @@ def crash_a_move(tmp_path: Path, target: str, point: str,
     return path, before
 
 
-def crash_then_rerun(tmp_path: Path, target: str, point: str, ceiling_args: list[str]) -> None:
-    path, before = crash_a_move(tmp_path, target, point, ceiling_args)
+def crash_then_rerun(tmp_path: Path, target: str, point: str, ceiling_args: list[str],
+                     location: str | None = None) -> None:
+    path, before = crash_a_move(tmp_path, target, point, ceiling_args, location)
     assert_nothing_lost(path, before)
     rerun = tier(path, target, ceiling_args, "--json")
     assert rerun.returncode == 0, rerun.stderr
@@ -85,7 +89,7 @@ def crash_then_rerun(tmp_path: Path, target: str, point: str, ceiling_args: list
 
 
 def crash_a_local_move(tmp_path: Path, point: str,
-                       ceiling_args: list[str]) -> tuple[Path, str, dict[str, str | None]]:
+                       ceiling_args: list[str]) -> tuple[Path | str, str, dict[str, str | None]]:
     """:func:`crash_a_move` to a local cold directory: the store, the target, run-a's texts before the move."""
     target = local_cold_url(tmp_path)
     path, before = crash_a_move(tmp_path, target, point, ceiling_args)
@@ -93,8 +97,9 @@ def crash_a_local_move(tmp_path: Path, point: str,
 
 
 @pytest.mark.parametrize("point", TIER_POINTS)
-def test_kill_at_each_point_local(tmp_path: Path, point: str, ceiling_args: list[str]) -> None:
-    crash_then_rerun(tmp_path, local_cold_url(tmp_path), point, ceiling_args)
+def test_kill_at_each_point_local(tmp_path: Path, point: str, ceiling_args: list[str],
+                                  store_at: Callable[[str], str]) -> None:
+    crash_then_rerun(tmp_path, local_cold_url(tmp_path), point, ceiling_args, store_at("store"))
 
 
 @pytest.mark.s3
@@ -166,9 +171,10 @@ def test_a_move_made_before_packs_recovers_in_its_own_layout(tmp_path: Path, poi
 
 
 @pytest.mark.parametrize("point", REHYDRATE_POINTS)
-def test_kill_rehydrate_then_rerun(tmp_path: Path, point: str, ceiling_args: list[str]) -> None:
+def test_kill_rehydrate_then_rerun(tmp_path: Path, point: str, ceiling_args: list[str],
+                                   store_at: Callable[[str], str]) -> None:
     target = local_cold_url(tmp_path)
-    path = make_store(tmp_path / "store.sqlite")
+    path = make_store(store_at("store"))
     with Store.open(path) as store:
         before = texts(store, "run-a")
     assert tier(path, target, ceiling_args).returncode == 0

@@ -47,8 +47,9 @@ def big_output(run_id: str) -> str:
     return tiering_run(run_id, GRADED)["branches"][0]["transitions"][2]["tool_output"]["output"]
 
 
-def make_store(path: Path, runs: dict[str, list[str]] | None = None) -> Path:
-    """A store file at ``path`` holding ``runs`` (id → lifecycle); default: two graded runs and a running one."""
+def make_store(path: Path | str, runs: dict[str, list[str]] | None = None) -> Path | str:
+    """A store at ``path`` (a file, or a PostgreSQL URL) holding ``runs`` (id → lifecycle); default: two graded
+    runs and a running one."""
     runs = runs or {"run-a": GRADED, "run-b": GRADED, "run-live": ["running"]}
     store_from_runs(path, [tiering_run(run_id, lifecycle) for run_id, lifecycle in runs.items()]).close()
     return path

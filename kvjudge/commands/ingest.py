@@ -1,13 +1,14 @@
-"""`kvjudge ingest PATH...`: import runs (files and directories) into the store."""
+"""`kvjudge ingest PATH...`: import runs (files, directories, S3 objects and prefixes) into the store."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 
 from kvjudge.commands._args import add_results_args, add_store_args, command, target_from
 from kvjudge.commands._output import emit, info, megabytes, progress, unmatched_results_line
-from kvjudge.retention.ingest import IngestReport, ingest_sources, registry, walk
+from kvjudge.retention.ingest import IngestReport, ingest_sources, registry, staged_inputs, walk
 from kvjudge.retention.text_check import describe_repair
 
 
@@ -18,8 +19,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         parser.add_argument("paths", nargs="+", metavar="PATH",
                             help="run file or directory (walked for *.jsonl, *.traj.json, *.traj, each optionally "
                                  ".gz, *.eval and inspect .json logs, ATIF trajectories, Harbor trials: result.json "
-                                 "beside agent/, OpenHands llm_completions/<instance_id>/*.json; the companions "
-                                 "beside them read or passed over, with a note)")
+                                 "beside agent/, OpenHands llm_completions/<instance_id>/*.json and folders of "
+                                 "event-*.json, .json lists of a session's records, YAML with a top-level history "
+                                 "(SWE-agent demonstrations), " + ", ".join(registry.walked_names()) + "; the "
+                                 "companions beside them read or passed over, with a note), or s3://BUCKET/PREFIX/ "
+                                 "(read as a directory) or s3://BUCKET/KEY (one file); --results takes s3:// URLs too")
+        parser.add_argument("--endpoint-url", metavar="URL",
+                            help="S3 endpoint of s3:// paths and results (default: [retention] endpoint_url, else "
+                                 "AWS_ENDPOINT_URL / AWS config); credentials from AWS_* variables, ~/.aws or an "
+                                 "instance role")
         parser.add_argument("--format", choices=registry.names(), default=registry.AUTO, metavar="FORMAT",
                             help=registry.help_text())
         parser.add_argument("--tenant", metavar="NAME", help="tenant for runs that name none (default: default)")
@@ -29,7 +37,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         parser.add_argument("--trial", metavar="LABEL",
                             help="which run of each agent on each instance these files are (mini-swe-agent, "
                                  "SWE-agent, OpenHands: their files name no trial), for a repeated run: run ids "
-                                 "become AGENT/INSTANCE_ID/LABEL and kvjudge judge/eval/rank pair them by trial")
+                                 "become AGENT/INSTANCE_ID/LABEL and kvjudge judge/eval/rank pair them by trial "
+                                 "(without it, a second run of a task gets a trial label of its own)")
         add_results_args(parser)
         parser.add_argument("--skip-bad", action="store_true",
                             help="import the other files when one is malformed, and list it at the end")
@@ -41,16 +50,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _ingest(args: argparse.Namespace) -> int:
     target = target_from(args)
-    walked = walk(args.paths)
-    sources = walked.sources
-    total = sum(source.size for source in sources)
-    if sys.stderr.isatty():
-        info(f"{len(sources)} file(s), {megabytes(total)} MB: importing")
-    with target.open_store(read_tiered=False, create=True) as store, progress("ingesting", len(sources)) as advance:
-        report = ingest_sources(store, sources, walked=walked, fmt=args.format, tenant=args.tenant,
-                                agent=args.agent, results=args.results, skip_bad=args.skip_bad, trial=args.trial,
-                                repair_text=args.repair_text,
-                                progress=lambda n, description: advance(n, description=description))
+    with contextlib.ExitStack() as staging:
+        with progress("downloading", None) as fetched:  # S3 objects first, to a scratch folder (none: no bar)
+            inputs = staging.enter_context(staged_inputs(
+                args.paths, args.results, endpoint_url=args.endpoint_url or target.settings.retention.endpoint_url,
+                progress=lambda n, description: fetched(n, description=description)))
+        walked = walk(inputs.paths)
+        sources = walked.sources
+        total = sum(source.size for source in sources)
+        if sys.stderr.isatty():
+            info(f"{len(sources)} file(s), {megabytes(total)} MB: importing")
+        with target.open_store(read_tiered=False, create=True) as store, \
+                progress("ingesting", len(sources)) as advance:
+            report = inputs.with_urls(ingest_sources(
+                store, sources, walked=walked, fmt=args.format, tenant=args.tenant, agent=args.agent,
+                results=inputs.results, skip_bad=args.skip_bad, trial=args.trial, repair_text=args.repair_text,
+                progress=lambda n, description: advance(n, description=description)))
     if report.unmatched_results:
         info(unmatched_results_line(report.unmatched_results))
     for note in report.notes:

@@ -225,7 +225,8 @@ def build_report(store: Store, judge: Judge, verdicts: Sequence[Verdict], *,
     when = (now or datetime.datetime.now(datetime.timezone.utc)).isoformat(timespec="seconds")
     header = {"judge": judge_description(judge), "framing": judge.framing.name,
               "window": evaluation["window"], "ceilings": dict(ceilings or {}), "ceiling_note": ceiling_note,
-              "store": str(getattr(store, "path", "")), "kvjudge_version": __version__, "generated": when,
+              "store": str(getattr(store, "location", getattr(store, "path", ""))),  # never a password
+              "kvjudge_version": __version__, "generated": when,
               "pairs": len(verdicts), "runs": len(states), "cached_pairs": sum(v.cached for v in verdicts),
               "pairing": pairing}
     return Report(header=header, evaluation=evaluation, ranking=ranking, pairs=tuple(pairs), runs=tuple(runs))

@@ -12,6 +12,7 @@ from kvjudge.errors import ColdStoreError, UsageError
 from kvjudge.retention.cold.interface import (BlobBody, ManifestWrite, ObjectInfo, body_chunks, checked,
                                               compare_manifest, not_the_ref)
 from kvjudge.retention.cold.keys import blob_key, ref_hex
+from kvjudge.retention.s3client import failure_line, http_status, make_s3_client, s3_errors
 
 
 class S3ColdStore:
@@ -31,7 +32,7 @@ class S3ColdStore:
         self.bucket = bucket
         self.prefix = prefix.strip("/")
         self.url = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
-        self._client = client if client is not None else _make_s3_client(endpoint_url)
+        self._client = client if client is not None else make_s3_client(endpoint_url)
         # The endpoint really used (boto3's resolution when none was given): the one a move records.
         self.endpoint_url: str | None = endpoint_url or self._client.meta.endpoint_url
 
@@ -46,37 +47,16 @@ class S3ColdStore:
 
     def _fail(self, exc: Exception, action: str) -> ColdStoreError:
         """One actionable line for any boto3/botocore failure."""
-        from botocore.exceptions import ClientError, NoCredentialsError, ParamValidationError
-
-        if isinstance(exc, NoCredentialsError):
-            return ColdStoreError(
-                f"no S3 credentials to {action} {self._where()}; set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"
-            )
-        if isinstance(exc, ClientError):
-            code = exc.response.get("Error", {}).get("Code", "?")
-            if code == "NoSuchBucket":
-                return ColdStoreError(f"bucket {self.bucket!r} does not exist at {self._where()}; create it first")
-            if code in {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch"}:
-                return ColdStoreError(f"S3 refused to {action} {self._where()} ({code}); check the credentials")
-            message = exc.response.get("Error", {}).get("Message", "")
-            return ColdStoreError(f"S3 failed to {action} {self._where()}: {code} {message}".strip())
-        if isinstance(exc, ParamValidationError):
-            return ColdStoreError(f"bad S3 request to {action} {self._where()}: {exc}")
-        return ColdStoreError(
-            f"cannot reach the cold store to {action} {self._where()} ({type(exc).__name__}: {exc}); "
-            "check --endpoint-url / AWS_ENDPOINT_URL and that the server is up"
-        )
+        return ColdStoreError(failure_line(exc, action=action, where=self._where(), bucket=self.bucket,
+                                           missing="create it first", server="the cold store"))
 
     @staticmethod
     def _errors() -> tuple[type[Exception], ...]:
-        from botocore.exceptions import BotoCoreError, ClientError
-
-        return (BotoCoreError, ClientError)
+        return s3_errors()
 
     @staticmethod
     def _status(exc: Exception) -> int | None:
-        response = getattr(exc, "response", None) or {}
-        return response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        return http_status(exc)
 
     def check(self) -> None:
         try:
@@ -193,22 +173,3 @@ class S3ColdStore:
     def discard_partial(self, keys: Iterable[str]) -> int:
         return 0  # a PUT applies whole or not at all: nothing partial to discard
 
-
-def _make_s3_client(endpoint_url: str | None) -> Any:
-    import boto3
-    from botocore.config import Config as BotoConfig
-
-    # Few retries and short timeouts: a cold store that is down must fail in seconds with a clear error,
-    # not hang a `kvjudge tier` for minutes. Path-style addressing works with every S3-compatible server.
-    config = BotoConfig(
-        retries={"max_attempts": 3, "mode": "standard"},
-        connect_timeout=5,
-        read_timeout=60,
-        s3={"addressing_style": "path"},
-        max_pool_connections=16,
-        request_checksum_calculation="when_required",
-        response_checksum_validation="when_required",
-    )
-    session = boto3.session.Session()
-    region = session.region_name or "us-east-1"
-    return session.client("s3", endpoint_url=endpoint_url, region_name=region, config=config)

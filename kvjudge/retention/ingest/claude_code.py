@@ -75,6 +75,7 @@ def parse_claude_code(obj: Any, context: ParseContext, document: Any = None) -> 
     task = task_from_prompt(prompt, cwd) or session
     trial = f"{session}-{first['agentId']}" if agent_file and isinstance(first.get("agentId"), str) else session
     run = context.new_run(f"{agent}/{task}/{trial}", NAME, agent=agent, grading_open=True)
+    run.named = True  # the session is its identity: other content under it is the session changed
     version = first.get("version")
     run.start(task_id=task, prompt=prompt, trial=trial, metadata=scalars({
         "subagent_of": session if agent_file else None,
@@ -150,7 +151,9 @@ def _prompt_of(record: dict[str, Any]) -> str | None:
         return content or None
     if isinstance(content, list) and any(isinstance(b, dict) and b.get("type") == "tool_result" for b in content):
         return None
-    texts = [b["text"] for b in content or () if isinstance(b, dict) and b.get("type") == "text"
+    if not isinstance(content, list):  # not a message's content: its parse names what is wrong
+        return None
+    texts = [b["text"] for b in content if isinstance(b, dict) and b.get("type") == "text"
              and isinstance(b.get("text"), str)]
     return "\n".join(texts) or None
 

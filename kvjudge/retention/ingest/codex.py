@@ -90,6 +90,7 @@ def parse_codex(obj: Any, context: ParseContext, document: Any = None) -> Parsed
     task = task_from_prompt(prompt, cwd) or session
     agent = context.agent or (f"codex@{model}" if model else "codex")
     run = context.new_run(f"{agent}/{task}/{session}", NAME, agent=agent, grading_open=True)
+    run.named = True  # the session is its identity: other content under it is the session changed
     version = meta.get("cli_version")
     run.start(task_id=task, prompt=prompt, trial=session, metadata=scalars({
         "format": NAME, "model": model, "cwd": cwd, "originator": meta.get("originator"),

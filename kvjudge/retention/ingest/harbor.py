@@ -123,6 +123,18 @@ def trajectory_files(folder: Path, stem: str = "") -> list[Path]:
     return sorted(found, key=lambda path: (is_subagent_name(path.name), continuation_index(path.name), path.name))
 
 
+def trial_parts(folder: Path) -> list[Path]:
+    """The files a trial is read from: its ``result.json`` (else, not finished, its ``config.json``) and
+    ``agent/trajectory*.json``."""
+    head = folder / RESULT
+    return [head if head.is_file() else folder / CONFIG, *trajectory_files(folder / AGENT_DIR)]
+
+
+def is_read_trial(folder: Path) -> bool:
+    """A finished trial, or one not finished whose ``agent/trajectory.json`` is ATIF (else passed over whole)."""
+    return is_trial_dir(folder) or is_atif_file(folder / AGENT_DIR / "trajectory.json")
+
+
 def glob_escape(text: str) -> str:
     return re.sub(r"([*?\[])", r"[\1]", text)
 
@@ -255,6 +267,7 @@ def parse_harbor(obj: Any, context: ParseContext) -> ParsedRun:
         task = stem.rstrip(".") or None
         run_id, trial = f"{agent}/{task}/{session}" if task else f"{agent}/{session}", session
     run = context.new_run(run_id, "harbor", agent=agent, grading_open=result is None)
+    run.named = True  # the trial (or session) is its identity
     branch = run.branch("main")
     prompt, copied = _transitions(run, branch, parts)
     for base, part in parts:  # ATIF 1.6 may embed its subagents' trajectories

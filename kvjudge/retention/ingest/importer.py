@@ -23,7 +23,6 @@
 from __future__ import annotations
 
 import contextlib
-import itertools
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -32,9 +31,9 @@ from typing import TYPE_CHECKING, Any
 from kvjudge.errors import IngestError
 from kvjudge.retention import events as ev
 from kvjudge.retention.faults import fault_point
-from kvjudge.retention.ingest import registry
+from kvjudge.retention.ingest import registry, trials
 from kvjudge.retention.ingest.ahead import parse_ahead
-from kvjudge.retention.ingest.harbor import finished_since
+from kvjudge.retention.ingest.bucket import staged_inputs
 from kvjudge.retention.ingest.model import DocumentError, ParseContext, ParsedRun
 from kvjudge.retention.ingest.results import ResultsIndex, load_results
 from kvjudge.retention.ingest.sources import Document, Source, Walk, iter_documents, walk
@@ -198,7 +197,7 @@ class _FileOutcome:
     imported: list[tuple[str, str, bool]] = field(default_factory=list)  # (run id, final state, text repaired)
     present: list[str] = field(default_factory=list)
     finished_since: list[str] = field(default_factory=list)
-    seen: dict[str, tuple[str, str]] = field(default_factory=dict)  # run id → (where, content hash)
+    seen: dict[str, trials.Seen] = field(default_factory=dict)  # run id → where, content hash, work, marks
     stored_bytes: int = 0
     body_bytes: int = 0
 
@@ -219,7 +218,7 @@ class _Importer:
         self.repair_text = repair_text
         self.progress = progress
         self.report = IngestReport(store=store.location)
-        self.seen: dict[str, tuple[str, str]] = {}  # run id → (where, content hash) of the runs kept so far
+        self.seen: dict[str, trials.Seen] = {}  # run id → what the runs kept so far were
         self.agents: set[str] = set()  # agents of the runs whose grading is open (results are bound to them)
         self._batch = _Batch(store)
         self._total_bytes = 0
@@ -322,7 +321,7 @@ class _Importer:
             with contextlib.ExitStack() as savepoint:
                 first: ParsedRun | None = None  # the file's first run to write, until a second one comes
                 for where, parsed_run in parsed:
-                    run = self._checked_run(where, parsed_run, outcome)
+                    run = self._checked_run(where, parsed_run, outcome, source.within)
                     if run is None:
                         continue
                     if first is None and not outcome.imported:
@@ -355,9 +354,11 @@ class _Importer:
         self.seen.update(outcome.seen)
         self._batch.add(len(outcome.imported), outcome.body_bytes)
 
-    def _checked_run(self, where: str, run: ParsedRun, outcome: _FileOutcome) -> ParsedRun | None:
-        """``run`` (parsed from the document at ``where``) checked against the store and the import so far: the run
-        to write, or None when it is here already with the same content; IngestError when it is refused."""
+    def _checked_run(self, where: str, run: ParsedRun, outcome: _FileOutcome,
+                     within: str | None = None) -> ParsedRun | None:
+        """``run`` (parsed from the document at ``where``, found at ``within``) checked against the store and the
+        import so far: the run to write (a trial of its own where another run of its task holds its id:
+        :mod:`.trials`), or None when it is here already with the same content; IngestError when it is refused."""
         if self.trial is not None and run.trial != self.trial:
             own = f"names its own trial {run.trial!r}" if run.trial is not None else "is named by its file alone"
             labelled = ", ".join(fmt.name for fmt in registry.formats() if fmt.trial_label)
@@ -367,26 +368,46 @@ class _Importer:
             self.agents.add(run.agent)
         grade = self.results.grade_for(run.agent, run.task_id, run.run_id, run.trial) if run.grading_open else None
         digest = run.settle(grade)
-        earlier = outcome.seen.get(run.run_id) or self.seen.get(run.run_id)
+        work = trials.work_digest(run.events)
+        offered: Iterator[str] | None = None
+        base = (run.run_id, run.trial)
+        while True:
+            earlier = outcome.seen.get(run.run_id) or self.seen.get(run.run_id)
+            placed = trials.place(self.store, where, run, digest, work, earlier)
+            if placed != trials.TAKEN:
+                break
+            offered = offered or trials.labels(run, within, work)
+            label = next(offered, None)
+            if label is None:  # every label taken by other work (the work digest, last, cannot be)
+                raise IngestError(f"{where}: run {run.run_id!r} appears twice with different content")
+            digest = trials.as_trial(run, label, base)
+        if placed == trials.NEW and offered is not None:
+            found = trials.twin(self.store, {**self.seen, **outcome.seen}, run, base[0], work)
+            if found is not None:  # the same work under another label: that trial, found from elsewhere
+                outcome.runs.append(found)
+                outcome.present.append(found)
+                return None
         outcome.runs.append(run.run_id)
-        if earlier is not None:
-            if earlier[1] != digest:
-                raise IngestError(f"{where}: run {run.run_id!r} appears twice with different content "
-                                  f"({earlier[0]}: {earlier[1]}; here: {digest})")
-            outcome.present.append(run.run_id)
-            return None
-        outcome.seen[run.run_id] = (where, digest)
-        stored = stored_content_hash(self.store, run.run_id, len(run.events))
-        if stored is not None:
-            if stored != digest:
-                if not finished_since(self.store.runs.run(run.run_id).metadata, run):
-                    raise _conflict(where, run.run_id, stored, digest)
-                outcome.finished_since.append(run.run_id)  # kept as imported: its result comes with `grade`
-            outcome.present.append(run.run_id)
-            return None
-        return run
+        if earlier is None:
+            outcome.seen[run.run_id] = (where, digest, work, run.marks)
+        if placed == trials.FINISHED:
+            outcome.finished_since.append(run.run_id)  # kept as imported: its result comes with `grade`
+        if placed == trials.NEW:
+            return run
+        outcome.present.append(run.run_id)
+        return None
 
     def _write_run(self, run: ParsedRun, outcome: _FileOutcome) -> None:
+        # Asked again inside the write transaction: another import of the same runs into this store (several hosts
+        # ingesting one bucket) may have written this run since it was checked. The same content is then here
+        # already; other content is a conflict, as at the check.
+        stored = trials.stored_content_hash(self.store, run.run_id, len(run.events))
+        if stored is not None:
+            if stored != run.content_hash:
+                raise IngestError(f"run {run.run_id!r}: another import wrote it meanwhile with other content (stored "
+                                  f"{stored}, this input {run.content_hash}); import it again to see which")
+            outcome.present.append(run.run_id)
+            return
         outcome.stored_bytes += write_parsed(self.store, run)
         outcome.body_bytes += run.body_bytes
         outcome.imported.append((run.run_id, _final_state(run),
@@ -422,32 +443,12 @@ def _final_state(run: ParsedRun) -> str:
     return states[-1] if states else "running"
 
 
-def _conflict(where: str, run_id: str, stored: str, new: str) -> IngestError:
-    return IngestError(f"{where}: run {run_id!r} is already in the store with other content (stored {stored}, "
-                       f"this input {new}) — a run id names one content, and --results grades, --agent and "
-                       f"--tenant are part of it (grades that came later: kvjudge grade RUN --results FILE)")
-
-
 def write_parsed(store: Store, run: ParsedRun) -> int:
     """Settle a parsed run's content hash, then write its bodies and events in one transaction; the bytes of
     bodies stored (the others were stored already)."""
     if run.content_hash is None:
         run.settle(None)
     return store.write_run(run.run_id, run.bodies.items(), run.events)
-
-
-def stored_content_hash(store: Store, run_id: str, n_events: int) -> str | None:
-    """The content hash of ``run_id`` as imported, or None when the store has no such run.
-
-    Runs imported since content hashes exist carry theirs in RunStarted. For an older run it is computed over
-    its first ``n_events`` logged events — the length of the run it is compared with.
-    """
-    if not store.runs.has_run(run_id):
-        return None
-    first = next(iter(store.events.iter_events(run_id)))[1]
-    if isinstance(first, ev.RunStarted) and first.content_hash:
-        return first.content_hash
-    return ev.content_hash(event for _, event in itertools.islice(store.events.iter_events(run_id), n_events))
 
 
 def ingest_sources(store: Store, sources: list[Source], *, ignored_files: int = 0, walked: Walk | None = None,
@@ -477,7 +478,11 @@ def ingest_sources(store: Store, sources: list[Source], *, ignored_files: int = 
     return report
 
 
-def ingest_paths(store: Store, paths: Iterable[Any], **options: Any) -> IngestReport:
-    """Import files and directories (walked recursively); options as :func:`ingest_sources`."""
-    walked = walk(paths)
-    return ingest_sources(store, walked.sources, walked=walked, **options)
+def ingest_paths(store: Store, paths: Iterable[Any], *, results: Sequence[str] = (), endpoint_url: str | None = None,
+                 **options: Any) -> IngestReport:
+    """Import files and directories (walked recursively), and ``s3://`` objects and prefixes (read through
+    :mod:`.bucket`, at ``endpoint_url``); options as :func:`ingest_sources`."""
+    with staged_inputs(list(paths), results, endpoint_url=endpoint_url) as inputs:
+        walked = walk(inputs.paths)
+        return inputs.with_urls(ingest_sources(store, walked.sources, walked=walked, results=inputs.results,
+                                               **options))

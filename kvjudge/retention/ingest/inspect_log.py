@@ -55,7 +55,7 @@ _ROLES = ("system", "user", "assistant", "tool")
 _LETTERS = {"C": (1.0, "correct"), "P": (0.5, "partial"), "I": (0.0, "incorrect"), "N": (0.0, "no answer")}
 _WORDS = {"yes": 1.0, "true": 1.0, "no": 0.0, "false": 0.0}
 #: The eval spec's fields a sample document carries (the rest of the header is not needed per sample).
-EVAL_FIELDS = ("task", "model", "solver", "eval_id", "run_id", "task_version")
+EVAL_FIELDS = ("task", "model", "solver", "eval_id", "run_id", "task_id", "task_version")
 
 
 def is_inspect_sample(obj: Any) -> bool:
@@ -175,6 +175,8 @@ def parse_inspect_sample(obj: Any, context: ParseContext) -> ParsedRun:
     scored = bool(sample.get("scores"))
     run = context.new_run(sample_run_id(spec, sample_id, epoch, agent), "inspect", agent=agent,
                           grading_open=not scored)
+    run.named = isinstance(spec.get("eval_id"), str) and bool(spec["eval_id"])  # the eval names the trial
+    run.marks = tuple(spec[key][:8] for key in ("run_id", "task_id") if isinstance(spec.get(key), str) and spec[key])
     usage = _usage_by_message(sample.get("events"))
     prompt = _prompt(sample, messages, attachments)
     error = sample.get("error")

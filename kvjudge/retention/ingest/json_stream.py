@@ -7,7 +7,7 @@ text check, ``NaN`` reaches it too, integers keep their digits. (ijson's C backe
 silently turns a lone surrogate into ``?`` and refuses integers beyond 64 bits; its pure-Python backend
 tokenizes in Python.) A value cut by the window's end is decoded again once the window has doubled, so the work
 per value stays within a small multiple of its size, and memory within twice the largest value plus one 1 MiB
-read.
+read. :func:`first_item` decodes the first record of a ``.json`` array from its first bytes, for a walk's sniff.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from __future__ import annotations
 import codecs
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import IO, Any
 
 from kvjudge.errors import IngestError
@@ -136,3 +137,23 @@ class JsonObjectStream:
         ending = " (the file ends early: is it complete?)" if self._eof and at >= self._consumed + len(self._buf) - 1 \
             else ""
         return IngestError(f"{self._where}: {message} at character {at}{ending}")
+
+
+FIRST_ITEM_BYTES = 64 << 10
+
+
+def first_item(path: Path) -> Any:
+    """The first item of the JSON array ``path`` holds when it lies within the file's first
+    :data:`FIRST_ITEM_BYTES` (a directory walk's sniff for a ``.json`` file of one run's records); None when the
+    file is no array, its first item is longer, or it cannot be read."""
+    try:
+        with path.open("rb") as handle:
+            head = handle.read(FIRST_ITEM_BYTES).decode("utf-8", "ignore").lstrip(_WHITESPACE + "\ufeff")
+    except OSError:
+        return None
+    if not head.startswith("["):
+        return None
+    try:
+        return _DECODER.raw_decode(head[1:].lstrip(_WHITESPACE))[0]
+    except (ValueError, RecursionError):
+        return None

@@ -140,6 +140,13 @@ class ParsedRun:
     hashing: bool = True  # False: a parse that only names the run (no bodies kept, refs left empty)
     grade: dict[str, Any] | None = None
     content_hash: str | None = None
+    #: The harness's own ids for this run, best first (an inspect eval's run id): what tells it apart from another
+    #: run of the same agent on the same task, where the harness names no trial (:mod:`.trials`).
+    marks: tuple[str, ...] = ()
+    #: The document names this run itself — its id (kvjudge's native format), or a trial that is the harness's own
+    #: identity for it (a session, a Harbor trial, an inspect eval): other work under that id is the run changed,
+    #: refused, never made a trial of its own (:mod:`.trials`).
+    named: bool = False
     _seq: dict[str, int] = field(default_factory=dict)
 
     def body_ref(self, text: str | None) -> str | None:

@@ -76,6 +76,7 @@ def parse_native(obj: Any, context: ParseContext | None = None) -> ParsedRun:
         raise _described(error)
     run_id = obj["id"]
     run = context.new_run(run_id, "native", agent=obj.get("agent"), tenant=obj.get("tenant"))
+    run.named = True
     lifecycle = obj.get("lifecycle", [RUNNING])
     try:
         check_path(lifecycle)

@@ -33,6 +33,7 @@ def parse_openai(obj: Any, context: ParseContext, text: str) -> ParsedRun:
     agent = obj.get("agent")
     need(agent is None or (isinstance(agent, str) and agent != ""), "$.agent", "must be a non-empty string")
     run = context.new_run(run_id, "openai", agent=agent, grading_open=True)
+    run.named = True  # its id, or one derived from its text
     run.start(task_id=None, prompt=None)
     branch = run.branch("main")
     call_names: dict[str, str] = {}

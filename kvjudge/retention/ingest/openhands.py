@@ -84,8 +84,14 @@ def is_openhands(obj: dict[str, Any]) -> bool:
 
 
 def _instance_id(obj: dict[str, Any]) -> Any:
-    """The line's ``instance_id``, else its SWE-bench row's (``instance.instance_id``)."""
-    return obj["instance_id"] if "instance_id" in obj else dig(obj, "instance", "instance_id")
+    """The line's ``instance_id``, else its SWE-bench row's (``instance.instance_id``), else — the 2024 harness's
+    other benchmarks (logic_reasoning, …) — its ``id`` beside the instance row."""
+    if "instance_id" in obj:
+        return obj["instance_id"]
+    found = dig(obj, "instance", "instance_id")
+    if found is None and isinstance(obj.get("instance"), dict) and _is_id(obj.get("id")):
+        return str(obj["id"])
+    return found
 
 
 METADATA = Companion("metadata.json", "the evaluation's agent class and model, for lines that name none",
@@ -98,11 +104,15 @@ def agent_from_metadata(metadata: Any) -> str | None:
     """The agent an output.jsonl line's ``metadata`` names: ``<agent_class>/<model>`` (None: it names none)."""
     if not isinstance(metadata, dict):
         return None
-    agent_class = metadata.get("agent_class")
-    model = dig(metadata, "llm_config", "model")
+    agent_class, model = metadata.get("agent_class", metadata.get("Agent class")), _model(metadata)
     if agent_class == PLACEHOLDER_AGENT or not (isinstance(agent_class, str) and agent_class):
         return None
     return f"{agent_class}/{model}" if isinstance(model, str) and model else agent_class
+
+
+def _model(metadata: dict[str, Any]) -> Any:
+    """The model evaluation metadata names (``llm_config.model``; the 2024 benchmarks' ``Model name``)."""
+    return dig(metadata, "llm_config", "model") or metadata.get("Model name")
 
 
 def run_id_for(agent: str, instance_id: str) -> str:
@@ -130,7 +140,7 @@ def _parse_output(obj: dict[str, Any], context: ParseContext, document: Any) -> 
     need(isinstance(history, list), "$.history", "must be a list of events")
     metadata = get_field(obj, "metadata", "$", dict, "an object", required=False) \
         or (companion_data(document, METADATA) if document is not None else None) or {}
-    model = dig(metadata, "llm_config", "model")
+    model = _model(metadata)
     agent = context.agent or agent_from_metadata(metadata) or HARNESS
     instruction = get_field(obj, "instruction", "$", str, "a string", required=False)
     statement = dig(obj, "instance", "problem_statement")
@@ -148,12 +158,12 @@ def _parse_output(obj: dict[str, Any], context: ParseContext, document: Any) -> 
     run = context.new_run(context.with_trial(run_id_for(agent, instance_id)), NAME, agent=agent,
                           grading_open=True)
     run.start(task_id=instance_id, prompt=prompt, metadata=scalars({
-        "format": NAME, "agent_class": metadata.get("agent_class"), "model": model,
+        "format": NAME, "agent_class": metadata.get("agent_class", metadata.get("Agent class")), "model": model,
         "max_iterations": metadata.get("max_iterations"), "dataset": metadata.get("dataset"),
         "cost": metrics.get("accumulated_cost"), "error": error,
         "harness": f"{HARNESS} {version}" if isinstance(version, str) else HARNESS}), trial=context.trial)
     branch = run.branch("main")
-    history_run = _History(run, branch, prompt, _usage_by_response(metrics))
+    history_run = History(run, branch, prompt, _usage_by_response(metrics))
     if instruction is not None and not any(_is_user_message(event) for event, _ in events):
         history_run.user_message(instruction)
     if any(isinstance(event, dict) and "kind" in event for event, _ in events[:1]):  # a V1 evaluation's history
@@ -199,7 +209,11 @@ def _usage_by_response(metrics: dict[str, Any]) -> dict[str, dict[str, int]]:
 
 
 def _line_grade(obj: dict[str, Any]) -> dict[str, Any] | None:
-    """The held-out grade of a line that carries its evaluation report (``report``, or ``test_result.report``)."""
+    """The held-out grade of a line that carries its evaluation report (``report``, or ``test_result.report``), or
+    — the 2024 harness's other benchmarks — its answer's check (``test_result.result``, true or false)."""
+    result = dig(obj, "test_result", "result")
+    if isinstance(result, bool):
+        return {"grader": HARNESS.lower(), "score": float(result), "label": "correct" if result else "incorrect"}
     for path, report in (("$.report", obj.get("report")), ("$.test_result.report", dig(obj, "test_result", "report"))):
         if report is None:
             continue
@@ -211,7 +225,7 @@ def _line_grade(obj: dict[str, Any]) -> dict[str, Any] | None:
     return None
 
 
-class _History:
+class History:
     """Turns history events into transitions, remembering which call each observation answers."""
 
     def __init__(self, run: ParsedRun, branch: str, prompt: str | None, usage: dict[str, dict[str, int]]) -> None:

@@ -13,8 +13,9 @@ tool_name, tool_call_id}``; ``AgentErrorEvent{tool_name, tool_call_id, error}``;
 ``CondensationSummaryEvent{summary}``; ``CondensationRequest``, ``PauseEvent`` and
 ``ConversationStateUpdateEvent`` are the controller's own.
 
-A conversation persisted event by event (``<conversation>/events/event-<n>-<id>.json``) is read as one run, its
-events in order. Mapping: a conversation is a run. Agent ``openhands@<model>`` (the model of ``base_state.json`` beside the events,
+A conversation persisted event by event (``<conversation>/events/event-<n>-<id>.json``, or — as the OpenHands CLI
+keeps them, in OpenHands-CLI's ``tests/trajectories/<name>/`` — a folder of nothing but such files) is read as one
+run, its events in order. Mapping: a conversation is a run. Agent ``openhands@<model>`` (the model of ``base_state.json`` beside the events,
 ``agent.llm.model``, when there is one); trial the file's stem (the conversation); task
 :func:`~.model.task_from_prompt` of the first user message; run id ``<agent>/<task>/<conversation>``. Each action
 an assistant transition (its thought and reasoning as text, the call with its arguments: a command for a terminal
@@ -70,11 +71,13 @@ def parse_openhands_v1(obj: Any, context: ParseContext, document: Any = None) ->
 
 
 def _stem(document: Any) -> str | None:
-    """The conversation a file names: its stem, or for an ``events/`` folder the folder above it."""
+    """The conversation a file names: its stem; for an ``events/`` folder the folder above it, for a folder of
+    event files the folder itself."""
     if document is None:
         return None
-    if document.source.path.name == "events" and document.source.path.is_dir():
-        return document.source.path.parent.name or None
+    if document.source.path.is_dir():  # its events, one per file: the conversation's folder
+        folder = document.source.path
+        return (folder.parent.name if folder.name == "events" else folder.name) or None
     name = document.source.name
     for suffix in (".jsonl", ".json"):
         if name.endswith(suffix):

@@ -17,6 +17,7 @@ from typing import Any
 from kvjudge.plugins import load_group
 from kvjudge.retention.ingest import (
     claude_code,
+    cline,
     codex,
     harbor,
     inspect_log,
@@ -24,6 +25,7 @@ from kvjudge.retention.ingest import (
     native,
     openai,
     openhands,
+    openhands_export,
     openhands_v1,
     swe_agent,
 )
@@ -33,7 +35,7 @@ ENTRY_POINT_GROUP = "kvjudge.formats"
 AUTO = "auto"
 #: kvjudge's own formats, most specific first; the broad ones (:data:`_FALLBACK`) come after any added format.
 _OWN = (mini_swe_agent.FORMAT, swe_agent.FORMAT, openhands.FORMAT, harbor.FORMAT, inspect_log.FORMAT,
-        claude_code.FORMAT, codex.FORMAT, openhands_v1.FORMAT)
+        claude_code.FORMAT, codex.FORMAT, openhands_v1.FORMAT, openhands_export.FORMAT, cline.FORMAT)
 _FALLBACK = (native.FORMAT, openai.FORMAT)
 
 

@@ -29,12 +29,12 @@ from pathlib import Path
 from typing import IO, Any
 
 from kvjudge.errors import IngestError
-from kvjudge.retention.ingest import harbor, inspect_reader, registry
+from kvjudge.retention.ingest import harbor, inspect_reader, json_stream, registry, yaml_document
 
 #: Names a directory walk picks up (each also with ``.gz``); a file named on the command line is read whatever
 #: its name. Beside them a walk reads Harbor trials, inspect ``*.eval`` archives and inspect ``.json`` logs.
 RUN_SUFFIXES = (".jsonl", ".traj.json", ".traj")
-_WHOLE_SUFFIXES = (".traj.json", ".traj", ".json")  # one JSON document per file
+_WHOLE_SUFFIXES = (".traj.json", ".traj", ".json", *yaml_document.SUFFIXES)  # one document per file
 _READ_ERRORS = (OSError, EOFError, zlib.error)
 #: Source kinds: a plain file, a Harbor trial (a trial directory, or an ATIF trajectory with its continuations),
 #: an inspect ``.eval`` archive.
@@ -64,6 +64,7 @@ class Source:
     parts: tuple[Path, ...] = ()
     #: The companion files beside it (a run directory's predictions, an evaluation's metadata), for its parser.
     companions: tuple[Path, ...] = ()
+    within: str | None = None  # its path under what was pointed at (a file named: its name), for :mod:`.trials`
 
     @property
     def name(self) -> str:
@@ -74,7 +75,7 @@ class Source:
     @property
     def default_instance(self) -> str | None:
         """The instance id a trajectory's file name gives (``<instance>.traj.json``, ``<instance>.traj``)."""
-        for suffix in (".traj.json", ".traj"):
+        for suffix in (".traj.json", ".traj", ".demo.yaml"):
             if self.name.endswith(suffix) and len(self.name) > len(suffix):
                 return self.name[: -len(suffix)]
         return None
@@ -133,13 +134,14 @@ def walk(paths: Iterable[str | os.PathLike[str]]) -> Walk:
     for raw in paths:
         path = Path(raw)
         if path.is_dir():
+            first = len(found.sources)
             count = 0
             inherited: dict[Path, tuple[Path, ...]] = {}
             for root, dirs, files in os.walk(path):
                 here = Path(root)
                 if harbor.is_trial_dir(here) or harbor.is_unfinished_trial_dir(here):
                     dirs.clear()  # a trial is read as one source; nothing under it is a run file of its own
-                    trial = _trial(here) if _is_read_trial(here) else None
+                    trial = _trial(here) if harbor.is_read_trial(here) else None
                     count += _add(found.sources, seen, trial) if trial is not None else 0
                     found.ignored += _files_under(here) - (len(trial.parts) if trial is not None else 0)
                     continue
@@ -148,6 +150,7 @@ def walk(paths: Iterable[str | os.PathLike[str]]) -> Walk:
                     dirs.remove(_COMPLETIONS_DIR)  # the same runs as output.jsonl: passed over
                     found.ignored += sum(len(names) for _, _, names in os.walk(Path(root) / _COMPLETIONS_DIR))
                 count += _walk_folder(found, seen, here, sorted(files), inherited)
+            found.sources[first:] = [_within(source, path) for source in found.sources[first:]]
             if count == 0 and not any(s.path.is_relative_to(path) for s in found.sources):
                 raise IngestError(f"{path}: no run files in this directory (looked for "
                                   f"{', '.join('*' + s for s in RUN_SUFFIXES)}, optionally .gz, *.eval, inspect "
@@ -155,7 +158,7 @@ def walk(paths: Iterable[str | os.PathLike[str]]) -> Walk:
                                   f"{_COMPLETIONS_DIR}/<instance_id>/*.json and "
                                   f"{', '.join(registry.walked_names())})")
         elif path.is_file():
-            _add(found.sources, seen, _with_companions(_file(path), _companions_beside(path)))
+            _add(found.sources, seen, _within(_with_companions(_file(path), _companions_beside(path)), path.parent))
         else:
             raise IngestError(f"{path} does not exist; pass run files (JSONL, *.traj.json, *.traj) or directories")
     if not found.sources:
@@ -192,9 +195,13 @@ def _walk_folder(found: Walk, seen: set[Path], here: Path, files: list[str],
 
 
 def _events_source(folder: Path, files: list[str], companions: list[Path]) -> Source | None:
-    """An OpenHands V1 ``events/`` folder (``event-<n>-<id>.json`` files) as one source, its events in order."""
-    if folder.name != _EVENTS_DIR:
+    """An OpenHands V1 conversation persisted event by event (``event-<n>-<id>.json`` files) as one source, its
+    events in order: an ``events/`` folder, or a folder of event files and companions only (the CLI's)."""
+    beside = [folder / name for name in files if not _EVENT_FILE.match(name)]
+    if folder.name != _EVENTS_DIR and (len(beside) == len(files) or any(registry.companion(p.name) is None
+                                                                         for p in beside)):
         return None
+    companions = [*companions, *(path for path in beside if registry.companion(path.name) is not None)]
     parts = sorted((folder / name for name in files if _EVENT_FILE.match(name)),
                    key=lambda path: (int(_EVENT_FILE.match(path.name).group(1)), path.name))  # type: ignore[union-attr]
     if not parts:
@@ -206,7 +213,9 @@ def _events_source(folder: Path, files: list[str], companions: list[Path]) -> So
 def _is_walked_run(here: Path, name: str) -> bool:
     return _is_run_file(name) or is_completions_log(here / name) \
         or (harbor.is_trajectory_name(name) and harbor.is_atif_file(here / name)) \
-        or (name.endswith(".json") and inspect_reader.is_json_log(here / name))
+        or (name.endswith(".json") and (inspect_reader.is_json_log(here / name)
+                                        or registry.record_format(json_stream.first_item(here / name)) is not None)) \
+        or (name.endswith(yaml_document.SUFFIXES) and yaml_document.holds_history(here / name))
 
 
 def _holds_runs_of(folder: Path, fmt: Any) -> bool:
@@ -243,6 +252,12 @@ def _with_companions(source: Source, companions: Iterable[Path]) -> Source:
     return dataclasses.replace(source, companions=companions) if companions else source
 
 
+def _within(source: Source, root: Path) -> Source:
+    """``source`` with its path within ``root`` (what was pointed at) recorded."""
+    within = source.path.relative_to(root).as_posix() if source.path.is_relative_to(root) else None
+    return dataclasses.replace(source, within=within if within != "." else source.path.name) if within else source
+
+
 def _base(name: str) -> str:
     return name[:-3] if name.endswith(".gz") else name
 
@@ -251,7 +266,6 @@ def _is_run_file(name: str) -> bool:
     base = _base(name)
     return ((base.endswith(RUN_SUFFIXES) or any(fnmatch.fnmatchcase(base, p) for p in registry.walked_names()))
             and not _SIDE_FILES.search(name)) or name.endswith(inspect_reader.EVAL_SUFFIX)
-
 
 
 def is_completions_log(path: Path) -> bool:
@@ -275,7 +289,7 @@ def _series(sources: list[Source]) -> list[Source]:
         elif group[0] is source:  # the group takes the place of its first file
             ordered = sorted(group, key=lambda s: (_call_time(s.path), s.path.name))
             out.append(Source(path=ordered[-1].path, size=sum(s.size for s in group),
-                              series=tuple(s.path for s in ordered[:-1])))
+                              series=tuple(s.path for s in ordered[:-1]), within=ordered[-1].within))
     return out
 
 
@@ -300,20 +314,8 @@ def _file(path: Path) -> Source:
 
 
 def _trial(folder: Path) -> Source:
-    parts = _trial_parts(folder)
+    parts = harbor.trial_parts(folder)
     return Source(path=folder, size=sum(p.stat().st_size for p in parts), kind=HARBOR, parts=tuple(parts))
-
-
-def _trial_parts(folder: Path) -> list[Path]:
-    """The files a trial is read from: its ``result.json`` (else, not finished, its ``config.json``) and
-    ``agent/trajectory*.json``."""
-    head = folder / harbor.RESULT
-    return [head if head.is_file() else folder / harbor.CONFIG, *harbor.trajectory_files(folder / harbor.AGENT_DIR)]
-
-
-def _is_read_trial(folder: Path) -> bool:
-    """A finished trial, or one not finished whose ``agent/trajectory.json`` is ATIF (else passed over whole)."""
-    return harbor.is_trial_dir(folder) or harbor.is_atif_file(folder / harbor.AGENT_DIR / "trajectory.json")
 
 
 def _files_under(folder: Path) -> int:
@@ -378,6 +380,8 @@ class Document:
         if self.records:
             return [decode_json(line, f"{self.source.path}:{number}", line=number, repair_text=repair_text)
                     for number, line in enumerate(self.raw.split(b"\n"), start=1) if line.strip()]
+        if self.parts is None and self.source.name.endswith(yaml_document.SUFFIXES):
+            return yaml_document.decode(self.raw, self.where)
         if self.parts is None:
             return decode_json(self.raw, self.where, line=self.line, repair_text=repair_text)
         return {name: decode_json(part, self.where if self.member else f"{self.where}:{name}",

@@ -1,4 +1,4 @@
-"""SWE-agent trajectories (``<instance_id>.traj``).
+"""SWE-agent trajectories (``<instance_id>.traj``) and demonstrations (``<instance_id>.demo.yaml``).
 
 Shape, as SWE-agent writes it (0.7 and 1.x):
 
@@ -17,7 +17,15 @@ problem statement replaced by ``{{problem_statement}}``) becomes the first trans
 assistant transition (thought, with the action as a ``bash`` call) and a tool transition (the observation); the
 submission the last transition. Attempts the retry agent did not choose become dead branches. A trajectory that
 holds only its ``history`` (demonstrations, older versions) is read from it: each assistant message (its
-``thought`` and ``action``) an assistant transition, each message after it a tool transition.
+``thought`` and ``action``; in 1.x function calling its ``tool_calls``) an assistant transition, each message after
+it a tool transition.
+
+A demonstration (``<instance>.demo.yaml``, SWE-agent 1.x's ``sweagent traj-to-demo``, replayed by ``sweagent run
+replay``) is a YAML file of the same ``history`` — messages with ``role``, ``content``, ``tool_calls``
+(``function{name, arguments}``, ``id``), ``message_type`` (action or observation), ``tool_call_ids``; by default
+the assistant's alone, with ``--include_user`` the instance message and the observations too — beside the
+``replay_config`` (an object here: ``problem_statement.id``/``text``, ``agent.model.name``), read as a trajectory
+of history alone.
 
 A run directory holds, beside the trajectories, the run's predictions — ``all_preds.jsonl`` (0.x: one line per
 instance, ``{model_name_or_path, instance_id, model_patch}``) or ``preds.json`` (1.x: instance id → the same) —
@@ -35,6 +43,7 @@ from typing import Any
 from kvjudge.retention.ingest.format import Companion, Format, companion_data
 from kvjudge.retention.ingest.model import DocumentError, ParseContext, ParsedRun, as_object, content_text, dig
 from kvjudge.retention.ingest.model import get_field, jpath, need, scalars, with_marker
+from kvjudge.retention.ingest.openai import parse_tool_calls
 from kvjudge.retention.ingest.swebench import read_predictions
 
 TASK_MARKER = "{{problem_statement}}"
@@ -177,7 +186,9 @@ def _prompt_prefix(history: list[Any], statement: str | None) -> tuple[list[tupl
 
 def _history_steps(run: ParsedRun, branch: str, history: list[Any], start: int) -> None:
     """A trajectory without ``trajectory`` steps, from its history: each assistant message (its ``thought`` and
-    ``action``, else its content) an assistant transition, each other message after one a tool transition."""
+    ``action``, else its content and ``tool_calls``: one transition per call) an assistant transition, each other
+    message after one a tool transition (named by its ``tool_call_ids``)."""
+    names: dict[str, str] = {}
     for index in range(start, len(history)):
         where = ("$.history", index)
         item = history[index]
@@ -186,9 +197,15 @@ def _history_steps(run: ParsedRun, branch: str, history: list[Any], start: int) 
         if item.get("role") == "assistant":
             thought = item.get("thought") if isinstance(item.get("thought"), str) else text
             action = item.get("action") if isinstance(item.get("action"), str) else None
-            run.step(branch, "assistant", text=thought, call=(TOOL, action) if action and action.strip() else None)
+            calls = [] if action else parse_tool_calls(item.get("tool_calls"), (*where, "tool_calls"), names)
+            for number, call in enumerate(calls):
+                run.step(branch, "assistant", text=thought if number == 0 else None, call=call)
+            if not calls:
+                run.step(branch, "assistant", text=thought, call=(TOOL, action) if action and action.strip() else None)
         else:
-            run.step(branch, "tool", output=(TOOL, text or "", None))
+            ids = item.get("tool_call_ids")
+            name = names.get(ids[0]) if isinstance(ids, list) and ids and isinstance(ids[0], str) else None
+            run.step(branch, "tool", output=(name or TOOL, text or "", None))
 
 
 def _statement_in(text: str) -> str:
@@ -213,6 +230,8 @@ def _steps(run: ParsedRun, branch: str, steps: list[Any], path: str) -> None:
 
 
 FORMAT = Format(
-    name="swe-agent", summary="SWE-agent trajectories (`*.traj`, 0.7 and 1.x; a `history` alone too)",
-    recognises=is_swe_agent, parse=parse_swe_agent, files=("*.traj",), companions=PREDICTIONS + SETTINGS,
+    name="swe-agent", summary="SWE-agent trajectories (`*.traj`, 0.7 and 1.x; a `history` alone too) and "
+                              "demonstrations (`*.demo.yaml`)",
+    recognises=is_swe_agent, parse=parse_swe_agent, files=("*.traj", "*.demo.yaml"),
+    companions=PREDICTIONS + SETTINGS,
     trial_label=True)

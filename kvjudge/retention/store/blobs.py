@@ -15,8 +15,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
-from kvjudge.errors import IntegrityError, UsageError
-from kvjudge.retention.blobs import ref_of, short
+from kvjudge.retention.store.content import checked_body, text_of
 from kvjudge.retention.store.database import REFS_PER_QUERY, Database
 from kvjudge.retention.store.interfaces import FallbackReader
 
@@ -60,10 +59,7 @@ class SqliteBlobStore:
 
     def text(self, ref: str) -> str | None:
         """The body of ``ref`` as text: local, else through :attr:`fallback` (cold store), else None."""
-        body = self.get(ref)
-        if body is None and self.fallback is not None:
-            body = self.fallback(ref)
-        return None if body is None else body.decode("utf-8")
+        return text_of(ref, self.get, self.fallback)
 
     def put(self, body: bytes, expected_ref: str | None = None, *, label: str = "put_blob") -> str:
         """Store ``body`` under its sha256 ref and return the ref. Idempotent.
@@ -71,14 +67,9 @@ class SqliteBlobStore:
         ``expected_ref``: the ref the caller believes the bytes have (an import that names refs);
         a mismatch is an :class:`IntegrityError` and nothing is written.
         """
-        if not isinstance(body, bytes | bytearray):
-            raise UsageError("a blob body must be bytes")
-        ref = ref_of(bytes(body))
-        if expected_ref is not None and expected_ref != ref:
-            raise IntegrityError(f"body does not hash to {short(expected_ref)} (it hashes to {short(ref)}); "
-                                 f"the import is corrupt — re-export it")
+        ref, data = checked_body(body, expected_ref)
         with self._transaction(label):
-            self._put_hashed([(ref, bytes(body))])
+            self._put_hashed([(ref, data)])
         return ref
 
     def put_hashed(self, items: Iterable[tuple[str, bytes]]) -> int:

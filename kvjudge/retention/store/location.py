@@ -1,7 +1,7 @@
 """Where a store lives: a SQLite file's path or a PostgreSQL URL, parsed once, and shown without its password.
 
-``--store``, ``KVJUDGE_STORE``, ``[store] url`` and ``[retention] store`` all name a location; :meth:`StoreLocation.parse`
-tells which kind it is. A URL may carry a password (accepted, never repeated): :attr:`StoreLocation.display` is the
+``--store``, ``KVJUDGE_STORE``, ``[store] url`` and ``[retention] store`` all name a location;
+:meth:`StoreLocation.parse` tells which kind it is. A URL may carry a password (accepted, never repeated): :attr:`StoreLocation.display` is the
 URL without it, and that is the only form any message, repr, report or manifest shows.
 """
 
@@ -43,8 +43,8 @@ class StoreLocation:
         scheme, sep, _ = text.partition("://")
         if sep and scheme.isascii() and scheme.replace("+", "").replace("-", "").isalnum():
             if scheme.lower() not in POSTGRES_SCHEMES:
-                raise StoreError(f"--store {scheme}://… is not a store location kvjudge knows; pass a SQLite file's "
-                                 f"path or a postgresql://user@host:port/dbname URL")
+                raise StoreError(f"{scheme}://… is not a store location kvjudge knows; pass a SQLite file's path or "
+                                 f"a postgresql://user@host:port/dbname URL")
             return cls(display=without_password(text), url=text)
         path = Path(text).expanduser()
         if path.is_dir():

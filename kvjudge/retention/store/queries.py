@@ -8,15 +8,21 @@ store's own business.
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Callable, Iterable, Iterator
 
 from kvjudge.errors import StoreError
-from kvjudge.retention.state import LOCAL, TIERED, BodyLocation, RunState
+from kvjudge.retention.state import LOCAL, TIERED, RunState
 from kvjudge.retention.store.database import REFS_PER_QUERY, Database
 from kvjudge.retention.store.interfaces import EventRecorder, Explanation, RunListing
 from kvjudge.retention.store.projection import Projector
-from kvjudge.retention.store.projection_rows import refold, runs_where, storable
+from kvjudge.retention.store.projection_rows import (
+    LISTING_COLUMNS,
+    explanation,
+    listings,
+    refold,
+    runs_where,
+    storable,
+)
 
 
 class SqliteRunQueries:
@@ -70,17 +76,10 @@ class SqliteRunQueries:
             return []
         clause, values = where
         # From the covering index alone (SQLite's planner would read each run's row, its folded state first).
-        rows = self._conn.execute(
-            "SELECT id, tenant, agent, task, trial, state, grades, reduced, branches, transitions, bodies, bodies_gone, "
-            "bodies_tiered, t.tokens FROM runs INDEXED BY runs_listing "
+        return listings(self._conn.execute(
+            f"SELECT {', '.join(LISTING_COLUMNS)}, t.tokens FROM runs INDEXED BY runs_listing "
             "LEFT JOIN run_tokens AS t ON t.run = runs.id AND t.counter = ?"
-            f"{clause} ORDER BY id", (counter, *values))
-        return [RunListing(id=run_id, tenant=run_tenant, agent=run_agent, task_id=task_id, trial=trial, state=run_state,
-                           grades=tuple(json.loads(grades)), reduced=bool(reduced), branches=branches,
-                           transitions=transitions, bodies=bodies, bodies_gone=gone, bodies_tiered=tiered,
-                           tokens=tokens)
-                for (run_id, run_tenant, run_agent, task_id, trial, run_state, grades, reduced, branches, transitions,
-                     bodies, gone, tiered, tokens) in rows]
+            f"{clause} ORDER BY id", (counter, *values)))
 
     def state_digests(self, run_ids: Iterable[str]) -> dict[str, str]:
         """sha256 of each run's folded state as stored (its canonical bytes), by id; runs the store lacks are
@@ -119,18 +118,7 @@ class SqliteRunQueries:
         rows = self._conn.execute(
             "SELECT run, status, summary_ref, lsn, target, manifest_ref FROM run_bodies WHERE ref = ? ORDER BY lsn, run",
             (ref,)).fetchall()
-        locations = tuple((run, BodyLocation(ref=ref, status=status, summary_ref=summary, lsn=int(lsn), target=target,
-                                             manifest_ref=manifest))
-                          for run, status, summary, lsn, target, manifest in rows)
-        present = self._has_body(ref)
-        if not locations:
-            return Explanation(ref, present, "unknown", None, None, None, None, None, ())
-        local = [item for item in locations if item[1].status == LOCAL]
-        # A body any run still reads here is "local"; otherwise the latest fact about it explains it.
-        run, loc = local[0] if local else locations[-1]
-        kind = None if loc.status == LOCAL else self._events.event_kind(loc.lsn)
-        return Explanation(ref=ref, body_present=present, status=loc.status, summary_ref=loc.summary_ref, run=run,
-                           lsn=loc.lsn, event=kind, target=loc.target, locations=locations)
+        return explanation(ref, rows, self._has_body(ref), self._events.event_kind)
 
     # ------------------------------------------------------------------ tiering
     def local_body_bytes(self, run_id: str) -> int:

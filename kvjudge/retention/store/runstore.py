@@ -30,12 +30,13 @@ class Store:
     ``location`` says where it is, fit to show (a URL without its password); ``path`` is the SQLite file (None on
     PostgreSQL)."""
 
-    def __init__(self, db: Any, parts: StoreParts) -> None:
+    def __init__(self, db: Any, compose: Callable[[Any], StoreParts] = sqlite_parts) -> None:
         self._db = db
         self._conn = db.conn  # the connection itself, for tests that read its settings
         self.path: Path | None = db.path
         self.location: str = db.location
-        self._parts = parts
+        self._compose = compose  # the implementation's parts over a database (another store object takes them too)
+        self._parts = parts = compose(db)
         self.blobs = parts.blobs
         self.events = parts.events
         self.runs = parts.runs
@@ -51,8 +52,9 @@ class Store:
         """Open the store at ``location``: a SQLite file's path (None: ``data_dir()/store.sqlite``) or a
         ``postgresql://`` URL. ``create=False`` refuses a store that is not there yet (a file that does not exist, a
         database without kvjudge's tables) instead of making one. ``password`` (PostgreSQL only): the role's
-        password when neither the URL nor libpq's own conventions give it. ``fallback`` reads bodies that are not
-        local (see :attr:`~.interfaces.BlobStore.fallback`)."""
+        password (``[store] password_env``'s); without it libpq's own conventions apply (PGPASSWORD, the password
+        file, the service file); a password in the URL wins over both. ``fallback`` reads bodies that are not local
+        (see :attr:`~.interfaces.BlobStore.fallback`)."""
         where = StoreLocation.parse(location if location is not None else default_store_path())
         if where.is_postgres:
             from kvjudge.retention.store.postgres import open_postgres
@@ -69,8 +71,7 @@ class Store:
     @classmethod
     def _prepared(cls, db: Any, compose: Callable[[Any], StoreParts], *,
                   fallback: FallbackReader | None = None) -> Store:
-        store = cls(db, compose(db))
-        store._compose = compose
+        store = cls(db, compose)
         db.prepare(rebuild=store.rebuild_projection, reproject=store._parts.reproject)
         store.blobs.fallback = fallback
         return store

@@ -11,8 +11,7 @@ from collections.abc import Callable, Iterable, Iterator
 
 import psycopg
 
-from kvjudge.errors import IntegrityError, UsageError
-from kvjudge.retention.blobs import ref_of, short
+from kvjudge.retention.store.content import checked_body, text_of
 from kvjudge.retention.store.interfaces import FallbackReader
 from kvjudge.retention.store.postgres.database import PostgresDatabase
 
@@ -53,22 +52,14 @@ class PostgresBlobStore:
 
     def text(self, ref: str) -> str | None:
         """The body of ``ref`` as text: local, else through :attr:`fallback` (cold store), else None."""
-        body = self.get(ref)
-        if body is None and self.fallback is not None:
-            body = self.fallback(ref)
-        return None if body is None else body.decode("utf-8")
+        return text_of(ref, self.get, self.fallback)
 
     def put(self, body: bytes, expected_ref: str | None = None, *, label: str = "put_blob") -> str:
         """Store ``body`` under its sha256 ref and return the ref. Idempotent; IntegrityError (nothing written) when
         it does not hash to ``expected_ref``."""
-        if not isinstance(body, bytes | bytearray):
-            raise UsageError("a blob body must be bytes")
-        ref = ref_of(bytes(body))
-        if expected_ref is not None and expected_ref != ref:
-            raise IntegrityError(f"body does not hash to {short(expected_ref)} (it hashes to {short(ref)}); "
-                                 f"the import is corrupt — re-export it")
+        ref, data = checked_body(body, expected_ref)
         with self._transaction(label):
-            self._put_hashed([(ref, bytes(body))])
+            self._put_hashed([(ref, data)])
         return ref
 
     def put_hashed(self, items: Iterable[tuple[str, bytes]]) -> int:
@@ -87,10 +78,11 @@ class PostgresBlobStore:
                 "SELECT ref FROM blobs WHERE ref = ANY(%s) AND body IS NOT NULL", (list(chunk),))}
             missing = [(ref, len(body), body) for ref, body in chunk.items() if ref not in present]
             if missing:
-                with self._conn.cursor() as cursor:
-                    cursor.executemany(
-                        "INSERT INTO blobs(ref, size, body) VALUES (%s, %s, %s) "
-                        "ON CONFLICT (ref) DO UPDATE SET body = excluded.body WHERE blobs.body IS NULL", missing)
+                # One statement (arrays unnested: executemany would sync once per call).
+                self._conn.execute(
+                    "INSERT INTO blobs(ref, size, body) SELECT * FROM unnest(%s::text[], %s::bigint[], %s::bytea[]) "
+                    "ON CONFLICT (ref) DO UPDATE SET body = excluded.body WHERE blobs.body IS NULL",
+                    [list(column) for column in zip(*missing)])
             stored += sum(size for _, size, _ in missing)
         return stored
 

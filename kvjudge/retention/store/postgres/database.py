@@ -34,8 +34,9 @@ from kvjudge.retention.store.postgres.schema import (
 WRITE_LOCK_KEY = 0x6B766A64
 #: Seconds a connection attempt may take (libpq's connect_timeout) unless the URL says otherwise.
 CONNECT_TIMEOUT_S = 5
-#: Connections the pool lends to other threads of one process at most (tiering's uploads and finishers).
-POOL_SIZE = 16
+#: Connections the pool lends to other threads of one process at most: tiering's uploads (8 readers), its finishers
+#: (4), and a recovery's uploads beside them (8 more), with room to spare; opened only when asked for.
+POOL_SIZE = 32
 
 
 class _Pool:
@@ -125,8 +126,10 @@ class PostgresDatabase:
         migrate it, and fold the projection afresh when its tables were dropped. Closes the connection on failure.
         (``reproject`` is for migrations that add projection columns: none yet on PostgreSQL.)"""
         try:
-            with self.transaction("migrate"):
-                self._prepare(rebuild)
+            # Up to date (the common case): nothing to write, so no write lock to wait for behind a long writer.
+            if self._needs_work():
+                with self.transaction("migrate"):
+                    self._prepare(rebuild)  # checked again under the lock: another process may have done it
         except psycopg.Error as exc:
             self.close()
             raise StoreError(f"cannot prepare the store at {self.location}: {_first_line(exc)}; check the role's "
@@ -134,6 +137,13 @@ class PostgresDatabase:
         except BaseException:
             self.close()
             raise
+
+    def _needs_work(self) -> bool:
+        """True unless the database is a kvjudge store of this schema with its projection in place (anything else —
+        empty, older, newer, someone else's, projection dropped — is decided by :meth:`_prepare`, under the lock)."""
+        tables = self.tables()
+        return SCHEMA_TABLE not in tables or self.schema_version() != SCHEMA_VERSION or \
+            not PROJECTION_TABLES <= tables
 
     def _prepare(self, rebuild: Callable[[], object]) -> None:
         tables = self.tables()
@@ -177,12 +187,13 @@ class PostgresDatabase:
             yield
             return
         conn = self.conn
-        conn.execute("BEGIN")
         self._in_txn = True
         try:
-            conn.execute("SELECT pg_advisory_xact_lock(%s)", (WRITE_LOCK_KEY,))
-            if not durable:
-                conn.execute("SET LOCAL synchronous_commit = off")
+            with conn.pipeline():  # one round trip
+                conn.execute("BEGIN")
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", (WRITE_LOCK_KEY,))
+                if not durable:
+                    conn.execute("SET LOCAL synchronous_commit = off")
             yield
             fault_point(f"{label}.txn")
             conn.execute("COMMIT")
@@ -223,9 +234,11 @@ def connect_error(exc: psycopg.Error, location: StoreLocation, password: str | N
         name = said.split('database "', 1)[-1].split('"', 1)[0]
         return StoreError(f"database {name!r} does not exist on the server of {where}; create it (`createdb {name}`) "
                           f"or fix the URL")
-    if "password authentication failed" in said or "no password supplied" in said:
-        return StoreError(f"PostgreSQL refused the password for {where}; set PGPASSWORD, a ~/.pgpass line or "
-                          f"[store] password_env (the variable that holds it)")
+    remedy = "set PGPASSWORD, a ~/.pgpass line or [store] password_env (the variable that holds it)"
+    if "password authentication failed" in said:
+        return StoreError(f"PostgreSQL refused the password for {where}; {remedy}")
+    if "no password supplied" in said:
+        return StoreError(f"PostgreSQL asks a password for {where} and none was given; {remedy}")
     if any(sign in said for sign in ("Connection refused", "timeout expired", "could not translate host name",
                                      "No route to host", "Network is unreachable", "could not connect")):
         return StoreError(f"cannot reach PostgreSQL at {where} ({_first_line(said)}); check the server is running "

@@ -14,10 +14,21 @@ from kvjudge.errors import StoreError
 from kvjudge.retention import events as ev
 from kvjudge.retention.events import event_from
 from kvjudge.retention.lifecycle import check_state_name
+from kvjudge.retention.state import RunState, agent_of
 from kvjudge.retention.store.appending import fold_appended
 from kvjudge.retention.store.postgres.database import PostgresDatabase
 from kvjudge.retention.store.postgres.projection import PostgresProjector
 from kvjudge.retention.store.postgres.schema import LOG_TRIGGERS
+
+
+def _refuse_nul(run_id: str, state: RunState) -> None:
+    """StoreError (nothing written) when a name the projection keeps as text holds a NUL, which PostgreSQL's text
+    cannot hold (a SQLite store keeps it; in the events it is JSON-escaped either way)."""
+    for what, value in (("id", run_id), ("tenant", state.tenant), ("agent", agent_of(state)),
+                        ("task", state.task_id), ("trial", state.trial)):
+        if value and "\x00" in value:
+            raise StoreError(f"run {run_id!r}: its {what} holds a NUL character, which a PostgreSQL store cannot "
+                             f"keep; fix the run's {what} (or keep it in a SQLite store)")
 
 
 class PostgresEventRecorder:
@@ -42,18 +53,27 @@ class PostgresEventRecorder:
         if not events:
             return []
         with self._transaction(label):
-            # The log's own lock as well as the store's: a writer that bypasses kvjudge's lock still waits here,
-            # so LSN order stays commit order.
-            self._conn.execute("LOCK TABLE events IN EXCLUSIVE MODE")
-            lsns = [int(row[0]) for row in self._conn.execute(
-                "SELECT nextval(pg_get_serial_sequence('events', 'lsn')) FROM generate_series(1, %s)",
-                (len(events),))]
-            folder = fold_appended(run_id, self._projected(run_id), events, lsns, self._has_body)
-            with self._conn.cursor() as cursor:
-                cursor.executemany("INSERT INTO events(lsn, run, kind, payload) VALUES (%s, %s, %s, %s)",
-                                   [(lsn, run_id, event.kind, event.to_json()) for lsn, event in zip(lsns, events)])
+            # The transaction holds the store's write lock (an advisory lock, which any role may take: LOCK TABLE
+            # in a mode that stops other appends needs UPDATE, DELETE or TRUNCATE on the log, the very privileges a
+            # lab's application role lacks), so the LSNs drawn here commit before any drawn after them. One round
+            # trip for the LSNs and the run's committed state (a pipeline: the fetch sends both), one for the rows.
+            with self._conn.pipeline():
+                drawn = self._conn.execute(
+                    "SELECT nextval(pg_get_serial_sequence('events', 'lsn')) FROM generate_series(1, %s)",
+                    (len(events),))
+                current = self._projected(run_id)
+                lsns = [int(row[0]) for row in drawn.fetchall()]
+            folder = fold_appended(run_id, current, events, lsns, self._has_body)
             if folder is not None:
-                self._project(folder.freeze(), lsns[-1])
+                _refuse_nul(run_id, folder.freeze())
+            with self._conn.pipeline():
+                # One statement for the rows (arrays unnested: executemany would sync once per call).
+                self._conn.execute(
+                    "INSERT INTO events(lsn, run, kind, payload) SELECT lsn, %s, kind, payload "
+                    "FROM unnest(%s::bigint[], %s::text[], %s::text[]) AS t(lsn, kind, payload)",
+                    (run_id, lsns, [event.kind for event in events], [event.to_json() for event in events]))
+                if folder is not None:
+                    self._project(folder.freeze(), lsns[-1])
         return lsns
 
     def mark(self, run_id: str, state: str) -> int:

@@ -11,6 +11,11 @@ from kvjudge.retention.store.postgres.database import PostgresDatabase
 from kvjudge.retention.store.postgres.schema import PROJECTION_SQL
 from kvjudge.retention.store.projection_rows import RUN_COLUMNS, body_rows, refold, run_row, storable
 
+def storable_in_postgres(name: str) -> bool:
+    """False for a name no PostgreSQL store can hold: not valid Unicode, or holding a NUL (which text refuses)."""
+    return storable(name) and "\x00" not in name
+
+
 _UPSERT_RUN = (f"INSERT INTO runs({', '.join(RUN_COLUMNS)}) VALUES ({', '.join(['%s'] * len(RUN_COLUMNS))}) "
                f"ON CONFLICT (id) DO UPDATE SET "
                + ", ".join(f"{column} = excluded.{column}" for column in RUN_COLUMNS[1:]))
@@ -26,7 +31,7 @@ class PostgresProjector:
 
     def state(self, run_id: str) -> RunState | None:
         """The committed state of ``run_id`` (None: no such run)."""
-        if not storable(run_id):
+        if not storable_in_postgres(run_id):
             return None
         row = self._conn.execute("SELECT state_json FROM runs WHERE id = %s", (run_id,)).fetchone()
         return None if row is None else RunState.from_bytes(bytes(row[0]))
@@ -42,10 +47,11 @@ class PostgresProjector:
         self._conn.execute("DELETE FROM run_bodies WHERE run = %s", (state.id,))
         rows = body_rows(state)
         if rows:
-            with self._conn.cursor() as cursor:
-                cursor.executemany(
-                    "INSERT INTO run_bodies(run, ref, status, summary_ref, lsn, target, manifest_ref, uses) "
-                    "VALUES (%s, %s, %s, %s, %s, %s, %s, %s)", rows)
+            columns = list(zip(*rows))  # one array per column, unnested in one statement
+            self._conn.execute(
+                "INSERT INTO run_bodies(run, ref, status, summary_ref, lsn, target, manifest_ref, uses) "
+                "SELECT * FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::bigint[], %s::text[], "
+                "%s::text[], %s::int[])", [list(column) for column in columns])
         self._conn.execute("DELETE FROM run_tokens WHERE run = %s", (state.id,))
         self._total(state.id)
 

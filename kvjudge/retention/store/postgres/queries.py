@@ -4,15 +4,20 @@ from the projection (:mod:`.projection`) by name — the same answers as the SQL
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Callable, Iterable, Iterator
 
 from kvjudge.errors import StoreError
-from kvjudge.retention.state import LOCAL, TIERED, BodyLocation, RunState
+from kvjudge.retention.state import LOCAL, TIERED, RunState
 from kvjudge.retention.store.interfaces import EventRecorder, Explanation, RunListing
 from kvjudge.retention.store.postgres.database import PostgresDatabase
-from kvjudge.retention.store.postgres.projection import PostgresProjector
-from kvjudge.retention.store.projection_rows import refold, runs_where, storable
+from kvjudge.retention.store.postgres.projection import PostgresProjector, storable_in_postgres
+from kvjudge.retention.store.projection_rows import (
+    LISTING_COLUMNS,
+    explanation,
+    listings,
+    refold,
+    runs_where,
+)
 
 
 class PostgresRunQueries:
@@ -36,14 +41,14 @@ class PostgresRunQueries:
         return state
 
     def has_run(self, run_id: str) -> bool:
-        if not storable(run_id):
+        if not storable_in_postgres(run_id):
             return False
         return self._conn.execute("SELECT 1 FROM runs WHERE id = %s", (run_id,)).fetchone() is not None
 
     def run_ids(self, tenant: str | None = None, *, task: str | None = None, state: str | None = None,
                 agent: str | None = None) -> list[str]:
         """Run ids, sorted; only those of ``tenant``, on ``task``, in ``state`` and of ``agent`` when given."""
-        where = runs_where("%s", tenant=tenant, task=task, state=state, agent=agent)
+        where = runs_where("%s", storable_in_postgres, tenant=tenant, task=task, state=state, agent=agent)
         if where is None:
             return []
         clause, values = where
@@ -58,30 +63,23 @@ class PostgresRunQueries:
                 agent: str | None = None, counter: str | None = None) -> list[RunListing]:
         """What a listing shows of each run, sorted by id (with its tokens under ``counter`` when named): one
         query, nothing decoded."""
-        where = runs_where("%s", tenant=tenant, task=task, state=state, agent=agent)
+        where = runs_where("%s", storable_in_postgres, tenant=tenant, task=task, state=state, agent=agent)
         if where is None:
             return []
         clause, values = where
-        rows = self._conn.execute(
-            "SELECT id, tenant, agent, task, trial, state, grades, reduced, branches, transitions, bodies, bodies_gone, "
-            "bodies_tiered, t.tokens FROM runs LEFT JOIN run_tokens AS t ON t.run = runs.id AND t.counter = %s"
-            f"{clause} ORDER BY id", (counter, *values))
-        return [RunListing(id=run_id, tenant=run_tenant, agent=run_agent, task_id=task_id, trial=trial, state=run_state,
-                           grades=tuple(json.loads(grades)), reduced=bool(reduced), branches=branches,
-                           transitions=transitions, bodies=bodies, bodies_gone=gone, bodies_tiered=tiered,
-                           tokens=None if tokens is None else int(tokens))
-                for (run_id, run_tenant, run_agent, task_id, trial, run_state, grades, reduced, branches, transitions,
-                     bodies, gone, tiered, tokens) in rows]
+        return listings(self._conn.execute(
+            f"SELECT {', '.join(LISTING_COLUMNS)}, t.tokens FROM runs "
+            f"LEFT JOIN run_tokens AS t ON t.run = runs.id AND t.counter = %s{clause} ORDER BY id", (counter, *values)))
 
     def state_digests(self, run_ids: Iterable[str]) -> dict[str, str]:
         """sha256 of each run's folded state as stored, by id; runs the store lacks are absent."""
-        wanted = [run_id for run_id in dict.fromkeys(run_ids) if storable(run_id)]
+        wanted = [run_id for run_id in dict.fromkeys(run_ids) if storable_in_postgres(run_id)]
         return {run_id: hashlib.sha256(bytes(raw)).hexdigest() for run_id, raw in self._conn.execute(
             "SELECT id, state_json FROM runs WHERE id = ANY(%s)", (wanted,))}
 
     def projected_bytes(self, run_id: str) -> bytes | None:
         """The projection's canonical bytes for ``run_id`` (what verify compares a re-fold against)."""
-        if not storable(run_id):
+        if not storable_in_postgres(run_id):
             return None
         row = self._conn.execute("SELECT state_json FROM runs WHERE id = %s", (run_id,)).fetchone()
         return None if row is None else bytes(row[0])
@@ -105,17 +103,7 @@ class PostgresRunQueries:
         rows = self._conn.execute(
             "SELECT run, status, summary_ref, lsn, target, manifest_ref FROM run_bodies WHERE ref = %s "
             "ORDER BY lsn, run", (ref,)).fetchall()
-        locations = tuple((run, BodyLocation(ref=ref, status=status, summary_ref=summary, lsn=int(lsn), target=target,
-                                             manifest_ref=manifest))
-                          for run, status, summary, lsn, target, manifest in rows)
-        present = self._has_body(ref)
-        if not locations:
-            return Explanation(ref, present, "unknown", None, None, None, None, None, ())
-        local = [item for item in locations if item[1].status == LOCAL]
-        run, loc = local[0] if local else locations[-1]
-        kind = None if loc.status == LOCAL else self._events.event_kind(loc.lsn)
-        return Explanation(ref=ref, body_present=present, status=loc.status, summary_ref=loc.summary_ref, run=run,
-                           lsn=loc.lsn, event=kind, target=loc.target, locations=locations)
+        return explanation(ref, rows, self._has_body(ref), self._events.event_kind)
 
     # ------------------------------------------------------------------ tiering
     def local_body_bytes(self, run_id: str) -> int:

@@ -3,7 +3,9 @@ and versioned in ``kvjudge_schema``, and the guards that make the log append-onl
 
 - ``events(lsn, run, kind, payload)`` — append-only: row triggers refuse UPDATE and DELETE, a statement trigger
   refuses TRUNCATE, and PUBLIC is refused those privileges. The role kvjudge runs as should not own the table (an
-  owner may drop triggers); the owner runs the migrations.
+  owner may drop triggers): the owner runs the migrations and grants that role SELECT and INSERT on ``events``,
+  USAGE on its sequence, and SELECT, INSERT, UPDATE, DELETE on the other tables (``tests/test_store_postgres.py``
+  runs kvjudge as such a role).
 - ``blobs(ref, size, body bytea)``, ``blob_tokens``, ``judgments``, ``claims`` and the projection tables ``runs``,
   ``run_bodies``, ``run_tokens``, as on SQLite.
 
