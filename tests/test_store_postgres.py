@@ -48,8 +48,8 @@ def test_a_role_that_does_not_own_the_log_is_refused_by_privileges(postgres_serv
     database = postgres_url.rsplit("/", 1)[1]
     # The lab's application role: it reads and appends to the log, writes the rest, owns nothing.
     postgres_server.admin(f"GRANT SELECT, INSERT ON events TO {PASSWORD_ROLE}",
-                          f"GRANT SELECT, INSERT, UPDATE, DELETE ON blobs, blob_tokens, judgments, claims, runs, run_bodies, "
-                          f"run_tokens TO {PASSWORD_ROLE}", f"GRANT SELECT ON kvjudge_schema TO {PASSWORD_ROLE}",
+                          f"GRANT SELECT, INSERT, UPDATE, DELETE ON blobs, blob_tokens, judgments, claims, runs, "
+                          f"run_bodies, run_tokens TO {PASSWORD_ROLE}", f"GRANT SELECT ON kvjudge_schema TO {PASSWORD_ROLE}",
                           f"GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO {PASSWORD_ROLE}", database=database)
     lab_url = postgres_server.url(database, PASSWORD_ROLE, PASSWORD)
     with Store.open(lab_url) as store:  # kvjudge itself works as that role: it appends, reduces, releases
