@@ -203,7 +203,8 @@ def main(argv: list[str] | None = None) -> int:
     killed["seconds_lost"] = round(killed["wall_seconds"] - four["wall_seconds"], 3)
     png = out / "shared_work.png"
     _plot(rows, png)
-    print(json.dumps({"benchmark": "shared_work", "cpus": os.cpu_count(), "load_at_start": load, "runs": args.runs, "latency_s": args.latency,
+    print(json.dumps({"benchmark": "shared_work", "cpus": os.cpu_count(), "load_at_start": load, "runs": args.runs,
+                      "latency_s": args.latency,
                       "parallel": args.parallel, "lease_s": args.lease, "jobs": rows, "killed_one_of_4": killed,
                       "speedup_at_4": four["speedup"], "target_speedup_at_4": TARGET_SPEEDUP_AT_4,
                       "meets_target": four["speedup"] >= TARGET_SPEEDUP_AT_4,
