@@ -12,7 +12,8 @@ Sections (every key optional)::
     [context.estimation]  chars_per_token = 4 | counter = "chars" | "tiktoken" | "model", template = "model" | "chatml"
     [probe]               memory_budget = "6GiB", staleness_days = 30
     [store]               url = "path.sqlite" | "postgresql://user@host:port/dbname",
-                          password_env = "NAME" (the environment variable holding the database password)
+                          password_env = "NAME" (the environment variable holding the database password),
+                          lease_seconds = 900 (how long a claim on a unit of a shared job lives unrenewed)
     [retention]           ceiling = 200000, counter = "model" | "tiktoken" | "chars",
                           store = "path.sqlite" (the older spelling of [store] url: set one, or both the same),
                           cold = "file:///path" | "s3://bucket/prefix", endpoint_url = "http://..."
@@ -63,6 +64,9 @@ DEFAULT_PROTOCOL = "letter"
 DEFAULT_LEVELS = 10  # levels of a scale protocol's letter scale (why: kvjudge.judge.scale)
 DEFAULT_MIN_LABEL_MASS = 0.5  # the least probability a scale reading must put on the levels (why: kvjudge.judge.scale)
 MAX_REPEATS = 8  # question variants a protocol has (kvjudge.judge.protocols.base)
+# How long a claim on a unit of a shared job lives without renewal (kvjudge.retention.shared_job): longer than the
+# default time-out of a judge call, so no lease expires under a live call; a killed worker's units wait this long.
+DEFAULT_LEASE_S = 900.0
 
 
 def cache_dir() -> Path:
@@ -153,11 +157,14 @@ _ENV_NAME = _limit(lambda v: bool(re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", v)), "an
 
 @dataclass(frozen=True)
 class StoreSettings:
-    """``[store]``: where the run store is (a SQLite file's path or a ``postgresql://`` URL) and the NAME of the
-    environment variable that holds its database password (the password itself is never a setting)."""
+    """``[store]``: where the run store is (a SQLite file's path or a ``postgresql://`` URL), the NAME of the
+    environment variable that holds its database password (the password itself is never a setting), and how long
+    a claim of a process sharing its work lives unrenewed."""
 
     url: str | None = field(default=None, metadata=_limit(lambda v: bool(v.strip()), "a path or a URL"))
     password_env: str | None = field(default=None, metadata=_ENV_NAME)
+    # How long a claim on a unit of a job shared by several processes lives unrenewed (kvjudge.retention.shared_job).
+    lease_seconds: float = field(default=DEFAULT_LEASE_S, metadata=_limit(_positive, "a positive number of seconds"))
 
 
 @dataclass(frozen=True)

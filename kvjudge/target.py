@@ -134,6 +134,11 @@ class JudgeTarget:
         return bool(self.servers)
 
     @property
+    def call_timeout(self) -> float | None:
+        """Seconds one judge call may take (a server's time-out; None in-process: a call there has none)."""
+        return self.settings.judge.timeout if self.servers else None
+
+    @property
     def model_path(self) -> Path:
         """The local judge GGUF: ``[judge] model``, else the bundled judge model (fetched on first use)."""
         if self._model_path is None:

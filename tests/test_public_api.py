@@ -43,8 +43,8 @@ SURFACE: dict[str, list[str]] = {
         "rehydrate_run", "run_tokens", "tier_run", "tier_runs", "verify",
     ],
     "kvjudge.retention.store": [
-        "BlobStore", "EventRecorder", "Explanation", "FallbackReader", "Judgments", "RunListing", "RunQueries",
-        "Store", "StoreLocation", "TokenCounts", "Transactions", "default_store_path",
+        "BlobStore", "EventRecorder", "Explanation", "FallbackReader", "JobView", "Judgments", "RunListing",
+        "RunQueries", "Store", "StoreLocation", "TokenCounts", "Transactions", "WorkClaims", "default_store_path",
     ],
     "kvjudge.retention.store.postgres": ["open_postgres", "postgres_parts"],
     "kvjudge.retention.cold": [

@@ -390,20 +390,22 @@ def test_a_version_1_store_is_migrated_and_its_listing_filled(store: Store, tmp_
         old.execute(f"ALTER TABLE runs DROP COLUMN {column}")
     old.execute("ALTER TABLE run_bodies DROP COLUMN uses")
     old.execute("DROP TABLE run_tokens")
+    old.execute("DROP TABLE claims")  # migration 4's
     old.execute("PRAGMA user_version = 1")
     old.close()
     path = store.path
     store.close()
     with Store.open(path) as migrated:
-        assert migrated.schema_version() == SCHEMA_VERSION == 3
+        assert migrated.schema_version() == SCHEMA_VERSION == 4
         assert migrated.runs.listing(counter=counter.name) == before
     assert _shape(path) == fresh
     # A version-1 store whose projection was dropped: migrated, and the projection folded afresh from the log.
     with sqlite3.connect(path) as old:
         old.execute("DROP TABLE run_bodies")
+        old.execute("DROP TABLE claims")
         old.execute("PRAGMA user_version = 1")
     with Store.open(path) as rebuilt:
-        assert rebuilt.schema_version() == 3 and rebuilt.runs.listing(counter=counter.name) == before
+        assert rebuilt.schema_version() == SCHEMA_VERSION and rebuilt.runs.listing(counter=counter.name) == before
     assert _shape(path) == fresh
 
 
@@ -420,7 +422,8 @@ def test_a_version_2_store_gets_the_listing_index(store: Store, tmp_path: Path) 
     store.close()
     with sqlite3.connect(path) as old:  # as version 2 left it: the listing's columns without their index
         old.execute("DROP INDEX runs_listing")
+        old.execute("DROP TABLE claims")
         old.execute("PRAGMA user_version = 2")
     with Store.open(path) as migrated:
-        assert migrated.schema_version() == 3 and migrated.runs.listing(counter=counter.name) == before
+        assert migrated.schema_version() == SCHEMA_VERSION and migrated.runs.listing(counter=counter.name) == before
     assert _shape(path) == fresh

@@ -19,6 +19,7 @@ from kvjudge.retention import events as ev
 from kvjudge.retention.ingest import ingest_paths
 from kvjudge.retention.store import Store
 from kvjudge.retention.store.location import StoreLocation, without_password
+from kvjudge.retention.store.postgres.schema import SCHEMA_VERSION
 from kvjudge.retention.verify import verify
 
 
@@ -47,8 +48,8 @@ def test_a_role_that_does_not_own_the_log_is_refused_by_privileges(postgres_serv
     database = postgres_url.rsplit("/", 1)[1]
     # The lab's application role: it reads and appends to the log, writes the rest, owns nothing.
     postgres_server.admin(f"GRANT SELECT, INSERT ON events TO {PASSWORD_ROLE}",
-                          f"GRANT SELECT, INSERT, UPDATE, DELETE ON blobs, blob_tokens, judgments, runs, run_bodies, "
-                          f"run_tokens TO {PASSWORD_ROLE}", f"GRANT SELECT ON kvjudge_schema TO {PASSWORD_ROLE}",
+                          f"GRANT SELECT, INSERT, UPDATE, DELETE ON blobs, blob_tokens, judgments, claims, runs, "
+                          f"run_bodies, run_tokens TO {PASSWORD_ROLE}", f"GRANT SELECT ON kvjudge_schema TO {PASSWORD_ROLE}",
                           f"GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO {PASSWORD_ROLE}", database=database)
     lab_url = postgres_server.url(database, PASSWORD_ROLE, PASSWORD)
     with Store.open(lab_url) as store:  # kvjudge itself works as that role: it appends, reduces, releases
@@ -145,7 +146,8 @@ def test_a_database_of_a_newer_schema_or_another_application_is_refused(postgres
     _store_with_a_run(postgres_url)
     with _raw(postgres_url) as conn:
         conn.execute("INSERT INTO kvjudge_schema(version, name) VALUES (99, 'from the future')")
-    with pytest.raises(StoreError, match="schema version 99; this kvjudge reads up to 1 — upgrade kvjudge"):
+    with pytest.raises(StoreError, match=f"schema version 99; this kvjudge reads up to {SCHEMA_VERSION} — upgrade "
+                                         f"kvjudge"):
         Store.open(postgres_url)
     other = postgres_server.new_database()
     try:

@@ -17,6 +17,8 @@ from typing import Any
 
 from kvjudge.commands._output import info
 from kvjudge.errors import UsageError
+from kvjudge.retention.shared_job import check_lease
+from kvjudge.retention.store.interfaces import JobView
 from kvjudge.settings import Settings
 from kvjudge.target import JudgeTarget
 
@@ -38,6 +40,7 @@ SETTING_FLAGS: dict[str, tuple[str, str]] = {
     "rubric": ("judge.rubric", "--rubric"),
     "jury": ("judge.jury", "--jury"),
     "memory_budget": ("probe.memory_budget", "--memory-budget"),
+    "lease": ("store.lease_seconds", "--lease"),
 }
 # --model and --server choose the judge: --server URL (repeatable) the pool, --model PATH the local GGUF (then no
 # configured server applies); with both (`reduce`, `tier`), --model is a local copy of the served GGUF to count with.
@@ -92,6 +95,21 @@ def add_store_args(parser: argparse.ArgumentParser) -> None:
                         help="store file or postgresql://user@host:port/dbname URL (default: KVJUDGE_STORE, "
                              "[store] url, [retention] store, else <data dir>/store.sqlite)")
     records_settings(parser, "store")
+
+
+def add_lease_args(parser: argparse.ArgumentParser) -> None:
+    """``--lease S`` (commands whose work several processes may share: each claims a unit before doing it)."""
+    parser.add_argument("--lease", type=float, metavar="S",
+                        help="seconds a claim on a unit of work lives unrenewed (default: [store] lease_seconds, "
+                             "else 900): processes started at once on one store share its work, and a killed one's "
+                             "units are taken over once its leases expire; at least the calls' --timeout")
+    records_settings(parser, "lease")
+
+
+def job_line(what: str, view: JobView) -> str:
+    """A progress bar's description of a shared job: done by anyone (here), claimed by live workers, free."""
+    return (f"{what} · job {view.done}/{view.units} done ({view.done_here} here) · {view.claimed} claimed by "
+            f"{view.workers} worker(s) · {view.free} free")
 
 
 def add_endpoint_args(parser: argparse.ArgumentParser) -> None:
@@ -164,6 +182,8 @@ def settings_from(args: argparse.Namespace) -> Settings:
             unset = (*unset, "judge.backend")  # --server / --model choose the judge as they always did
     settings = settings.with_overrides(values, names, unset=unset)
     _check_server_flags(args, dests, settings)
+    if "lease" in dests:  # before any store is opened: nothing written
+        check_lease(settings.store.lease_seconds, JudgeTarget(settings).call_timeout)
     return settings
 
 

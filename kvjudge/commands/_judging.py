@@ -9,7 +9,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from kvjudge.commands._args import JUDGE_CHOICE, add_api_key_args, jsonl_objects, records_settings
+from kvjudge.commands._args import (JUDGE_CHOICE, add_api_key_args, add_lease_args, job_line, jsonl_objects,
+                                   records_settings)
 from kvjudge.commands._output import info, progress
 from kvjudge.errors import UsageError
 from kvjudge.judge import DEFAULT_MARGIN, TEMPLATE_CHOICES, Judge, Verdict, judge_batch
@@ -17,6 +18,7 @@ from kvjudge.judge import backend_registry
 from kvjudge.judge.ledger import Ledger, plan_line
 from kvjudge.judge.pairing import DEFAULT_POLICY, POLICIES, PairSelection, describe_pairs, same_task_pairs
 from kvjudge.retention import Store
+from kvjudge.retention.shared_job import Sharing
 from kvjudge.retention.store.interfaces import RunQueries
 from kvjudge.retention.state import RunState
 from kvjudge.judge.protocols import PROTOCOLS
@@ -84,6 +86,7 @@ def add_backend_args(parser: argparse.ArgumentParser, *, also_templates: tuple[s
     records_settings(parser, *JUDGE_CHOICE, "backend", "parallel", "timeout", "tokenizer_model", "threads", "margin",
                      *(() if also_templates else ("template",)))
     add_api_key_args(parser)
+    add_lease_args(parser)
 
 
 def add_protocol_args(parser: argparse.ArgumentParser, *, kinds: tuple[str, ...] = ("pairwise",)) -> None:
@@ -107,9 +110,11 @@ def add_protocol_args(parser: argparse.ArgumentParser, *, kinds: tuple[str, ...]
 
 @contextlib.contextmanager
 def opened_judge(args: argparse.Namespace, target: JudgeTarget, *, template: str | None = None,
-                 protocol: str | None = None) -> Iterator[Judge]:
+                 protocol: str | None = None, store: Store | None = None) -> Iterator[Judge]:
     """The judge of a judging command (``add_judge_args``: window, certification, held-out inputs, cache), its
-    backend closed on the way out."""
+    backend closed on the way out. With ``store`` (and the cache on) the judge shares its work with other processes
+    started on that store (``--lease``; a store without claims refused in one line, before the backend opens)."""
+    sharing = None if store is None or args.no_cache else Sharing(store.claims, target.settings.store.lease_seconds)
     target.protocol(protocol)  # a bad protocol, rubric or scale: one line, before the backend is announced
     for problem in backend_registry.load_problems():  # a plugin that did not load: one note, never a traceback
         info(problem)
@@ -118,6 +123,7 @@ def opened_judge(args: argparse.Namespace, target: JudgeTarget, *, template: str
     judge = target.open_judge(n_ctx=args.n_ctx, certify=not args.no_certify, template=template,
                               show_verifier=args.show_verifier, show_grades=args.show_grades,
                               use_cache=not args.no_cache, protocol=protocol)
+    judge.sharing = sharing
     try:
         yield judge
     finally:
@@ -130,7 +136,14 @@ def judged(judge: Judge, store: Store, selection: PairSelection, description: st
     order). ``states``: folded runs already read, by id; the runs the batch folds are added to it."""
     with progress(description, len(selection.pairs) * judge.protocol.calls) as advance:
         judge.planner.progress = lambda message: advance(0, description=message)
+        shown(judge, advance, description)
         return judge_batch(judge, store, selection.pairs, on_call=advance, states=states, on_plan=announce(judge))
+
+
+def shown(judge: Judge, advance: Callable[..., None], description: str) -> None:
+    """A shared job's progress (done by anyone, claimed, free) in the bar's description."""
+    if judge.sharing is not None:
+        judge.sharing.on_view = lambda view: advance(0, description=job_line(description, view))
 
 
 def announce(judge: Judge, what: str = "verdict") -> Callable[[int, int], None]:
@@ -150,6 +163,17 @@ def spent(*judges: Judge) -> Ledger:
     for judge in judges:
         total.merge(judge.backend.ledger)
     return total
+
+
+def job_summary(sharing: Sharing | None) -> dict[str, Any] | None:
+    """What a shared job holds and what this worker did in it, with the job's cost (each unit's calls recorded with
+    its result, whoever sent them: every process of the job reports the same figure); None: not shared."""
+    if sharing is None:
+        return None
+    cost = Ledger()
+    for recorded in sharing.costs():
+        cost.merge(Ledger.from_json(recorded))
+    return {**sharing.summary(), "cost": cost.to_json()}
 
 
 def _pairs_from_file(path: str) -> list[tuple[str, str]]:

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from kvjudge.commands._args import READS_TIERED, command, target_from
-from kvjudge.commands._judging import add_judge_args, announce, judged, opened_judge, select_pairs, spent
+from kvjudge.commands._judging import (add_judge_args, announce, job_summary, judged, opened_judge, select_pairs,
+                                      shown, spent)
 from kvjudge.commands._output import emit, info, print_table, print_wrapped, progress
 from kvjudge.errors import UsageError
 from kvjudge.judge.critic_eval import score_figures
@@ -54,13 +55,14 @@ def _eval(args: argparse.Namespace) -> int:
         selection = select_pairs(args, store.runs, default_all=True)
         states: dict[str, RunState] = {}  # the runs the judge folds, folded once for the baselines too
         for template in templates:
-            with opened_judge(args, target, template=template) as judge:
+            with opened_judge(args, target, template=template, store=store) as judge:
                 label = judge.framing.name
                 verdicts = judged(judge, store, selection, f"judging ({label} framing)", states=states)
                 result = evaluate(store, verdicts, {**selection.runs, **states}, use_cache=not args.no_cache)
                 result["manifest"] = judge.manifest()
                 result["window"] = None if judge.window is None else judge.window.to_json()
                 result["cost"] = spent(judge).to_json()
+                result["job"] = job_summary(judge.sharing)
                 results[label] = result
     png = Path(args.png)
     plot_reliability(results, png)
@@ -80,14 +82,16 @@ def _eval_pointwise(args: argparse.Namespace, target: JudgeTarget) -> int:
             run_ids = store.runs.run_ids(task=args.task)
         if not run_ids:
             raise UsageError("no runs to score: ingest runs, or name them")
-        with opened_judge(args, target, template=None if args.template == "both" else args.template) as judge:
+        with opened_judge(args, target, template=None if args.template == "both" else args.template,
+                          store=store) as judge:
             with progress("scoring", len(run_ids) * judge.protocol.calls) as advance:
                 judge.planner.progress = lambda message: advance(0, description=message)
+                shown(judge, advance, "scoring")
                 scores = score_runs(judge, store, run_ids, on_call=advance, on_plan=announce(judge, "score"))
             grades = {run_id: grade_score(store.runs.run(run_id)) for run_id in run_ids}
             figures = score_figures(scores, grades)
             payload = {"protocol": judge.protocol.name, "pointwise": figures, "summary": summarize_scores(scores),
-                       "manifest": judge.manifest(), "cost": spent(judge).to_json()}
+                       "manifest": judge.manifest(), "cost": spent(judge).to_json(), "job": job_summary(judge.sharing)}
     emit(args, payload, lambda: _print_pointwise(payload))
     return 0
 

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kvjudge.commands._args import READS_TIERED, command, records_settings, target_from
-from kvjudge.commands._judging import add_judge_args, announce, opened_judge, select_pairs
+from kvjudge.commands._judging import add_judge_args, announce, job_summary, opened_judge, select_pairs, shown
 from kvjudge.commands._output import emit, print_fields, print_table, print_wrapped, progress
 from kvjudge.judge import Judge, StillGrades, Verdict, judge_batch, summarize_verdicts
 from kvjudge.judge.evidence import describe, summary_line
@@ -56,11 +56,12 @@ def _judge(args: argparse.Namespace) -> int:
     with target.open_store() as store:
         selection = select_pairs(args, store.runs)
         pairs = selection.pairs
-        with opened_judge(args, target) as judge:
+        with opened_judge(args, target, store=None if args.still_grades else store) as judge:
             sides = 2 if args.still_grades else 1
             with progress("judging", len(pairs) * judge.protocol.calls * sides) as advance:
                 judge.planner.progress = lambda message: advance(0, description=message)
                 tracker = _PairProgress(advance, len(pairs) * sides)
+                shown(judge, advance, "judging")
                 if args.still_grades:
                     check = target.still_grades(judge, store, pairs, reduce_to=args.reduce_to, on_call=tracker.call,
                                                 on_verdict=tracker.verdict)
@@ -79,6 +80,7 @@ def _judge(args: argparse.Namespace) -> int:
                 summary = summarize_verdicts(verdicts)
             summary.update(_run_figures(judge, tracker, len(pairs) * sides))
             summary["pairing"] = selection.to_json()
+            summary["job"] = job_summary(judge.sharing)
             if args.still_grades:
                 summary["full_window"] = None if check.full_window is None else check.full_window.to_json()
                 summary["reduce_to"] = check.reduce_to

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from kvjudge.commands._args import READS_TIERED, command, jsonl_objects, target_from
-from kvjudge.commands._judging import add_judge_args, judged, opened_judge, select_pairs, spent
+from kvjudge.commands._judging import add_judge_args, job_summary, judged, opened_judge, select_pairs, spent
 from kvjudge.commands._output import emit, info, print_table, print_wrapped
 from kvjudge.errors import UsageError
 from kvjudge.judge.ledger import Ledger
@@ -74,12 +74,13 @@ def _rank(args: argparse.Namespace) -> int:
         else:
             selection = select_pairs(args, store.runs, default_all=True, keep=lambda a, b: agent_of(a) != agent_of(b))
             chosen = selection.runs
-            with opened_judge(args, target) as judge:
+            with opened_judge(args, target, store=store) as judge:
                 verdicts = judged(judge, store, selection)
         ranking = rank(verdicts, agent, bootstrap=args.bootstrap)
         if args.verdicts is None:
             ranking["pairing"] = selection.to_json()
             ranking["cost"] = spent(judge).to_json()
+            ranking["job"] = job_summary(judge.sharing)
     if ranking["agents"]:
         png = Path(args.png)
         plot_ranking(ranking, png)

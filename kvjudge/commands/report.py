@@ -68,7 +68,7 @@ def _report(args: argparse.Namespace) -> int:
     pairwise = PAIRWISE_SCALE if critic else args.protocol
     with target.open_store() as store:
         selection = select_pairs(args, store.runs, default_all=True)
-        with opened_judge(args, target, protocol=pairwise) as judge:
+        with opened_judge(args, target, protocol=pairwise, store=store) as judge:
             verdicts = judged(judge, store, selection)
             # The ceiling as `kvjudge reduce` computes it, or no figures and the reason (no probe figure yet).
             ceilings, note = target.ceilings({store.runs.run(run_id).tenant for pair in selection.pairs for run_id in pair})

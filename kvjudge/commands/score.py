@@ -6,7 +6,11 @@
 Without runs named, every run of the store (or of ``--task``) is scored. Scores are cached in the store under what
 identifies them (protocol, scale, K, rubric, the run's view): scoring again costs no model call. With ``--json``:
 one object per run (its ``cost``: the calls its readings sent), then one ``{"summary": …}`` object (its
-``cost``: the command's ledger). Before the first call, one line says how many calls it is about to send.
+``cost``: the calls this process sent; its ``job``: what the job holds, what this process did in it, and the job's
+cost, whoever sent the calls). Before the first call, one line says how many calls it is about to send.
+
+Several ``kvjudge score`` started at once on one store share the job: each claims a run before sending its
+readings, and each exits 0 with every run's score once the job is done, whoever did it (``--lease``).
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import argparse
 from typing import Any
 
 from kvjudge.commands._args import READS_TIERED, command, target_from
-from kvjudge.commands._judging import add_backend_args, announce, opened_judge, spent
+from kvjudge.commands._judging import add_backend_args, announce, job_summary, opened_judge, shown, spent
 from kvjudge.commands._output import emit, print_table, print_wrapped, progress
 from kvjudge.errors import UsageError
 from kvjudge.judge.ledger import Ledger
@@ -49,12 +53,14 @@ def _score(args: argparse.Namespace) -> int:
             raise UsageError("no runs to score: ingest runs, or name them")
         for run_id in args.runs:
             store.runs.run(run_id)  # an unknown run is an error before any model call
-        with opened_judge(args, target, protocol=protocol) as judge:
+        with opened_judge(args, target, protocol=protocol, store=store) as judge:
             with progress("scoring", len(run_ids) * judge.protocol.calls) as advance:
                 judge.planner.progress = lambda message: advance(0, description=message)
+                shown(judge, advance, "scoring")
                 scores = score_runs(judge, store, run_ids, on_call=advance, on_plan=announce(judge, "score"),
                                     on_score=lambda _i, score: emit(args, score.to_json(), lambda: _print_run(score)))
-            summary = {**summarize_scores(scores), "manifest": judge.manifest(), "cost": spent(judge).to_json()}
+            summary = {**summarize_scores(scores), "manifest": judge.manifest(), "cost": spent(judge).to_json(),
+                       "job": job_summary(judge.sharing)}
     emit(args, {"summary": summary}, lambda: _print_summary(summary))
     return 0
 

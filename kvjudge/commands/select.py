@@ -20,7 +20,7 @@ from typing import Any
 
 from kvjudge.atomic import atomic_write
 from kvjudge.commands._args import READS_TIERED, command, target_from
-from kvjudge.commands._judging import add_backend_args, judged, opened_judge
+from kvjudge.commands._judging import add_backend_args, job_summary, judged, opened_judge, shown
 from kvjudge.commands._output import emit, info, print_table, print_wrapped, progress
 from kvjudge.errors import UsageError
 from kvjudge.judge.best_of_n import best_of_n, candidates_of, check_protocol, protocol_kind
@@ -76,16 +76,18 @@ def _select(args: argparse.Namespace) -> int:
         states: dict[str, Any] = {}
         candidates = candidates_of(store, task=args.task, agent=args.agent, pass_score=args.pass_score,
                                    use_cache=not args.no_cache, states=states)
-        with opened_judge(args, target, protocol=protocol) as judge:
+        with opened_judge(args, target, protocol=protocol, store=store) as judge:
             def scored(run_ids: list[str]) -> list[Any]:
                 with progress(f"scoring {len(run_ids)} run(s)", len(run_ids) * judge.protocol.calls) as advance:
                     judge.planner.progress = lambda message: advance(0, description=message)
+                    shown(judge, advance, "scoring")
                     return score_runs(judge, store, run_ids, on_call=advance, states=states)
 
             payload = best_of_n(store, judge, candidates, strategy, pass_score=args.pass_score, states=states,
                                 judge_pairs=lambda pairs: judged(judge, store, PairSelection(list(pairs), "named"),
                                                                  f"comparing {len(pairs)} pair(s)", states=states),
                                 score=scored, on_round=lambda number, asked: info(f"round {number}: {asked} {asks}"))
+            payload["job"] = job_summary(judge.sharing)
     atomic_write(picks_path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in payload["picks"]).encode("utf-8"))
     payload["picks_file"] = str(picks_path)
     info(f"picks: {picks_path}")

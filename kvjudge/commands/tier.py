@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import argparse
 
-from kvjudge.commands._args import READS_TIERED, add_ceiling_args, command, records_settings, target_from
+from kvjudge.commands._args import (READS_TIERED, add_ceiling_args, add_lease_args, command, records_settings,
+                                   target_from)
 from kvjudge.commands._output import emit, info, megabytes, print_table, progress
 from kvjudge.errors import CapabilityMissing, UsageError
 from kvjudge.budget.estimation import DEFAULT_CHARS_PER_TOKEN
+from kvjudge.retention.shared_job import Sharing
 from kvjudge.retention.tiering import tier_requested
 from kvjudge.target import JudgeTarget
 from kvjudge.tokens import CharsPerToken, TokenCounter
@@ -32,25 +34,29 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                           help="also move runs above their ceiling (raw archives); the log records it")
         tier.add_argument("--verify-remote", action="store_true",
                           help="re-hash every uploaded body by downloading it (default: sizes and stored checksums)")
+        add_lease_args(tier)
 
 
 def _tier(args: argparse.Namespace) -> int:
     """Move the local bodies of graded/ungraded/archived runs that are within their effective ceiling
     (min(configured, max_context_tokens // 2), as `kvjudge reduce` targets) to a cold store: upload, write the
     manifest last, read back and check, record Tiered, then delete the local copies. Idempotent; a crashed move is
-    finished first. Reading a tiered run fetches its bodies. Exits 1 when a run above its ceiling was left behind."""
+    finished first. Reading a tiered run fetches its bodies. Exits 1 when a run above its ceiling was left behind.
+    Several started on one store share the job: each claims a run before moving it (--lease)."""
     if bool(args.run) == bool(args.all):
         raise UsageError("name one RUN or pass --all (not both)")
     judge = target_from(args, ceiling=args.ceiling)
     stores = judge.cold_stores()
     cold = stores.get(judge.cold_target())
     with judge.open_store(read_tiered=False) as store, progress("tiering", None) as advance:
-        outcome = tier_requested(store, cold, stores, run_id=args.run,
+        sharing = Sharing(store.claims, judge.settings.store.lease_seconds)
+        outcome = tier_requested(store, cold, stores, run_id=args.run, sharing=sharing,
                                  ceiling=lambda tenant: _ceiling(judge, tenant, args.unreduced),
                                  counter=lambda: _counter(judge, args.unreduced), unreduced=args.unreduced,
                                  verify_remote=args.verify_remote,
                                  progress=lambda landed, total: advance(landed, total=total))
-    payload = outcome.to_dict()
+        job = sharing.summary()
+    payload = {**outcome.to_dict(), "job": job}
     results = payload["runs"]
     left = [r for r in results if r["status"] == "above_ceiling"]
 

@@ -1,6 +1,8 @@
 """One batch of pairs run through the pipeline's stages (:mod:`kvjudge.judge.pipeline` names them): verdicts
 already known, views, prompts, scores, verdicts; cache writes gathered and written a few dozen at a time in one
-transaction; interrupted, everything answered so far written first."""
+transaction; interrupted, everything answered so far written first. With a shared job
+(:mod:`kvjudge.retention.shared_job`) each pair is claimed before its views are packed, its verdict written in the
+transaction that releases the claim, and the pairs other workers hold waited for and read from the cache."""
 
 from __future__ import annotations
 
@@ -42,6 +44,7 @@ from kvjudge.judge.verdict import (
 
 if TYPE_CHECKING:
     from kvjudge.judge.pipeline import Judge
+    from kvjudge.retention.shared_job import SharedJob, Sharing
     from kvjudge.retention import Store
     from kvjudge.retention.state import RunState
 
@@ -91,6 +94,10 @@ class PairBatch:
         self.manifest: dict[str, Any] = {}
         self.settings: dict[str, Any] = {}
         self.on_plan: PlanFn | None = None
+        self.sharing: Sharing | None = None   # set: each pair to judge is a unit of a job shared with others
+        self.job: SharedJob | None = None
+        self.left: list[int] = []             # pairs another worker holds (sharing): waited for, then read
+        self.all_keys: list[str] = []
 
     def target(self, pair: tuple[str, str]) -> int | None:
         return self.reduce_to.get(pair) if isinstance(self.reduce_to, Mapping) else self.reduce_to
@@ -110,16 +117,13 @@ class PairBatch:
         if self.on_plan is not None:
             self.on_plan(len(misses) * judge.protocol.calls, len(self.pairs) - len(misses))
         try:
-            if misses:
-                if not judge.backend.window_fixed:
-                    # An in-process window is sized to the pairs: every pair's views first, then the window.
-                    for index in misses:
-                        self.fitted[index] = self.pair_views(index)
-                    if self.needed:
-                        judge.open_window(self.needed, self.bound)
-                judge.backend.score_many(self.groups(misses), self.on_result)
-                if judge.backend.window_fixed and self.needed:
-                    judge.open_window(self.needed, self.bound)  # a server's window: only what it says of the pairs
+            if misses and self.sharing is not None and judge.use_cache:
+                cached = [key for index, key in enumerate(self.all_keys) if index not in self.keys]
+                with self.sharing.job("verdict", self.all_keys, cached=cached) as self.job:
+                    self.score(misses)
+                    self.await_others()
+            elif misses:
+                self.score(misses)
         finally:
             # Also on Ctrl-C or a fatal error (a refused key): what was answered stays answered.
             self.flush()
@@ -127,6 +131,50 @@ class PairBatch:
         if missing:  # every call reports exactly once; anything else is a bug, never a silent gap
             raise JudgeError(f"internal: {len(missing)} pair(s) were never decided")
         return [verdict for verdict in self.verdicts if verdict is not None]
+
+    def score(self, misses: list[int]) -> None:
+        """Stages 2 to 5 for the pairs of ``misses`` (with a shared job: those this worker claims)."""
+        judge = self.judge
+        if not judge.backend.window_fixed:
+            # An in-process window is sized to the pairs: every pair's views first, then the window.
+            for index in misses:
+                self.fitted[index] = self.pair_views(index)
+            if self.needed:
+                judge.open_window(self.needed, self.bound)
+        first = len(self.sent)  # a later round's groups are numbered from 0 again
+        judge.backend.score_many(self.groups(misses), lambda group, *rest: self.on_result(first + group, *rest))
+        if judge.backend.window_fixed and self.needed:
+            judge.open_window(self.needed, self.bound)  # a server's window: only what it says of the pairs
+
+    def await_others(self) -> None:
+        """Wait for the pairs other workers hold: read each verdict they wrote, judge those whose leases expired."""
+        assert self.job is not None
+        while self.left:
+            left, self.left = self.left, []
+            taken, done = self.job.wait([self.keys[index] for index in left])
+            started = time.perf_counter()
+            records = self.store.caches.get_judgments([self.keys[index] for index in left
+                                                       if self.keys[index] in done])
+            for index in left:
+                key = self.keys[index]
+                if key in records:
+                    self.from_cache(index, records[key], time.perf_counter() - started)
+                elif key in done:  # finished elsewhere, yet its verdict is gone: said, never waited for
+                    self.decided(index, self.failed(*self.pairs[index], "another worker judged this pair but its "
+                                                    "verdict is not in the store; judge it again", started))
+            self.left += [index for index in left if self.keys[index] not in taken and self.keys[index] not in done]
+            again = [index for index in left if self.keys[index] in taken]
+            if again:
+                self.score(again)
+
+    def from_cache(self, index: int, record: Mapping[str, Any], seconds: float) -> None:
+        """Decide pair ``index`` from its cached verdict record (no call: its orders counted as read)."""
+        a, b = self.pairs[index]
+        verdict = dataclasses.replace(verdict_from_record(record, a, b, margin=self.judge.margin, seconds=seconds),
+                                      cost=Ledger())  # read from the cache: no call
+        for _ in range(self.judge.protocol.calls):
+            self.called()
+        self.decided(index, verdict)
 
     # -------------------------------------------------------------------- stage 1: verdicts already known
     def known(self) -> list[int]:
@@ -140,19 +188,16 @@ class PairBatch:
         keys = [verdict_key(self.settings, window=window, slack=slack, source_a=sources[a], source_b=sources[b],
                             reduce_to=self.target((a, b)), full=self.full) for a, b in self.pairs]
         records = self.store.caches.get_judgments(keys)
+        self.all_keys = keys
         share = (time.perf_counter() - started) / max(1, len(self.pairs))  # each pair's part of the look-up
         misses = []
-        for index, ((a, b), key) in enumerate(zip(self.pairs, keys)):
+        for index, key in enumerate(keys):
             record = records.get(key)
             if record is None:
                 self.keys[index] = key
                 misses.append(index)
                 continue
-            verdict = dataclasses.replace(verdict_from_record(record, a, b, margin=self.judge.margin, seconds=share),
-                                          cost=Ledger())  # read from the cache: no call
-            for _ in range(self.judge.protocol.calls):
-                self.called()
-            self.decided(index, verdict)
+            self.from_cache(index, record, share)
         return misses
 
     # ----------------------------------------------------------------------------------- stage 2: views
@@ -199,6 +244,11 @@ class PairBatch:
             target = self.target((a, b))
             self.uses.update([(a, target), (b, target)])
         for index in misses:
+            if self.job is not None and not self.job.take(self.keys[index]):
+                self.left.append(index)  # another worker holds it, or did it: waited for afterwards
+                self.fitted.pop(index, None)
+                self.release(index)
+                continue
             prompts = self.prepare(index)
             if prompts:
                 yield prompts
@@ -209,6 +259,7 @@ class PairBatch:
         fitted = self.fitted.pop(index, None) or self.pair_views(index)
         if isinstance(fitted, Verdict):
             self.release(index)
+            self.finish_unit(index, fitted, done=False)
             self.decided(index, fitted)
             return []
         view_a, view_b = pack_pair(fitted.a, fitted.b, self.judge.counter, self.judge.room, fitted)
@@ -274,12 +325,22 @@ class PairBatch:
                                                           seconds=pending.seconds), cost=pending.cost)
         key = self.keys.get(pending.index)
         skeleton_overflow = verdict.outcome == "overflow" and not isinstance(pending.failure, PromptOverflow)
-        if (key is not None and pending.complete and pending.failure is None
-                and (verdict.outcome in SCORED or skeleton_overflow)
-                and judge_settings(verdict.manifest) == self.settings):
+        cacheable = (key is not None and pending.complete and pending.failure is None
+                     and (verdict.outcome in SCORED or skeleton_overflow)
+                     and judge_settings(verdict.manifest) == self.settings)
+        if cacheable:
+            assert key is not None
             sides = (SideRecord.of(pending.view_a), SideRecord.of(pending.view_b))
             self.write(key, verdict_record(verdict, sides))
+        self.finish_unit(pending.index, verdict, done=cacheable)
         self.decided(pending.index, verdict)
+
+    def finish_unit(self, index: int, verdict: Verdict, *, done: bool) -> None:
+        """With a shared job: the pair's claim released in the transaction that writes its verdict (and every
+        answer gathered so far), with what its calls cost."""
+        if self.job is not None:
+            cost = verdict.cost.to_json() if verdict.cost.calls else None
+            self.flush(lambda: self.job.finish(self.keys[index], cost, done=done))  # type: ignore[union-attr]
 
     def decided(self, index: int, verdict: Verdict) -> None:
         """Keep the verdict; report every verdict now decided in pair order."""
@@ -298,14 +359,17 @@ class PairBatch:
         if len(self.writes) >= _WRITE_BATCH:
             self.flush()
 
-    def flush(self) -> None:
-        """Write the gathered cache entries in one transaction (and the token counts made since the last)."""
+    def flush(self, also: Callable[[], None] | None = None) -> None:
+        """Write the gathered cache entries in one transaction, ``also`` inside it (a claim released with the
+        verdict it claimed), and the token counts made since the last."""
         self.judge.counter.save(self.store.caches)
-        if not self.writes:
+        if not self.writes and also is None:
             return
         with self.store.transaction("put_judgments"):
             for key, payload in self.writes.items():
                 self.store.caches.put_judgment(key, payload)
+            if also is not None:
+                also()
         self.writes.clear()
 
 

@@ -49,6 +49,7 @@ from kvjudge.judge.window import Window, WindowPlanner, default_planner
 
 if TYPE_CHECKING:
     from kvjudge.retention import Store
+    from kvjudge.retention.shared_job import Sharing
     from kvjudge.retention.state import RunState
 
 # The fewest tokens a rubric's longest question may leave the views of a window.
@@ -77,6 +78,9 @@ class Judge:
     planner: WindowPlanner | None = None
     protocol: JudgeProtocol = field(default_factory=LetterProtocol)
     window: Window | None = field(default=None, repr=False)
+    #: Set: the work this judge does is shared with other processes on its store (a command's; see
+    #: :mod:`kvjudge.retention.shared_job`), unless a call names another.
+    sharing: Sharing | None = field(default=None, repr=False)
     _framing: Framing | None = field(default=None, repr=False)
     _framing_tokens: int | None = field(default=None, repr=False)
     _counter: ViewCounter | None = field(default=None, repr=False)
@@ -245,7 +249,7 @@ def judge_pair(store: Store, a: str, b: str, backend: Backend, *, margin: float 
 def judge_batch(judge: Judge, store: Store, pairs: Sequence[tuple[str, str]], *, reduce_to: PairReduce = None,
                 full: bool = False, bound: str = "certified", on_call: Callable[[], None] | None = None,
                 on_verdict: VerdictFn | None = None, states: Mapping[str, RunState] | None = None,
-                on_plan: PlanFn | None = None) -> list[Verdict]:
+                on_plan: PlanFn | None = None, sharing: Sharing | None = None) -> list[Verdict]:
     """Judge ``pairs`` of ``store``, both orders each, in one window (the stages in the module docstring).
 
     ``reduce_to`` (tokens, or tokens per pair) judges views reduced that far (derived, never stored): the reduced
@@ -255,13 +259,15 @@ def judge_batch(judge: Judge, store: Store, pairs: Sequence[tuple[str, str]], *,
     ``states``: folded runs already read, by id (``PairSelection.runs`` of folded runs); the others are read from
     the store, and added to a dict given (so a caller scoring the verdicts next reads no run twice). ``on_plan`` hears
     how many calls at most are about to be sent and how many verdicts came from the cache, before the first call.
-    Interrupted (Ctrl-C), every verdict and order answered so far is written to the caches first.
+    Interrupted (Ctrl-C), every verdict and order answered so far is written to the caches first. With ``sharing``
+    (and the cache on), each pair is a unit of a job other processes may share (:mod:`kvjudge.retention.shared_job`).
     """
     if judge.protocol.kind != "pairwise":
         raise UsageError(f"the {judge.protocol.name} protocol scores one run at a time: use `kvjudge score`, or a "
                          f"pairwise protocol to judge pairs")
     batch = PairBatch(judge, store, pairs, reduce_to, full, bound, on_call, on_verdict)
     batch.on_plan = on_plan
+    batch.sharing = sharing if sharing is not None else judge.sharing
     if isinstance(states, dict):
         batch.states = states
     else:

@@ -9,6 +9,10 @@ run's view is rendered, fitted into the window alone, and every reading asked (`
 readings one after the other, on one server, so its prefix cache reuses the run). An overflow or a failed reading
 is an outcome of its own (``overflow``, ``error``), never a score, and is never cached.
 
+With a :class:`~kvjudge.retention.shared_job.Sharing`, several processes score one job: each run is claimed before
+its readings are sent, its score cached in the transaction that releases the claim, and the runs others scored read
+from the cache.
+
 Each score carries its cost (:class:`~kvjudge.judge.ledger.Ledger`: the calls its readings sent, as the answerers
 measured them; a score read from the cache cost nothing), and ``on_plan`` hears, once the cache has been read and
 before any call, how many calls the misses will send.
@@ -19,17 +23,18 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from kvjudge.errors import JudgeError, UsageError
 from kvjudge.judge.labels import LabelScore, PromptOverflow
 from kvjudge.judge.ledger import Ledger
-from kvjudge.judge.pack import PackedView, RunTokens, fit_view
+from kvjudge.judge.pack import BaseView, PackedView, RunTokens, fit_view
 from kvjudge.judge.prompt import TEMPLATE_VERSION, Prompt
 from kvjudge.judge.protocols.base import Reading, by_criterion, combined, mean_spread
 from kvjudge.judge.verdict import judge_settings, view_code, view_sources
+from kvjudge.retention.shared_job import SharedJob, Sharing
 
 if TYPE_CHECKING:
     from kvjudge.judge.pipeline import Judge
@@ -141,11 +146,13 @@ class _Pending:
 
 def score_runs(judge: Judge, store: Store, run_ids: Sequence[str], *, on_call: Callable[[], None] | None = None,
                on_score: ScoreFn | None = None, states: dict[str, RunState] | None = None,
-               bound: str = "certified", on_plan: PlanFn | None = None) -> list[RunScore]:
+               bound: str = "certified", on_plan: PlanFn | None = None,
+               sharing: Sharing | None = None) -> list[RunScore]:
     """Score ``run_ids`` of ``store`` with ``judge`` (a pointwise protocol), each run's readings asked on its own
     (see the module docstring). ``on_call()`` hears of each reading asked or read from the cache, ``on_score(index,
     score)`` of each run's score as it is decided, ``on_plan(calls, cached)`` of the calls about to be sent (before
-    the first); ``states`` as :func:`~kvjudge.judge.pipeline.judge_batch`."""
+    the first); ``states`` as :func:`~kvjudge.judge.pipeline.judge_batch`. With ``sharing`` (and the cache on), each
+run to score is a unit of a job other processes may share: see :mod:`kvjudge.retention.shared_job`."""
     protocol = judge.protocol
     if protocol.kind != "pointwise":
         raise UsageError(f"the {protocol.name} protocol judges pairs; score runs with a pointwise protocol "
@@ -183,42 +190,110 @@ def score_runs(judge: Judge, store: Store, run_ids: Sequence[str], *, on_call: C
             misses.append(index)
     if on_plan is not None:
         on_plan(len(misses) * calls, len(run_ids) - len(misses))
-    if misses:
-        _score_misses(judge, store, run_ids, misses, state, keys, manifest, settings, on_call, decided, bound)
+    def work(indexes: list[int], job: SharedJob | None) -> list[int]:
+        return _score_misses(judge, store, run_ids, indexes, state, keys, manifest, settings, on_call, decided,
+                             bound, job) if indexes else []
+
+    sharing = sharing if sharing is not None else judge.sharing
+    if misses and sharing is not None and judge.use_cache:
+        _score_shared(judge, store, run_ids, misses, keys, sharing, [key for key in keys if key in records], work,
+                      on_call, decided)
+    else:
+        work(misses, None)
     judge.counter.save(store.caches)
     return [score for score in scores if score is not None]
 
 
+def _score_shared(judge: Judge, store: Store, run_ids: Sequence[str], misses: list[int], keys: list[str],
+                  sharing: Sharing, cached: Sequence[str], work: Callable[[list[int], SharedJob | None], list[int]],
+                  on_call: Callable[[], None] | None, decided: ScoreFn) -> None:
+    """The misses as one unit each of a job several workers share: this worker does those it claims, waits for
+    the others, and reads what others scored from the cache (:mod:`kvjudge.retention.shared_job`)."""
+    calls = judge.protocol.calls
+    with sharing.job("score", keys, cached=cached) as job:
+        left = work(misses, job)
+        while left:
+            taken, done = job.wait([keys[index] for index in left])
+            records = store.caches.get_judgments([keys[index] for index in left if keys[index] in done])
+            for index in left:
+                if keys[index] in records:
+                    for _ in range(calls):
+                        if on_call is not None:
+                            on_call()
+                    decided(index, from_record(run_ids[index], records[keys[index]], 0.0))
+                elif keys[index] in done:  # finished elsewhere, yet its score is gone: said, never waited for
+                    decided(index, failed(run_ids[index], "error", "another worker scored this run but its score "
+                                          "is not in the store; score it again", manifest=judge.manifest(),
+                                          seconds=0.0))
+            again = work([index for index in left if keys[index] in taken], job)
+            left = [index for index in left if keys[index] not in taken and keys[index] not in done] + again
+
+
 def _score_misses(judge: Judge, store: Store, run_ids: Sequence[str], misses: list[int],
                   state: Callable[[str], RunState], keys: list[str], manifest: dict[str, Any],
-                  settings: dict[str, Any], on_call: Callable[[], None] | None, decided: ScoreFn, bound: str) -> None:
+                  settings: dict[str, Any], on_call: Callable[[], None] | None, decided: ScoreFn, bound: str,
+                  job: SharedJob | None) -> list[int]:
+    """Score the runs of ``misses`` (with ``job``: only those this worker claims, each claimed just before its
+    view is fitted); returns the indexes left to other workers."""
     protocol, backend = judge.protocol, judge.backend
     started = time.perf_counter()
-    bases = {}
-    for index in misses:
-        try:
-            bases[index] = judge.base_of(store, state(run_ids[index]))
-        except JudgeError as exc:  # counting failed: an outcome, never a crash
-            decided(index, failed(run_ids[index], "error", str(exc), manifest=manifest,
-                                  seconds=time.perf_counter() - started))
-    needed = max((judge.framing_tokens + base.tokens for base in bases.values()), default=0)
-    if needed and not backend.window_fixed:
-        judge.open_window(needed, bound)
+    bases: dict[int, BaseView | RunScore] = {}
+
+    def base(index: int) -> BaseView | RunScore:
+        """The run's view before fitting, or its error where counting failed (an outcome, never a crash)."""
+        if index not in bases:
+            try:
+                bases[index] = judge.base_of(store, state(run_ids[index]))
+            except JudgeError as exc:
+                bases[index] = failed(run_ids[index], "error", str(exc), manifest=manifest,
+                                      seconds=time.perf_counter() - started)
+        return bases[index]
+
+    needed = 0
+    if not backend.window_fixed:
+        # An in-process window is sized to the runs: every run's view first, then the window.
+        needed = max((judge.framing_tokens + b.tokens for b in map(base, misses) if isinstance(b, BaseView)),
+                     default=0)
+        if needed:
+            judge.open_window(needed, bound)
     pending: list[_Pending] = []
-    groups: list[list[Prompt]] = []
-    for index, base in bases.items():
-        view = fit_view(base, judge.counter, judge.room)
-        if view.text is None:
-            decided(index, failed(run_ids[index], "overflow", f"even the skeleton of {run_ids[index]} exceeds the "
-                                  f"{judge.room}-token room for its view (n_ctx {backend.n_ctx})", manifest=manifest,
-                                  seconds=time.perf_counter() - started, tokens=view.tokens))
-            continue
-        readings = protocol.readings()
-        item = _Pending(index, view, readings, time.perf_counter(), waiting=len(readings))
-        pending.append(item)
-        groups.append([Prompt(protocol.segments(judge.framing, reading, view.segments or view.text),
-                              protocol.shared(judge.framing), protocol.scale) for reading in readings])
+    left: list[int] = []
     writes: dict[str, dict[str, Any]] = {}
+
+    def finish(index: int, score: RunScore, record: dict[str, Any] | None) -> None:
+        """Decide the run; its score cached (with ``job``: in the transaction that releases its claim)."""
+        if job is not None:
+            with store.transaction("put_judgments"):
+                if record is not None:
+                    store.caches.put_judgment(keys[index], record)
+                job.finish(keys[index], score.cost.to_json() if score.cost.calls else None, done=record is not None)
+        elif record is not None:
+            writes[keys[index]] = record
+        decided(index, score)
+
+    def groups() -> Iterator[list[Prompt]]:
+        nonlocal needed
+        for index in misses:
+            if job is not None and not job.take(keys[index]):
+                left.append(index)
+                continue
+            fitted = base(index)
+            del bases[index]  # fitted once: the rendered view is not kept past its run
+            if isinstance(fitted, RunScore):
+                finish(index, fitted, None)
+                continue
+            needed = max(needed, judge.framing_tokens + fitted.tokens)
+            view = fit_view(fitted, judge.counter, judge.room)
+            if view.text is None:
+                finish(index, failed(run_ids[index], "overflow", f"even the skeleton of {run_ids[index]} exceeds "
+                                     f"the {judge.room}-token room for its view (n_ctx {backend.n_ctx})",
+                                     manifest=manifest, seconds=time.perf_counter() - started, tokens=view.tokens),
+                       None)
+                continue
+            readings = protocol.readings()
+            pending.append(_Pending(index, view, readings, time.perf_counter(), waiting=len(readings)))
+            yield [Prompt(protocol.segments(judge.framing, reading, view.segments or view.text),
+                          protocol.shared(judge.framing), protocol.scale) for reading in readings]
 
     def on_result(group: int, position: int, answer: LabelScore | None, failure: JudgeError | None,
                   server: str | None, _seconds: float) -> None:
@@ -240,23 +315,23 @@ def _score_misses(judge: Judge, store: Store, run_ids: Sequence[str], misses: li
         run_id, seconds = run_ids[item.index], time.perf_counter() - item.started
         if item.failure is not None:
             outcome = "overflow" if isinstance(item.failure, PromptOverflow) else "error"
-            decided(item.index, failed(run_id, outcome, str(item.failure), manifest=manifest, seconds=seconds,
-                                       tokens=item.view.tokens, cost=item.cost))
+            finish(item.index, failed(run_id, outcome, str(item.failure), manifest=manifest, seconds=seconds,
+                                      tokens=item.view.tokens, cost=item.cost), None)
             return
         score = from_readings(run_id, [item.answers[p] for p in sorted(item.answers)], manifest=manifest,
                               seconds=seconds, tokens=item.view.tokens, cached=False, view_sha256=item.view.sha256,
                               cost=item.cost)
-        if judge.use_cache and judge_settings(score.manifest) == settings and item.view.missing == 0:
-            writes[keys[item.index]] = score.record()
-        decided(item.index, score)
+        cacheable = judge.use_cache and judge_settings(score.manifest) == settings and item.view.missing == 0
+        finish(item.index, score, score.record() if cacheable else None)
 
-    backend.score_many(groups, on_result)
+    backend.score_many(groups(), on_result)
     if needed and backend.window_fixed:
         judge.open_window(needed, bound)
     if writes:
         with store.transaction("put_judgments"):
             for key, payload in writes.items():
                 store.caches.put_judgment(key, payload)
+    return left
 
 
 def summarize_scores(scores: Sequence[RunScore]) -> dict[str, Any]:

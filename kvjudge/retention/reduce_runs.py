@@ -17,6 +17,7 @@ from kvjudge.retention.reduce_apply import (
     plan_stored,
     reduce_run,
 )
+from kvjudge.retention.shared_job import SharedJob, Sharing
 from kvjudge.retention.store import Store
 from kvjudge.tokens import BatchCounter, TokenCounter
 
@@ -56,7 +57,7 @@ RunFn = Callable[[str, int, int], None]
 
 def reduce_runs(store: Store, run_ids: Sequence[str] | None, token_target_of: Callable[[str], int],
                 counter: TokenCounter | Callable[[], TokenCounter], *, tenant: str | None = None,
-                dry_run: bool = False, on_run: RunFn | None = None) -> RunsReduction:
+                dry_run: bool = False, on_run: RunFn | None = None, sharing: Sharing | None = None) -> RunsReduction:
     """Reduce the runs named (None: every run of the store, or of ``tenant``) to their tenant's target.
 
     ``token_target_of(tenant)`` is the tenant's token target; every tenant's is asked for before anything is
@@ -69,6 +70,12 @@ def reduce_runs(store: Store, run_ids: Sequence[str] | None, token_target_of: Ca
     as it can be, and never waited for while there is writing to do: each run is counted (its bodies in one batch)
     and planned (its cut markers and each round of extracts in one batch) in a background thread while the run before
     is being written; a short text's count is remembered from run to run.
+
+    With ``sharing`` (not a dry run), each run's reduction is a unit of a job other processes started on the store
+    share (:mod:`kvjudge.retention.shared_job`): claimed before it is counted or written, released once its last
+    step has committed. A reduction is several transactions by design (extract put → ``Reduced`` → original
+    deleted), so a unit taken over from a killed worker finds the steps it committed done and finishes the rest. A
+    run another worker reduced is reported as it now stands (planned again: nothing left to write).
     """
     chosen = run_ids if run_ids is not None else store.runs.run_ids(tenant)
     candidates = [store.runs.run(run_id) for run_id in chosen]
@@ -80,6 +87,9 @@ def reduce_runs(store: Store, run_ids: Sequence[str] | None, token_target_of: Ca
     reducible = [state.id for state in candidates if state.is_reducible]
     tenants = sorted({state.tenant for state in candidates if state.is_reducible})
     token_targets = {name: token_target_of(name) for name in tenants}
+    # A unit is a run as this job found it: once its state changes (reduced, graded again) a later job's unit is new.
+    found = {state.id: f"{state_digest(state)}:{token_targets[state.tenant]}" for state in candidates
+             if state.is_reducible}
     del candidates  # each run is read again as it is reduced (another process may have changed it meanwhile)
     if not isinstance(counter, TokenCounter):
         counter = counter()
@@ -88,7 +98,13 @@ def reduce_runs(store: Store, run_ids: Sequence[str] | None, token_target_of: Ca
         counter = RememberedShortTexts(counter)
         ahead = PlanningAhead(store, counter, token_targets)
     try:
-        outcomes, above = _reduce_each(store, reducible, token_targets, counter, ahead, dry_run, on_run)
+        if sharing is not None and not dry_run and reducible:
+            units = {run_id: f"reduce:{run_id}:{found[run_id]}:{counter.name}" for run_id in reducible}
+            with sharing.job("reduce", list(units.values())) as job:
+                outcomes, above = _reduce_each(store, reducible, token_targets, counter, ahead, dry_run, on_run,
+                                               job, units)
+        else:
+            outcomes, above = _reduce_each(store, reducible, token_targets, counter, ahead, dry_run, on_run)
     finally:
         if ahead is not None:
             ahead.close()
@@ -100,10 +116,12 @@ def reduce_runs(store: Store, run_ids: Sequence[str] | None, token_target_of: Ca
 
 
 def _reduce_each(store: Store, reducible: Sequence[str], token_targets: Mapping[str, int], counter: TokenCounter,
-                 ahead: PlanningAhead | None, dry_run: bool,
-                 on_run: RunFn | None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    outcomes: list[dict[str, Any]] = []
-    above: list[dict[str, Any]] = []
+                 ahead: PlanningAhead | None, dry_run: bool, on_run: RunFn | None, job: SharedJob | None = None,
+                 units: Mapping[str, str] | None = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Each run reduced in turn (with ``job``: those this worker claims; then those others held, once done or
+    taken over), the outcomes in the order of ``reducible``."""
+    done_runs: dict[str, tuple[dict[str, Any], dict[str, Any] | None]] = {}
+    left: list[str] = []
     if ahead is not None and reducible:
         ahead.start(reducible[0])
     for done, run_id in enumerate(reducible):
@@ -114,29 +132,53 @@ def _reduce_each(store: Store, reducible: Sequence[str], token_targets: Mapping[
             planned = ahead.settle()
             if done + 1 < len(reducible):
                 ahead.start(reducible[done + 1])
-        state = store.runs.run(run_id)
-        token_target = token_targets[state.tenant]
-        try:
-            if dry_run:
-                if planned is None or planned.base_digest != state_digest(state):
-                    planned = plan_stored(store, state, token_target, counter)
-                plan, outcome = planned, {**planned.to_dict(), "dry_run": True}
-            else:
-                result = _applied_ahead(store, planned) if planned is not None else None
-                if result is None:
-                    result = reduce_run(store, run_id, token_target, counter)
-                plan, outcome = result.plan, result.to_dict()
-            if not plan.fits:
-                above.append({"run": run_id, "tokens": plan.tokens_after, "target": token_target,
-                              "reason": left_above(plan), "fix": None})
-        except RunInColdStorage as exc:
-            outcome = {"run": run_id, "counter": counter.name, "target_tokens": token_target,
-                       "tokens_before": exc.tokens, "tokens_after": exc.tokens, "fits": False, "events": 0, "in_cold_storage": True}
-            above.append({"run": run_id, "tokens": exc.tokens, "target": token_target, "reason": str(exc),
-                          "fix": f"kvjudge rehydrate {run_id}"})
-        outcome["tenant"] = state.tenant
-        outcomes.append(outcome)
+        if job is not None and units is not None and not job.take(units[run_id]):
+            left.append(run_id)  # another worker holds it (or did it): waited for below
+            continue
+        done_runs[run_id] = _reduce_one(store, run_id, planned, token_targets, counter, dry_run)
+        if job is not None and units is not None:
+            with store.transaction("finish_claim"):
+                job.finish(units[run_id], None, done=True)
+    while job is not None and units is not None and left:
+        taken, finished = job.wait([units[run_id] for run_id in left])
+        for run_id in [r for r in left if units[r] in taken or units[r] in finished]:
+            done_runs[run_id] = _reduce_one(store, run_id, None, token_targets, counter, dry_run)
+            if units[run_id] in taken:
+                with store.transaction("finish_claim"):
+                    job.finish(units[run_id], None, done=True)
+        left = [r for r in left if units[r] not in taken and units[r] not in finished]
+    outcomes = [done_runs[run_id][0] for run_id in reducible]
+    above = [item for run_id in reducible if (item := done_runs[run_id][1]) is not None]
     return outcomes, above
+
+
+def _reduce_one(store: Store, run_id: str, planned: ReductionPlan | None, token_targets: Mapping[str, int],
+                counter: TokenCounter, dry_run: bool) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """One run reduced (or planned, ``dry_run``): its outcome, and why it stays above its target (None: it fits)."""
+    above = None
+    state = store.runs.run(run_id)
+    token_target = token_targets[state.tenant]
+    try:
+        if dry_run:
+            if planned is None or planned.base_digest != state_digest(state):
+                planned = plan_stored(store, state, token_target, counter)
+            plan, outcome = planned, {**planned.to_dict(), "dry_run": True}
+        else:
+            result = _applied_ahead(store, planned) if planned is not None else None
+            if result is None:
+                result = reduce_run(store, run_id, token_target, counter)
+            plan, outcome = result.plan, result.to_dict()
+        if not plan.fits:
+            above = {"run": run_id, "tokens": plan.tokens_after, "target": token_target,
+                     "reason": left_above(plan), "fix": None}
+    except RunInColdStorage as exc:
+        outcome = {"run": run_id, "counter": counter.name, "target_tokens": token_target,
+                   "tokens_before": exc.tokens, "tokens_after": exc.tokens, "fits": False, "events": 0,
+                   "in_cold_storage": True}
+        above = {"run": run_id, "tokens": exc.tokens, "target": token_target, "reason": str(exc),
+                 "fix": f"kvjudge rehydrate {run_id}"}
+    outcome["tenant"] = state.tenant
+    return outcome, above
 
 
 def _applied_ahead(store: Store, plan: ReductionPlan) -> ReductionResult | None:

@@ -22,6 +22,7 @@ import contextlib
 import hashlib
 import socket
 import threading
+import time
 from collections import Counter, OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -91,12 +92,15 @@ class ReplicaSettings:
     """What the replica adds to a simulated judge: its cache's capacity (0: no prefix caching, details ``null``;
     default :data:`GPU_KV_TOKENS`, one GPU's), the API key it asks for (None: none), its block size, and the window
     it reports in ``/v1/models`` and ``/tokenize`` (None: the one it holds; a larger one: a replica that holds less
-    than the pool was probed with, as after a restart with other flags)."""
+    than the pool was probed with, as after a restart with other flags), and ``latency_s``, the seconds each
+    completion takes before it is answered (a GPU's time per call; calls in flight at once overlap, as a batching
+    server's do)."""
 
     capacity_tokens: int = GPU_KV_TOKENS
     api_key: str | None = None
     block_size: int = VLLM_BLOCK_SIZE
     reported_window: int | None = None
+    latency_s: float = 0.0
 
 
 class _ReplicaApi(_Api):
@@ -109,6 +113,7 @@ class _ReplicaApi(_Api):
         self.cache = PrefixCache(replica.capacity_tokens, replica.block_size) if replica.capacity_tokens else None
         self.usage = usage
         self.reported_window = replica.reported_window
+        self.latency_s = replica.latency_s
         self._usage_lock = threading.Lock()
 
     def _reported(self, answer: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -126,6 +131,8 @@ class _ReplicaApi(_Api):
         return self._reported(answer, [answer])
 
     def _account(self, answer: dict[str, Any], ids: list[int], body: dict[str, Any]) -> dict[str, Any]:
+        if self.latency_s:
+            time.sleep(self.latency_s)
         usage = answer["usage"]
         cached = self.cache.serve(ids) if self.cache is not None else None
         if cached is not None:

@@ -1,6 +1,6 @@
 """What the store offers, as a few small protocols, each with the rows it owns: the event recorder (the log), the
-blob store (bodies), run queries (the projection of each run, read by name) and the caches (token counts,
-judgments). A caller takes the narrowest one it needs; :class:`~kvjudge.retention.store.Store` composes one of
+blob store (bodies), run queries (the projection of each run, read by name), the caches (token counts,
+judgments) and the claims several processes sharing one job take on its units. A caller takes the narrowest one it needs; :class:`~kvjudge.retention.store.Store` composes one of
 each, implemented on SQLite in this package. ``tests/store_cases.py`` holds one reusable test case per protocol.
 """
 
@@ -301,4 +301,74 @@ class Judgments(Protocol):
     def iter_judgments(self) -> Iterator[tuple[str, dict[str, Any]]]:
         """Every cached ``(key, payload)`` (verdicts, orders, pointwise scores, run facts), streamed in key
         order."""
+        ...
+
+
+@dataclass(frozen=True)
+class JobView:
+    """What one job holds now, as one worker sees it: its units, those done (``done_here`` by this worker), those
+    claimed under a live lease (``claimed_here`` by this worker), those free, and the workers holding claims."""
+
+    units: int
+    done: int
+    done_here: int
+    claimed: int
+    claimed_here: int
+    free: int
+    workers: int
+
+    def to_dict(self) -> dict[str, int]:
+        return {"units": self.units, "done": self.done, "done_here": self.done_here, "claimed": self.claimed,
+                "claimed_here": self.claimed_here, "free": self.free, "workers": self.workers}
+
+
+class WorkClaims(Protocol):
+    """Claims on units of work, so several processes share one job (its rows: one per unit, keyed by the key of
+    the unit's result). A worker claims a unit before sending its calls, under a lease it renews; another worker
+    skips what is claimed and live, takes what is free or expired, and never what is done."""
+
+    def available(self) -> bool:
+        """True when the store can hold claims (a schema with the claims table)."""
+        ...
+
+    def claim(self, units: Sequence[str], kind: str, worker: str, lease_seconds: float, *, limit: int = 1,
+              skip: Iterable[str] = ()) -> list[str]:
+        """Take up to ``limit`` free units of ``units`` in their order (none of ``skip``); returns those taken."""
+        ...
+
+    def renew(self, worker: str, lease_seconds: float) -> int:
+        """Extend every live claim of ``worker``; returns how many. Safe from another thread (a lease keeper's)."""
+        ...
+
+    def close_renewer(self) -> None:
+        """Let go of what :meth:`renew` holds for the calling thread (its connection), when that thread stops."""
+        ...
+
+    def finish(self, unit: str, worker: str, cost: Mapping[str, Any] | None, *, done: bool) -> bool:
+        """Release ``unit`` in the caller's transaction (the one writing its result): done, or free again after a
+        failure; ``cost`` kept with it. False when the claim was no longer ``worker``'s."""
+        ...
+
+    def release(self, units: Iterable[str], worker: str) -> int:
+        """Give back ``worker``'s unfinished claims on ``units``; returns how many."""
+        ...
+
+    def view(self, units: Sequence[str], worker: str) -> JobView:
+        """What the job of ``units`` holds now, as ``worker`` sees it."""
+        ...
+
+    def finished(self, units: Iterable[str]) -> set[str]:
+        """Of ``units``, those some worker finished (their results are stored)."""
+        ...
+
+    def holders(self, units: Iterable[str]) -> set[str]:
+        """The workers holding unfinished claims on ``units`` (their leases live or not)."""
+        ...
+
+    def expire(self, worker: str) -> int:
+        """End every unfinished claim of ``worker`` now (a worker known dead); returns how many."""
+        ...
+
+    def costs(self, units: Sequence[str]) -> list[dict[str, Any]]:
+        """What each try of each unit cost, as recorded with it."""
         ...

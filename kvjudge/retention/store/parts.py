@@ -9,8 +9,9 @@ from typing import Any
 
 from kvjudge.retention.store.blobs import BodyReaders, SqliteBlobStore
 from kvjudge.retention.store.caches import SqliteCaches
+from kvjudge.retention.store.claims import SqliteWorkClaims
 from kvjudge.retention.store.database import Database
-from kvjudge.retention.store.interfaces import BlobStore, BodyReading, EventRecorder, RunQueries
+from kvjudge.retention.store.interfaces import BlobStore, BodyReading, EventRecorder, RunQueries, WorkClaims
 from kvjudge.retention.store.log import SqliteEventRecorder
 from kvjudge.retention.store.projection import Projector
 from kvjudge.retention.store.queries import SqliteRunQueries
@@ -24,6 +25,7 @@ class StoreParts:
     blobs: BlobStore
     runs: RunQueries
     caches: Any  # TokenCounts and Judgments
+    claims: WorkClaims
     rebuild: Callable[[], int]  # drop the projection and fold every run again from LSN 0
     reproject: Callable[[], int]  # write every run's projection again from the state it holds
     body_readers: Callable[[], BodyReading]
@@ -35,7 +37,7 @@ def sqlite_parts(db: Database) -> StoreParts:
     blobs = SqliteBlobStore(db, projector.read_locally)
     events = SqliteEventRecorder(db, projector, blobs.has_body)
     return StoreParts(events=events, blobs=blobs, runs=SqliteRunQueries(db, projector, blobs.has_body, events),
-                      caches=SqliteCaches(db, projector), rebuild=lambda: projector.rebuild(events),
+                      caches=SqliteCaches(db, projector), claims=SqliteWorkClaims(db), rebuild=lambda: projector.rebuild(events),
                       reproject=projector.reproject, body_readers=lambda: BodyReaders(db.path))
 
 

@@ -2,8 +2,9 @@
 part per protocol of :mod:`.interfaces`, composed (not inherited).
 
 ``store.events`` (:class:`~.interfaces.EventRecorder`), ``store.blobs`` (:class:`~.interfaces.BlobStore`),
-``store.runs`` (:class:`~.interfaces.RunQueries`) and ``store.caches`` (:class:`~.interfaces.TokenCounts` and
-:class:`~.interfaces.Judgments`); :meth:`Store.transaction` spans them all. A caller takes the narrowest part it
+``store.runs`` (:class:`~.interfaces.RunQueries`), ``store.caches`` (:class:`~.interfaces.TokenCounts` and
+:class:`~.interfaces.Judgments`) and ``store.claims`` (:class:`~.interfaces.WorkClaims`); :meth:`Store.transaction`
+spans them all. A caller takes the narrowest part it
 needs. :meth:`Store.open` picks the implementation from the location: a path is SQLite, a ``postgresql://`` URL
 is PostgreSQL (:mod:`.postgres`, imported only then).
 """
@@ -40,6 +41,7 @@ class Store:
         self.events = parts.events
         self.runs = parts.runs
         self.caches = parts.caches
+        self.claims = parts.claims
         self.transaction = db.transaction
         self.savepoint = db.savepoint
         self.page_cache = db.page_cache

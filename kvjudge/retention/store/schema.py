@@ -11,13 +11,15 @@ Schema version in ``PRAGMA user_version``, kvjudge's mark in ``PRAGMA applicatio
   :mod:`.projection`): a run's folded state and the columns a listing shows; where each body is and how often a
   reader of the run sees it; a run's visible tokens per counter, once every body it shows is counted.
 - ``judgments(key, payload)`` — the judge's cache (not history, so not events).
+- ``claims(unit, …)`` — the units of work of a job several processes share (:mod:`.claims`): who holds each one
+  and until when, and what a finished one cost (coordination, not history, so not events).
 """
 
 from __future__ import annotations
 
 import sqlite3
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 APPLICATION_ID = 0x6B766A64  # "kvjd"
 
 # The projection tables as version 1 created them (part of migration 1: never edited).
@@ -92,6 +94,14 @@ CREATE TABLE run_tokens (
     3: """
 CREATE INDEX runs_listing ON runs(
     id, tenant, agent, task, trial, state, grades, reduced, branches, transitions, bodies, bodies_gone, bodies_tiered);
+""",
+    # Claims on units of work (a pair's verdict, a run's scores, reduction or tiering), so several processes share
+    # one job: a unit is held by one worker until its lease expires; a finished one keeps what its calls cost.
+    4: """
+CREATE TABLE claims (
+    unit TEXT PRIMARY KEY, kind TEXT NOT NULL, worker TEXT, expires REAL, done INTEGER NOT NULL DEFAULT 0,
+    finished_by TEXT, finished REAL, cost TEXT);
+CREATE INDEX claims_worker ON claims(worker, done);
 """,
 }
 

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from kvjudge.retention.store.location import StoreLocation
 from kvjudge.retention.store.postgres.blobs import PostgresBlobStore, PostgresBodyReaders
 from kvjudge.retention.store.postgres.caches import PostgresCaches
+from kvjudge.retention.store.postgres.claims import PostgresWorkClaims
 from kvjudge.retention.store.postgres.database import PostgresDatabase
 from kvjudge.retention.store.postgres.log import PostgresEventRecorder
 from kvjudge.retention.store.postgres.projection import PostgresProjector
@@ -21,7 +22,8 @@ def postgres_parts(db: PostgresDatabase) -> StoreParts:
     blobs = PostgresBlobStore(db, projector.read_locally)
     events = PostgresEventRecorder(db, projector, blobs.has_body)
     return StoreParts(events=events, blobs=blobs, runs=PostgresRunQueries(db, projector, blobs.has_body, events),
-                      caches=PostgresCaches(db, projector), rebuild=lambda: projector.rebuild(events),
+                      caches=PostgresCaches(db, projector), claims=PostgresWorkClaims(db),
+                      rebuild=lambda: projector.rebuild(events),
                       reproject=projector.reproject, body_readers=lambda: PostgresBodyReaders(db))
 
 

@@ -6,7 +6,7 @@ and versioned in ``kvjudge_schema``, and the guards that make the log append-onl
   owner may drop triggers): the owner runs the migrations and grants that role SELECT and INSERT on ``events``,
   USAGE on its sequence, and SELECT, INSERT, UPDATE, DELETE on the other tables (``tests/test_store_postgres.py``
   runs kvjudge as such a role).
-- ``blobs(ref, size, body bytea)``, ``blob_tokens``, ``judgments`` and the projection tables ``runs``,
+- ``blobs(ref, size, body bytea)``, ``blob_tokens``, ``judgments``, ``claims`` and the projection tables ``runs``,
   ``run_bodies``, ``run_tokens``, as on SQLite.
 
 Every text column sorts as bytes (``COLLATE "C"``), as SQLite's do: run ids and refs come back in the same order
@@ -66,6 +66,15 @@ CREATE TABLE blob_tokens (
     PRIMARY KEY (ref, counter));
 CREATE TABLE judgments (key TEXT COLLATE "C" PRIMARY KEY, payload TEXT NOT NULL);
 """ + PROJECTION_SQL),
+    # As the SQLite store's migration 4: claims on the units of jobs several processes share (kvjudge.retention.
+    # shared_job); lease times are the server's clock, in seconds since the epoch.
+    2: ("claims on the units of shared jobs", """
+CREATE TABLE claims (
+    unit TEXT COLLATE "C" PRIMARY KEY, kind TEXT COLLATE "C" NOT NULL, worker TEXT COLLATE "C",
+    expires DOUBLE PRECISION, done INTEGER NOT NULL DEFAULT 0, finished_by TEXT COLLATE "C",
+    finished DOUBLE PRECISION, cost TEXT);
+CREATE INDEX claims_worker ON claims(worker, done);
+"""),
 }
 SCHEMA_VERSION = max(MIGRATIONS)
 
