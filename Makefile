@@ -47,7 +47,7 @@ demo: bytecode
 TEST_WORKERS ?= 2
 test: bytecode
 	scripts/ensure-chromium
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 bench: $(STAMP)
 	@mkdir -p bench-out
