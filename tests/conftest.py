@@ -128,9 +128,9 @@ def demo_run(tmp_path_factory: pytest.TempPathFactory, default_model: Path) -> D
                    done=done, seconds=made["seconds"])
 
 
-# The slowest test files as measured (seconds on a quiet 2-core machine, 2026-12-06), started first: `make test`'s
-# workers take files in collection order (--no-loadscope-reorder), and the run ends when the last file ends, so a
-# long file begun last would keep one worker busy while the other waits. The order changes no test's outcome: a
+# The slowest test files as measured (a serial run of the suite, 2026-12-06), started first: `make test`'s workers
+# take files in collection order (--no-loadscope-reorder), and the run ends when the last file ends, so a long
+# file begun last would keep one worker busy while the other waits. The order changes no test's outcome: a
 # stale list costs time only. `pytest --durations=0` says which files to name here.
 SLOW_FILES_FIRST = (
     "test_judge_server.py",
