@@ -42,10 +42,14 @@ demo: bytecode
 
 # The report's tests drive a real Chromium, the store's PostgreSQL tests a real server: the system's, installed
 # from its packages when missing.
+# Two pytest-xdist workers, a test file each at a time (a file's module fixtures, its model loads and servers, are
+# built once): on the 2-core CI machine the suite waits on single-threaded child processes much of the time.
+# TEST_WORKERS=auto uses every core; TEST_WORKERS=0 runs serially.
+TEST_WORKERS ?= 2
 test: bytecode
 	scripts/ensure-chromium
 	scripts/ensure-postgres
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 bench: $(STAMP)
 	@mkdir -p bench-out

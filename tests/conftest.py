@@ -1,5 +1,11 @@
 """Shared fixtures: the real bundled models, an isolated cache/data dir for every test, an empty store,
-simulated judge servers, and one run of `kvjudge demo` for the whole session."""
+simulated judge servers, and one run of `kvjudge demo` for the whole session.
+
+`make test` runs the suite in pytest-xdist workers (a test file each at a time), and each worker is a session of
+its own. A session fixture that builds a slow artefact tests only read (the demo) goes through
+:func:`shared_build.build_once`, so that one worker builds it and the others wait and read it; a session fixture
+that starts a server (SeaweedFS in tests/seaweed.py) stays per worker: a server costs seconds, and its process
+belongs to the worker that stops it."""
 
 from __future__ import annotations
 
@@ -11,10 +17,12 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers import DEMO_RUNS, DemoRun, demo_command
 from postgres import postgres_server, postgres_url  # noqa: F401 (fixtures: the suite's one PostgreSQL server)
+from shared_build import build_once
 
 from kvjudge import models
 from kvjudge.demo import sample_runs_path
@@ -115,19 +123,49 @@ def ceiling_args(tmp_path: Path, capabilities: dict[int, Path]) -> list[str]:
 
 @pytest.fixture(scope="session")
 def demo_run(tmp_path_factory: pytest.TempPathFactory, default_model: Path) -> DemoRun:
-    """`kvjudge demo` on :data:`DEMO_RUNS` with the default model, run once for the session (it takes minutes):
-    tests/test_demo.py checks its story, tests/test_report_browser.py opens its report; none changes its
-    output directory."""
-    root = tmp_path_factory.mktemp("demo")
-    runs_file = root / "runs.jsonl"
-    runs_file.write_text("".join(line + "\n" for line in sample_runs_path().read_text().splitlines()
-                                 if json.loads(line)["id"] in DEMO_RUNS))
-    env = {k: v for k, v in os.environ.items() if k not in ("KVJUDGE_CONFIG", "KVJUDGE_FAULTS")}
-    env.update(KVJUDGE_CACHE_DIR=str(root / "cache"), KVJUDGE_DATA_DIR=str(root / "data"),
-               KVJUDGE_MODELS_DIR=str(_MODELS_DIR))
-    out = root / "out"
-    started = time.perf_counter()
-    done = subprocess.run(demo_command(out, runs_file, default_model), capture_output=True, text=True, env=env,
-                          cwd=root)
-    return DemoRun(out=out, model=default_model, runs_file=runs_file, env=env, done=done,
-                   seconds=time.perf_counter() - started)
+    """`kvjudge demo` on :data:`DEMO_RUNS` with the default model, run once for the test run (it takes minutes;
+    under pytest-xdist the workers share it, see tests/shared_build.py): tests/test_demo.py checks its story,
+    tests/test_report_browser.py opens its report; none changes its output directory."""
+
+    def env_in(root: Path) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if k not in ("KVJUDGE_CONFIG", "KVJUDGE_FAULTS")}
+        env.update(KVJUDGE_CACHE_DIR=str(root / "cache"), KVJUDGE_DATA_DIR=str(root / "data"),
+                   KVJUDGE_MODELS_DIR=str(_MODELS_DIR))
+        return env
+
+    def run_demo(root: Path) -> dict[str, Any]:
+        runs_file = root / "runs.jsonl"
+        runs_file.write_text("".join(line + "\n" for line in sample_runs_path().read_text().splitlines()
+                                     if json.loads(line)["id"] in DEMO_RUNS))
+        started = time.perf_counter()
+        done = subprocess.run(demo_command(root / "out", runs_file, default_model), capture_output=True, text=True,
+                              env=env_in(root), cwd=root)
+        return {"returncode": done.returncode, "stdout": done.stdout, "stderr": done.stderr,
+                "seconds": time.perf_counter() - started}
+
+    root, made = build_once(tmp_path_factory, "demo", run_demo)
+    done = subprocess.CompletedProcess(demo_command(root / "out", root / "runs.jsonl", default_model),
+                                       made["returncode"], made["stdout"], made["stderr"])
+    return DemoRun(out=root / "out", model=default_model, runs_file=root / "runs.jsonl", env=env_in(root),
+                   done=done, seconds=made["seconds"])
+
+
+# The slowest test files as measured (a two-worker run of the suite, 2026-12-06), started first: `make test`'s
+# workers take files in collection order (--no-loadscope-reorder), and the run ends when the last file ends, so a
+# long file begun last would keep one worker busy while the other waits. test_demo.py is left out on purpose: begun
+# late, it finds the demo that test_report_browser.py had built (shared_build.py) instead of waiting for it. The
+# order changes no test's outcome: a stale list costs time only. `pytest --durations=0` says which files to name.
+SLOW_FILES_FIRST = (
+    "test_judge_model.py",
+    "test_report_browser.py",
+    "test_judge_server.py",
+    "test_probe_certify.py",
+    "test_ingest_harnesses.py",
+    "test_tier_faults.py",
+    "test_judge_pool.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {name: number for number, name in enumerate(SLOW_FILES_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
