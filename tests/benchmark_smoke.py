@@ -17,7 +17,7 @@ BENCHMARKS = ROOT / "benchmarks"
 SMOKE: dict[str, list[str]] = {
     "best_of_n": ["--tasks", "8", "--n", "4", "--repeats", "1", "--out", "{out}"],
     "evidence_retention": ["--runs", "2", "--counter", "tiktoken", "--out", "{out}"],
-    "http_client": ["--pairs", "2", "--trials", "1", "--out", "{out}"],
+    "http_client": ["--pairs", "1", "--trials", "1", "--out", "{out}"],
     "ingest_throughput": ["--n", "3", "--small-n", "3", "--harness-n", "3", "--size-mb", "0.02", "--small-kb", "4",
                           "--run-mb", "0.02", "--out", "{out}"],
     "judge_pipeline": ["--n", "3", "--kb", "4", "--rounds", "1", "--parallel", "2", "--out", "{out}"],
@@ -26,7 +26,7 @@ SMOKE: dict[str, list[str]] = {
     "reduce_throughput": ["--tokens", "40000", "--run-tokens", "10000", "--counter", "tiktoken", "--target", "2000",
                           "--out", "{out}"],
     "runs_listing": ["--n", "10", "--size-kb", "4", "--out", "{out}"],
-    "scale": ["--n", "3", "--ceiling", "2000", "--parallel", "2", "--out", "{out}"],
+    "scale": ["--n", "1", "--ceiling", "2000", "--parallel", "2", "--out", "{out}"],
     "tier_throughput": ["--mb", "1", "--min-kb", "4", "--max-kb", "16", "--runs", "2", "--targets", "local",
                         "--rounds", "1", "--out", "{out}"],
 }
