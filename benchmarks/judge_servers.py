@@ -21,7 +21,8 @@ JSON line.
     python benchmarks/judge_servers.py --out /tmp/bench [--pairs 8] [--round 2] [--n-ctx 768]
 
 ``--smoke`` (the suite's smallest size): one pair, one round, the judge's window at 512, no warm-up pairs; every
-step still runs once — the server is killed before that one pair is sent (half of one pair is none).
+step still runs once — the server that pair went to is killed before it is sent again (half of one pair is
+none), so its requests go to the other.
 """
 
 from __future__ import annotations
@@ -113,8 +114,10 @@ def run(model: Path, pairs: int, per_round: int, n_ctx: int, server_n_ctx: int, 
             killer = Judge(pools[-1], use_cache=False)
             if warm_up:
                 judge_batch(killer, store, [warm])
-            if pairs // 2 == 0:  # one pair: killed before it is sent
-                servers[1].kill()
+            if pairs // 2 == 0:  # one pair: the server it went to in the two-server rounds, killed before it is sent
+                took = rows["two_servers"]["calls"]
+                busiest = max(took, key=took.get).rstrip("/")
+                next(s for s in servers if s.url.rstrip("/") == busiest).kill()
 
             def kill_halfway(index: int, _verdict: Verdict) -> None:
                 if index + 1 == pairs // 2:
