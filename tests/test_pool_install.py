@@ -7,8 +7,9 @@ says in one line which extra to install.
 The install resolves every dependency afresh against the package index (PyPI), as a user's would: kvjudge is built
 into a wheel from this checkout, then installed with its dependencies, ``--only-binary :all:`` and a compiler that
 always fails (``CC=false``) making any dependency that would build from source fail the install. The installer is uv
-(``pip install uv`` into the test's scratch, from pip's cache): pip took ~110 s here (32 s resolving, most of the
-rest unpacking 330 MB of wheels), uv ~10 s from its own cache (~/.cache/uv: the same wheels, linked into the venv).
+(``pip install uv`` into the test's scratch, from pip's cache): on the 2-core machine pip took 19 s quiet and 46 s
+to 110 s loaded (a third of it resolving, most of the rest unpacking 330 MB of wheels); uv, its own install and the
+wheel build included, 7 s quiet and 15 s to 26 s loaded (~/.cache/uv: the same wheels, linked into the venv).
 uv reads no pip configuration: PyPI alone, no local wheel directory or constraints file.
 """
 
