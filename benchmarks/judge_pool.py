@@ -27,6 +27,9 @@ The protocols: today's letter protocol (both orders of each pair) and the pointw
 3 criteria × 3 repeats (9 readings of each run, one group with one affinity key; issue 36's target: ≥ 75 % of
 prompt tokens from the prefix cache through the router and through the direct pool). ``--protocol-args`` passes
 extra eval flags for one more row.
+
+``--smoke`` (the suite's smallest size): every step once — one size (N alone, no 2N: the marginal figures are
+null), every protocol through both ways in, each eval and its counts-kept rerun.
 """
 
 from __future__ import annotations
@@ -104,10 +107,12 @@ def _usage(replicas: list[SimReplica]) -> Counter[str]:
     return total
 
 
-def run(pairs: int, out: Path, extra: list[str], protocols: dict[str, list[str]]) -> dict[str, Any]:
+def run(pairs: int, out: Path, extra: list[str], protocols: dict[str, list[str]],
+        smoke: bool = False) -> dict[str, Any]:
     os.environ["KVJUDGE_CACHE_DIR"] = str(out / "cache")  # the probe's entries for this run only
-    stores = {n: _store(out, n, f"runs-{n}") for n in (pairs, 2 * pairs)}
-    key = AnswerKey.load(stores[2 * pairs][1])  # the larger set holds the smaller one's runs
+    sizes = (pairs,) if smoke else (pairs, 2 * pairs)
+    stores = {n: _store(out, n, f"runs-{n}") for n in sizes}
+    key = AnswerKey.load(stores[sizes[-1]][1])  # the larger set holds the smaller one's runs
     protocols = dict(protocols)
     if extra:
         protocols["--protocol-args " + shlex.join(extra)] = extra
@@ -123,12 +128,12 @@ def run(pairs: int, out: Path, extra: list[str], protocols: dict[str, list[str]]
             for protocol, flags in protocols.items():
                 for way, servers in ways.items():
                     measured = {}
-                    for n in (pairs, 2 * pairs):
+                    for n in sizes:
                         for replica in replicas:
                             replica.clear_cache()  # every configuration starts cold
                         before = _usage(replicas)
                         copy = _fresh(stores[n][0], out)
-                        cost, cpu, wall = _eval(servers, copy, out, flags)
+                        cost, cpu, wall = _eval(servers, copy, out, flags, )
                         usage = _usage(replicas) - before
                         # The same calls again, the bodies' token counts now kept in the store: the harness's CPU
                         # for the calls alone (counting through /tokenize is the first run's extra).
@@ -143,13 +148,15 @@ def run(pairs: int, out: Path, extra: list[str], protocols: dict[str, list[str]]
                                        "cached_share": cost["cached_share"], "ledger_equals_usage": exact,
                                        "cpu_s": round(cpu, 3), "cpu_ms_per_call": round(1000 * cpu / cost["calls"], 2),
                                        "counts_kept_cpu_s": round(calls_cpu, 3), "wall_s": round(wall, 3)}
-                    small, large = measured[pairs], measured[2 * pairs]
-                    calls = max(1, large["calls"] - small["calls"])
-                    marginal = 1000 * (large["cpu_s"] - small["cpu_s"]) / calls
-                    kept = 1000 * (large["counts_kept_cpu_s"] - small["counts_kept_cpu_s"]) / calls
+                    small, large = measured[pairs], measured.get(2 * pairs)
+                    marginal = kept = None
+                    if large is not None:
+                        calls = max(1, large["calls"] - small["calls"])
+                        marginal = round(1000 * (large["cpu_s"] - small["cpu_s"]) / calls, 2)
+                        kept = round(1000 * (large["counts_kept_cpu_s"] - small["counts_kept_cpu_s"]) / calls, 2)
                     rows.append({"protocol": protocol, "way": way, "at_n": small, "at_2n": large,
-                                 "marginal_cpu_ms_per_call": round(marginal, 2),
-                                 "marginal_cpu_ms_per_call_counts_kept": round(kept, 2)})
+                                 "marginal_cpu_ms_per_call": marginal,
+                                 "marginal_cpu_ms_per_call_counts_kept": kept})
     finally:
         for replica in replicas:
             replica.stop()
@@ -235,6 +242,8 @@ def main() -> int:
     parser.add_argument("--protocol-args", default="", help="extra `kvjudge eval` flags for one more protocol row")
     parser.add_argument("--letter-only", action="store_true",
                         help="the letter protocol alone (the smallest run: the suite's smoke test)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="the smallest run (the suite's): N alone, every protocol and way once")
     parser.add_argument("--harness-only", action="store_true",
                         help="measure the harness's CPU per call in this process, around the judging alone")
     args = parser.parse_args()
@@ -244,7 +253,7 @@ def main() -> int:
         print(json.dumps(harness_cpu(args.pairs, out)))
         return 0
     protocols = {name: flags for name, flags in PROTOCOLS.items() if not args.letter_only or not flags}
-    print(json.dumps(run(args.pairs, out, shlex.split(args.protocol_args), protocols)))
+    print(json.dumps(run(args.pairs, out, shlex.split(args.protocol_args), protocols, smoke=args.smoke)))
     return 0
 
 

@@ -19,6 +19,10 @@ target 0), requests sent to the other server. Writes ``judge_servers.json`` to `
 JSON line.
 
     python benchmarks/judge_servers.py --out /tmp/bench [--pairs 8] [--round 2] [--n-ctx 768]
+
+``--smoke`` (the suite's smallest size): one pair, one round, the judge's window at 512, no warm-up pairs; every
+step still runs once — the server that pair went to is killed before it is sent again (half of one pair is
+none), so its requests go to the other.
 """
 
 from __future__ import annotations
@@ -75,7 +79,7 @@ def _row(verdicts: list[Verdict], seconds: float) -> dict[str, Any]:
 
 
 def run(model: Path, pairs: int, per_round: int, n_ctx: int, server_n_ctx: int, parallel: int, words: int,
-        directory: Path) -> dict[str, Any]:
+        directory: Path, warm_up: bool = True) -> dict[str, Any]:
     warm = (f"run-{2 * pairs}", f"run-{2 * pairs + 1}")
     requests = [(f"run-{2 * i}", f"run-{2 * i + 1}") for i in range(pairs)]
     names = ("in_process", "one_server", "two_servers")
@@ -91,8 +95,9 @@ def run(model: Path, pairs: int, per_round: int, n_ctx: int, server_n_ctx: int, 
                      open_servers([s.url for s in servers], n_ctx=n_ctx, parallel=parallel)]
             judges = dict(zip(names, (Judge(local, use_cache=False), Judge(pools[0], use_cache=False),
                                       Judge(pools[1], use_cache=False))))
-            for judge in judges.values():
-                judge_batch(judge, store, [warm])  # its two orders go to one server, one after the other
+            if warm_up:  # timing only: the smoke run skips it
+                for judge in judges.values():
+                    judge_batch(judge, store, [warm])  # its two orders go to one server, one after the other
             seconds = dict.fromkeys(names, 0.0)
             verdicts: dict[str, list[Verdict]] = {name: [] for name in names}
             for number, first in enumerate(range(0, pairs, per_round)):
@@ -107,7 +112,12 @@ def run(model: Path, pairs: int, per_round: int, n_ctx: int, server_n_ctx: int, 
                 rows[name]["calls"] = pool.stats()["calls"]
             pools.append(open_servers([s.url for s in servers], n_ctx=n_ctx, parallel=parallel))
             killer = Judge(pools[-1], use_cache=False)
-            judge_batch(killer, store, [warm])
+            if warm_up:
+                judge_batch(killer, store, [warm])
+            if pairs // 2 == 0:  # one pair: the server it went to in the two-server rounds, killed before it is sent
+                took = rows["two_servers"]["calls"]
+                busiest = max(took, key=took.get).rstrip("/")
+                next(s for s in servers if s.url.rstrip("/") == busiest).kill()
 
             def kill_halfway(index: int, _verdict: Verdict) -> None:
                 if index + 1 == pairs // 2:
@@ -162,13 +172,17 @@ def main() -> int:
     parser.add_argument("--parallel", type=int, default=2, help="requests in flight per server")
     parser.add_argument("--words", type=int, default=60, help="words of tool output per run")
     parser.add_argument("--model", help="GGUF (default: the default model)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="the smallest run (the suite's): 1 pair, 1 round, n_ctx 512, 10 words, no warm-up")
     args = parser.parse_args()
+    if args.smoke:
+        args.pairs, args.round, args.n_ctx, args.server_n_ctx, args.words = 1, 1, 512, 640, 10
     model = Path(args.model) if args.model else default_model_path()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="kvjudge-servers-bench-") as scratch:
         result = run(model, args.pairs, args.round, args.n_ctx, args.server_n_ctx, args.parallel, args.words,
-                     Path(scratch))
+                     Path(scratch), warm_up=not args.smoke)
     payload = {"benchmark": "judge_servers", "model": model.name, **result,
                "targets": {"p_a_diff": TARGET_P_A_DIFF, "pairs_lost": TARGET_PAIRS_LOST}}
     (out / "judge_servers.json").write_text(json.dumps(payload, indent=2) + "\n")

@@ -16,6 +16,8 @@ Also: pairs per minute, and prompt tokens saved by prefix reuse. Judgments are n
 Writes ``judge_throughput.json`` to ``--out`` and prints it as one JSON line.
 
     python benchmarks/judge_throughput.py --out /tmp/bench [--contexts 512,1024,2048] [--pairs 3]
+
+``--smoke`` (the suite's smallest size): n_ctx 512, one pair, no warm-up pair; the three still run once each.
 """
 
 from __future__ import annotations
@@ -74,7 +76,7 @@ def _plain_eval(llama: Any, sequences: list[list[int]]) -> float:
     return time.perf_counter() - started
 
 
-def run_context(model: Path, n_ctx: int, pairs: int, directory: Path) -> dict[str, Any]:
+def run_context(model: Path, n_ctx: int, pairs: int, directory: Path, warm_up: bool = True) -> dict[str, Any]:
     from llama_cpp import Llama
 
     judge_backend = Recording(model_path=model, n_ctx=n_ctx)
@@ -87,9 +89,9 @@ def run_context(model: Path, n_ctx: int, pairs: int, directory: Path) -> dict[st
     outcomes: dict[str, int] = {}
     further = 0
     with _store(directory, n_ctx, pairs) as store:
-        # Warm-up on a throwaway pair (first-call allocations), not counted.
-        judge.judge_pair(store, "run-0", "run-1")
-        _plain_eval(plain, judge_backend.sequences[-2:])
+        if warm_up:  # on a throwaway pair (first-call allocations), not counted
+            judge.judge_pair(store, "run-0", "run-1")
+            _plain_eval(plain, judge_backend.sequences[-2:])
         for index in range(pairs):
             a, b = f"run-{2 * index}", f"run-{2 * index + 1}"
             # The exact sequences the judge will evaluate (packing is deterministic), so the plain baseline
@@ -153,13 +155,17 @@ def main() -> int:
     parser.add_argument("--contexts", default="512,1024,2048", help="comma-separated n_ctx values")
     parser.add_argument("--pairs", type=int, default=3, help="timed pairs per context (after one warm-up pair)")
     parser.add_argument("--model", help="GGUF (default: the default model)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="the smallest run (the suite's): n_ctx 512, 1 pair, no warm-up pair")
     args = parser.parse_args()
+    if args.smoke:
+        args.contexts, args.pairs = "512", 1
     model = Path(args.model) if args.model else default_model_path()
     contexts = [int(value) for value in args.contexts.split(",") if value.strip()]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="kvjudge-judge-bench-") as scratch:
-        rows = [run_context(model, n_ctx, args.pairs, Path(scratch)) for n_ctx in contexts]
+        rows = [run_context(model, n_ctx, args.pairs, Path(scratch), warm_up=not args.smoke) for n_ctx in contexts]
     worst = min(row["ratio"] for row in rows)
     worst_noreuse = min(row["noreuse_ratio"] for row in rows)
     payload = {"benchmark": "judge_throughput", "model": model.name, "contexts": rows,

@@ -31,7 +31,8 @@ Writes ``lab_store.json`` to ``--out`` and prints it as one line.
     python benchmarks/lab_store.py --out /tmp/bench [--n 500] [--listing-runs 10000] [--bodies-runs 200] [--small]
         [--store-url postgresql://USER@HOST:PORT/DB] [--work DIR]
 
-``--small`` is N = 3 and 200 listed runs (seconds: the suite's smoke test). The latest figures are in
+``--small`` is N = 1 and 20 listed runs unless ``--listing-runs`` says otherwise (seconds: the suite's smoke
+test; every step still runs once on each store). The latest figures are in
 docs/benchmarks.md.
 """
 
@@ -82,7 +83,7 @@ def _listing_runs(path: Path, count: int) -> None:
 @contextlib.contextmanager
 def _postgres(store_url: str | None) -> Iterator[Fresh]:
     """``fresh(name)``: the URL of a new database on the server (``--store-url``'s, else one started here), each
-    dropped at the end."""
+    dropped at the end on a server of someone else's (one started here goes whole, its data directory with it)."""
     from kvjudge.testing.postgres_server import PostgresServer, ServerAt
 
     server = ServerAt(store_url) if store_url else PostgresServer(durable=True).start()
@@ -95,8 +96,9 @@ def _postgres(store_url: str | None) -> Iterator[Fresh]:
     try:
         yield fresh
     finally:
-        for name in made:
-            server.drop_database(name)
+        if store_url:  # a dropdb is a client process each (~1.5 s): none for a server about to be removed
+            for name in made:
+                server.drop_database(name)
         server.stop()
 
 
@@ -234,14 +236,17 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--n", type=int, default=500, help="trajectories per agent (default 500: 1,000 runs)")
-    parser.add_argument("--listing-runs", type=int, default=10_000, help="runs the listing step lists")
+    parser.add_argument("--listing-runs", type=int, default=None,
+                        help="runs the listing step lists (default 10,000; 20 with --small)")
     parser.add_argument("--bodies-runs", type=int, default=200, help="runs whose bodies the bodies step writes")
-    parser.add_argument("--small", action="store_true", help="N = 3 and 200 listed runs (a smoke run)")
+    parser.add_argument("--small", action="store_true", help="N = 1 and 20 listed runs (a smoke run)")
     parser.add_argument("--store-url", help="a PostgreSQL server to create databases on (default: start one here)")
     parser.add_argument("--work", type=Path, help="keep generated runs here between runs")
     args = parser.parse_args()
     if args.small:
-        args.n, args.listing_runs = 3, 200
+        args.n = 1
+    if args.listing_runs is None:
+        args.listing_runs = 20 if args.small else 10_000
     args.out.mkdir(parents=True, exist_ok=True)
     work = args.work or Path(tempfile.mkdtemp(prefix="kvjudge-lab-store-"))
     work.mkdir(parents=True, exist_ok=True)

@@ -2,62 +2,17 @@
 its one JSON line. Nothing here reads a figure (benchmarks are never timed tests): a benchmark that stops running —
 an API it calls renamed, a store part moved — fails the suite instead of waiting for the next ``make bench``.
 
-A new benchmark needs its case here (``SMOKE``) or a smoke test of its own (``SMOKED_ELSEWHERE``)."""
+The cases are in tests/benchmark_smoke.py; the real-model ones run from tests/test_benchmarks_smoke_model.py (a file
+of their own, so a second test worker takes them). A new benchmark needs its case there or a smoke test of its own
+(``SMOKED_ELSEWHERE``)."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-BENCHMARKS = ROOT / "benchmarks"
-
-# Each benchmark's smallest run; "{out}" is a scratch directory of the test's own.
-SMOKE: dict[str, list[str]] = {
-    "best_of_n": ["--tasks", "8", "--n", "4", "--repeats", "1", "--out", "{out}"],
-    "evidence_retention": ["--runs", "2", "--counter", "tiktoken", "--out", "{out}"],
-    "http_client": ["--pairs", "2", "--trials", "1", "--out", "{out}"],
-    "ingest_throughput": ["--n", "3", "--small-n", "3", "--harness-n", "3", "--size-mb", "0.02", "--small-kb", "4",
-                          "--run-mb", "0.02", "--out", "{out}"],
-    "judge_pipeline": ["--n", "3", "--kb", "4", "--rounds", "1", "--parallel", "2", "--out", "{out}"],
-    "judge_pool": ["--pairs", "1", "--letter-only", "--out", "{out}"],
-    "judge_protocols": ["--tasks", "4", "--no-model", "--out", "{out}"],
-    "reduce_throughput": ["--tokens", "40000", "--run-tokens", "10000", "--counter", "tiktoken", "--target", "2000",
-                          "--out", "{out}"],
-    "runs_listing": ["--n", "10", "--size-kb", "4", "--out", "{out}"],
-    "scale": ["--n", "3", "--ceiling", "2000", "--parallel", "2", "--out", "{out}"],
-    "tier_throughput": ["--mb", "1", "--min-kb", "4", "--max-kb", "16", "--runs", "2", "--targets", "local",
-                        "--rounds", "1", "--out", "{out}"],
-}
-# The real model, at the smallest sizes that still run it.
-SMOKE_WITH_MODEL: dict[str, list[str]] = {
-    "inflation": ["--turns", "2", "--max-reply-tokens", "4", "--n-ctx", "1024", "--out", "{out}"],
-    "judge_servers": ["--pairs", "1", "--round", "1", "--words", "10", "--n-ctx", "512", "--server-n-ctx", "640",
-                      "--out", "{out}"],
-    "judge_throughput": ["--contexts", "512", "--pairs", "1", "--out", "{out}"],
-    "judge_validity": ["--pairs", "1", "--context-target", "512", "--full-context", "1024", "--out", "{out}"],
-    "probe_accuracy": ["--smoke", "--out", "{out}"],
-}
-# The system's headless Chromium loads the report.
-SMOKE_WITH_BROWSER: dict[str, list[str]] = {
-    "report_scale": ["--pairs", "2", "--agents", "2", "--words", "10", "--n-ctx", "1024", "--out", "{out}"],
-}
-# Benchmarks whose smoke runs live in their own test files.
-SMOKED_ELSEWHERE = {"lab_store", "shared_work"}
-
-
-def _smoke(name: str, args: list[str], tmp_path: Path) -> None:
-    out = tmp_path / "out"
-    done = subprocess.run([sys.executable, str(BENCHMARKS / f"{name}.py"), *(a.format(out=out) for a in args)],
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-4000:]
-    lines = done.stdout.strip().splitlines()
-    assert lines, done.stderr[-2000:]
-    assert isinstance(json.loads(lines[-1]), dict)
+from benchmark_smoke import BENCHMARKS, SMOKE, SMOKE_WITH_BROWSER, SMOKE_WITH_MODEL, SMOKED_ELSEWHERE, run_smoke
 
 
 def test_every_benchmark_has_a_smoke_run() -> None:
@@ -67,16 +22,10 @@ def test_every_benchmark_has_a_smoke_run() -> None:
 
 @pytest.mark.parametrize("name", sorted(SMOKE))
 def test_the_benchmark_runs_at_its_smallest_size(name: str, tmp_path: Path) -> None:
-    _smoke(name, SMOKE[name], tmp_path)
-
-
-@pytest.mark.model
-@pytest.mark.parametrize("name", sorted(SMOKE_WITH_MODEL))
-def test_the_benchmark_runs_the_real_model_at_its_smallest_size(name: str, tmp_path: Path) -> None:
-    _smoke(name, SMOKE_WITH_MODEL[name], tmp_path)
+    run_smoke(name, SMOKE[name], tmp_path)
 
 
 @pytest.mark.browser
 @pytest.mark.parametrize("name", sorted(SMOKE_WITH_BROWSER))
 def test_the_benchmark_runs_with_the_browser_at_its_smallest_size(name: str, tmp_path: Path) -> None:
-    _smoke(name, SMOKE_WITH_BROWSER[name], tmp_path)
+    run_smoke(name, SMOKE_WITH_BROWSER[name], tmp_path)

@@ -23,14 +23,14 @@ def test_lab_store_benchmark_runs_small_and_reports_every_ratio(tmp_path: Path) 
     steps = result["steps"]
     # Every step did its work on both stores: the runs ingested and listed, the pairs evaluated.
     for kind in ("sqlite", "postgresql"):
-        assert steps[kind]["ingest"]["runs"] == result["runs_ingested"] == 6
-        assert steps[kind]["runs"]["runs"] == result["listing_runs"] == 200
+        assert steps[kind]["ingest"]["runs"] == result["runs_ingested"] == 2
+        assert steps[kind]["runs"]["runs"] == result["listing_runs"] == 20
         assert steps[kind]["eval_cached"]["s"] > 0
     for ratio in ("ingest_ratio", "runs_ratio", "eval_cached_ratio"):
         assert result[ratio] > 0 and isinstance(result["met"][ratio], bool)
     copies = result["copy_mb_per_s"]
-    assert copies["listing_to_postgresql"]["runs_copied"] == 200
-    assert copies["sqlite_to_postgresql"]["runs_copied"] == copies["postgresql_to_sqlite"]["runs_copied"] == 6
+    assert copies["listing_to_postgresql"]["runs_copied"] == 20
+    assert copies["sqlite_to_postgresql"]["runs_copied"] == copies["postgresql_to_sqlite"]["runs_copied"] == 2
     assert copies["sqlite_to_postgresql"]["bytes"] == copies["postgresql_to_sqlite"]["bytes"] > 0
     bodies = result["bodies"]
     assert bodies["bodies"] > 0 and bodies["size_median"] <= bodies["size_p90"] <= bodies["size_max"]
