@@ -159,9 +159,10 @@ class PairBatch:
                 key = self.keys[index]
                 if key in records:
                     self.from_cache(index, records[key], time.perf_counter() - started)
-                elif key in done:  # finished elsewhere, yet its verdict is gone: said, never waited for
-                    self.decided(index, self.failed(*self.pairs[index], "another worker judged this pair but its "
-                                                    "verdict is not in the store; judge it again", started))
+                elif key in done:  # settled, yet its verdict is not cached (it failed): said, never waited for
+                    self.decided(index, self.failed(*self.pairs[index], "this pair's verdict is not in the store "
+                                                    "(judging it failed, here or in another worker); judge it again",
+                                                    started))
             self.left += [index for index in left if self.keys[index] not in taken and self.keys[index] not in done]
             again = [index for index in left if self.keys[index] in taken]
             if again:

@@ -221,10 +221,10 @@ def _score_shared(judge: Judge, store: Store, run_ids: Sequence[str], misses: li
                         if on_call is not None:
                             on_call()
                     decided(index, from_record(run_ids[index], records[keys[index]], 0.0))
-                elif keys[index] in done:  # finished elsewhere, yet its score is gone: said, never waited for
-                    decided(index, failed(run_ids[index], "error", "another worker scored this run but its score "
-                                          "is not in the store; score it again", manifest=judge.manifest(),
-                                          seconds=0.0))
+                elif keys[index] in done:  # settled, yet its score is not cached (it failed): said, never waited for
+                    decided(index, failed(run_ids[index], "error", "this run's score is not in the store (scoring "
+                                          "it failed, here or in another worker); score it again",
+                                          manifest=judge.manifest(), seconds=0.0))
             again = work([index for index in left if keys[index] in taken], job)
             left = [index for index in left if keys[index] not in taken and keys[index] not in done] + again
 

@@ -176,11 +176,14 @@ class SharedJob:
 
     def wait(self, units: Iterable[str]) -> tuple[list[str], set[str]]:
         """Wait until each of ``units`` (left to others) is done or free again; claim the free ones this worker has
-        not tried. Returns (units now claimed here, units done by others); the rest, tried here, stay as they are."""
-        left = [unit for unit in dict.fromkeys(units) if unit not in self.tried]
+        not tried. Returns (units now claimed here, units settled: done by anyone, or tried here already). A unit
+        tried here is never waited for: two items of one job may share a unit (two pairs whose views are the same
+        share a verdict key), and the second must not wait on the first's unit for ever — its result is in the cache,
+        or it failed here and is not tried again."""
+        left = list(dict.fromkeys(units))
         claims, sharing = self.sharing.claims, self.sharing
         while True:
-            done = claims.finished(left)
+            done = claims.finished(left) | self.tried.intersection(left)
             open_units = [unit for unit in left if unit not in done]
             taken = claims.claim(open_units, self.kind, sharing.worker, sharing.lease_seconds,
                                  limit=len(open_units)) if open_units else []
