@@ -163,6 +163,10 @@ SLOW_FILES_FIRST = (
     "test_ingest_harnesses.py",
     "test_tier_faults.py",
     "test_judge_pool.py",
+    "test_shared_work.py",
+    "test_benchmarks_smoke_model.py",
+    "test_gpu_check.py",
+    "test_ingest_s3.py",
 )
 
 
