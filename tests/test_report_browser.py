@@ -346,14 +346,16 @@ def test_run_text_and_names_with_script_and_markup_never_execute(hostile: dict[s
 def test_the_figures_on_the_page_are_eval_and_rank_json(built: dict[str, Any], browser: Any) -> None:
     open_page(browser, built["index"])
     figures = json.loads(browser.find_element(By.ID, "kvjudge-figures").get_attribute("textContent"))
-    expected_rank = {k: v for k, v in built["rank"].items() if k not in ("png", "pairing", "cost")}  # the command's own
+    expected_rank = {k: v for k, v in built["rank"].items()
+                     if k not in ("png", "pairing", "cost", "job")}  # the command's own
     # The window and the backend's n_ctx and threads say where the judge ran, not what it found: the report judged
     # the one pair not cached (so it opened a window), eval afterwards read every verdict from the cache (none).
-    # The cost is what each command itself spent (eval's, all cached, is zero calls): the report prints its own.
+    # The cost is what each command itself spent (eval's, all cached, is zero calls), and the job what it shared
+    # with other workers: the report prints its own.
     def figures_only(result: dict[str, Any]) -> dict[str, Any]:
         manifest = {k: v for k, v in result["manifest"].items()
                     if k not in ("n_ctx", "n_ctx_source", "n_batch", "threads")}
-        return {**{k: v for k, v in result.items() if k not in ("window", "cost")}, "manifest": manifest}
+        return {**{k: v for k, v in result.items() if k not in ("window", "cost", "job")}, "manifest": manifest}
 
     assert figures_only(figures["eval"]) == figures_only(built["eval"])
     assert figures["rank"] == expected_rank

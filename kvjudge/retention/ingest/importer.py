@@ -364,6 +364,8 @@ class _Importer:
             labelled = ", ".join(fmt.name for fmt in registry.formats() if fmt.trial_label)
             raise IngestError(f"{where}: --trial labels runs whose files name no trial ({labelled}); this "
                               f"{run.fmt} run {own}")
+        if self.trial is not None:
+            run.named = True  # the user named its trial: other content under it is refused, never relabelled
         if run.grading_open and run.agent:
             self.agents.add(run.agent)
         grade = self.results.grade_for(run.agent, run.task_id, run.run_id, run.trial) if run.grading_open else None
