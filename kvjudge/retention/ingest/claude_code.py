@@ -27,7 +27,8 @@ from __future__ import annotations
 from typing import Any
 
 from kvjudge.retention.ingest.format import Format
-from kvjudge.retention.ingest.model import DocumentError, ParseContext, ParsedRun, content_text, need, scalars
+from kvjudge.retention.ingest.model import DocumentError, ParseContext, ParsedRun, assistant_blocks, content_text, need
+from kvjudge.retention.ingest.model import scalars
 from kvjudge.retention.ingest.model import task_from_prompt, usage_of, with_marker
 
 NAME = "claude-code"
@@ -180,19 +181,7 @@ class _Writer:
             self._user(branch, blocks, where)
 
     def _assistant(self, branch: str, message: dict[str, Any], blocks: list[Any], where: Any) -> None:
-        texts, calls = [], []
-        for number, block in enumerate(blocks):
-            need(isinstance(block, dict), (*where, number), "must be a content block object")
-            kind = block.get("type")
-            if kind == "thinking" and isinstance(block.get("thinking"), str):
-                texts.append(block["thinking"])
-            elif kind == "text":
-                texts.append(content_text([block], (*where, number)) or "")
-            elif kind == "tool_use":
-                need(isinstance(block.get("name"), str), (*where, number, "name"), "a tool_use needs its name")
-                if isinstance(block.get("id"), str):
-                    self.names[block["id"]] = block["name"]
-                calls.append((block["name"], block.get("input")))
+        texts, calls = assistant_blocks(blocks, where, self.names)
         reply = message.get("id")
         usage = None
         if not (isinstance(reply, str) and reply in self.replies):

@@ -35,7 +35,7 @@ from typing import Any
 
 from kvjudge.errors import IngestError
 from kvjudge.retention.ingest.format import Companion, Format, companion_data, json_object_reader
-from kvjudge.retention.ingest.model import JsonPath, ParseContext, ParsedRun, content_text, dig
+from kvjudge.retention.ingest.model import JsonPath, ParseContext, ParsedRun, assistant_blocks, content_text, dig
 from kvjudge.retention.ingest.model import need, scalars, task_from_prompt, with_marker
 
 NAME = "cline"
@@ -163,18 +163,7 @@ class _Writer:
             self._user(blocks, (*where, "content"))
 
     def _assistant(self, message: dict[str, Any], blocks: list[dict[str, Any]], where: JsonPath) -> None:
-        texts, calls = [], []
-        for number, block in enumerate(blocks):
-            kind = block.get("type")
-            if kind == "thinking" and isinstance(block.get("thinking"), str):
-                texts.append(block["thinking"])
-            elif kind == "text":
-                texts.append(content_text([block], (*where, number)) or "")
-            elif kind == "tool_use":
-                need(isinstance(block.get("name"), str), (*where, number, "name"), "a tool_use needs its name")
-                if isinstance(block.get("id"), str):
-                    self.names[block["id"]] = block["name"]
-                calls.append((block["name"], block.get("input")))
+        texts, calls = assistant_blocks(blocks, where, self.names)
         text = "\n\n".join(t for t in texts if t) or None
         if not calls and text:
             calls = [(found.group(1), dict(_PARAMETER.findall(found.group(2)))) for found in _XML_CALL.finditer(text)]

@@ -304,3 +304,25 @@ def content_text(content: Any, path: JsonPath) -> str | None:
             need(isinstance(kind, str), subpath(path, index, "type"), "a content part needs a string type")
             texts.append(f"[{kind} part not imported]")
     return "".join(texts)
+
+
+def assistant_blocks(blocks: list[Any], where: JsonPath,
+                     names: dict[str, str]) -> tuple[list[str], list[tuple[str, Any]]]:
+    """An assistant message's content blocks as Anthropic's API writes them (Claude Code's and Cline's logs): its
+    texts (thinking and text blocks) and its tool calls (name, input); each tool_use id's name kept in ``names``, so
+    the tool result that answers it is named."""
+    texts: list[str] = []
+    calls: list[tuple[str, Any]] = []
+    for number, block in enumerate(blocks):
+        need(isinstance(block, dict), (*where, number), "must be a content block object")
+        kind = block.get("type")
+        if kind == "thinking" and isinstance(block.get("thinking"), str):
+            texts.append(block["thinking"])
+        elif kind == "text":
+            texts.append(content_text([block], (*where, number)) or "")
+        elif kind == "tool_use":
+            need(isinstance(block.get("name"), str), (*where, number, "name"), "a tool_use needs its name")
+            if isinstance(block.get("id"), str):
+                names[block["id"]] = block["name"]
+            calls.append((block["name"], block.get("input")))
+    return texts, calls
